@@ -1,0 +1,8 @@
+"""Sharders users swap in for TorchRec's (``torchrec_het.sharders``)."""
+
+if __name__ == "sharders":  # imported from the repo root by mistake
+    raise ImportError("import this package as `torchrec_het.sharders`, not `sharders`")
+
+from torchrec_het.sharders.row_wise import CpuRowWiseEmbeddingBagCollectionSharder
+
+__all__ = ["CpuRowWiseEmbeddingBagCollectionSharder"]
