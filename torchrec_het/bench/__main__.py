@@ -1,0 +1,100 @@
+"""DLRM benchmark: stock TorchRec and the plugin's configurations, side by side.
+
+    python -m torchrec_het.bench --preset default --out bench_out
+    python -m torchrec_het.bench --list
+    python -m torchrec_het.bench --network emulated --hosts 2 --gbit 1
+"""
+
+import argparse
+import sys
+
+from torchrec_het.bench import configs as bench_configs
+from torchrec_het.bench.launch import launched_by_torchrun, run_under_torchrun, spawn
+from torchrec_het.bench.model import EMBEDDING_OPTIMIZERS
+from torchrec_het.bench.presets import PRESETS, get_preset
+from torchrec_het.bench.results import write_outputs
+from torchrec_het.bench.worker import RunSpec
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="torchrec-het-bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
+    parser.add_argument("--configs", default="", help="comma-separated configuration names (default: the stock ones that apply)")
+    parser.add_argument("--list", action="store_true", help="print the configuration names and exit")
+    parser.add_argument("--world-size", type=int, default=2, help="ranks to spawn (ignored under torchrun)")
+    parser.add_argument("--out", default="bench_out", help="directory for results.json, results.md, results.png")
+    parser.add_argument("--alpha", type=float, help="Zipf exponent of the ids (overrides the preset)")
+    parser.add_argument("--rounds", type=int, help="rounds of interleaved measurement (overrides the preset)")
+    parser.add_argument("--steps-per-round", type=int, help="measured steps per configuration per round")
+    parser.add_argument("--warmup-steps", type=int, help="unmeasured steps per configuration before round 1")
+    parser.add_argument("--embedding-optimizer", choices=sorted(EMBEDDING_OPTIMIZERS), default="rowwise_adagrad")
+    parser.add_argument("--data", help="Criteo data (TSV file/dir or npy day files); default: built-in synthetic data")
+    parser.add_argument("--network", choices=("loopback", "emulated"), default="loopback")
+    parser.add_argument("--hosts", type=int, default=2, help="emulated hosts (with --network emulated)")
+    parser.add_argument("--gbit", type=float, default=10.0, help="emulated link rate, Gbit/s")
+    parser.add_argument("--delay-ms", type=float, default=0.05, help="emulated one-way link latency, ms")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser.parse_args(argv)
+
+
+def _host_of_rank(args: argparse.Namespace) -> tuple[int, ...]:
+    if args.network == "loopback":
+        return (0,) * args.world_size
+    if args.world_size % args.hosts:
+        raise SystemExit(f"--world-size {args.world_size} is not a multiple of --hosts {args.hosts}")
+    per_host = args.world_size // args.hosts
+    return tuple(rank // per_host for rank in range(args.world_size))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    preset = get_preset(
+        args.preset,
+        alpha=args.alpha,
+        rounds=args.rounds,
+        steps_per_round=args.steps_per_round,
+        warmup_steps=args.warmup_steps,
+    )
+    if args.list:
+        for config in bench_configs.CONFIGS.values():
+            mark = "" if config.applies(preset) else f"  (does not apply to preset {preset.name})"
+            print(f"{config.name:24s} {config.description}{mark}")
+        return 0
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    try:
+        chosen = bench_configs.select(names, preset)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    if args.world_size < 1:
+        raise SystemExit("error: --world-size must be >= 1")
+    network = {"mode": args.network}
+    if args.network == "emulated":
+        from torchrec_het.bench.netem import NetworkEmulationUnavailable, check_available
+
+        try:
+            check_available()
+        except NetworkEmulationUnavailable as error:
+            raise SystemExit(f"error: --network emulated is not possible here: {error}") from None
+        network.update(hosts=args.hosts, gbit=args.gbit, delay_ms=args.delay_ms)
+    spec = RunSpec(
+        preset=preset,
+        config_names=tuple(c.name for c in chosen),
+        world_size=args.world_size,
+        host_of_rank=_host_of_rank(args),
+        network=network,
+        embedding_optimizer=args.embedding_optimizer,
+        data_path=args.data,
+        out_dir=args.out,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    if launched_by_torchrun():
+        run_under_torchrun(spec, write_outputs)
+    else:
+        spawn(spec, write_outputs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Starts the benchmark's ranks: spawned here (loopback or emulated hosts) or under torchrun."""
+
+import os
+import socket
+from dataclasses import replace
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from torchrec_het.bench.worker import RunSpec, run_benchmark
+
+_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launched_by_torchrun() -> bool:
+    """True inside a process started by torchrun / torchx (the rank env is already set)."""
+    return all(key in os.environ for key in _LAUNCHER_ENV)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(rank: int, spec: RunSpec, env_of_rank: list[dict[str, str]], netns_of_rank: list[str] | None, on_done) -> None:
+    if netns_of_rank is not None:
+        from torchrec_het.bench.netem import join_host
+
+        join_host(netns_of_rank[rank])
+    os.environ.update(env_of_rank[rank])
+    dist.init_process_group("gloo", rank=rank, world_size=spec.world_size)
+    try:
+        gathered = run_benchmark(spec)
+        if rank == 0:
+            on_done(spec, gathered)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(spec: RunSpec, on_done) -> None:
+    """Runs ``spec`` on ``spec.world_size`` spawned ranks; ``on_done`` runs on rank 0."""
+    port = str(_free_port())
+    if spec.network["mode"] == "loopback":
+        env = [{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}] * spec.world_size
+        mp.start_processes(_rank_main, args=(spec, env, None, on_done), nprocs=spec.world_size, start_method="spawn")
+        return
+    from torchrec_het.bench.netem import EmulatedHosts, LinkSpec
+
+    link = LinkSpec(gbit=spec.network["gbit"], delay_ms=spec.network["delay_ms"])
+    with EmulatedHosts(spec.network["hosts"], link) as hosts:
+        host_of_rank = list(spec.host_of_rank)
+        env = [dict(hosts.rank_env(r, host_of_rank), MASTER_PORT=port) for r in range(spec.world_size)]
+        netns = [hosts.host_netns(h) for h in host_of_rank]
+        mp.start_processes(_rank_main, args=(spec, env, netns, on_done), nprocs=spec.world_size, start_method="spawn")
+
+
+def run_under_torchrun(spec: RunSpec, on_done) -> None:
+    """Runs this process as one rank of a torchrun / torchx job."""
+    world_size = int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    spec = replace(spec, world_size=world_size, host_of_rank=tuple(r // local for r in range(world_size)))
+    dist.init_process_group("gloo")
+    try:
+        gathered = run_benchmark(spec)
+        if dist.get_rank() == 0:
+            on_done(spec, gathered)
+    finally:
+        dist.destroy_process_group()

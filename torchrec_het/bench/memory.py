@@ -1,0 +1,62 @@
+"""Per-rank memory figures: resident set size of the process and bytes of model state."""
+
+import os
+
+import torch
+from torch import nn
+
+_STATUS = "/proc/self/status"
+
+
+def _status_kb(field: str) -> int:
+    with open(_STATUS) as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not found in {_STATUS}")
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process, MiB."""
+    return _status_kb("VmRSS") / 1024
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size since start or since the last :func:`reset_peak_rss`, MiB."""
+    return _status_kb("VmHWM") / 1024
+
+
+def reset_peak_rss() -> bool:
+    """Resets the kernel's peak-RSS mark to the current RSS; False where not permitted."""
+    try:
+        with open(f"/proc/{os.getpid()}/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _local_tensors(value: object) -> list[torch.Tensor]:
+    if hasattr(value, "local_shards"):  # ShardedTensor
+        return [shard.tensor for shard in value.local_shards()]  # type: ignore[attr-defined]
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _local_tensors(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _local_tensors(v)]
+    return []
+
+
+def state_mb(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
+    """MiB of this rank's model parameters, buffers and optimizer state (local shards only)."""
+    seen: set[int] = set()
+    total = 0
+    tensors = _local_tensors(model.state_dict()) + _local_tensors(optimizer.state_dict()["state"])
+    for tensor in tensors:
+        key = tensor.untyped_storage().data_ptr() if tensor.device.type != "meta" else id(tensor)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += tensor.untyped_storage().nbytes()
+    return total / 2**20

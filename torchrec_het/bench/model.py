@@ -1,0 +1,147 @@
+"""Builds the benchmark's DLRM and shards it as a configuration says.
+
+This follows TorchRec's DLRM example trainer: tables on the meta device, embedding
+optimizer fused into backward, the stock planner (constrained per table by the
+configuration), ``DistributedModelParallel`` and a combined optimizer.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torchrec.optim
+from torch import nn
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.distributed.types import ShardingPlan
+from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from torchrec_het.bench.configs import BenchConfig
+from torchrec_het.bench.presets import BenchPreset
+
+EMBEDDING_OPTIMIZERS = {
+    "sgd": torch.optim.SGD,
+    "adagrad": torch.optim.Adagrad,
+    "rowwise_adagrad": torchrec.optim.RowWiseAdagrad,
+}
+
+
+@dataclass
+class ShardedDLRM:
+    """A configuration's trained model and everything that steps it."""
+
+    config: BenchConfig
+    model: DistributedModelParallel
+    optimizer: CombinedOptimizer
+    plan: ShardingPlan
+    sharding_types: list[str]
+
+
+def table_configs(preset: BenchPreset, feature_names: list[str]) -> list[EmbeddingBagConfig]:
+    """One table per sparse feature, named ``t_<feature>``."""
+    if len(feature_names) != len(preset.table_sizes):
+        raise ValueError(
+            f"preset {preset.name!r} has {len(preset.table_sizes)} tables but the data has "
+            f"{len(feature_names)} sparse features"
+        )
+    return [
+        EmbeddingBagConfig(
+            name=f"t_{feature}",
+            embedding_dim=preset.embedding_dim,
+            num_embeddings=rows,
+            feature_names=[feature],
+        )
+        for feature, rows in zip(feature_names, preset.table_sizes)
+    ]
+
+
+def build_dlrm(preset: BenchPreset, feature_names: list[str], num_dense: int, seed: int) -> DLRMTrain:
+    """The unsharded DLRM, embedding tables on the meta device (DMP materializes shards)."""
+    torch.manual_seed(seed)  # same dense initialization on every rank and configuration
+    ebc = EmbeddingBagCollection(tables=table_configs(preset, feature_names), device=torch.device("meta"))
+    return DLRMTrain(
+        DLRM(
+            embedding_bag_collection=ebc,
+            dense_in_features=num_dense,
+            dense_arch_layer_sizes=list(preset.dense_arch),
+            over_arch_layer_sizes=list(preset.over_arch),
+            dense_device=torch.device("cpu"),
+        )
+    )
+
+
+def shard_dlrm(
+    config: BenchConfig,
+    preset: BenchPreset,
+    feature_names: list[str],
+    num_dense: int,
+    embedding_optimizer: str,
+    local_world_size: int,
+    seed: int = 0,
+) -> ShardedDLRM:
+    """Plans and shards a fresh DLRM for ``config`` on the default process group."""
+    if embedding_optimizer not in EMBEDDING_OPTIMIZERS:
+        raise ValueError(f"unknown embedding optimizer {embedding_optimizer!r}; choose from {sorted(EMBEDDING_OPTIMIZERS)}")
+    train_model = build_dlrm(preset, feature_names, num_dense, seed)
+    apply_optimizer_in_backward(
+        EMBEDDING_OPTIMIZERS[embedding_optimizer],
+        train_model.model.sparse_arch.parameters(),
+        optimizer_kwargs={"lr": preset.learning_rate},
+    )
+    tables = train_model.model.sparse_arch.embedding_bag_collection.embedding_bag_configs()
+    sharders = config.make_sharders()
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(
+            world_size=dist.get_world_size(),
+            local_world_size=local_world_size,
+            compute_device="cpu",
+        ),
+        batch_size=preset.batch_size,
+        storage_reservation=HeuristicalStorageReservation(percentage=0.05),
+        constraints=config.make_constraints(tables, preset),
+    )
+    plan = planner.collective_plan(train_model, sharders, dist.GroupMember.WORLD)
+    model = DistributedModelParallel(module=train_model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    dense_optimizer = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(model.named_parameters())),
+        lambda params: torch.optim.Adagrad(params, lr=preset.learning_rate),
+    )
+    optimizer = CombinedOptimizer([model.fused_optimizer, dense_optimizer])
+    return ShardedDLRM(config, model, optimizer, plan, plan_sharding_types(plan))
+
+
+def plan_sharding_types(plan: ShardingPlan) -> list[str]:
+    """The distinct sharding types a plan uses, sorted."""
+    found = {
+        param.sharding_type
+        for module_plan in plan.plan.values()
+        for param in module_plan.values()  # type: ignore[union-attr]
+    }
+    return sorted(found)
+
+
+def train_step(sharded: ShardedDLRM, batch) -> float:
+    """One synchronous training step; returns the local loss."""
+    loss, _ = sharded.model(batch)
+    loss.backward()
+    sharded.optimizer.step()
+    sharded.optimizer.zero_grad()
+    return float(loss.detach())
+
+
+@torch.no_grad()
+def predict(model: nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Click probabilities and labels of a batch, in eval mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        _, (_, logits, labels) = model(batch)
+    finally:
+        model.train(was_training)
+    return torch.sigmoid(logits.float()), labels.float()

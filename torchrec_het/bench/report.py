@@ -1,0 +1,69 @@
+"""Human-readable outputs of a benchmark run: a markdown table and a PNG plot."""
+
+from pathlib import Path
+
+PHASES = ("fwd_ids", "fwd_emb", "bwd_grad", "dense_allreduce", "other")
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f}"
+
+
+def markdown_table(results: dict) -> str:
+    """One row per configuration: speed, bytes per step (MiB, summed over ranks), quality, memory."""
+    net = results["network"]
+    where = "loopback" if net["mode"] == "loopback" else f"{net['hosts']} emulated hosts at {net['gbit']} Gbit/s"
+    lines = [
+        f"preset `{results['preset']}`, {results['world_size']} ranks, {where}; "
+        "bytes are MiB per step summed over ranks (cross-rank, without a rank's chunk to itself)",
+        "",
+        "| config | sharding | samples/s median [p10, p90] | fwd ids | fwd emb | bwd grad | dense allreduce | other "
+        "| embedding cross-rank | inter-host | AUC | loss | peak RSS MiB/rank |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in results["configs"]:
+        b = c["bytes_per_step"]
+        sps = c["samples_per_s"]
+        rss = "/".join(f"{m:.0f}" for m in c["peak_rss_mb"])
+        lines.append(
+            f"| {c['name']} | {'+'.join(c['sharding_types'])} "
+            f"| {sps['median']:.0f} [{sps['p10']:.0f}, {sps['p90']:.0f}] "
+            + " | ".join(_mib(b[p]) for p in PHASES)
+            + f" | {_mib(b['embedding_cross_rank'])} | {_mib(c['inter_host_bytes'])}"
+            f" | {c['auc']:.4f} | {c['loss']:.4f} | {rss} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    """Bytes per step by phase (stacked) and samples/s, one bar per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = results["configs"]
+    names = [c["name"] for c in configs]
+    fig, (ax_bytes, ax_speed) = plt.subplots(1, 2, figsize=(4 + 1.6 * len(names), 4.5))
+    bottom = [0.0] * len(names)
+    for phase in PHASES:
+        heights = [c["bytes_per_step"][phase] / 2**20 for c in configs]
+        ax_bytes.bar(names, heights, bottom=bottom, label=phase)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax_bytes.set_ylabel("MiB per step (cross-rank, all ranks)")
+    ax_bytes.set_title("bytes per phase")
+    ax_bytes.legend(fontsize=8)
+    medians = [c["samples_per_s"]["median"] for c in configs]
+    low = [m - c["samples_per_s"]["p10"] for m, c in zip(medians, configs)]
+    high = [c["samples_per_s"]["p90"] - m for m, c in zip(medians, configs)]
+    ax_speed.bar(names, medians, yerr=[low, high], capsize=4, color="tab:gray")
+    ax_speed.set_ylabel("samples/s (median, p10-p90)")
+    ax_speed.set_title("throughput")
+    for ax in (ax_bytes, ax_speed):
+        ax.tick_params(axis="x", rotation=30)
+    net = results["network"]
+    where = "loopback" if net["mode"] == "loopback" else f"{net['hosts']} hosts @ {net['gbit']} Gbit/s"
+    fig.suptitle(f"preset {results['preset']}, {results['world_size']} ranks, {where}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,129 @@
+"""Turns the ranks' records into results.json (the shape later versions compare against)."""
+
+import json
+import statistics
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+
+from torchrec_het.bench import configs as bench_configs
+from torchrec_het.bench import report
+from torchrec_het.bench.worker import RankRecord, RunSpec
+from torchrec_het.comm import sum_totals
+from torchrec_het.data import binary_auc
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _samples_per_s(per_rank: list[RankRecord], samples_per_step: int) -> dict[str, float]:
+    # Ranks move in lockstep (every step has collectives): a step lasts as long as its slowest rank.
+    step_seconds = [max(steps) for steps in zip(*(r.step_seconds for r in per_rank))]
+    rates = [samples_per_step / s for s in step_seconds]
+    return {
+        "median": statistics.median(rates),
+        "p10": _percentile(rates, 0.10),
+        "p90": _percentile(rates, 0.90),
+    }
+
+
+def _bytes(per_rank: list[RankRecord], steps: int, host_of_rank: list[int] | None) -> tuple[dict, dict, int | None]:
+    totals = sum_totals([t for r in per_rank for t in r.comm])
+    summary = totals.summary(host_of_rank)
+    per_step = {k: int(round(v / steps)) for k, v in summary["phases"].items()}
+    by_collective = {k: int(round(v / steps)) for k, v in summary["by_collective"].items()}
+    inter = None if host_of_rank is None else int(round(summary["inter_host"] / steps))
+    return per_step, by_collective, inter
+
+
+def _version(dist_name: str) -> str:
+    try:
+        return version(dist_name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def versions() -> dict[str, str]:
+    fbgemm = _version("fbgemm-gpu-cpu")
+    if fbgemm == "not installed":
+        fbgemm = _version("fbgemm-gpu")
+    return {
+        "torch": torch.__version__,
+        "torchrec": _version("torchrec"),
+        "fbgemm_gpu": fbgemm,
+        "torchrec_het": _version("torchrec-het"),
+    }
+
+
+def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
+    """The results.json document for a finished run."""
+    preset = spec.preset
+    emulated = spec.network["mode"] == "emulated"
+    host_of_rank = list(spec.host_of_rank) if emulated else None
+    entries = []
+    for name in spec.config_names:
+        per_rank = [ranks[name] for ranks in gathered]
+        config = bench_configs.CONFIGS[name]
+        steps = len(per_rank[0].step_seconds)
+        per_step, by_collective, inter_host = _bytes(per_rank, steps, host_of_rank)
+        scores = torch.cat([r.scores for r in per_rank])
+        labels = torch.cat([r.labels for r in per_rank])
+        last_round = slice(-preset.steps_per_round, None)
+        entries.append(
+            {
+                "name": name,
+                "stock": config.stock,
+                "workload": config.workload,
+                "sharding_types": per_rank[0].sharding_types,
+                "params": dict(config.params, embedding_optimizer=spec.embedding_optimizer),
+                "samples_per_s": _samples_per_s(per_rank, preset.batch_size * spec.world_size),
+                "bytes_per_step": per_step,
+                "embedding_cross_rank_by_collective": by_collective,
+                "inter_host_bytes": inter_host,
+                "auc": binary_auc(scores, labels),
+                "loss": statistics.fmean(loss for r in per_rank for loss in r.losses[last_round]),
+                "peak_rss_mb": [round(r.peak_rss_mb, 1) for r in per_rank],
+                "state_mb": [round(r.state_mb, 1) for r in per_rank],
+                "measured_steps": steps,
+            }
+        )
+    return {
+        "preset": preset.name,
+        "world_size": spec.world_size,
+        "network": {
+            "mode": spec.network["mode"],
+            "gbit": spec.network.get("gbit") if emulated else None,
+            "hosts": spec.network.get("hosts", 1) if emulated else 1,
+            "delay_ms": spec.network.get("delay_ms") if emulated else None,
+        },
+        "alpha": preset.alpha,
+        "batch_size_per_rank": preset.batch_size,
+        "embedding_dim": preset.embedding_dim,
+        "table_sizes": list(preset.table_sizes),
+        "rounds": preset.rounds,
+        "steps_per_round": preset.steps_per_round,
+        "warmup_steps": preset.warmup_steps,
+        "eval_samples": preset.eval_batches * preset.batch_size * spec.world_size,
+        "data": spec.data_path or "synthetic",
+        "configs": entries,
+        "versions": versions(),
+    }
+
+
+def write_outputs(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> None:
+    """Writes results.json, results.md and results.png into ``spec.out_dir`` and prints the table."""
+    results = summarize(spec, gathered)
+    out = Path(spec.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = report.markdown_table(results)
+    (out / "results.md").write_text(table)
+    report.plot(results, out / "results.png")
+    print(table, flush=True)
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'results.png'}", flush=True)

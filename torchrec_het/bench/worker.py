@@ -1,0 +1,144 @@
+"""The benchmark's rank body: every configuration trained on the same data, interleaved.
+
+Each rank builds all selected configurations, warms each up, then runs ``rounds``
+rounds; in a round every configuration trains ``steps_per_round`` steps on the same
+batches, in turn, so machine noise hits all configurations alike. Bytes of every
+collective are counted during measured steps only. Rank 0 gathers the per-rank
+records and returns them.
+"""
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from torchrec_het.bench import configs as bench_configs
+from torchrec_het.bench.memory import peak_rss_mb, reset_peak_rss, rss_mb, state_mb
+from torchrec_het.bench.model import ShardedDLRM, predict, shard_dlrm, train_step
+from torchrec_het.bench.presets import BenchPreset
+from torchrec_het.comm import CommAccountant, attach_ddp_hooks
+from torchrec_het.data import DataConfig, open_source
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a rank needs; picklable, identical on every rank."""
+
+    preset: BenchPreset
+    config_names: tuple[str, ...]
+    world_size: int
+    host_of_rank: tuple[int, ...]
+    network: dict
+    embedding_optimizer: str = "rowwise_adagrad"
+    data_path: str | None = None
+    out_dir: str = "bench_out"
+    seed: int = 0
+    progress: bool = True
+
+    @property
+    def local_world_size(self) -> int:
+        return self.host_of_rank.count(0)
+
+
+@dataclass
+class RankRecord:
+    """What one rank measured for one configuration."""
+
+    name: str
+    sharding_types: list[str]
+    step_seconds: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    comm: list = field(default_factory=list)  # one CommTotals per round
+    peak_rss_mb: float = 0.0
+    state_mb: float = 0.0
+    scores: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
+
+
+def _threads_per_rank(spec: RunSpec) -> int:
+    return max(1, (os.cpu_count() or 1) // spec.local_world_size)
+
+
+def _build(spec: RunSpec, name: str, source, base_rss: float) -> tuple[ShardedDLRM, RankRecord]:
+    config = bench_configs.CONFIGS[name]
+    before = rss_mb()
+    reset_peak_rss()
+    sharded = shard_dlrm(
+        config,
+        spec.preset,
+        source.feature_names,
+        source.num_dense,
+        spec.embedding_optimizer,
+        spec.local_world_size,
+        seed=spec.seed,
+    )
+    attach_ddp_hooks(sharded.model)
+    rank = dist.get_rank()
+    for step in range(spec.preset.warmup_steps):
+        train_step(sharded, source.batch(step, rank, "train"))
+    record = RankRecord(name=name, sharding_types=sharded.sharding_types)
+    # The configuration's own footprint: what building and warming it added, on top of
+    # a process that holds nothing else (the other configurations are alive too).
+    record.peak_rss_mb = base_rss + max(0.0, peak_rss_mb() - before)
+    record.state_mb = state_mb(sharded.model, sharded.optimizer)
+    return sharded, record
+
+
+def _progress(spec: RunSpec, total: int):
+    if not (spec.progress and dist.get_rank() == 0):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="bench", unit="step", leave=False)
+
+
+def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
+    """Runs on every rank of an initialized gloo group; rank 0 gets all ranks' records."""
+    torch.set_num_threads(_threads_per_rank(spec))
+    rank = dist.get_rank()
+    preset = spec.preset
+    source = open_source(
+        spec.data_path,
+        DataConfig(table_sizes=preset.table_sizes, batch_size=preset.batch_size, alpha=preset.alpha, seed=spec.seed),
+        world_size=spec.world_size,
+    )
+    base_rss = rss_mb()
+    bar = _progress(spec, len(spec.config_names) * preset.total_steps)
+    models: dict[str, ShardedDLRM] = {}
+    records: dict[str, RankRecord] = {}
+    with CommAccountant() as accountant:
+        accountant.enabled = False
+        for name in spec.config_names:
+            models[name], records[name] = _build(spec, name, source, base_rss)
+            if bar:
+                bar.update(preset.warmup_steps)
+        for round_index in range(preset.rounds):
+            first = preset.warmup_steps + round_index * preset.steps_per_round
+            batches = [source.batch(step, rank, "train") for step in range(first, first + preset.steps_per_round)]
+            for name, sharded in models.items():
+                _measure_window(sharded, batches, records[name], accountant)
+                if bar:
+                    bar.update(preset.steps_per_round)
+        if bar:
+            bar.close()
+        eval_batches = [source.batch(i, rank, "eval") for i in range(preset.eval_batches)]
+        for name, sharded in models.items():
+            scores, labels = zip(*(predict(sharded.model, b) for b in eval_batches))
+            records[name].scores, records[name].labels = torch.cat(scores), torch.cat(labels)
+        gathered: list[dict[str, RankRecord]] | None = [None] * spec.world_size if rank == 0 else None  # type: ignore[list-item]
+        dist.gather_object(records, gathered, dst=0)
+    return gathered
+
+
+def _measure_window(sharded: ShardedDLRM, batches: list, record: RankRecord, accountant: CommAccountant) -> None:
+    dist.barrier()
+    accountant.reset()
+    accountant.enabled = True
+    for batch in batches:
+        start = time.perf_counter()
+        record.losses.append(train_step(sharded, batch))
+        record.step_seconds.append(time.perf_counter() - start)
+    accountant.enabled = False
+    record.comm.append(accountant.totals())
