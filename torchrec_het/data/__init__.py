@@ -1,0 +1,22 @@
+"""Criteo-like data for TorchRec benchmarks: a synthetic skewed stream and Criteo readers."""
+
+from torchrec_het.data.config import (
+    CRITEO_KAGGLE_CARDINALITIES,
+    DataConfig,
+    clamped_cardinalities,
+    preset_table_sizes,
+)
+from torchrec_het.data.metrics import binary_auc
+from torchrec_het.data.source import BatchSource, DataExhaustedError
+from torchrec_het.data.synthetic import SyntheticCriteo
+
+__all__ = [
+    "CRITEO_KAGGLE_CARDINALITIES",
+    "BatchSource",
+    "DataConfig",
+    "DataExhaustedError",
+    "SyntheticCriteo",
+    "binary_auc",
+    "clamped_cardinalities",
+    "preset_table_sizes",
+]
