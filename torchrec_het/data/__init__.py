@@ -6,6 +6,7 @@ from torchrec_het.data.config import (
     clamped_cardinalities,
     preset_table_sizes,
 )
+from torchrec_het.data.criteo import CriteoNpySource, CriteoTsvSource, open_source
 from torchrec_het.data.metrics import binary_auc
 from torchrec_het.data.source import BatchSource, DataExhaustedError
 from torchrec_het.data.synthetic import SyntheticCriteo
@@ -13,10 +14,13 @@ from torchrec_het.data.synthetic import SyntheticCriteo
 __all__ = [
     "CRITEO_KAGGLE_CARDINALITIES",
     "BatchSource",
+    "CriteoNpySource",
+    "CriteoTsvSource",
     "DataConfig",
     "DataExhaustedError",
     "SyntheticCriteo",
     "binary_auc",
     "clamped_cardinalities",
+    "open_source",
     "preset_table_sizes",
 ]
