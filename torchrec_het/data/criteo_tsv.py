@@ -10,6 +10,7 @@ offsets; every 256th line start is kept, so a batch seeks to the nearest such li
 """
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 from iopath.common.file_io import PathManager
@@ -137,7 +138,9 @@ def _sparse_value(text: str) -> int:
     return value
 
 
-def _bad_field(where: str, names: list[str], fields: list[str], parse, expected: str) -> ValueError:
+def _bad_field(
+    where: str, names: list[str], fields: list[str], parse: Callable[[str], int], expected: str
+) -> ValueError:
     for name, value in zip(names, fields):
         try:
             parse(value)

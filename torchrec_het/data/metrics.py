@@ -1,11 +1,12 @@
 """Rank-based metrics that need nothing beyond torch."""
 
 import math
+from collections.abc import Sequence
 
 import torch
 
 
-def binary_auc(scores, labels) -> float:
+def binary_auc(scores: torch.Tensor | Sequence[float], labels: torch.Tensor | Sequence[float]) -> float:
     """Area under the ROC curve: the chance a random positive outscores a random negative.
 
     Computed from ranks (Mann-Whitney U); tied scores count one half. Returns NaN when

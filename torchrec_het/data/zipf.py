@@ -5,9 +5,9 @@ to row id ``perm[k]`` of a fixed per-table permutation, as hashing raw ids would
 hot ids over the table. Sampling is by inverse CDF: the CDF of the first ``head_size``
 ranks is stored exactly (float64); ranks beyond are drawn from the continuous
 approximation of the tail, whose total mass is exact. The midpoint approximation of a
-rank's mass by an integral is off by a relative O(alpha^2 / rank^2), below 1e-8 past
-the head. Memory is 4 bytes per row (the int32 permutations) plus 8 * head_size bytes
-per table.
+rank's mass by an integral is off by a relative alpha (alpha + 1) / (24 rank^2), below
+1e-7 past the head for alpha <= 2. Memory is 4 bytes per row (the int32 permutations)
+plus 8 * head_size bytes per table.
 """
 
 import torch
