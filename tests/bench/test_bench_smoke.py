@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from torchrec_het.bench.presets import get_preset
+
 PHASES = {"fwd_ids", "fwd_emb", "bwd_grad", "dense_allreduce", "other"}
 COLLECTIVES = {"all_to_all", "reduce_scatter", "all_gather", "all_reduce", "broadcast"}
 
@@ -30,7 +32,13 @@ def results(tmp_path_factory) -> dict:
 def test_top_level_shape(results: dict) -> None:
     assert results["preset"] == "smoke"
     assert results["world_size"] == 2
-    assert results["network"] == {"mode": "loopback", "gbit": None, "hosts": 1, "delay_ms": None}
+    assert results["network"] == {
+        "mode": "loopback",
+        "gbit": None,
+        "hosts": 1,
+        "delay_ms": None,
+        "delay_ms_effective": None,
+    }
     assert set(results["versions"]) >= {"torch", "torchrec", "fbgemm_gpu", "torchrec_het"}
     assert [c["name"] for c in results["configs"]] == ["stock_table_wise", "stock_row_wise", "stock_dp_small"]
 
@@ -64,6 +72,20 @@ def test_sharding_types_show_in_bytes(results: dict) -> None:
     assert tw["embedding_cross_rank_by_collective"]["reduce_scatter"] == 0
     assert tw["bytes_per_step"]["fwd_emb"] > 0 and tw["bytes_per_step"]["bwd_grad"] > 0
     assert rw["embedding_cross_rank_by_collective"]["reduce_scatter"] > 0
-    # Replicated small tables move no embedding rows but add their gradients to the all-reduce.
+    # Replicated small tables move no rows; their gradients are all-reduced whole every
+    # step (DDP around their lookup), which counts as embedding traffic, not dense.
     assert dp["bytes_per_step"]["fwd_emb"] < tw["bytes_per_step"]["fwd_emb"]
-    assert dp["bytes_per_step"]["dense_allreduce"] > tw["bytes_per_step"]["dense_allreduce"]
+    assert dp["bytes_per_step"]["dense_allreduce"] == tw["bytes_per_step"]["dense_allreduce"]
+    preset = get_preset("smoke")
+    dp_bytes = sum(rows * preset.embedding_dim * 4 for rows in preset.table_sizes if rows <= preset.dp_max_rows)
+    ws = results["world_size"]
+    # An all-reduce of N bytes sends 2N(ws-1)/ws to the other ranks from each rank.
+    assert dp["embedding_cross_rank_by_collective"]["all_reduce"] == 2 * dp_bytes * (ws - 1)
+
+
+def test_markdown_rows_have_every_column(results: dict) -> None:
+    from torchrec_het.bench.report import markdown_table
+
+    rows = [line for line in markdown_table(results).splitlines() if line.startswith("|")]
+    assert len(rows) == 2 + len(results["configs"])
+    assert {line.count("|") for line in rows} == {rows[0].count("|")}

@@ -26,7 +26,7 @@ def test_clamped_cardinalities_clamp_every_table():
 
 @pytest.mark.parametrize(
     "name, lo, hi",
-    [("smoke", 1_000, 20_000), ("default", 100_000, 1_000_000), ("full", 100_000, 4_000_000)],
+    [("smoke", 1_000, 20_000), ("default", 100_000, 1_000_000), ("full", 100_000, 2_000_000)],
 )
 def test_presets(name, lo, hi):
     assert preset_table_sizes(name) == clamped_cardinalities(lo, hi)

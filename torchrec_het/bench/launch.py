@@ -45,10 +45,13 @@ def spawn(spec: RunSpec, on_done) -> None:
         env = [{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}] * spec.world_size
         mp.start_processes(_rank_main, args=(spec, env, None, on_done), nprocs=spec.world_size, start_method="spawn")
         return
-    from torchrec_het.bench.netem import EmulatedHosts, LinkSpec
+    from torchrec_het.bench.netem import EmulatedHosts, LinkSpec, remove_stale
 
+    remove_stale()  # namespaces left by an earlier run that was killed
     link = LinkSpec(gbit=spec.network["gbit"], delay_ms=spec.network["delay_ms"])
     with EmulatedHosts(spec.network["hosts"], link) as hosts:
+        # Record what the link really adds: kernels without sch_netem get rate shaping only.
+        spec = replace(spec, network=dict(spec.network, delay_ms_effective=hosts.effective_delay_ms))
         host_of_rank = list(spec.host_of_rank)
         env = [dict(hosts.rank_env(r, host_of_rank), MASTER_PORT=port) for r in range(spec.world_size)]
         netns = [hosts.host_netns(h) for h in host_of_rank]

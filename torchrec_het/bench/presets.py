@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, replace
 
-from torchrec_het.data import clamped_cardinalities
+from torchrec_het.data import preset_table_sizes
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def smoke() -> BenchPreset:
     """Small tables and few steps: the whole run takes well under a minute."""
     return BenchPreset(
         name="smoke",
-        table_sizes=clamped_cardinalities(1_000, 20_000),
+        table_sizes=preset_table_sizes("smoke"),
         embedding_dim=16,
         batch_size=256,
         alpha=1.1,
@@ -79,6 +79,7 @@ def smoke() -> BenchPreset:
         eval_batches=4,
         dense_arch=(64, 16),
         over_arch=(64, 1),
+        dp_max_rows=5_000,
     )
 
 
@@ -86,12 +87,12 @@ def default() -> BenchPreset:
     """Criteo-like tables clamped to 100k..1M rows, dim 64, 1024 samples per rank."""
     return BenchPreset(
         name="default",
-        table_sizes=clamped_cardinalities(100_000, 1_000_000),
+        table_sizes=preset_table_sizes("default"),
         embedding_dim=64,
         batch_size=1024,
         alpha=1.1,
-        warmup_steps=30,
-        steps_per_round=40,
+        warmup_steps=50,
+        steps_per_round=100,
         rounds=3,
         eval_batches=20,
         dense_arch=(256, 64),
@@ -103,7 +104,7 @@ def full() -> BenchPreset:
     """Larger tables (clamped to 100k..2M rows), 2048 samples per rank, longer training."""
     return BenchPreset(
         name="full",
-        table_sizes=clamped_cardinalities(100_000, 2_000_000),
+        table_sizes=preset_table_sizes("full"),
         embedding_dim=64,
         batch_size=2048,
         alpha=1.1,

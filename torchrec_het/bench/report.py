@@ -28,7 +28,7 @@ def markdown_table(results: dict) -> str:
         lines.append(
             f"| {c['name']} | {'+'.join(c['sharding_types'])} "
             f"| {sps['median']:.0f} [{sps['p10']:.0f}, {sps['p90']:.0f}] "
-            + " | ".join(_mib(b[p]) for p in PHASES)
+            + "| " + " | ".join(_mib(b[p]) for p in PHASES)
             + f" | {_mib(b['embedding_cross_rank'])} | {_mib(c['inter_host_bytes'])}"
             f" | {c['auc']:.4f} | {c['loss']:.4f} | {rss} |"
         )

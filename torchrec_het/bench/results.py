@@ -101,6 +101,7 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
             "gbit": spec.network.get("gbit") if emulated else None,
             "hosts": spec.network.get("hosts", 1) if emulated else 1,
             "delay_ms": spec.network.get("delay_ms") if emulated else None,
+            "delay_ms_effective": spec.network.get("delay_ms_effective") if emulated else None,
         },
         "alpha": preset.alpha,
         "batch_size_per_rank": preset.batch_size,

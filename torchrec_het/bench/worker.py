@@ -7,8 +7,10 @@ collective are counted during measured steps only. Rank 0 gathers the per-rank
 records and returns them.
 """
 
+import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -94,8 +96,16 @@ def _progress(spec: RunSpec, total: int):
     return tqdm(total=total, desc="bench", unit="step", leave=False)
 
 
+def quiet_torchrec() -> None:
+    """Silences TorchRec's and torch's deprecation chatter so the benchmark's output stays readable."""
+    for category in (UserWarning, DeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+
+
 def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
     """Runs on every rank of an initialized gloo group; rank 0 gets all ranks' records."""
+    quiet_torchrec()
     torch.set_num_threads(_threads_per_rank(spec))
     rank = dist.get_rank()
     preset = spec.preset

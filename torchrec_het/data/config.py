@@ -18,7 +18,7 @@ CRITEO_NUM_SPARSE = 26
 PRESET_BOUNDS: dict[str, tuple[int, int]] = {
     "smoke": (1_000, 20_000),
     "default": (100_000, 1_000_000),
-    "full": (100_000, 4_000_000),
+    "full": (100_000, 2_000_000),
 }
 
 
