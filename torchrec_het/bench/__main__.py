@@ -11,7 +11,7 @@ import sys
 from torchrec_het.bench import configs as bench_configs
 from torchrec_het.bench.launch import launched_by_torchrun, run_under_torchrun, spawn
 from torchrec_het.bench.model import EMBEDDING_OPTIMIZERS
-from torchrec_het.bench.presets import PRESETS, get_preset
+from torchrec_het.bench.presets import PRESETS, REFERENCE_GBIT, get_preset
 from torchrec_het.bench.results import write_outputs
 from torchrec_het.bench.worker import RunSpec
 
@@ -31,7 +31,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data", help="Criteo data (TSV file/dir or npy day files); default: built-in synthetic data")
     parser.add_argument("--network", choices=("loopback", "emulated"), default="loopback")
     parser.add_argument("--hosts", type=int, default=2, help="emulated hosts (with --network emulated)")
-    parser.add_argument("--gbit", type=float, default=10.0, help="emulated link rate, Gbit/s")
+    parser.add_argument(
+        "--gbit",
+        type=float,
+        default=REFERENCE_GBIT,
+        help=f"emulated link rate, Gbit/s (default {REFERENCE_GBIT}: where stock table_wise spends about half its step communicating)",
+    )
     parser.add_argument("--delay-ms", type=float, default=0.05, help="emulated one-way link latency, ms")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -2,7 +2,9 @@
 
 This follows TorchRec's DLRM example trainer: tables on the meta device, embedding
 optimizer fused into backward, the stock planner (constrained per table by the
-configuration), ``DistributedModelParallel`` and a combined optimizer.
+configuration), ``DistributedModelParallel`` and a combined optimizer. Every
+configuration starts from the same weights (dense by seed, tables row by row), so
+configurations differ in how they train, not where they start.
 """
 
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from torchrec_het.bench.configs import BenchConfig
 from torchrec_het.bench.presets import BenchPreset
+from torchrec_het.bench.table_init import init_tables_by_row
 
 EMBEDDING_OPTIMIZERS = {
     "sgd": torch.optim.SGD,
@@ -108,6 +111,7 @@ def shard_dlrm(
     )
     plan = planner.collective_plan(train_model, sharders, dist.GroupMember.WORLD)
     model = DistributedModelParallel(module=train_model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    init_tables_by_row(model, tables, seed)  # identical starting weights whatever the plan
     dense_optimizer = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(model.named_parameters())),
         lambda params: torch.optim.Adagrad(params, lr=preset.learning_rate),

@@ -1,0 +1,40 @@
+"""Every sharding of the same tables starts from the same weights (2 and 3 gloo ranks)."""
+
+import json
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from torchrec_het.bench.table_init import BLOCK_ROWS, table_rows
+from torchrec_het.testing.table_init_ranks import run_world
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sharded_outputs_match_unsharded_weights(world_size: int, tmp_path) -> None:
+    mp.spawn(run_world, args=(world_size, _free_port(), str(tmp_path)), nprocs=world_size, join=True)
+    for rank in range(world_size):
+        errors = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert set(errors) == {"table_wise", "row_wise", "data_parallel"}
+        assert max(errors.values()) < 1e-6, (rank, errors)
+
+
+def test_rows_depend_only_on_seed_table_and_row() -> None:
+    config = EmbeddingBagConfig(name="t", feature_names=["f"], embedding_dim=4, num_embeddings=3 * BLOCK_ROWS + 5)
+    whole = table_rows(config, 1, 0, config.num_embeddings)
+    assert torch.equal(table_rows(config, 1, BLOCK_ROWS - 3, 2 * BLOCK_ROWS + 9), whole[BLOCK_ROWS - 3 : 2 * BLOCK_ROWS + 9])
+    assert not torch.equal(table_rows(config, 2, 0, 10), whole[:10])
+    other = EmbeddingBagConfig(name="u", feature_names=["f"], embedding_dim=4, num_embeddings=config.num_embeddings)
+    assert not torch.equal(table_rows(other, 1, 0, 10), whole[:10])
+    bound = config.num_embeddings**-0.5
+    assert whole.abs().max() <= bound and whole.abs().max() > 0.9 * bound
+    with pytest.raises(ValueError, match="table 't'"):
+        table_rows(config, 1, 0, config.num_embeddings + 1)
