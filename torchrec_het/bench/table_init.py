@@ -44,8 +44,10 @@ def table_rows(config: EmbeddingBagConfig, seed: int, start: int, stop: int) -> 
 
 def _fill(weight: torch.Tensor, config: EmbeddingBagConfig, seed: int, row0: int, col0: int) -> None:
     rows, cols = weight.shape
-    values = table_rows(config, seed, row0, row0 + rows)[:, col0 : col0 + cols]
-    weight.copy_(values.to(weight.dtype))
+    for start in range(0, rows, BLOCK_ROWS):  # block by block: no shard-sized temporary
+        stop = min(rows, start + BLOCK_ROWS)
+        values = table_rows(config, seed, row0 + start, row0 + stop)[:, col0 : col0 + cols]
+        weight[start:stop].copy_(values.to(weight.dtype))
 
 
 @torch.no_grad()
