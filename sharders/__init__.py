@@ -3,6 +3,16 @@
 if __name__ == "sharders":  # imported from the repo root by mistake
     raise ImportError("import this package as `torchrec_het.sharders`, not `sharders`")
 
+from torchrec_het.sharders.het import (
+    HetEmbeddingBagCollection,
+    HetEmbeddingBagCollectionSharder,
+    HetShardedEmbeddingBagCollection,
+)
 from torchrec_het.sharders.row_wise import CpuRowWiseEmbeddingBagCollectionSharder
 
-__all__ = ["CpuRowWiseEmbeddingBagCollectionSharder"]
+__all__ = [
+    "CpuRowWiseEmbeddingBagCollectionSharder",
+    "HetEmbeddingBagCollection",
+    "HetEmbeddingBagCollectionSharder",
+    "HetShardedEmbeddingBagCollection",
+]

@@ -33,6 +33,8 @@ class BenchConfig:
         applies: whether the configuration means anything for a preset.
         workload: the model and data it trains ("dlrm").
         params: the configuration's own settings, copied into results.json.
+        make_plan: builds the embedding module's plan directly (for sharding types the
+            stock planner does not know yet); None lets the planner plan.
     """
 
     name: str
@@ -43,6 +45,7 @@ class BenchConfig:
     applies: Callable[[BenchPreset], bool] = lambda preset: True
     workload: str = "dlrm"
     params: dict = field(default_factory=dict)
+    make_plan: Callable | None = None
 
 
 def _force(sharding_type: str) -> ConstraintsFn:
@@ -140,3 +143,6 @@ def select(names: list[str] | None, preset: BenchPreset) -> list[BenchConfig]:
     if idle:
         raise ValueError(f"configuration(s) {idle} do not apply to preset {preset.name!r}")
     return chosen
+
+# The plugin's own configurations register themselves beside the stock ones.
+from torchrec_het.bench import het_configs  # noqa: E402,F401  (imports this module: keep last)

@@ -109,7 +109,12 @@ def shard_dlrm(
         storage_reservation=HeuristicalStorageReservation(percentage=0.05),
         constraints=config.make_constraints(tables, preset),
     )
-    plan = planner.collective_plan(train_model, sharders, dist.GroupMember.WORLD)
+    if config.make_plan is not None:
+        ebc = train_model.model.sparse_arch.embedding_bag_collection
+        module_plan = config.make_plan(ebc, tables, sharders[0], dist.get_world_size())
+        plan = ShardingPlan({"model.sparse_arch.embedding_bag_collection": module_plan})
+    else:
+        plan = planner.collective_plan(train_model, sharders, dist.GroupMember.WORLD)
     model = DistributedModelParallel(module=train_model, device=torch.device("cpu"), plan=plan, sharders=sharders)
     init_tables_by_row(model, tables, seed)  # identical starting weights whatever the plan
     dense_optimizer = KeyedOptimizerWrapper(

@@ -57,6 +57,7 @@ class RankRecord:
     state_mb: float = 0.0
     scores: torch.Tensor | None = None
     labels: torch.Tensor | None = None
+    cache_stats: dict | None = None  # per table, for configurations with a HET cache
 
 
 def _threads_per_rank(spec: RunSpec) -> int:
@@ -81,11 +82,20 @@ def _build(spec: RunSpec, name: str, source, base_rss: float) -> tuple[ShardedDL
     for step in range(spec.preset.warmup_steps):
         train_step(sharded, source.batch(step, rank, "train"))
     record = RankRecord(name=name, sharding_types=sharded.sharding_types)
+    het = het_module(sharded)
+    if het is not None:
+        het.reset_cache_stats()  # count measured steps only
     # The configuration's own footprint: what building and warming it added, on top of
     # a process that holds nothing else (the other configurations are alive too).
     record.peak_rss_mb = base_rss + max(0.0, peak_rss_mb() - before)
     record.state_mb = state_mb(sharded.model, sharded.optimizer)
     return sharded, record
+
+
+def het_module(sharded: ShardedDLRM):
+    """The DLRM's sharded embedding module if it has a HET cache, else None."""
+    ebc = sharded.model.module.model.sparse_arch.embedding_bag_collection
+    return ebc if hasattr(ebc, "cache_stats") else None
 
 
 def _progress(spec: RunSpec, total: int):
@@ -133,6 +143,10 @@ def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
                     bar.update(preset.steps_per_round)
         if bar:
             bar.close()
+        for name, sharded in models.items():
+            het = het_module(sharded)
+            if het is not None:
+                records[name].cache_stats = het.cache_stats()
         eval_batches = [source.batch(i, rank, "eval") for i in range(preset.eval_batches)]
         for name, sharded in models.items():
             scores, labels = zip(*(predict(sharded.model, b) for b in eval_batches))

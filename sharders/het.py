@@ -1,0 +1,139 @@
+"""The HET sharder, the sharded module it builds, and an EmbeddingBagCollection that carries a cache config.
+
+Users swap :class:`HetEmbeddingBagCollectionSharder` in for TorchRec's
+``EmbeddingBagCollectionSharder``; tables planned ``het_cached_row_wise`` get the
+cache, every other table is sharded by stock TorchRec in the same module.
+"""
+
+from typing import Any
+
+import torch
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder, ShardedEmbeddingBagCollection
+from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_het.config import HetCacheConfig
+from torchrec_het.sharding.het_cached_rw import HetCachedRwPooledEmbeddingSharding
+from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
+from torchrec_het.sharding.validate import check_features
+from torchrec_het.types import HET_CACHED_ROW_WISE
+
+
+class HetEmbeddingBagCollection(EmbeddingBagCollection):
+    """An ``EmbeddingBagCollection`` that carries the cache configuration of its het tables.
+
+    Args:
+        tables: the tables, as for ``EmbeddingBagCollection``.
+        cache: the cache settings (global, with per-table overrides).
+        is_weighted: whether features carry per-id weights.
+        device: where the tables are created (``meta`` to let sharding materialize them).
+    """
+
+    def __init__(
+        self,
+        tables: list[EmbeddingBagConfig],
+        cache: HetCacheConfig | None = None,
+        is_weighted: bool = False,
+        device: torch.device | None = None,
+    ) -> None:
+        super().__init__(tables=tables, is_weighted=is_weighted, device=device)
+        self.het_cache_config = cache if cache is not None else HetCacheConfig()
+        self.het_cache_config.check_tables([t.name for t in tables])
+
+
+class HetShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
+    """TorchRec's sharded EBC, with ``het_cached_row_wise`` tables routed to the HET sharding."""
+
+    def __init__(self, *args: Any, cache: HetCacheConfig, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        het_tables = [n for n, p in self.module_sharding_plan.items() if p.sharding_type == HET_CACHED_ROW_WISE]
+        cache.check_tables(het_tables)
+        self._rows_of_feature = {
+            feature: config.num_embeddings for config in self._embedding_bag_configs for feature in config.feature_names
+        }
+        for sharding, lookup in zip(self._embedding_shardings, self._lookups):
+            if isinstance(lookup, HetCachedEmbeddingLookup):
+                lookup.attach_cache(cache, sharding.shards_by_table)
+
+    @classmethod
+    def create_embedding_bag_sharding(cls, sharding_infos, env, device=None, permute_embeddings=False, qcomm_codecs_registry=None):
+        if sharding_infos[0].param_sharding.sharding_type == HET_CACHED_ROW_WISE:
+            return HetCachedRwPooledEmbeddingSharding(
+                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+            )
+        return super().create_embedding_bag_sharding(
+            sharding_infos, env, device, permute_embeddings=permute_embeddings, qcomm_codecs_registry=qcomm_codecs_registry
+        )
+
+    def input_dist(self, ctx, features: KeyedJaggedTensor):
+        check_features(features, self._rows_of_feature)  # before anything is sent or cached
+        return super().input_dist(ctx, features)
+
+    def het_lookups(self) -> list[HetCachedEmbeddingLookup]:
+        return [lookup for lookup in self._lookups if isinstance(lookup, HetCachedEmbeddingLookup)]
+
+    def cache_stats(self) -> dict[str, dict]:
+        """Cache counters per het table on this rank (hit rates, rows fetched and pushed, staleness)."""
+        stats: dict[str, dict] = {}
+        for lookup in self.het_lookups():
+            stats.update(lookup.cache_stats())
+        return stats
+
+    def reset_cache_stats(self) -> None:
+        for lookup in self.het_lookups():
+            lookup.reset_cache_stats()
+
+    def flush_cache(self) -> None:
+        """Pushes every pending gradient to its owner; a collective, every rank calls it."""
+        for lookup in self.het_lookups():
+            lookup.flush()
+
+
+class HetEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
+    """``EmbeddingBagCollectionSharder`` that also offers ``het_cached_row_wise`` (and row_wise on CPU).
+
+    Args:
+        cache: cache settings for modules that carry none
+            (a :class:`HetEmbeddingBagCollection` brings its own).
+        fused_params: as for ``EmbeddingBagCollectionSharder``.
+        **kwargs: passed on to ``EmbeddingBagCollectionSharder``.
+    """
+
+    def __init__(self, cache: HetCacheConfig | None = None, fused_params: dict | None = None, **kwargs: Any) -> None:
+        super().__init__(fused_params=fused_params, **kwargs)
+        self._cache = cache if cache is not None else HetCacheConfig()
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        types = list(super().sharding_types(compute_device_type))
+        if ShardingType.ROW_WISE.value not in types:
+            types.append(ShardingType.ROW_WISE.value)
+        return types + [HET_CACHED_ROW_WISE]
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+        if sharding_type == HET_CACHED_ROW_WISE:
+            return super().compute_kernels(ShardingType.ROW_WISE.value, compute_device_type)[:1]  # fused
+        return super().compute_kernels(sharding_type, compute_device_type)
+
+    def shard(
+        self,
+        module: EmbeddingBagCollection,
+        params: dict[str, ParameterSharding],
+        env: ShardingEnv,
+        device: torch.device | None = None,
+        module_fqn: str | None = None,
+    ) -> ShardedEmbeddingBagCollection:
+        if not any(p.sharding_type == HET_CACHED_ROW_WISE for p in params.values()):
+            return super().shard(module, params, env, device, module_fqn)
+        cache = getattr(module, "het_cache_config", None) or self._cache
+        return HetShardedEmbeddingBagCollection(
+            module=module,
+            table_name_to_parameter_sharding=params,
+            env=env,
+            fused_params=self.fused_params,
+            device=device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            module_fqn=module_fqn,
+            cache=cache,
+        )

@@ -1,0 +1,5 @@
+"""HET's per-rank cache of remote embedding rows: pure tensor code, no torch.distributed."""
+
+from torchrec_het.cache.row_cache import POLICIES, PendingRows, RowCache
+
+__all__ = ["POLICIES", "PendingRows", "RowCache"]

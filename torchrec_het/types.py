@@ -1,0 +1,8 @@
+"""The strings torchrec_het adds to TorchRec's sharding-type space (all prefixed ``het_``)."""
+
+HET_CACHED_ROW_WISE = "het_cached_row_wise"
+"""Row-wise owners plus a per-rank, bounded-staleness cache of remote rows (HET)."""
+
+HET_SHARDING_TYPES = (HET_CACHED_ROW_WISE,)
+
+__all__ = ["HET_CACHED_ROW_WISE", "HET_SHARDING_TYPES"]
