@@ -67,3 +67,43 @@ def plot(results: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_het_tradeoff(results: dict, path: Path) -> bool:
+    """Embedding bytes vs AUC of the HET configurations (marker size: staleness bound), stock as lines.
+
+    Returns False (and writes nothing) when the run has no HET configuration.
+    """
+    het = [c for c in results["configs"] if c["params"].get("sharding") == "het_cached_row_wise"]
+    if not het:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for protocol, marker in (("het", "o"), ("lease", "s")):
+        for capacity, color in ((0.01, "tab:orange"), (0.1, "tab:blue")):
+            group = [c for c in het if c["params"]["protocol"] == protocol and c["params"]["capacity"] == capacity]
+            if not group:
+                continue
+            xs = [c["bytes_per_step"]["embedding_cross_rank"] / 2**20 for c in group]
+            ys = [c["auc"] for c in group]
+            sizes = [30 + 12 * min(c["params"]["s_read"], 100) ** 0.5 * 4 for c in group]
+            ax.scatter(xs, ys, s=sizes, marker=marker, color=color, alpha=0.8, label=f"{protocol}, {capacity:.0%} cache")
+            for c, x, y in zip(group, xs, ys):
+                ax.annotate(f"s={c['params']['s_read']}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for c in results["configs"]:
+        if c["stock"]:
+            ax.axvline(c["bytes_per_step"]["embedding_cross_rank"] / 2**20, color="gray", linestyle=":", linewidth=1)
+            ax.axhline(c["auc"], color="gray", linestyle=":", linewidth=1)
+            ax.annotate(c["name"], (c["bytes_per_step"]["embedding_cross_rank"] / 2**20, c["auc"]), fontsize=7)
+    ax.set_xlabel("embedding bytes per step, MiB (cross-rank, all ranks)")
+    ax.set_ylabel("held-out AUC")
+    ax.set_title(f"HET: bytes vs AUC vs staleness bound (preset {results['preset']}, alpha {results.get('alpha')})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

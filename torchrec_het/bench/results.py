@@ -9,6 +9,7 @@ import torch
 
 from torchrec_het.bench import configs as bench_configs
 from torchrec_het.bench import report
+from torchrec_het.bench.het_stats import summarize_cache
 from torchrec_het.bench.worker import RankRecord, RunSpec
 from torchrec_het.comm import sum_totals
 from torchrec_het.data import binary_auc
@@ -93,6 +94,8 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
                 "measured_steps": steps,
             }
         )
+        if per_rank[0].cache_stats is not None:
+            entries[-1]["cache"] = summarize_cache([r.cache_stats for r in per_rank], steps)
     return {
         "preset": preset.name,
         "world_size": spec.world_size,
@@ -126,5 +129,7 @@ def write_outputs(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> None:
     table = report.markdown_table(results)
     (out / "results.md").write_text(table)
     report.plot(results, out / "results.png")
+    if report.plot_het_tradeoff(results, out / "het_tradeoff.png"):
+        print(f"wrote {out / 'het_tradeoff.png'}", flush=True)
     print(table, flush=True)
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'results.png'}", flush=True)

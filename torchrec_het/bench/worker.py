@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from torchrec_het.bench import configs as bench_configs
+from torchrec_het.bench.het_stats import ideal_lru, rank_cache_stats
 from torchrec_het.bench.memory import peak_rss_mb, reset_peak_rss, rss_mb, state_mb
 from torchrec_het.bench.model import ShardedDLRM, predict, shard_dlrm, train_step
 from torchrec_het.bench.presets import BenchPreset
@@ -98,6 +99,19 @@ def het_module(sharded: ShardedDLRM):
     return ebc if hasattr(ebc, "cache_stats") else None
 
 
+def _collect_cache_stats(spec: RunSpec, source, models: dict, records: dict) -> None:
+    preset, rank, memo = spec.preset, dist.get_rank(), {}
+    batches = None
+    for name, sharded in models.items():
+        het = het_module(sharded)
+        if het is None:
+            continue
+        if batches is None:
+            batches = [source.batch(step, rank, "train") for step in range(preset.total_steps)]
+        ideal = ideal_lru(het, [b.sparse_features for b in batches], preset.warmup_steps, memo)
+        records[name].cache_stats = rank_cache_stats(het, ideal)
+
+
 def _progress(spec: RunSpec, total: int):
     if not (spec.progress and dist.get_rank() == 0):
         return None
@@ -143,10 +157,7 @@ def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
                     bar.update(preset.steps_per_round)
         if bar:
             bar.close()
-        for name, sharded in models.items():
-            het = het_module(sharded)
-            if het is not None:
-                records[name].cache_stats = het.cache_stats()
+        _collect_cache_stats(spec, source, models, records)
         eval_batches = [source.batch(i, rank, "eval") for i in range(preset.eval_batches)]
         for name, sharded in models.items():
             scores, labels = zip(*(predict(sharded.model, b) for b in eval_batches))

@@ -79,6 +79,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         self._outbox: dict[str, list[PendingRows]] = {}
         self._step = 0
         self._anchor = torch.zeros(1, requires_grad=True)  # lets backward reach the write path
+        self._weights: list[list[torch.Tensor]] = []
         self.on_serve: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor, int], None] | None = None
 
     # --- set-up -----------------------------------------------------------------------
@@ -133,6 +134,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             raise NotImplementedError("het_cached_row_wise does not support variable batch sizes per feature")
         step = self._step
         self._step += 1
+        self._weights = [m.split_embedding_weights() for m in self._emb_modules]  # views of the local shards
         by_feature = sparse_features.to_dict()
         reads = [self._plan_read(t, by_feature, step) for t in self._tables]
         self._fetch(reads, step)
@@ -226,16 +228,20 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         return torch.cat(parts) if parts else torch.empty(0)
 
     def _local_weight(self, t: HetTable) -> torch.Tensor:
-        return self._emb_modules[t.module_index].split_embedding_weights()[t.table_index]
+        return self._weights[t.module_index][t.table_index]
 
     def _settle(self, t: HetTable, read: _Read, positions, versions, brings, rows, step: int) -> None:
         """Requester side: refresh stale copies, cache new rows, renew leases, count."""
         cache = t.cache
         asked_slots = read.slots[positions]
         fresh = ~brings  # the owner kept the row: the cached copy is within the bound
-        t.stats.add_staleness(versions[fresh] - cache.versions[asked_slots[fresh]])
         if t.settings.protocol == "lease":
+            # how far behind each leased copy fell while it was served unasked
+            held = asked_slots >= 0
+            t.stats.add_staleness(versions[held] - cache.versions[asked_slots[held]])
             cache.mark_validated(asked_slots[fresh], step)
+        else:
+            t.stats.add_staleness(versions[fresh] - cache.versions[asked_slots[fresh]])
         row_of = torch.cumsum(brings.long(), 0) - 1  # index into rows of each request that brought one
         stale = brings & (asked_slots >= 0)
         cache.refresh(asked_slots[stale], rows[row_of[stale]], versions[stale], step)
