@@ -18,7 +18,7 @@ def _rows(n: int, dim: int = 2, start: float = 0.0) -> torch.Tensor:
 def test_insert_and_find() -> None:
     cache = RowCache(num_rows=10, dim=2, capacity=3)
     slots, dirty, evicted = cache.insert(_ids(4, 7), _rows(2), _ids(5, 6), step=1)
-    assert slots.tolist() == [0, 1] and len(dirty) == 0 and evicted == 0
+    assert slots.tolist() == [0, 1] and len(dirty) == 0 and evicted.numel() == 0
     assert cache.slots_of(_ids(7, 4, 3, 7)).tolist() == [1, 0, -1, 1]
     assert len(cache) == 2
     assert cache.versions[slots].tolist() == [5, 6] and cache.validated_step[slots].tolist() == [1, 1]
@@ -45,7 +45,7 @@ def test_bad_arguments() -> None:
 def test_capacity_zero_caches_nothing() -> None:
     cache = RowCache(10, 2, 0)
     slots, dirty, evicted = cache.insert(_ids(1, 2), _rows(2), _ids(0, 0), step=0)
-    assert slots.tolist() == [-1, -1] and len(dirty) == 0 and evicted == 0 and len(cache) == 0
+    assert slots.tolist() == [-1, -1] and len(dirty) == 0 and evicted.numel() == 0 and len(cache) == 0
 
 
 def test_lru_and_lfu_choose_different_victims() -> None:
@@ -64,10 +64,10 @@ def test_protected_slots_survive_and_overflow_gets_no_slot() -> None:
     cache.insert(_ids(1, 2), _rows(2), _ids(0, 0), step=0)
     protect = cache.slots_of(_ids(1, 2))
     slots, _, evicted = cache.insert(_ids(3, 4), _rows(2), _ids(0, 0), step=1, protect=protect)
-    assert slots.tolist() == [-1, -1] and evicted == 0
+    assert slots.tolist() == [-1, -1] and evicted.numel() == 0
     assert (cache.slots_of(_ids(1, 2)) >= 0).all()
     slots, _, evicted = cache.insert(_ids(3, 4, 5), _rows(3), _ids(0, 0, 0), step=2, protect=cache.slots_of(_ids(2)))
-    assert (slots >= 0).tolist() == [True, False, False] and evicted == 1
+    assert (slots >= 0).tolist() == [True, False, False] and evicted.numel() == 1
     assert cache.slots_of(_ids(1)).item() == -1
 
 
@@ -77,10 +77,10 @@ def test_dirty_eviction_returns_its_pending_mass() -> None:
     cache.accumulate(slots, torch.ones(1, 2), torch.zeros(1, 2))
     cache.accumulate(slots, 2 * torch.ones(1, 2), torch.zeros(1, 2))
     _, dirty, evicted = cache.insert(_ids(7), _rows(1), _ids(0), step=1)
-    assert evicted == 1 and dirty.ids.tolist() == [6] and dirty.counts.tolist() == [2]
+    assert evicted.numel() == 1 and dirty.ids.tolist() == [6] and dirty.counts.tolist() == [2]
     assert torch.equal(dirty.grads, 3 * torch.ones(1, 2))
     _, dirty, evicted = cache.insert(_ids(8), _rows(1), _ids(0), step=2)  # row 7 was clean
-    assert evicted == 1 and len(dirty) == 0
+    assert evicted.numel() == 1 and len(dirty) == 0
 
 
 def test_read_your_writes_survives_a_refresh() -> None:
@@ -157,3 +157,16 @@ def test_ideal_lru_hits() -> None:
     assert lru_hits(steps, 10) == (3, 7)
     assert lru_hits(steps, 10, counted_from=2) == (2, 3)
     assert lru_hits(steps, 0) == (0, 7)
+
+
+def test_partitions_keep_their_own_capacity() -> None:
+    # ids 0..4 are table A (1 slot), ids 5..9 table B (2 slots)
+    cache = RowCache(10, 2, capacity=[1, 2], partition_ends=[5, 10])
+    slots, _, evicted = cache.insert(_ids(1, 2, 6, 7, 8), _rows(5), _ids(0, 0, 0, 0, 0), step=0)
+    assert (slots >= 0).tolist() == [True, False, True, True, False] and evicted.numel() == 0
+    assert cache.partition_of(_ids(4, 5)).tolist() == [0, 1]
+    slots, _, evicted = cache.insert(_ids(3), _rows(1), _ids(0), step=1)  # evicts row 1, never a B row
+    assert slots.item() >= 0 and evicted.numel() == 1
+    assert cache.slots_of(_ids(1)).item() == -1 and (cache.slots_of(_ids(6, 7)) >= 0).all()
+    with pytest.raises(ValueError, match="partition_ends"):
+        RowCache(10, 2, capacity=[1, 2], partition_ends=[5])

@@ -14,15 +14,17 @@ def ideal_lru(het_module, batches: list, counted_from: int, memo: dict) -> dict[
     """Per table: (hits, lookups) of an ideal LRU of the HET cache's size on this rank's remote ids."""
     result = {}
     for lookup in het_module.het_lookups():
-        for t in lookup.tables:
-            key = (t.name, t.cache.capacity)
-            if key not in memo:
-                stream = []
-                for kjt in batches:
-                    ids = torch.unique(torch.cat([kjt[f].values() for f in t.features]))
-                    stream.append(ids[t.owner_of(ids) != t.rank])
-                memo[key] = lru_hits(stream, t.cache.capacity, counted_from)
-            result[t.name] = memo[key]
+        for g in lookup.groups:
+            for i, t in enumerate(g.tables):
+                capacity = int(g.cache.partition_capacity[i])
+                key = (t.name, capacity)
+                if key not in memo:
+                    stream = []
+                    for kjt in batches:
+                        ids = torch.unique(torch.cat([kjt[f].values() for f in t.features])) + g.offsets[i]
+                        stream.append(ids[g.owner_of(ids) != g.rank])
+                    memo[key] = lru_hits(stream, capacity, counted_from)
+                result[t.name] = memo[key]
     return result
 
 

@@ -44,6 +44,10 @@ class PendingRows:
 class RowCache:
     """Up to ``capacity`` rows of a table of ``num_rows`` rows, found through a dense id -> slot map.
 
+    The id space may be cut into partitions (``partition_ends``, e.g. several tables
+    laid end to end), each with its own capacity: a partition's rows only ever
+    displace rows of the same partition.
+
     The map costs 8 bytes per table row (int64), which buys O(1) vectorized lookups
     without hashing; the rows themselves cost ``3 * dim`` values per slot (value,
     pending gradient, pending local delta) plus a few int64 counters.
@@ -54,16 +58,34 @@ class RowCache:
         capacity: slots; 0 caches nothing.
         policy: ``lru`` (evict the least recently used) or ``lfu`` (the least used).
         dtype: dtype of values and gradients.
+        partition_ends: exclusive end id of each partition (default: one partition).
     """
 
-    def __init__(self, num_rows: int, dim: int, capacity: int, policy: str = "lru", dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        num_rows: int,
+        dim: int,
+        capacity: int | list[int],
+        policy: str = "lru",
+        dtype: torch.dtype = torch.float32,
+        partition_ends: list[int] | None = None,
+    ):
         if num_rows < 1 or dim < 1:
             raise ValueError(f"num_rows and dim must be >= 1, got {num_rows} and {dim}")
-        if capacity < 0:
-            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        capacities = [capacity] if isinstance(capacity, int) else list(capacity)
+        ends = [num_rows] if partition_ends is None else list(partition_ends)
+        if len(ends) != len(capacities) or ends[-1] != num_rows or ends != sorted(ends):
+            raise ValueError(f"partition_ends {ends} must ascend to num_rows={num_rows}, one per capacity {capacities}")
+        if min(capacities) < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacities}")
         if policy not in POLICIES:
             raise ValueError(f"unknown eviction policy {policy!r}; choose from {POLICIES}")
+        capacity = sum(capacities)
         self.num_rows, self.dim, self.capacity, self.policy = num_rows, dim, capacity, policy
+        self.partition_ends = torch.tensor(ends, dtype=torch.int64)
+        self.partition_capacity = torch.tensor(capacities, dtype=torch.int64)
+        # slots of partition p: [slot_starts[p], slot_starts[p] + capacity[p])
+        self.slot_starts = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(self.partition_capacity, 0)])
         self.values = torch.zeros(capacity, dim, dtype=dtype)
         self.pending_grad = torch.zeros(capacity, dim, dtype=dtype)
         self.pending_delta = torch.zeros(capacity, dim, dtype=dtype)
@@ -89,26 +111,37 @@ class RowCache:
         self.last_used[slots] = step
         self.frequency.index_add_(0, slots, uses if uses is not None else torch.ones_like(slots))
 
-    def _victims(self, count: int, protect: torch.Tensor | None) -> torch.Tensor:
-        occupied = self.slot_ids >= 0
-        if protect is not None and protect.numel():
-            occupied[protect] = False
-        candidates = occupied.nonzero().flatten()
-        if count <= 0 or candidates.numel() == 0:
-            return candidates[:0]
+    def partition_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """The partition of each id."""
+        return torch.bucketize(ids, self.partition_ends, right=True)
+
+    def _eviction_keys(self, lo: int, hi: int) -> torch.Tensor:
+        """Slots lo:hi ordered for eviction by one int64 key: (primary, secondary) of the policy."""
         primary, secondary = (
             (self.last_used, self.frequency) if self.policy == "lru" else (self.frequency, self.last_used)
         )
-        # lexicographic (primary, secondary, slot): stable sorts from the last key to the first
-        order = candidates
-        order = order[torch.sort(secondary[order], stable=True).indices]
-        order = order[torch.sort(primary[order], stable=True).indices]
-        return order[:count]
+        return primary[lo:hi] * (1 << 31) + secondary[lo:hi].clamp(max=(1 << 31) - 1)
+
+    def _slots_for(self, partition: int, count: int, protect_mask: torch.Tensor) -> torch.Tensor:
+        """Up to ``count`` slots of a partition: free ones (in slot order), then victims by the policy."""
+        lo, hi = int(self.slot_starts[partition]), int(self.slot_starts[partition + 1])
+        occupied = self.slot_ids[lo:hi] >= 0
+        free = (~occupied).nonzero().flatten()[:count] + lo
+        missing = count - free.numel()
+        if missing <= 0:
+            return free
+        eligible = occupied & ~protect_mask[lo:hi]
+        missing = min(missing, int(eligible.sum()))
+        if missing == 0:
+            return free
+        keys = torch.where(eligible, self._eviction_keys(lo, hi), torch.iinfo(torch.int64).max)
+        victims = torch.topk(keys, missing, largest=False, sorted=True).indices + lo
+        return torch.cat([free, victims])
 
     def insert(
         self, ids: torch.Tensor, values: torch.Tensor, versions: torch.Tensor, step: int, protect: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, PendingRows, int]:
-        """Caches new rows, evicting by the policy (never a slot in ``protect``).
+    ) -> tuple[torch.Tensor, PendingRows, torch.Tensor]:
+        """Caches new rows, evicting by the policy within each partition (never a slot in ``protect``).
 
         Args:
             ids: distinct ids not cached now.
@@ -118,21 +151,44 @@ class RowCache:
             protect: slots in use this step.
 
         Returns:
-            The slot of each id (-1 for ids that found none), the evicted rows that
-            still held unpushed gradients, and how many rows were evicted.
+            The slot of each id (-1 for ids that found none: the first ids of a
+            partition, in the given order, get slots first), the evicted rows that
+            still held unpushed gradients, and the ids of every evicted row.
         """
         if ids.numel() and bool((self.slots_of(ids) >= 0).any()):
             raise ValueError("insert() takes ids that are not cached yet")
         if ids.numel() != torch.unique(ids).numel():
             raise ValueError("insert() takes distinct ids")
-        free = (self.slot_ids < 0).nonzero().flatten()[: ids.numel()]
-        victims = self._victims(ids.numel() - free.numel(), protect)
-        evicted = self._evict(victims)
-        slots = torch.cat([free, victims])
-        placed = slots.numel()
         result = torch.full((ids.numel(),), -1, dtype=torch.int64)
-        result[:placed] = slots
-        ids, values, versions = ids[:placed], values[:placed], versions[:placed]
+        if ids.numel() == 0 or self.capacity == 0:
+            return result, PendingRows.empty(self.dim, self.values.dtype), ids[:0]
+        protect_mask = torch.zeros(self.capacity, dtype=torch.bool)
+        if protect is not None and protect.numel():
+            protect_mask[protect] = True
+        partition = self.partition_of(ids)
+        order = torch.sort(partition, stable=True).indices  # ids of a partition keep their order
+        wanted = torch.bincount(partition, minlength=len(self.partition_capacity)).tolist()
+        chosen, start = [], 0
+        placed_positions = []
+        for p, n in enumerate(wanted):
+            if n == 0:
+                continue
+            slots_p = self._slots_for(p, n, protect_mask)
+            chosen.append(slots_p)
+            placed_positions.append(order[start : start + slots_p.numel()])
+            start += n
+        slots = torch.cat(chosen) if chosen else torch.empty(0, dtype=torch.int64)
+        placed_at = torch.cat(placed_positions) if placed_positions else torch.empty(0, dtype=torch.int64)
+        placed = torch.zeros(ids.numel(), dtype=torch.bool)
+        placed[placed_at] = True
+        slots_in_id_order = torch.empty(ids.numel(), dtype=torch.int64)
+        slots_in_id_order[placed_at] = slots
+        slots = slots_in_id_order[placed]
+        victims = slots[self.slot_ids[slots] >= 0]
+        evicted_ids = self.slot_ids[victims].clone()
+        dirty = self._evict(victims)
+        result[placed] = slots
+        ids, values, versions = ids[placed], values[placed], versions[placed]
         self.slot_ids[slots] = ids
         self._slot_of[ids] = slots
         self.values[slots] = values.to(self.values.dtype)
@@ -143,7 +199,7 @@ class RowCache:
         self.pending_grad[slots] = 0
         self.pending_delta[slots] = 0
         self.pending_count[slots] = 0
-        return result, evicted, victims.numel()
+        return result, dirty, evicted_ids
 
     def _evict(self, slots: torch.Tensor) -> PendingRows:
         dirty = slots[self.pending_count[slots] > 0]
