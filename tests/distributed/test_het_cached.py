@@ -45,3 +45,9 @@ def test_synchronous_cache_matches_row_wise_and_unsharded(world: list[dict], opt
             assert errors["out_het_vs_row_wise/sum"] < TOLERANCE, (rank, errors)
         # With a mean-pooled table in the module, stock row_wise drifts from the exact model
         # (up to ~4e-5 relative after 5 SGD steps here, on sum features too); het does not.
+
+
+def test_train_pipeline_sparse_dist_trains_like_a_plain_loop(world: list[dict]) -> None:
+    # het with s_read = s_write = 2 under TorchRec's TrainPipelineSparseDist, 6 steps
+    for rank, results in enumerate(world):
+        assert results["pipelined"] < TOLERANCE, (rank, results["pipelined"])
