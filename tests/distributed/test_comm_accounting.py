@@ -5,14 +5,12 @@ Every check of one world size runs inside one spawned group
 and the facts behind it, and the expected bytes are computed here by hand.
 """
 
-import json
-import socket
 from dataclasses import dataclass
 
 import pytest
-import torch.multiprocessing as mp
 
 from torchrec_het.testing.comm_ranks import BATCH_SIZE, DDP_STEPS, DDP_VARIANTS, DENSE_OUT, TABLES, run_world
+from torchrec_het.testing.spawn import spawn_world
 
 FLOAT32 = 4
 INT64 = 8
@@ -27,18 +25,12 @@ class World:
         return [observed[name] for observed in self.ranks]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda ws: f"ws{ws}")
 def world(request, tmp_path_factory) -> World:
     size = request.param
     out = tmp_path_factory.mktemp(f"comm_ws{size}")
-    mp.spawn(run_world, args=(size, _free_port(), str(out)), nprocs=size, join=True)
-    return World(size, [json.loads((out / f"rank{r}.json").read_text()) for r in range(size)])
+    return World(size, spawn_world(run_world, size, out))
 
 
 def _only_entry(entries: list[dict]) -> dict:

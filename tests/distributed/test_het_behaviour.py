@@ -7,12 +7,8 @@ batches rejected before anything changes, and the checkpoint round trip. The ran
 bodies are in :mod:`torchrec_het.testing.het_behaviour_ranks`.
 """
 
-import json
-import socket
-
 import numpy as np
 import pytest
-import torch.multiprocessing as mp
 
 from torchrec_het.testing.het_behaviour_ranks import (
     BAD_FEATURES,
@@ -23,21 +19,14 @@ from torchrec_het.testing.het_behaviour_ranks import (
     case_name,
     run_world,
 )
+from torchrec_het.testing.spawn import spawn_world
 
 CASES = {case_name(settings): settings for settings in BOUND_CASES}
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda ws: f"ws{ws}")
 def world(request, tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp(f"het_behaviour_ws{request.param}")
-    mp.spawn(run_world, args=(request.param, _free_port(), str(out)), nprocs=request.param, join=True)
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(request.param)]
+    return spawn_world(run_world, request.param, tmp_path_factory.mktemp(f"het_behaviour_ws{request.param}"))
 
 
 def _observed(world: list[dict], check: str) -> list[dict]:

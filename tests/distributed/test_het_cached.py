@@ -1,27 +1,17 @@
 """het_cached_row_wise with s_read = s_write = 0 trains exactly like stock row_wise and the unsharded model."""
 
-import json
-import socket
-
 import pytest
-import torch.multiprocessing as mp
 
 from torchrec_het.testing.het_ranks import OPTIMIZERS, run_world
+from torchrec_het.testing.spawn import spawn_world
 
 TOLERANCE = 1e-5
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda ws: f"ws{ws}")
 def world(request, tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp(f"het_ws{request.param}")
-    mp.spawn(run_world, args=(request.param, _free_port(), str(out)), nprocs=request.param, join=True)
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(request.param)]
+    return spawn_world(run_world, request.param, tmp_path_factory.mktemp(f"het_ws{request.param}"))
 
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))

@@ -1,28 +1,19 @@
 """Every sharding of the same tables starts from the same weights (2 and 3 gloo ranks)."""
 
-import json
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from torchrec_het.bench.table_init import BLOCK_ROWS, table_rows
 from torchrec_het.testing.table_init_ranks import run_world
+from torchrec_het.testing.spawn import spawn_world
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sharded_outputs_match_unsharded_weights(world_size: int, tmp_path) -> None:
-    mp.spawn(run_world, args=(world_size, _free_port(), str(tmp_path)), nprocs=world_size, join=True)
-    for rank in range(world_size):
-        errors = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    for rank, errors in enumerate(spawn_world(run_world, world_size, tmp_path)):
         assert set(errors) == {"table_wise", "row_wise", "data_parallel"}
         assert max(errors.values()) < 1e-6, (rank, errors)
 

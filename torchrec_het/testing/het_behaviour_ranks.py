@@ -40,19 +40,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.sharding_plan import construct_module_sharding_plan
-from torchrec.distributed.types import ShardingPlan
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
-from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het.bench.table_init import init_tables_by_row
 from torchrec_het.config import CacheSettings, HetCacheConfig
-from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetShardedEmbeddingBagCollection
-from torchrec_het.sharding import het_cached_row_wise
+from torchrec_het.sharders import HetShardedEmbeddingBagCollection
 from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
-from torchrec_het.testing.het_ranks import loss_of, projections, table_configs
+from torchrec_het.testing.het_ranks import loss_of, projections, sharded, table_configs
 
 SEED = 11
 LR = 0.002  # small enough that 14 SGD steps of the quadratic test loss do not diverge
@@ -94,19 +88,7 @@ def case_name(settings: CacheSettings) -> str:
 
 def _model(configs: list[EmbeddingBagConfig], cache: HetCacheConfig, seed: int = SEED) -> DistributedModelParallel:
     """An EmbeddingBagCollection, every table ``het_cached_row_wise``, fused SGD(LR), weights by row."""
-    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": LR})
-    sharder = HetEmbeddingBagCollectionSharder(cache=cache)
-    plan = construct_module_sharding_plan(
-        ebc,
-        per_param_sharding={c.name: het_cached_row_wise() for c in configs},
-        world_size=dist.get_world_size(),
-        device_type="cpu",
-        sharder=sharder,
-    )
-    model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}), sharders=[sharder])
-    init_tables_by_row(model, configs, seed)
-    return model
+    return sharded("het", configs, False, "sgd", cache=cache, lr=LR, seed=seed)
 
 
 def _sharded(model: DistributedModelParallel) -> HetShardedEmbeddingBagCollection:

@@ -81,16 +81,27 @@ def projections(configs: list[EmbeddingBagConfig]) -> dict[str, torch.Tensor]:
     return {f: torch.randn(c.embedding_dim, 3, generator=generator) for c in configs for f in c.feature_names}
 
 
-def _ebc(configs, weighted: bool, optimizer: str, device: str) -> EmbeddingBagCollection:
+def _ebc(configs, weighted: bool, optimizer: str, device: str, lr: float | None = None) -> EmbeddingBagCollection:
     ebc = EmbeddingBagCollection(tables=configs, is_weighted=weighted, device=torch.device(device))
     cls, kwargs = OPTIMIZERS[optimizer]
-    apply_optimizer_in_backward(cls, ebc.parameters(), dict(kwargs))
+    apply_optimizer_in_backward(cls, ebc.parameters(), dict(kwargs, **({"lr": lr} if lr is not None else {})))
     return ebc
 
 
-def sharded(kind: str, configs, weighted: bool, optimizer: str, cache: HetCacheConfig | None = None):
-    """The EBC sharded ``het`` (every table het_cached_row_wise) or ``row_wise`` (stock), weights set."""
-    ebc = _ebc(configs, weighted, optimizer, "meta")
+def sharded(
+    kind: str,
+    configs,
+    weighted: bool,
+    optimizer: str,
+    cache: HetCacheConfig | None = None,
+    lr: float | None = None,
+    seed: int = SEED,
+):
+    """The EBC sharded ``het`` (every table het_cached_row_wise) or ``row_wise`` (stock), weights set.
+
+    ``lr`` overrides the optimizer's learning rate, ``seed`` the weights' seed.
+    """
+    ebc = _ebc(configs, weighted, optimizer, "meta", lr)
     if kind == "het":
         sharder, generator = HetEmbeddingBagCollectionSharder(cache=cache), het_cached_row_wise
     else:
@@ -103,7 +114,7 @@ def sharded(kind: str, configs, weighted: bool, optimizer: str, cache: HetCacheC
         sharder=sharder,
     )
     model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}), sharders=[sharder])
-    init_tables_by_row(model, configs, SEED)
+    init_tables_by_row(model, configs, seed)
     return model
 
 
