@@ -1,0 +1,147 @@
+"""Per-table row access counts from a sample of the training stream (FAE's profile), saved through iopath.
+
+A profile says how often each row of each table was read in the sampled batches.
+It is the input of hot-set and tier selection, and can warm a cache. Files are a
+``torch.save`` of plain tensors and lists, with a format name and version, written
+and read through iopath's global ``g_pathmgr`` (local paths, or any scheme whose
+handler is registered with it, e.g. ``g_pathmgr.register_handler(...)``).
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from iopath.common.file_io import g_pathmgr
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+FORMAT = "torchrec_het.profile"
+VERSION = 1
+
+@dataclass(frozen=True)
+class AccessProfile:
+    """Row access counts per table.
+
+    Attributes:
+        tables: table names.
+        num_rows: rows of each table.
+        counts: per table, int64 ``[num_rows]`` reads of each row in the sampled batches.
+        batches: batches counted.
+    """
+
+    tables: tuple[str, ...]
+    num_rows: tuple[int, ...]
+    counts: tuple[torch.Tensor, ...]
+    batches: int
+
+    def __post_init__(self) -> None:
+        if not (len(self.tables) == len(self.num_rows) == len(self.counts)):
+            raise ValueError("tables, num_rows and counts must have one entry per table")
+        for name, rows, counts in zip(self.tables, self.num_rows, self.counts):
+            if counts.shape != (rows,) or counts.dtype != torch.int64:
+                raise ValueError(f"table {name!r}: counts must be int64 [{rows}], got {counts.dtype} {list(counts.shape)}")
+
+    def table_counts(self, name: str) -> torch.Tensor:
+        """The counts of table ``name``."""
+        if name not in self.tables:
+            raise KeyError(f"table {name!r} is not in the profile; it has {list(self.tables)}")
+        return self.counts[self.tables.index(name)]
+
+    def hottest(self, name: str, k: int) -> torch.Tensor:
+        """The ``k`` most read rows of table ``name``, hottest first (ties: lower id first)."""
+        counts = self.table_counts(name)
+        order = torch.sort(counts, descending=True, stable=True).indices
+        return order[: min(k, counts.numel())]
+
+    def coverage(self, name: str, k: int) -> float:
+        """Share of the table's sampled reads that its ``k`` hottest rows take."""
+        counts = self.table_counts(name)
+        total = int(counts.sum())
+        return float(counts[self.hottest(name, k)].sum()) / total if total else 0.0
+
+
+def count_accesses(
+    batches: Iterable[KeyedJaggedTensor], tables: list[EmbeddingBagConfig], every: int = 1
+) -> AccessProfile:
+    """Counts row reads per table over every ``every``-th batch of ``batches`` (``every=20`` samples 5%).
+
+    Raises:
+        ValueError: a sampled batch lacks one of the tables' features, or holds an id
+            outside its table (the message names the feature).
+    """
+    if every < 1:
+        raise ValueError(f"every must be >= 1, got {every}")
+    counts = [torch.zeros(t.num_embeddings, dtype=torch.int64) for t in tables]
+    counted = 0
+    for index, kjt in enumerate(batches):
+        if index % every:
+            continue
+        present = set(kjt.keys())
+        for config, table_counts in zip(tables, counts):
+            for feature in config.feature_names:
+                if feature not in present:
+                    raise ValueError(f"feature {feature!r} of table {config.name!r} is missing from batch {index}")
+                ids = kjt[feature].values().long()
+                if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= config.num_embeddings):
+                    raise ValueError(
+                        f"feature {feature!r}: ids outside table {config.name!r}'s rows [0, {config.num_embeddings})"
+                    )
+                table_counts += torch.bincount(ids, minlength=config.num_embeddings)
+        counted += 1
+    return AccessProfile(tuple(t.name for t in tables), tuple(t.num_embeddings for t in tables), tuple(counts), counted)
+
+
+def save_profile(profile: AccessProfile, path: str) -> None:
+    """Writes ``profile`` to ``path`` (any iopath path)."""
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "tables": list(profile.tables),
+        "num_rows": list(profile.num_rows),
+        "counts": list(profile.counts),
+        "batches": profile.batches,
+    }
+    with g_pathmgr.open(path, "wb") as f:
+        torch.save(payload, f)
+
+
+def load_profile(path: str, tables: list[EmbeddingBagConfig] | None = None) -> AccessProfile:
+    """Reads a profile; with ``tables``, checks that it describes exactly those tables.
+
+    Raises:
+        ValueError: the file is not a profile, is corrupt, has another format version,
+            or does not match ``tables`` (the message names the table).
+    """
+    try:
+        with g_pathmgr.open(path, "rb") as f:
+            payload = torch.load(f, weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as error:  # truncated or foreign files fail in many ways inside torch.load
+        raise ValueError(f"{path}: not a readable torchrec_het profile ({type(error).__name__}: {error})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a torchrec_het profile")
+    if payload.get("version") != VERSION:
+        raise ValueError(f"{path}: profile format version {payload.get('version')}, this code reads {VERSION}")
+    try:
+        profile = AccessProfile(
+            tuple(payload["tables"]), tuple(payload["num_rows"]), tuple(payload["counts"]), int(payload["batches"])
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path}: corrupt profile ({error})") from None
+    if tables is not None:
+        _check_matches(profile, tables, path)
+    return profile
+
+
+def _check_matches(profile: AccessProfile, tables: list[EmbeddingBagConfig], path: str) -> None:
+    expected = {t.name: t.num_embeddings for t in tables}
+    found = dict(zip(profile.tables, profile.num_rows))
+    for name, rows in expected.items():
+        if name not in found:
+            raise ValueError(f"{path}: profile has no table {name!r} (it has {sorted(found)})")
+        if found[name] != rows:
+            raise ValueError(f"{path}: table {name!r} has {found[name]} rows in the profile but {rows} in the model")
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        raise ValueError(f"{path}: profile has table(s) {extra} that the model does not have")
