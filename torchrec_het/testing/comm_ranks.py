@@ -7,11 +7,7 @@ facts about the data and the plan); the test computes the expected bytes by
 hand and compares. An exception in a check kills the rank, and spawn reports it.
 """
 
-import json
-import warnings
 from collections.abc import Callable
-from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -19,6 +15,7 @@ from torch import nn
 
 from torchrec_het.comm import CommAccountant, CommTotals, attach_ddp_hooks, phase, sum_over_ranks
 from torchrec_het.comm.accounting import WRAPPED_NAMES
+from torchrec_het.testing.spawn import gloo_rank, write_rank_result
 
 Observation = dict
 
@@ -502,20 +499,9 @@ CHECKS: dict[str, Callable[[int, int], Observation]] = {
 
 def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Spawn target: joins a gloo group on ``port``, runs :data:`CHECKS`, writes ``rank<r>.json``."""
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=60),
-    )
-    try:
-        observed = {}
+    observed = {}
+    with gloo_rank(rank, world_size, port):
         for name, check in CHECKS.items():
             observed[name] = check(rank, world_size)
             dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(observed))
+    write_rank_result(out_dir, rank, observed)

@@ -29,13 +29,9 @@ Checks:
     ``state_dict()`` / ``load_state_dict()`` round trip of a trained model.
 """
 
-import json
 import time
 import traceback
-import warnings
 from collections.abc import Callable
-from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -47,6 +43,7 @@ from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.sharders import HetShardedEmbeddingBagCollection
 from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
 from torchrec_het.testing.het_ranks import loss_of, projections, sharded, table_configs
+from torchrec_het.testing.spawn import gloo_rank, write_rank_result
 
 SEED = 11
 LR = 0.002  # small enough that 14 SGD steps of the quadratic test loss do not diverge
@@ -604,13 +601,8 @@ CHECKS: dict[str, Callable[[int, int], dict]] = {
 
 def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Spawn target: every check of :data:`CHECKS`; writes ``rank<r>.json`` (``"seconds"``: time per check)."""
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(seconds=90)
-    )
     results: dict = {}
-    try:
+    with gloo_rank(rank, world_size, port, timeout_s=90):
         for name, check in CHECKS.items():
             started = time.perf_counter()
             try:
@@ -618,6 +610,4 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
             except Exception:  # noqa: BLE001 - recorded, asserted by the test
                 results[name] = {"error": traceback.format_exc()}
             results.setdefault("seconds", {})[name] = time.perf_counter() - started
-    finally:
-        dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    write_rank_result(out_dir, rank, results)

@@ -6,10 +6,6 @@ fused optimizers users use, multi-hot bags, shared tables, sum and mean pooling,
 and weighted features.
 """
 
-import json
-import warnings
-from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -26,6 +22,7 @@ from torchrec_het.bench.table_init import init_tables_by_row
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.sharders import CpuRowWiseEmbeddingBagCollectionSharder, HetEmbeddingBagCollectionSharder
 from torchrec_het.sharding import het_cached_row_wise
+from torchrec_het.testing.spawn import gloo_rank, write_rank_result
 
 SEED = 3
 BATCH = 6
@@ -178,21 +175,14 @@ def equivalence(rank: int, world_size: int, optimizer: str, weighted: bool) -> d
 
 def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Spawn target: every optimizer, weighted and not; writes ``rank<r>.json``."""
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(seconds=120)
-    )
-    try:
+    with gloo_rank(rank, world_size, port, timeout_s=120):
         results = {
             f"{optimizer}/{'weighted' if weighted else 'unweighted'}": equivalence(rank, world_size, optimizer, weighted)
             for optimizer in OPTIMIZERS
             for weighted in (False, True)
         }
         results["pipelined"] = pipelined(rank, world_size)
-    finally:
-        dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    write_rank_result(out_dir, rank, results)
 
 
 __all__ = ["CacheSettings", "run_world", "sharded", "unsharded", "batch", "table_configs", "loss_of", "projections"]

@@ -5,10 +5,6 @@ data_parallel, sets its weights with :func:`init_tables_by_row`, and compares th
 pooled output of a batch with the unsharded computation from :func:`table_rows`.
 """
 
-import json
-import warnings
-from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -16,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchrec_het.bench.table_init import init_tables_by_row, table_rows
+from torchrec_het.testing.spawn import gloo_rank, write_rank_result
 
 # Sizes straddle the generator's block boundaries and do not split evenly over ranks.
 TABLES = [("t_a", "f_a", 8, 37), ("t_b", "f_b", 4, 5003), ("t_c", "f_c", 8, 9000)]
@@ -95,13 +92,6 @@ def _max_error(sharding_type: str, rank: int) -> float:
 
 def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Spawn target: writes ``rank<r>.json`` with the largest output error per sharding type."""
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
-    )
-    try:
+    with gloo_rank(rank, world_size, port):
         errors = {kind: _max_error(kind, rank) for kind in ("table_wise", "row_wise", "data_parallel")}
-    finally:
-        dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(errors))
+    write_rank_result(out_dir, rank, errors)
