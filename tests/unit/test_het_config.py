@@ -96,3 +96,14 @@ def test_check_features_weights_must_match_ids() -> None:
     )
     with pytest.raises(ValueError, match="3 weights for 2 ids"):
         check_features(kjt, ROWS)
+
+
+def test_adagrad_family_is_recognized_for_scaled_pushes() -> None:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    from torchrec_het.sharding.het_lookup import _accumulates_squares
+
+    assert _accumulates_squares({"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD})
+    assert _accumulates_squares({"optimizer": EmbOptimType.EXACT_ADAGRAD})
+    assert not _accumulates_squares({"optimizer": EmbOptimType.EXACT_SGD})
+    assert not _accumulates_squares(None)

@@ -316,6 +316,8 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         The local shard's fused kernel does the update: every (row, gradient) pair becomes
         a bag of one row whose pooled output gets that gradient; the kernel sums the
         gradients of a row and applies the table's optimizer once, as in stock row-wise.
+        A pushed sum of k > 1 held-back gradients is scaled by 1/sqrt(k) for Adagrad-family
+        optimizers so their squared-gradient state grows as it would over k steps.
         """
         if ids.numel() == 0:
             return
@@ -324,7 +326,14 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         for module_index in sorted({t.module_index for t in g.tables}):
             in_module = torch.tensor([t.module_index == module_index for t in g.tables])[tables]
             if bool(in_module.any()):
-                self._apply_in_module(g, module_index, tables[in_module], rows[in_module], grads[in_module])
+                step = grads[in_module]
+                if _accumulates_squares(self.grouped_configs[module_index].fused_params):
+                    # k held-back gradients g_i arrive as their sum. Adagrad-family state adds the
+                    # square of what it is given: the sum would add (sum g_i)^2 ~ k^2 g^2 where k
+                    # separate steps add k g^2, and the row would learn ever slower. Sending
+                    # sum / sqrt(k) adds exactly k g^2 when the parts are equal; k = 1 is unchanged.
+                    step = step / updates[in_module].clamp(min=1).double().sqrt().to(step.dtype).unsqueeze(1)
+                self._apply_in_module(g, module_index, tables[in_module], rows[in_module], step)
         g.versions.index_add_(0, g.local_index(ids), updates)
         g.stats.add_mass("grad_applied", tables, grads)
 
@@ -353,6 +362,12 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         with torch.enable_grad():
             pooled = module(kjt)
         pooled.backward(out_grad.to(pooled.dtype))
+
+
+def _accumulates_squares(fused_params: dict | None) -> bool:
+    """Whether the fused optimizer keeps a running sum of squared gradients (the Adagrad family)."""
+    optimizer = (fused_params or {}).get("optimizer")
+    return "adagrad" in str(getattr(optimizer, "value", optimizer)).lower()
 
 
 class _HetPooling(torch.autograd.Function):
