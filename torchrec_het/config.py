@@ -4,8 +4,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from torchrec_het.cache import POLICIES
+
 PROTOCOLS = ("het", "lease")
-POLICIES = ("lru", "lfu")
 
 
 @dataclass(frozen=True)

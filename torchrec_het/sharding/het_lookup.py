@@ -50,6 +50,7 @@ class _Read:
     uniq: torch.Tensor  # distinct fused ids of the batch, ascending
     inverse: torch.Tensor  # position in uniq of every id
     uses: torch.Tensor  # occurrences of each distinct id
+    tables: torch.Tensor  # group table index of each distinct id
     local: torch.Tensor  # positions in uniq of owned ids
     remote: torch.Tensor  # positions in uniq of ids owned elsewhere
     slots: torch.Tensor  # cache slot of each remote id (-1: none this step)
@@ -148,11 +149,11 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         uniq, inverse, uses = torch.unique(ids, return_inverse=True, return_counts=True)
         owned = g.owner_of(uniq) == self._rank
         local, remote = owned.nonzero().flatten(), (~owned).nonzero().flatten()
+        uniq_table = g.table_of(uniq)
         read = _Read(
             lengths, torch.cat(weights) if weights[0] is not None else None,
-            uniq, inverse, uses, local, remote, g.cache.slots_of(uniq[remote]),
+            uniq, inverse, uses, uniq_table, local, remote, g.cache.slots_of(uniq[remote]),
         )
-        uniq_table = g.table_of(uniq)
         g.stats.add("lookups", value_table)
         g.stats.add("unique_lookups", uniq_table)
         g.stats.add("remote_unique", uniq_table[remote])
@@ -181,7 +182,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         asked, ids, dest = asked[order], ids[order], dest[order]
         slots = read.slots[asked]
         held = torch.where(slots >= 0, cache.versions[slots.clamp(min=0)], -1)
-        g.stats.add("requests", g.table_of(ids))
+        g.stats.add("requests", read.tables[read.remote[asked]])
         counts = torch.bincount(dest, minlength=ws)
         recv_counts = exchange_counts(counts.view(ws, 1), self._pg).view(ws)
         requests = exchange_flat(
@@ -208,7 +209,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         """Requester side: refresh stale copies, cache new rows, renew leases, count."""
         cache, stats = g.cache, g.stats
         asked_slots = read.slots[asked]
-        asked_tables = g.table_of(read.uniq[read.remote[asked]])
+        asked_tables = read.tables[read.remote[asked]]
         fresh = ~brings  # the owner kept the row: the cached copy is within the bound
         if g.settings.protocol == "lease":
             held = asked_slots >= 0  # how far each leased copy fell behind while served unasked
@@ -233,7 +234,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         stats.add("evictions", g.table_of(evicted))
         served = torch.ones(read.remote.numel(), dtype=torch.bool)
         served[asked[brings]] = False
-        remote_tables = g.table_of(read.uniq[read.remote])
+        remote_tables = read.tables[read.remote]
         stats.add("hits_unique", remote_tables[served])
         stats.add("hits_lookups", remote_tables[served], read.uses[read.remote[served]])
         cached = read.slots >= 0
@@ -260,10 +261,10 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         scale = 1.0 / self._ws if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
         for index, (g, read, grad) in enumerate(zip(self._groups, reads, row_grads)):
             grad = grad * scale
-            g.stats.add_mass("grad_produced", g.table_of(read.uniq), grad)
+            g.stats.add_mass("grad_produced", read.tables, grad)
             cached = read.slots >= 0
             slots, cached_grad = read.slots[cached], grad[read.remote[cached]]
-            lr = g.learning_rates[g.table_of(read.uniq[read.remote[cached]])].unsqueeze(1)
+            lr = g.learning_rates[read.tables[read.remote[cached]]].unsqueeze(1)
             g.cache.accumulate(slots, cached_grad, -lr * cached_grad)
             uncached = read.remote[~cached]
             parts = [
