@@ -38,7 +38,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het.cache import PendingRows
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
-from torchrec_het.sharding.het_group import HetGroup, TableInfo, row_starts_from_shards
+from torchrec_het.sharding.het_group import HetGroup
+from torchrec_het.sharding.id_space import TableInfo, row_starts_from_shards
+from torchrec_het.sharding.row_apply import apply_row_grads
 
 
 @dataclass
@@ -334,35 +336,10 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
                     # separate steps add k g^2, and the row would learn ever slower. Sending
                     # sum / sqrt(k) adds exactly k g^2 when the parts are equal; k = 1 is unchanged.
                     step = step / updates[in_module].clamp(min=1).double().sqrt().to(step.dtype).unsqueeze(1)
-                self._apply_in_module(g, module_index, tables[in_module], rows[in_module], step)
+                table_index = torch.tensor([t.table_index for t in g.tables])[tables[in_module]]
+                apply_row_grads(self._emb_modules[module_index].emb_module, table_index, rows[in_module], step)
         g.versions.index_add_(0, g.local_index(ids), updates)
         g.stats.add_mass("grad_applied", tables, grads)
-
-    def _apply_in_module(self, g: HetGroup, module_index: int, tables, rows, grads) -> None:
-        module = self._emb_modules[module_index]
-        features = module.config.feature_names()
-        feature_dims = [t.embedding_dim for t in module.config.embedding_tables for _ in t.feature_names]
-        column = torch.cumsum(torch.tensor([0] + feature_dims[:-1]), 0)
-        first_feature = torch.tensor(
-            [features.index(t.features[0]) if t.module_index == module_index else -1 for t in g.tables]
-        )[tables]
-        order = torch.sort(first_feature, stable=True).indices
-        first_feature, rows, grads = first_feature[order], rows[order], grads[order]
-        per_feature = torch.bincount(first_feature, minlength=len(features))
-        stride = int(per_feature.max())
-        position = torch.arange(rows.numel()) - (torch.cumsum(per_feature, 0) - per_feature)[first_feature]
-        lengths = (torch.arange(stride).unsqueeze(0) < per_feature.unsqueeze(1)).long().view(-1)
-        kjt = KeyedJaggedTensor(
-            keys=features,
-            values=rows,
-            lengths=lengths,
-            weights=torch.ones(rows.numel()) if module.config.is_weighted else None,
-        )
-        out_grad = torch.zeros(stride, sum(feature_dims))
-        out_grad[position.unsqueeze(1), column[first_feature].unsqueeze(1) + torch.arange(g.dim)] = grads
-        with torch.enable_grad():
-            pooled = module(kjt)
-        pooled.backward(out_grad.to(pooled.dtype))
 
 
 def _accumulates_squares(fused_params: dict | None) -> bool:

@@ -1,0 +1,130 @@
+"""Tables of one lookup laid end to end in one id space, with their row-wise ownership.
+
+Fusing tables that share a dimension (table t's row r is id ``offsets[t] + r``) lets a
+lookup run one unique, one bucketing and one exchange per step for all of them.
+Both plugin lookups (the HET cache and the row-replicated type) build on this.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """One table as this rank's lookup holds it.
+
+    Attributes:
+        name: table name.
+        features: the table's features, in the lookup's input order.
+        num_rows: rows of the whole table.
+        row_starts: int64 ``[world_size + 1]``: rank r owns rows ``row_starts[r]:row_starts[r+1]``.
+        module_index: the lookup's embedding kernel that holds the local shard.
+        table_index: the table's index inside that kernel.
+        mean: mean pooling (else sum).
+        learning_rate: the fused optimizer's step size for the table.
+    """
+
+    name: str
+    features: tuple[str, ...]
+    num_rows: int
+    row_starts: torch.Tensor
+    module_index: int
+    table_index: int
+    mean: bool
+    learning_rate: float
+
+
+class FusedIdSpace:
+    """Fused ids, owners and local shard positions of tables that share a dimension.
+
+    Args:
+        tables: the tables, in the lookup's order.
+        dim: their embedding dimension.
+        rank: this rank.
+        world_size: ranks in the sharding's process group.
+    """
+
+    def __init__(self, tables: list[TableInfo], dim: int, rank: int, world_size: int) -> None:
+        self.tables, self.dim, self.rank, self.world_size = tables, dim, rank, world_size
+        sizes = torch.tensor([t.num_rows for t in tables], dtype=torch.int64)
+        self.offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(sizes, 0)])
+        starts = torch.stack([t.row_starts for t in tables])  # [T, ws + 1]
+        self.owner_ends = (self.offsets[:-1, None] + starts[:, 1:]).reshape(-1)  # [T * ws]
+        self.local_starts = starts[:, rank]
+        local_rows = starts[:, rank + 1] - starts[:, rank]
+        self.local_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(local_rows, 0)])
+        self.features = [f for t in tables for f in t.features]
+        self.feature_table = torch.tensor([i for i, t in enumerate(tables) for _ in t.features], dtype=torch.int64)
+        self.feature_is_mean = torch.tensor([t.mean for t in tables for _ in t.features])
+        self.learning_rates = torch.tensor([t.learning_rate for t in tables])
+
+    def table_of(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(ids, self.offsets[1:], right=True)
+
+    def owner_of(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(ids, self.owner_ends, right=True) % self.world_size
+
+    def local_rows(self, ids: torch.Tensor, tables: torch.Tensor | None = None) -> torch.Tensor:
+        """Row of each owned id within its table's local shard."""
+        tables = self.table_of(ids) if tables is None else tables
+        return ids - self.offsets[tables] - self.local_starts[tables]
+
+    def local_index(self, ids: torch.Tensor) -> torch.Tensor:
+        """Index of each owned id among this rank's owned rows; RuntimeError if one is not owned here."""
+        tables = self.table_of(ids)
+        rows = self.local_rows(ids, tables)
+        shard = self.local_offsets[tables + 1] - self.local_offsets[tables]
+        if ids.numel() and bool(((rows < 0) | (rows >= shard)).any()):
+            raise RuntimeError(f"rank {self.rank} was sent rows it does not own")
+        return rows + self.local_offsets[tables]
+
+    def fused_local_view(self, weights: list[torch.Tensor]) -> torch.Tensor | None:
+        """One ``[local rows, dim]`` view over the tables' local shards when they lie end to end
+        in one buffer (as in one fused kernel), else None."""
+        first = weights[0]
+        storage = first.untyped_storage().data_ptr()
+        for i, w in enumerate(weights):
+            expected = first.storage_offset() + int(self.local_offsets[i]) * self.dim
+            if not w.is_contiguous() or w.untyped_storage().data_ptr() != storage or w.storage_offset() != expected:
+                return None
+        return torch.as_strided(first, (int(self.local_offsets[-1]), self.dim), (self.dim, 1), first.storage_offset())
+
+    def read_owned(self, ids: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
+        """Rows of owned ids from the local shards (``weights[i]``: table i's local shard)."""
+        fused = self.fused_local_view(weights)
+        if fused is not None:
+            return fused[self.local_index(ids)].float()
+        tables = self.table_of(ids)
+        rows = self.local_rows(ids, tables)
+        out = torch.empty(ids.numel(), self.dim)
+        for i in torch.unique(tables).tolist():
+            mine = tables == i
+            out[mine] = weights[i][rows[mine]].float()
+        return out
+
+
+def row_starts_from_shards(shards, world_size: int, table: str) -> torch.Tensor:
+    """Ownership boundaries from a row-wise plan's shard metadata (one contiguous range per rank)."""
+    sizes = [0] * world_size
+    offsets = [0] * world_size
+    for shard in shards:
+        if shard.shard_offsets[1] != 0:
+            raise ValueError(f"table {table!r}: row-wise plugin types split rows only, not columns")
+        rank = shard.placement.rank()
+        sizes[rank] += shard.shard_sizes[0]
+        offsets[rank] = shard.shard_offsets[0]
+    starts = [0]
+    for rank in range(world_size):
+        if sizes[rank] and offsets[rank] != starts[-1]:
+            raise ValueError(f"table {table!r}: row-wise shards must be placed on ranks in row order")
+        starts.append(starts[-1] + sizes[rank])
+    return torch.tensor(starts, dtype=torch.int64)
+
+
+def members(sorted_ids: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(is each id in ``sorted_ids``, its position there where it is)."""
+    if sorted_ids.numel() == 0:
+        return torch.zeros(ids.shape, dtype=torch.bool), torch.zeros(ids.shape, dtype=torch.int64)
+    pos = torch.searchsorted(sorted_ids, ids).clamp(max=sorted_ids.numel() - 1)
+    return sorted_ids[pos] == ids, pos
