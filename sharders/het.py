@@ -1,8 +1,9 @@
-"""The HET sharder, the sharded module it builds, and an EmbeddingBagCollection that carries a cache config.
+"""The plugin's bag sharder, the sharded module it builds, and EmbeddingBagCollections that carry settings.
 
 Users swap :class:`HetEmbeddingBagCollectionSharder` in for TorchRec's
-``EmbeddingBagCollectionSharder``; tables planned ``het_cached_row_wise`` get the
-cache, every other table is sharded by stock TorchRec in the same module.
+``EmbeddingBagCollectionSharder``; tables planned ``het_cached_row_wise`` get the HET
+cache, tables planned ``het_row_replicated`` get hot-row replicas, every other table
+is sharded by stock TorchRec in the same module.
 """
 
 from typing import Any
@@ -15,18 +16,24 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.config import HetCacheConfig
+from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.het_cached_rw import HetCachedRwPooledEmbeddingSharding
 from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
+from torchrec_het.sharding.replicated_lookup import RowReplicatedEmbeddingLookup
+from torchrec_het.sharding.replicated_rw import RowReplicatedPooledEmbeddingSharding
 from torchrec_het.sharding.validate import check_features
-from torchrec_het.types import HET_CACHED_ROW_WISE
+from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
+
+PLUGIN_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
 
 
 class HetEmbeddingBagCollection(EmbeddingBagCollection):
-    """An ``EmbeddingBagCollection`` that carries the cache configuration of its het tables.
+    """An ``EmbeddingBagCollection`` that carries the settings of its plugin-sharded tables.
 
     Args:
         tables: the tables, as for ``EmbeddingBagCollection``.
-        cache: the cache settings (global, with per-table overrides).
+        cache: HET cache settings (global, with per-table overrides).
+        replication: hot-row tiers and sync settings of ``het_row_replicated`` tables.
         is_weighted: whether features carry per-id weights.
         device: where the tables are created (``meta`` to let sharding materialize them).
     """
@@ -37,30 +44,50 @@ class HetEmbeddingBagCollection(EmbeddingBagCollection):
         cache: HetCacheConfig | None = None,
         is_weighted: bool = False,
         device: torch.device | None = None,
+        replication: ReplicationConfig | None = None,
     ) -> None:
         super().__init__(tables=tables, is_weighted=is_weighted, device=device)
         self.het_cache_config = cache if cache is not None else HetCacheConfig()
         self.het_cache_config.check_tables([t.name for t in tables])
+        self.het_replication_config = replication  # None: the sharder's
+        if replication is not None:
+            replication.check_tables({t.name: t.num_embeddings for t in tables})
 
 
 class HetShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
-    """TorchRec's sharded EBC, with ``het_cached_row_wise`` tables routed to the HET sharding."""
+    """TorchRec's sharded EBC, with the plugin's types routed to their shardings.
 
-    def __init__(self, *args: Any, cache: HetCacheConfig, **kwargs: Any) -> None:
+    Settings are checked against the plan before TorchRec builds anything.
+    """
+
+    def __init__(
+        self, *args: Any, cache: HetCacheConfig, replication: ReplicationConfig | None = None, **kwargs: Any
+    ) -> None:
+        replication = replication if replication is not None else ReplicationConfig()
+        plan = kwargs.get("table_name_to_parameter_sharding", args[1] if len(args) > 1 else {})
+        module = kwargs.get("module", args[0] if args else None)
+        rows = {t.name: t.num_embeddings for t in module.embedding_bag_configs()}
+        cache.check_tables([n for n, p in plan.items() if p.sharding_type == HET_CACHED_ROW_WISE])
+        replication.check_tables(rows)
         super().__init__(*args, **kwargs)
-        het_tables = [n for n, p in self.module_sharding_plan.items() if p.sharding_type == HET_CACHED_ROW_WISE]
-        cache.check_tables(het_tables)
         self._rows_of_feature = {
             feature: config.num_embeddings for config in self._embedding_bag_configs for feature in config.feature_names
         }
         for sharding, lookup in zip(self._embedding_shardings, self._lookups):
             if isinstance(lookup, HetCachedEmbeddingLookup):
                 lookup.attach_cache(cache, sharding.shards_by_table)
+            if isinstance(lookup, RowReplicatedEmbeddingLookup):
+                lookup.attach(replication, sharding.shards_by_table)
 
     @classmethod
     def create_embedding_bag_sharding(cls, sharding_infos, env, device=None, permute_embeddings=False, qcomm_codecs_registry=None):
-        if sharding_infos[0].param_sharding.sharding_type == HET_CACHED_ROW_WISE:
+        sharding_type = sharding_infos[0].param_sharding.sharding_type
+        if sharding_type == HET_CACHED_ROW_WISE:
             return HetCachedRwPooledEmbeddingSharding(
+                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+            )
+        if sharding_type == HET_ROW_REPLICATED:
+            return RowReplicatedPooledEmbeddingSharding(
                 sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         return super().create_embedding_bag_sharding(
@@ -85,6 +112,17 @@ class HetShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         for lookup in self.het_lookups():
             lookup.reset_cache_stats()
 
+    def replicated_lookups(self) -> list[RowReplicatedEmbeddingLookup]:
+        return [lookup for lookup in self._lookups if isinstance(lookup, RowReplicatedEmbeddingLookup)]
+
+    def replication_stats(self) -> dict[str, int]:
+        """Steps, all-hot steps that skipped the cold exchange, sparse and dense replica syncs (this rank)."""
+        totals: dict[str, int] = {}
+        for lookup in self.replicated_lookups():
+            for key, value in lookup.stats.items():
+                totals[key] = totals.get(key, 0) + value
+        return totals
+
     def flush_cache(self) -> None:
         """Pushes every pending gradient to its owner; a collective, every rank calls it."""
         for lookup in self.het_lookups():
@@ -92,27 +130,35 @@ class HetShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
 
 class HetEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
-    """``EmbeddingBagCollectionSharder`` that also offers ``het_cached_row_wise`` (and row_wise on CPU).
+    """``EmbeddingBagCollectionSharder`` that also offers the plugin's types (and row_wise on CPU).
 
     Args:
-        cache: cache settings for modules that carry none
+        cache: HET cache settings for modules that carry none
             (a :class:`HetEmbeddingBagCollection` brings its own).
+        replication: hot-row settings for modules that carry none.
         fused_params: as for ``EmbeddingBagCollectionSharder``.
         **kwargs: passed on to ``EmbeddingBagCollectionSharder``.
     """
 
-    def __init__(self, cache: HetCacheConfig | None = None, fused_params: dict | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        cache: HetCacheConfig | None = None,
+        fused_params: dict | None = None,
+        replication: ReplicationConfig | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(fused_params=fused_params, **kwargs)
         self._cache = cache if cache is not None else HetCacheConfig()
+        self._replication = replication if replication is not None else ReplicationConfig()
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         types = list(super().sharding_types(compute_device_type))
         if ShardingType.ROW_WISE.value not in types:
             types.append(ShardingType.ROW_WISE.value)
-        return types + [HET_CACHED_ROW_WISE]
+        return types + list(PLUGIN_TYPES)
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
-        if sharding_type == HET_CACHED_ROW_WISE:
+        if sharding_type in PLUGIN_TYPES:
             return super().compute_kernels(ShardingType.ROW_WISE.value, compute_device_type)[:1]  # fused
         return super().compute_kernels(sharding_type, compute_device_type)
 
@@ -124,9 +170,10 @@ class HetEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         device: torch.device | None = None,
         module_fqn: str | None = None,
     ) -> ShardedEmbeddingBagCollection:
-        if not any(p.sharding_type == HET_CACHED_ROW_WISE for p in params.values()):
+        if not any(p.sharding_type in PLUGIN_TYPES for p in params.values()):
             return super().shard(module, params, env, device, module_fqn)
         cache = getattr(module, "het_cache_config", None) or self._cache
+        replication = getattr(module, "het_replication_config", None) or self._replication
         return HetShardedEmbeddingBagCollection(
             module=module,
             table_name_to_parameter_sharding=params,
@@ -136,4 +183,5 @@ class HetEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
             qcomm_codecs_registry=self.qcomm_codecs_registry,
             module_fqn=module_fqn,
             cache=cache,
+            replication=replication,
         )

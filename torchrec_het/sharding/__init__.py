@@ -2,5 +2,14 @@
 
 from torchrec_het.sharding.het_cached_rw import HetCachedRwPooledEmbeddingSharding, het_cached_row_wise
 from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
+from torchrec_het.sharding.replicated_lookup import RowReplicatedEmbeddingLookup
+from torchrec_het.sharding.replicated_rw import RowReplicatedPooledEmbeddingSharding, het_row_replicated
 
-__all__ = ["HetCachedEmbeddingLookup", "HetCachedRwPooledEmbeddingSharding", "het_cached_row_wise"]
+__all__ = [
+    "HetCachedEmbeddingLookup",
+    "HetCachedRwPooledEmbeddingSharding",
+    "RowReplicatedEmbeddingLookup",
+    "RowReplicatedPooledEmbeddingSharding",
+    "het_cached_row_wise",
+    "het_row_replicated",
+]

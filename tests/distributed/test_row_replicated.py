@@ -1,0 +1,51 @@
+"""het_row_replicated trains like the unsharded model and stock row_wise, with and without hot rows."""
+
+import pytest
+
+from torchrec_het.testing.het_ranks import OPTIMIZERS
+from torchrec_het.testing.replicated_ranks import run_world
+from torchrec_het.testing.spawn import spawn_world
+
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda ws: f"ws{ws}")
+def world(request, tmp_path_factory) -> list[dict]:
+    return spawn_world(run_world, request.param, tmp_path_factory.mktemp(f"rep_ws{request.param}"))
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("hot", [0, 8], ids=["no_hot_rows", "hot_rows"])
+def test_matches_unsharded_and_row_wise(world: list[dict], optimizer: str, weighted: bool, hot: int) -> None:
+    case = f"{optimizer}/{'weighted' if weighted else 'unweighted'}/hot{hot}"
+    for rank, results in enumerate(world):
+        errors = results[case]
+        for pooling in ["sum"] if weighted else ["sum", "mean"]:
+            assert errors[f"out_rep_vs_unsharded/{pooling}"] < TOLERANCE, (rank, pooling, errors)
+            assert errors[f"weights_rep_vs_unsharded/{pooling}"] < TOLERANCE, (rank, pooling, errors)
+            drift = errors[f"out_row_wise_vs_unsharded/{pooling}"]  # stock row_wise's own distance from exact
+            assert errors[f"out_rep_vs_row_wise/{pooling}"] <= drift + TOLERANCE, (rank, pooling, errors)
+        assert errors["replica_disagreement"] == 0.0, (rank, errors)
+        stats = errors["stats"]
+        if hot:  # replicated rows were combined every step, sparse or dense
+            assert stats["sparse_syncs"] + stats["dense_syncs"] >= 5, (rank, stats)
+        else:
+            assert stats["sparse_syncs"] + stats["dense_syncs"] == 0, (rank, stats)
+
+
+def test_all_hot_steps_skip_the_cold_exchange_and_stay_exact(world: list[dict]) -> None:
+    for rank, results in enumerate(world):
+        errors = results["all_hot"]
+        assert errors["stats"]["skipped_steps"] == errors["stats"]["steps"] == 5, (rank, errors)
+        assert errors["out_rep_vs_unsharded"] < TOLERANCE, (rank, errors)
+        assert errors["weights_rep_vs_unsharded/sum"] < TOLERANCE, (rank, errors)
+
+
+def test_held_replica_gradients_are_applied_whole_at_flush(world: list[dict]) -> None:
+    for rank, results in enumerate(world):
+        held = results["held"]
+        assert held["held_rows"] > 0, (rank, held)
+        assert held["moved_while_held"] == 0.0, (rank, held)
+        assert held["flushed_vs_sum"] < TOLERANCE, (rank, held)
+        assert held["replica_disagreement"] == 0.0, (rank, held)

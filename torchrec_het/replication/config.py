@@ -1,0 +1,72 @@
+"""Settings of the row-replicated sharding type (``het_row_replicated``)."""
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """How a row-replicated module keeps its hot rows.
+
+    Attributes:
+        tiers: hot rows per table (a :class:`torchrec_het.replication.tiers.TierPlan`, or any
+            object with a ``tables`` dict of name -> tiers with ``num_rows``, ``replicated`` and
+            ``per_host`` sorted int64 row ids). None, or a table it does not name: no hot rows,
+            the table behaves as stock row-wise.
+        replica_sync_every: combine gradients of replicated rows every this many steps
+            (1 = exactly synchronous; s > 1 lets replicas lag up to s - 1 steps, HET's write
+            bound applied to replicas). Rows of the per-host tier always sync every step.
+        skip_all_hot: FAE: when no rank reads a row it does not hold this step, skip the
+            cold exchanges (agreed with the step's one small collective).
+        local_world_size: ranks per host (ranks of a host are consecutive); None takes
+            ``LOCAL_WORLD_SIZE`` from the environment, else one host.
+    """
+
+    tiers: object | None = None
+    replica_sync_every: int = 1
+    skip_all_hot: bool = True
+    local_world_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.replica_sync_every < 1:
+            raise ValueError(f"replica_sync_every must be >= 1, got {self.replica_sync_every}")
+        if self.local_world_size is not None and self.local_world_size < 1:
+            raise ValueError(f"local_world_size must be >= 1, got {self.local_world_size}")
+
+    def ranks_per_host(self, world_size: int) -> int:
+        local = self.local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if world_size % local:
+            raise ValueError(f"world size {world_size} is not a multiple of {local} ranks per host")
+        return local
+
+    def table_tiers(self, name: str, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(replicated, per_host) row ids of a table; ValueError naming it if they do not fit it."""
+        empty = torch.zeros(0, dtype=torch.int64)
+        tiers = None if self.tiers is None else self.tiers.tables.get(name)
+        if tiers is None:
+            return empty, empty
+        if tiers.num_rows != num_rows:
+            raise ValueError(f"table {name!r}: the tier plan was made for {tiers.num_rows} rows, the table has {num_rows}")
+        out = []
+        for kind in ("replicated", "per_host"):
+            ids = getattr(tiers, kind).to(torch.int64)
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_rows):
+                raise ValueError(f"table {name!r}: {kind} row ids must lie in [0, {num_rows})")
+            if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+                raise ValueError(f"table {name!r}: {kind} row ids must be sorted and distinct")
+            out.append(ids)
+        if out[0].numel() and out[1].numel() and bool(torch.isin(out[0], out[1]).any()):
+            raise ValueError(f"table {name!r}: a row is in both the replicated and the per-host tier")
+        return out[0], out[1]
+
+    def check_tables(self, num_rows_of: dict[str, int]) -> None:
+        """ValueError naming the table for a tier plan that does not match the module's tables."""
+        if self.tiers is None:
+            return
+        unknown = sorted(set(self.tiers.tables) - set(num_rows_of))
+        if unknown:
+            raise ValueError(f"the tier plan names table(s) {unknown} that this module does not have")
+        for name, rows in num_rows_of.items():
+            self.table_tiers(name, rows)

@@ -1,0 +1,192 @@
+"""Rank bodies of tests/distributed/test_row_replicated.py.
+
+``het_row_replicated`` against the unsharded EmbeddingBagCollection trained on the
+global batch and against stock row_wise, with and without hot rows, with the fused
+optimizers users use; plus all-hot steps, bounded-stale replicas and replica agreement.
+"""
+
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+from torchrec.distributed.types import ShardingPlan
+
+from torchrec_het.bench.table_init import init_tables_by_row
+from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
+from torchrec_het.sharding import het_row_replicated
+from torchrec_het.testing.het_ranks import (
+    OPTIMIZERS,
+    SEED,
+    STEPS,
+    _ebc,
+    _local_shard_errors,
+    _pooling,
+    _rel_error,
+    _worst,
+    batch,
+    loss_of,
+    projections,
+    sharded,
+    table_configs,
+    unsharded,
+)
+from torchrec_het.testing.spawn import gloo_rank, write_rank_result
+
+
+def tiers(configs, hot: int = 0, per_host: int = 0, stride: int = 1) -> SimpleNamespace:
+    """Rows 0, stride, ... (the batches' hottest) replicated, the next ``per_host`` of them per host."""
+    tables = {}
+    for c in configs:
+        ids = torch.arange(0, c.num_embeddings, stride)
+        tables[c.name] = SimpleNamespace(num_rows=c.num_embeddings, replicated=ids[:hot], per_host=ids[hot : hot + per_host])
+    return SimpleNamespace(tables=tables)
+
+
+def replicated(configs, weighted: bool, optimizer: str, replication: ReplicationConfig, seed: int = SEED):
+    """The EBC with every table ``het_row_replicated``, weights set."""
+    ebc = _ebc(configs, weighted, optimizer, "meta")
+    sharder = HetEmbeddingBagCollectionSharder(replication=replication)
+    plan = construct_module_sharding_plan(
+        ebc,
+        per_param_sharding={c.name: het_row_replicated() for c in configs},
+        world_size=dist.get_world_size(),
+        device_type="cpu",
+        sharder=sharder,
+    )
+    model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}), sharders=[sharder])
+    init_tables_by_row(model, configs, seed)
+    return model
+
+
+def replica_disagreement(model) -> float:
+    """Largest difference between any replica copy and its owner's row (0.0: all copies agree)."""
+    worst = 0.0
+    for lookup in model.module.replicated_lookups():
+        lookup._weights = [m.split_embedding_weights() for m in lookup._emb_modules]
+        for g in lookup.groups:
+            for i, t in enumerate(g.tables):
+                rows = torch.sort(torch.cat([g.hot, g.host])).values
+                rows = rows[g.table_of(rows) == i]
+                block = torch.zeros(rows.numel(), g.dim)
+                owned = g.owner_of(rows) == lookup._rank
+                block[owned] = g.read_owned(rows[owned], lookup._shard_weights(g))
+                dist.all_reduce(block)
+                held = torch.isin(rows, g.held)
+                if bool(held.any()):
+                    replica = lookup._replicas[t.module_index].split_embedding_weights()[t.table_index]
+                    got = replica[g.replica_rows_of(rows[held])]
+                    worst = max(worst, float((got - block[held]).abs().max()))
+    return worst
+
+
+def equivalence(rank: int, world_size: int, optimizer: str, weighted: bool, hot: int, sync_every: int = 1) -> dict:
+    """Largest relative differences over STEPS steps (keys as in het_ranks.equivalence, 'rep' for this type)."""
+    configs = table_configs(weighted)
+    proj = projections(configs)
+    pooling = {f: _pooling(c) for c in configs for f in c.feature_names}
+    config = ReplicationConfig(tiers=tiers(configs, hot=hot, per_host=3), replica_sync_every=sync_every)
+    rep = replicated(configs, weighted, optimizer, config)
+    stock = sharded("row_wise", configs, weighted, optimizer)
+    reference = unsharded(configs, weighted, optimizer)
+    errors: dict = {}
+    for step in range(STEPS):
+        batches = [batch(r, step, weighted, configs) for r in range(world_size)]
+        out_rep, out_stock = rep(batches[rank]), stock(batches[rank])
+        ref_outs = [reference(b) for b in batches]
+        for f in proj:
+            _worst(errors, f"out_rep_vs_row_wise/{pooling[f]}", _rel_error(out_rep[f], out_stock[f]))
+            _worst(errors, f"out_rep_vs_unsharded/{pooling[f]}", _rel_error(out_rep[f], ref_outs[rank][f]))
+            _worst(errors, f"out_row_wise_vs_unsharded/{pooling[f]}", _rel_error(out_stock[f], ref_outs[rank][f]))
+        loss_of(out_rep, proj).backward()
+        loss_of(out_stock, proj).backward()
+        (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
+    rep.state_dict()  # flushes held replica gradients
+    _local_shard_errors(rep, reference, configs, errors, "weights_rep_vs_unsharded")
+    _local_shard_errors(stock, reference, configs, errors, "weights_row_wise_vs_unsharded")
+    errors["replica_disagreement"] = replica_disagreement(rep)
+    errors["stats"] = rep.module.replication_stats()
+    return errors
+
+
+def all_hot(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -> dict:
+    """Batches that read replicated rows only: every step skips the cold exchange, training stays exact."""
+    configs = table_configs(False)
+    proj = projections(configs)
+    hot = {c.name: 12 for c in configs}
+    rep = replicated(configs, False, optimizer, ReplicationConfig(tiers=tiers(configs, hot=12)))
+    reference = unsharded(configs, False, optimizer)
+    errors: dict = {}
+    for step in range(STEPS):
+        batches = []
+        for r in range(world_size):
+            b = batch(r, step, False, configs)
+            per_key = b.to_dict()
+            values = torch.cat([per_key[k].values() % hot[_table_of(configs, k)] for k in b.keys()])
+            batches.append(type(b)(keys=b.keys(), values=values, lengths=b.lengths()))
+        out = rep(batches[rank])
+        ref_outs = [reference(b) for b in batches]
+        for f in proj:
+            _worst(errors, "out_rep_vs_unsharded", _rel_error(out[f], ref_outs[rank][f]))
+        loss_of(out, proj).backward()
+        (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
+    _local_shard_errors(rep, reference, configs, errors, "weights_rep_vs_unsharded")
+    errors["stats"] = rep.module.replication_stats()
+    return errors
+
+
+def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1) -> dict:
+    """``replica_sync_every`` beyond the run (SGD): replicated rows stay put while training, their
+    gradients are held, and the flush before a state dict applies exactly their sum everywhere."""
+    configs = table_configs(False)
+    proj = projections(configs)
+    rep = replicated(configs, False, "sgd", ReplicationConfig(tiers=tiers(configs, hot=8), replica_sync_every=1000))
+    lookup = rep.module.replicated_lookups()[0]
+    lookup.refresh()  # replicas take the owners' rows (the first forward would do it)
+    before = _hot_rows(lookup)
+    for step in range(STEPS):
+        loss_of(rep(batch(rank, step, False, configs)), proj).backward()
+    moved_while_held = max(float((a - b).abs().max()) for a, b in zip(_hot_rows(lookup), before))
+    held = [p.clone() for p in lookup._pending]
+    for p in held:
+        dist.all_reduce(p)
+    rep.state_dict()  # flush: the held sums are applied
+    errors = {"moved_while_held": moved_while_held, "replica_disagreement": replica_disagreement(rep)}
+    worst = 0.0
+    for g, total, start, end in zip(lookup.groups, held, before, _hot_rows(lookup)):
+        want = start - lr * total[:, : g.dim]  # held gradients are already divided by the world size
+        worst = max(worst, _rel_error(end, want))
+    errors["flushed_vs_sum"] = worst
+    errors["held_rows"] = int(sum(int((p[:, -1] > 0).sum()) for p in held))
+    return errors
+
+
+def _hot_rows(lookup) -> list[torch.Tensor]:
+    """Every group's replicated rows as every rank sees them: owners' shards, others' replicas."""
+    lookup._weights = [m.split_embedding_weights() for m in lookup._emb_modules]
+    views = [r.split_embedding_weights() for r in lookup._replicas]
+    out = []
+    for g in lookup.groups:
+        replicas = [views[t.module_index][t.table_index] for t in g.tables]
+        out.append(g.read(g.hot, lookup._shard_weights(g), replicas).clone())
+    return out
+
+
+def _table_of(configs, feature: str) -> str:
+    return next(c.name for c in configs if feature in c.feature_names)
+
+
+def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Spawn target: every optimizer, weighted and not, no hot rows and some; writes ``rank<r>.json``."""
+    with gloo_rank(rank, world_size, port, timeout_s=120):
+        results = {}
+        for optimizer in OPTIMIZERS:
+            for weighted in (False, True):
+                for hot in (0, 8):
+                    case = f"{optimizer}/{'weighted' if weighted else 'unweighted'}/hot{hot}"
+                    results[case] = equivalence(rank, world_size, optimizer, weighted, hot)
+        results["held"] = held_replica_gradients(rank, world_size)
+        results["all_hot"] = all_hot(rank, world_size)
+    write_rank_result(out_dir, rank, results)
