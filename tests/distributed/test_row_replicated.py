@@ -49,3 +49,15 @@ def test_held_replica_gradients_are_applied_whole_at_flush(world: list[dict]) ->
         assert held["moved_while_held"] == 0.0, (rank, held)
         assert held["flushed_vs_sum"] < TOLERANCE, (rank, held)
         assert held["replica_disagreement"] == 0.0, (rank, held)
+
+
+def test_bad_tier_plans_and_batches_raise_naming_the_table_or_feature(world: list[dict]) -> None:
+    for rank, results in enumerate(world):
+        messages = results["bad_input"]
+        for how in ("module", "sharder"):
+            assert "'t1'" in messages[f"wrong_rows/{how}"] and "36" in messages[f"wrong_rows/{how}"], messages
+            assert "'t9'" in messages[f"unknown_table/{how}"], messages
+            assert "'t2'" in messages[f"row_outside/{how}"], messages
+        assert "'f3'" in messages["bad_id"] and "101" in messages["bad_id"], messages
+        assert messages["unchanged"] is True, messages
+        assert messages["replica_disagreement"] == 0.0, messages

@@ -174,6 +174,45 @@ def _hot_rows(lookup) -> list[torch.Tensor]:
     return out
 
 
+def bad_input(rank: int, world_size: int) -> dict:
+    """Error messages for tier plans that do not fit the model and for bad batches; weights after a bad batch."""
+    from torchrec_het.sharders import HetEmbeddingBagCollection
+
+    configs = table_configs(False)
+    messages = {}
+    wrong_rows = tiers(configs, hot=4)
+    wrong_rows.tables["t1"].num_rows = 36
+    unknown = tiers(configs, hot=4)
+    unknown.tables["t9"] = unknown.tables.pop("t2")
+    outside = tiers(configs, hot=4)
+    outside.tables["t2"].replicated = torch.tensor([3, 101])
+    for case, plan in (("wrong_rows", wrong_rows), ("unknown_table", unknown), ("row_outside", outside)):
+        for how in ("module", "sharder"):
+            try:
+                if how == "module":
+                    HetEmbeddingBagCollection(configs, replication=ReplicationConfig(tiers=plan), device=torch.device("meta"))
+                else:
+                    replicated(configs, False, "sgd", ReplicationConfig(tiers=plan))
+                messages[f"{case}/{how}"] = None
+            except ValueError as error:
+                messages[f"{case}/{how}"] = str(error)
+    rep = replicated(configs, False, "sgd", ReplicationConfig(tiers=tiers(configs, hot=4)))
+    loss_of(rep(batch(rank, 0, False, configs)), projections(configs)).backward()
+    before = {k: v.local_shards()[0].tensor.clone() for k, v in rep.state_dict().items()}
+    good = batch(rank, 1, False, configs)
+    values = good.values().clone()
+    values[-1] = 101  # beyond t2 (feature f3, the last key)
+    try:
+        rep(type(good)(keys=good.keys(), values=values, lengths=good.lengths()))
+        messages["bad_id"] = None
+    except ValueError as error:
+        messages["bad_id"] = str(error)
+    after = rep.state_dict()
+    messages["unchanged"] = all(torch.equal(before[k], after[k].local_shards()[0].tensor) for k in before)
+    messages["replica_disagreement"] = replica_disagreement(rep)
+    return messages
+
+
 def _table_of(configs, feature: str) -> str:
     return next(c.name for c in configs if feature in c.feature_names)
 
@@ -189,4 +228,5 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
                     results[case] = equivalence(rank, world_size, optimizer, weighted, hot)
         results["held"] = held_replica_gradients(rank, world_size)
         results["all_hot"] = all_hot(rank, world_size)
+        results["bad_input"] = bad_input(rank, world_size)
     write_rank_result(out_dir, rank, results)
