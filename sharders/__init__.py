@@ -8,11 +8,19 @@ from torchrec_het.sharders.het import (
     HetEmbeddingBagCollectionSharder,
     HetShardedEmbeddingBagCollection,
 )
+from torchrec_het.sharders.het_ec import (
+    HetEmbeddingCollection,
+    HetEmbeddingCollectionSharder,
+    HetShardedEmbeddingCollection,
+)
 from torchrec_het.sharders.row_wise import CpuRowWiseEmbeddingBagCollectionSharder
 
 __all__ = [
     "CpuRowWiseEmbeddingBagCollectionSharder",
     "HetEmbeddingBagCollection",
     "HetEmbeddingBagCollectionSharder",
+    "HetEmbeddingCollection",
+    "HetEmbeddingCollectionSharder",
     "HetShardedEmbeddingBagCollection",
+    "HetShardedEmbeddingCollection",
 ]

@@ -137,6 +137,10 @@ class HetEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
             (a :class:`HetEmbeddingBagCollection` brings its own).
         replication: hot-row settings for modules that carry none.
         fused_params: as for ``EmbeddingBagCollectionSharder``.
+        module_type: the module class this sharder shards. DistributedModelParallel and the
+            planner pick sharders by a module's exact type: pass
+            ``HetEmbeddingBagCollection`` to shard those (a model with both kinds passes
+            one sharder of each).
         **kwargs: passed on to ``EmbeddingBagCollectionSharder``.
     """
 
@@ -145,11 +149,19 @@ class HetEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         cache: HetCacheConfig | None = None,
         fused_params: dict | None = None,
         replication: ReplicationConfig | None = None,
+        module_type: type[EmbeddingBagCollection] = EmbeddingBagCollection,
         **kwargs: Any,
     ) -> None:
         super().__init__(fused_params=fused_params, **kwargs)
+        if not (isinstance(module_type, type) and issubclass(module_type, EmbeddingBagCollection)):
+            raise ValueError(f"module_type must be EmbeddingBagCollection or a subclass, got {module_type!r}")
         self._cache = cache if cache is not None else HetCacheConfig()
         self._replication = replication if replication is not None else ReplicationConfig()
+        self._module_type = module_type
+
+    @property
+    def module_type(self) -> type[EmbeddingBagCollection]:
+        return self._module_type
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         types = list(super().sharding_types(compute_device_type))

@@ -2,12 +2,14 @@
 
 The plugin's lookups compute row gradients themselves (after exchanging them) and let
 the table's own fused kernel apply its optimizer: every (row, gradient) pair becomes a
-bag of one row whose pooled output receives that gradient. The kernel sums the
-gradients of a row and steps its optimizer once, exactly as in a stock backward.
+bag of one row whose pooled output receives that gradient (for an unpooled kernel,
+``PoolingMode.NONE`` as in TorchRec's EmbeddingCollection, the output row of that one
+index does). The kernel sums the gradients of a row and steps its optimizer once,
+exactly as in a stock backward.
 """
 
 import torch
-from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen
 
 # Optimizers whose step on a row depends only on that row's gradient and state (no global
@@ -33,6 +35,11 @@ def apply_row_grads(tbe: SplitTableBatchedEmbeddingBagsCodegen, tables: torch.Te
     batch = int(per_feature.max())
     lengths = (torch.arange(batch).unsqueeze(0) < per_feature.unsqueeze(1)).long().view(-1)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+    if tbe.pooling_mode == PoolingMode.NONE:  # one output row per index, in index (= sorted) order
+        with torch.enable_grad():
+            rows_out = tbe(rows.long(), offsets)
+        rows_out.backward(grads.to(rows_out.dtype))
+        return
     feature_dims = torch.tensor([dims[t] for t in feature_table])
     column = torch.cumsum(feature_dims, 0) - feature_dims
     position = torch.arange(rows.numel()) - (torch.cumsum(per_feature, 0) - per_feature)[feature]

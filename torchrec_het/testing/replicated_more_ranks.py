@@ -4,8 +4,6 @@
 and between hosts), and checkpoints saved on one world size and loaded on another.
 """
 
-import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from torchrec_het.comm import CommAccountant, EMBEDDING_PHASES, sum_over_ranks

@@ -12,10 +12,11 @@ import torch.distributed as dist
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan
 from torchrec.distributed.types import ShardingPlan
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from torchrec_het.bench.table_init import init_tables_by_row
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
+from torchrec_het.sharders import HetEmbeddingBagCollection, HetEmbeddingBagCollectionSharder
 from torchrec_het.sharding import het_row_replicated
 from torchrec_het.testing.het_ranks import (
     OPTIMIZERS,
@@ -45,10 +46,21 @@ def tiers(configs, hot: int = 0, per_host: int = 0, stride: int = 1) -> SimpleNa
     return SimpleNamespace(tables=tables)
 
 
-def replicated(configs, weighted: bool, optimizer: str, replication: ReplicationConfig, seed: int = SEED):
-    """The EBC with every table ``het_row_replicated``, weights set."""
-    ebc = _ebc(configs, weighted, optimizer, "meta")
-    sharder = HetEmbeddingBagCollectionSharder(replication=replication)
+def replicated(
+    configs, weighted: bool, optimizer: str, replication: ReplicationConfig, seed: int = SEED, carried: bool = False
+):
+    """The EBC with every table ``het_row_replicated``, weights set.
+
+    ``carried``: a HetEmbeddingBagCollection carries the config (else the sharder does).
+    """
+    if carried:
+        ebc = HetEmbeddingBagCollection(configs, is_weighted=weighted, device=torch.device("meta"), replication=replication)
+        cls, kwargs = OPTIMIZERS[optimizer]
+        apply_optimizer_in_backward(cls, ebc.parameters(), dict(kwargs))
+        sharder = HetEmbeddingBagCollectionSharder(module_type=HetEmbeddingBagCollection)
+    else:
+        ebc = _ebc(configs, weighted, optimizer, "meta")
+        sharder = HetEmbeddingBagCollectionSharder(replication=replication)
     plan = construct_module_sharding_plan(
         ebc,
         per_param_sharding={c.name: het_row_replicated() for c in configs},
@@ -116,7 +128,7 @@ def all_hot(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -> d
     configs = table_configs(False)
     proj = projections(configs)
     hot = {c.name: 12 for c in configs}
-    rep = replicated(configs, False, optimizer, ReplicationConfig(tiers=tiers(configs, hot=12)))
+    rep = replicated(configs, False, optimizer, ReplicationConfig(tiers=tiers(configs, hot=12)), carried=True)
     reference = unsharded(configs, False, optimizer)
     errors: dict = {}
     for step in range(STEPS):
@@ -176,8 +188,6 @@ def _hot_rows(lookup) -> list[torch.Tensor]:
 
 def bad_input(rank: int, world_size: int) -> dict:
     """Error messages for tier plans that do not fit the model and for bad batches; weights after a bad batch."""
-    from torchrec_het.sharders import HetEmbeddingBagCollection
-
     configs = table_configs(False)
     messages = {}
     wrong_rows = tiers(configs, hot=4)

@@ -1,0 +1,183 @@
+"""The plugin's sequence sharder, the sharded module it builds, and EmbeddingCollections that carry settings.
+
+Users swap :class:`HetEmbeddingCollectionSharder` in for TorchRec's
+``EmbeddingCollectionSharder``; tables planned ``het_row_replicated`` get hot-row
+replicas and distinct-row fetches, every other table is sharded by stock TorchRec in
+the same module.
+"""
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
+from torchrec.modules.embedding_configs import EmbeddingConfig
+from torchrec.modules.embedding_modules import EmbeddingCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.sharding.replicated_sequence import RowReplicatedSequenceEmbeddingSharding, RowReplicatedSequenceLookup
+from torchrec_het.sharding.validate import check_features
+from torchrec_het.types import HET_ROW_REPLICATED
+
+SEQUENCE_PLUGIN_TYPES = (HET_ROW_REPLICATED,)
+
+
+class HetEmbeddingCollection(EmbeddingCollection):
+    """An ``EmbeddingCollection`` that carries the settings of its ``het_row_replicated`` tables.
+
+    Args:
+        tables: the tables, as for ``EmbeddingCollection`` (one embedding dimension).
+        device: where the tables are created (``meta`` to let sharding materialize them).
+        replication: hot-row tiers and sync settings; None takes the sharder's.
+        **kwargs: passed on to ``EmbeddingCollection`` (``need_indices``, ...).
+    """
+
+    def __init__(
+        self,
+        tables: list[EmbeddingConfig],
+        device: torch.device | None = None,
+        replication: ReplicationConfig | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(tables=tables, device=device, **kwargs)
+        self.het_replication_config = replication  # None: the sharder's
+        if replication is not None:
+            replication.check_tables({t.name: t.num_embeddings for t in tables})
+
+
+class HetShardedEmbeddingCollection(ShardedEmbeddingCollection):
+    """TorchRec's sharded EC, with ``het_row_replicated`` routed to its sharding.
+
+    The plan (fused kernel for ``het_row_replicated`` tables) and the replication
+    settings (against the module's tables) are checked before TorchRec builds anything;
+    batches are checked before anything is read or sent.
+    """
+
+    def __init__(self, *args: Any, replication: ReplicationConfig | None = None, **kwargs: Any) -> None:
+        replication = replication if replication is not None else ReplicationConfig()
+        module = kwargs.get("module", args[0] if args else None)
+        plan = kwargs.get("table_name_to_parameter_sharding", args[1] if len(args) > 1 else {})
+        for name, sharding in plan.items():
+            kernel = sharding.compute_kernel
+            if sharding.sharding_type == HET_ROW_REPLICATED and kernel != EmbeddingComputeKernel.FUSED.value:
+                raise ValueError(f"table {name!r}: het_row_replicated needs the fused kernel, planned {kernel!r}")
+        replication.check_tables({t.name: t.num_embeddings for t in module.embedding_configs()})
+        super().__init__(*args, **kwargs)
+        self._rows_of_feature = {
+            feature: config.num_embeddings for config in self._embedding_configs for feature in config.feature_names
+        }
+        for sharding, lookup in zip(self._sharding_type_to_sharding.values(), self._lookups):
+            if isinstance(lookup, RowReplicatedSequenceLookup):
+                lookup.attach(replication, sharding.shards_by_table)
+
+    @classmethod
+    def create_embedding_sharding(cls, sharding_type, sharding_infos, env, device=None, qcomm_codecs_registry=None):
+        if sharding_type == HET_ROW_REPLICATED:
+            return RowReplicatedSequenceEmbeddingSharding(
+                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+            )
+        return super().create_embedding_sharding(
+            sharding_type, sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+        )
+
+    def input_dist(self, ctx, features):
+        if isinstance(features, KeyedJaggedTensor):  # before anything is read or sent
+            if features.variable_stride_per_key():
+                raise NotImplementedError("het_row_replicated does not support variable batch sizes per feature")
+            check_features(features, self._rows_of_feature)
+        return super().input_dist(ctx, features)
+
+    def replicated_lookups(self) -> list[RowReplicatedSequenceLookup]:
+        return [lookup for lookup in self._lookups if isinstance(lookup, RowReplicatedSequenceLookup)]
+
+    def replication_stats(self) -> dict[str, int]:
+        """Steps, all-hot steps that skipped the cold exchange, sparse and dense replica syncs (this rank)."""
+        totals: dict[str, int] = {}
+        for lookup in self.replicated_lookups():
+            for key, value in lookup.stats.items():
+                totals[key] = totals.get(key, 0) + value
+        return totals
+
+
+class HetEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+    """``EmbeddingCollectionSharder`` that also offers ``het_row_replicated`` (fused kernel).
+
+    DistributedModelParallel and the planner pick a sharder by the module's *exact*
+    type, so one sharder serves either plain ``EmbeddingCollection`` modules (the
+    default) or :class:`HetEmbeddingCollection` modules (``module_type=``); a model
+    with both passes one sharder of each.
+
+    Args:
+        replication: hot-row settings for modules that carry none
+            (a :class:`HetEmbeddingCollection` with a config brings its own).
+        fused_params: as for ``EmbeddingCollectionSharder``.
+        module_type: the module class this sharder shards (``EmbeddingCollection`` or a subclass).
+        **kwargs: passed on to ``EmbeddingCollectionSharder``.
+    """
+
+    def __init__(
+        self,
+        replication: ReplicationConfig | None = None,
+        fused_params: dict | None = None,
+        module_type: type[EmbeddingCollection] = EmbeddingCollection,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(fused_params=fused_params, **kwargs)
+        if not (isinstance(module_type, type) and issubclass(module_type, EmbeddingCollection)):
+            raise ValueError(f"module_type must be EmbeddingCollection or a subclass, got {module_type!r}")
+        self._replication = replication if replication is not None else ReplicationConfig()
+        self._module_type = module_type
+
+    @property
+    def module_type(self) -> type[EmbeddingCollection]:
+        return self._module_type
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        return list(super().sharding_types(compute_device_type)) + list(SEQUENCE_PLUGIN_TYPES)
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+        if sharding_type in SEQUENCE_PLUGIN_TYPES:
+            return super().compute_kernels(ShardingType.ROW_WISE.value, compute_device_type)[:1]  # fused
+        return super().compute_kernels(sharding_type, compute_device_type)
+
+    def shard(
+        self,
+        module: EmbeddingCollection,
+        params: dict[str, ParameterSharding],
+        env: ShardingEnv,
+        device: torch.device | None = None,
+        module_fqn: str | None = None,
+    ) -> ShardedEmbeddingCollection:
+        if not any(p.sharding_type in SEQUENCE_PLUGIN_TYPES for p in params.values()):
+            return super().shard(module, params, env, device, module_fqn)
+        replication = getattr(module, "het_replication_config", None)
+        if replication is None:  # the sharder's, shared by every EC it shards: this module's tables
+            replication = _restricted(self._replication, {t.name for t in module.embedding_configs()})
+        return HetShardedEmbeddingCollection(
+            module=module,
+            table_name_to_parameter_sharding=params,
+            env=env,
+            fused_params=self.fused_params,
+            device=device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            use_index_dedup=self._use_index_dedup,
+            module_fqn=module_fqn,
+            replication=replication,
+        )
+
+
+def _restricted(config: ReplicationConfig, tables: set[str]) -> ReplicationConfig:
+    """``config`` with only the tiers of ``tables``.
+
+    An EmbeddingCollection holds tables of one dimension, so a model usually has
+    several and a sharder-level tier plan names the tables of all of them; each module
+    takes (and strictly checks) the tiers of its own tables.
+    """
+    if config.tiers is None:
+        return config
+    tiers = SimpleNamespace(tables={name: t for name, t in config.tiers.tables.items() if name in tables})
+    return dataclasses.replace(config, tiers=tiers)
