@@ -12,8 +12,6 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen
 
-# Optimizers FBGEMM's CPU kernels run with variable batch sizes per feature.
-VARIABLE_BATCH_OPTIMIZERS = ("exact_sgd", "exact_row_wise_adagrad")
 # Optimizers whose step on a row depends only on that row's gradient and state (no global
 # step counter), so two kernels given the same gradients keep identical copies.
 ROW_LOCAL_OPTIMIZERS = ("sgd", "exact_sgd", "exact_adagrad", "exact_row_wise_adagrad", "row_wise_adagrad")
@@ -34,14 +32,6 @@ def apply_row_grads(tbe: SplitTableBatchedEmbeddingBagsCodegen, tables: torch.Te
     order = torch.sort(feature, stable=True).indices
     feature, rows, grads = feature[order], rows[order], grads[order]
     per_feature = torch.bincount(feature, minlength=len(feature_table))
-    if tbe.pooling_mode != PoolingMode.NONE and _takes_variable_batches(tbe):
-        # Each feature gets exactly its own rows as bags (FBGEMM's variable batch size per
-        # feature); the output is flat, feature by feature, so it is just the sorted gradients.
-        offsets = torch.arange(rows.numel() + 1)
-        with torch.enable_grad():
-            pooled = tbe(rows.long(), offsets, batch_size_per_feature_per_rank=[[int(n)] for n in per_feature])
-        pooled.backward(grads.reshape(-1).to(pooled.dtype))
-        return
     batch = int(per_feature.max())
     lengths = (torch.arange(batch).unsqueeze(0) < per_feature.unsqueeze(1)).long().view(-1)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
@@ -59,11 +49,6 @@ def apply_row_grads(tbe: SplitTableBatchedEmbeddingBagsCodegen, tables: torch.Te
     with torch.enable_grad():
         pooled = tbe(rows.long(), offsets)
     pooled.backward(out_grad.to(pooled.dtype))
-
-
-def _takes_variable_batches(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> bool:
-    """Whether FBGEMM runs variable batch sizes per feature for the kernel's optimizer (on CPU: these)."""
-    return str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower() in VARIABLE_BATCH_OPTIMIZERS
 
 
 def check_row_local(tbe: SplitTableBatchedEmbeddingBagsCodegen, what: str) -> None:
