@@ -1,5 +1,28 @@
-"""Row replication: access profiles (and, next, hot sets and tiers), as pure tensor code."""
+"""Row replication: access profiles, hot-row tiers within a memory budget, and the settings of ``het_row_replicated``."""
 
+from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile, count_accesses, load_profile, save_profile
+from torchrec_het.replication.tiers import (
+    TableMemory,
+    TableTiers,
+    TierPlan,
+    TierTopology,
+    bytes_per_row,
+    plan_peak_bytes,
+    select_tiers,
+)
 
-__all__ = ["AccessProfile", "count_accesses", "load_profile", "save_profile"]
+__all__ = [
+    "AccessProfile",
+    "ReplicationConfig",
+    "TableMemory",
+    "TableTiers",
+    "TierPlan",
+    "TierTopology",
+    "bytes_per_row",
+    "count_accesses",
+    "load_profile",
+    "plan_peak_bytes",
+    "save_profile",
+    "select_tiers",
+]
