@@ -115,6 +115,14 @@ class HetShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     def replicated_lookups(self) -> list[RowReplicatedEmbeddingLookup]:
         return [lookup for lookup in self._lookups if isinstance(lookup, RowReplicatedEmbeddingLookup)]
 
+    def reset_replication_stats(self) -> None:
+        for lookup in self.replicated_lookups():
+            lookup.stats = dict.fromkeys(lookup.stats, 0)
+
+    def replica_nbytes(self) -> int:
+        """Bytes of this rank's replica kernels (weights and optimizer state), beside its shards."""
+        return sum(lookup.replica_nbytes() for lookup in self.replicated_lookups())
+
     def replication_stats(self) -> dict[str, int]:
         """Steps, all-hot steps that skipped the cold exchange, sparse and dense replica syncs (this rank)."""
         totals: dict[str, int] = {}

@@ -107,6 +107,14 @@ class ReplicaWrites:
     def _replica_weights(self, g: ReplicaGroup) -> list[torch.Tensor]:
         return [self._replica_views[t.module_index][t.table_index] for t in g.tables]
 
+    def replica_nbytes(self) -> int:
+        """Bytes of the replica kernels' weights and optimizer state."""
+        total = 0
+        for kernel in self._replicas:
+            for t in range(len(kernel.embedding_specs)):
+                total += sum(state.numel() * state.element_size() for state in row_state(kernel, t))
+        return total
+
     @torch.no_grad()
     def refresh(self) -> None:
         """Copies every held row, with its optimizer state, from its owner (a collective)."""
