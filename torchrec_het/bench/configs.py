@@ -1,23 +1,25 @@
 """Benchmark configurations: which sharders and which sharding types a run compares.
 
-A configuration says how the DLRM's tables are sharded; the benchmark trains every
-selected configuration on the same data in the same run. Configurations are
+A configuration says which workload it trains (the DLRM, or the sequence model over
+unpooled histories) and how that model's tables are sharded; the benchmark trains every
+selected configuration on its workload's data in the same run. Configurations are
 registered by name so later sharding types add theirs beside the stock ones.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import get_default_sharders
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ModuleSharder, ShardingType
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
 from torchrec_het.bench.presets import BenchPreset
 from torchrec_het.sharders import CpuRowWiseEmbeddingBagCollectionSharder
 
-ConstraintsFn = Callable[[list[EmbeddingBagConfig], BenchPreset], dict[str, ParameterConstraints] | None]
+ConstraintsFn = Callable[[list[BaseEmbeddingConfig], BenchPreset], dict[str, ParameterConstraints] | None]
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,14 @@ class BenchConfig:
         make_sharders: the sharders handed to the planner and DistributedModelParallel.
         make_constraints: per-table planner constraints; None lets the planner decide.
         applies: whether the configuration means anything for a preset.
-        workload: the model and data it trains ("dlrm").
+        workload: the model and data it trains: "dlrm" or "sequence"
+            (``torchrec_het.bench.workloads``).
         params: the configuration's own settings, copied into results.json.
         make_plan: builds the embedding module's plan directly (for sharding types the
             stock planner does not know yet); None lets the planner plan.
+        make_sharders_for: builds the sharders from a
+            :class:`~torchrec_het.bench.replicated_configs.ShardingContext` (the model, its
+            tables, a sample of the training stream) instead of ``make_sharders``.
     """
 
     name: str
@@ -46,6 +52,7 @@ class BenchConfig:
     workload: str = "dlrm"
     params: dict = field(default_factory=dict)
     make_plan: Callable | None = None
+    make_sharders_for: Callable | None = None
 
 
 def _force(sharding_type: str) -> ConstraintsFn:
@@ -71,6 +78,10 @@ def _has_small_tables(preset: BenchPreset) -> bool:
 
 def _no_constraints(tables, preset):
     return None
+
+
+def _has_sequence(preset: BenchPreset) -> bool:
+    return preset.sequence is not None
 
 
 CONFIGS: dict[str, BenchConfig] = {}
@@ -126,6 +137,32 @@ register(
     )
 )
 
+# The sequence workload: unpooled EmbeddingCollection, one embedding per id comes back.
+register(
+    BenchConfig(
+        name="seq_stock_table_wise",
+        stock=True,
+        description="sequence model: item and category tables whole on one rank each (stock EmbeddingCollectionSharder)",
+        make_sharders=lambda: [EmbeddingCollectionSharder()],
+        make_constraints=_force(ShardingType.TABLE_WISE.value),
+        applies=_has_sequence,
+        workload="sequence",
+        params={"sharding": "table_wise"},
+    )
+)
+register(
+    BenchConfig(
+        name="seq_stock_row_wise",
+        stock=True,
+        description="sequence model: item and category tables split by rows over all ranks (stock EmbeddingCollectionSharder)",
+        make_sharders=lambda: [EmbeddingCollectionSharder()],
+        make_constraints=_force(ShardingType.ROW_WISE.value),
+        applies=_has_sequence,
+        workload="sequence",
+        params={"sharding": "row_wise"},
+    )
+)
+
 DEFAULT_CONFIGS = ("stock_table_wise", "stock_row_wise", "stock_dp_small")
 
 
@@ -145,4 +182,4 @@ def select(names: list[str] | None, preset: BenchPreset) -> list[BenchConfig]:
     return chosen
 
 # The plugin's own configurations register themselves beside the stock ones.
-from torchrec_het.bench import het_configs  # noqa: E402,F401  (imports this module: keep last)
+from torchrec_het.bench import het_configs, replicated_configs  # noqa: E402,F401  (import this module: keep last)

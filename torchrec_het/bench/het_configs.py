@@ -12,14 +12,22 @@ CAPACITIES = (0.01, 0.1)
 PROTOCOLS = ("het", "lease")
 
 
-def _all_het(ebc, tables, sharder, world_size: int):
-    return construct_module_sharding_plan(
-        ebc,
-        per_param_sharding={t.name: het_cached_row_wise() for t in tables},
-        world_size=world_size,
-        device_type="cpu",
-        sharder=sharder,
-    )
+def plan_every_table(generator):
+    """A ``make_plan`` that gives every table of the module the sharding ``generator()`` makes."""
+
+    def make_plan(module, tables, sharder, world_size: int):
+        return construct_module_sharding_plan(
+            module,
+            per_param_sharding={t.name: generator() for t in tables},
+            world_size=world_size,
+            device_type="cpu",
+            sharder=sharder,
+        )
+
+    return make_plan
+
+
+_all_het = plan_every_table(het_cached_row_wise)
 
 
 def het_config_name(s: int, capacity: float, protocol: str, policy: str = "lru") -> str:

@@ -1,4 +1,4 @@
-"""Builds the benchmark's DLRM and shards it as a configuration says.
+"""Builds the benchmark's DLRM and shards it (or the sequence model) as a configuration says.
 
 This follows TorchRec's DLRM example trainer: tables on the meta device, embedding
 optimizer fused into backward, the stock planner (constrained per table by the
@@ -18,7 +18,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.types import ShardingPlan
 from torchrec.models.dlrm import DLRM, DLRMTrain
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -36,14 +36,19 @@ EMBEDDING_OPTIMIZERS = {
 
 
 @dataclass
-class ShardedDLRM:
-    """A configuration's trained model and everything that steps it."""
+class ShardedModel:
+    """A configuration's trained model (DLRM or sequence) and everything that steps it."""
 
     config: BenchConfig
     model: DistributedModelParallel
     optimizer: CombinedOptimizer
     plan: ShardingPlan
     sharding_types: list[str]
+
+
+ShardedDLRM = ShardedModel  # the name earlier versions used
+
+EMBEDDING_MODULE_PATH = "model.sparse_arch.embedding_bag_collection"
 
 
 def table_configs(preset: BenchPreset, feature_names: list[str]) -> list[EmbeddingBagConfig]:
@@ -87,42 +92,102 @@ def shard_dlrm(
     embedding_optimizer: str,
     local_world_size: int,
     seed: int = 0,
-) -> ShardedDLRM:
-    """Plans and shards a fresh DLRM for ``config`` on the default process group."""
-    if embedding_optimizer not in EMBEDDING_OPTIMIZERS:
-        raise ValueError(f"unknown embedding optimizer {embedding_optimizer!r}; choose from {sorted(EMBEDDING_OPTIMIZERS)}")
+    sample=None,
+) -> ShardedModel:
+    """Plans and shards a fresh DLRM for ``config`` on the default process group
+    (``sample``: returns this rank's sampled training batches, for configurations that profile)."""
+    check_embedding_optimizer(embedding_optimizer)
     train_model = build_dlrm(preset, feature_names, num_dense, seed)
+    return shard_module(
+        config,
+        preset,
+        train_model,
+        EMBEDDING_MODULE_PATH,
+        train_model.model.sparse_arch.embedding_bag_collection.embedding_bag_configs(),
+        batch_size=preset.batch_size,
+        learning_rate=preset.learning_rate,
+        embedding_optimizer=embedding_optimizer,
+        local_world_size=local_world_size,
+        seed=seed,
+        sample=sample,
+    )
+
+
+def check_embedding_optimizer(name: str) -> None:
+    if name not in EMBEDDING_OPTIMIZERS:
+        raise ValueError(f"unknown embedding optimizer {name!r}; choose from {sorted(EMBEDDING_OPTIMIZERS)}")
+
+
+def shard_module(
+    config: BenchConfig,
+    preset: BenchPreset,
+    train_model: nn.Module,
+    embedding_path: str,
+    tables: list[BaseEmbeddingConfig],
+    *,
+    batch_size: int,
+    learning_rate: float,
+    embedding_optimizer: str,
+    local_world_size: int,
+    seed: int = 0,
+    sample=None,
+    workload: str = "dlrm",
+) -> ShardedModel:
+    """Shards ``train_model`` (tables on the meta device) as ``config`` says, the DLRM's way.
+
+    The embedding module at ``embedding_path`` gets the fused ``embedding_optimizer``,
+    the rest Adagrad, both at ``learning_rate``; the planner (constrained per table by
+    the configuration) or the configuration's own ``make_plan`` places the tables; every
+    table then starts from the weights ``init_tables_by_row`` gives it.
+    """
+    check_embedding_optimizer(embedding_optimizer)
+    embedding_module = train_model.get_submodule(embedding_path)
     apply_optimizer_in_backward(
         EMBEDDING_OPTIMIZERS[embedding_optimizer],
-        train_model.model.sparse_arch.parameters(),
-        optimizer_kwargs={"lr": preset.learning_rate},
+        embedding_module.parameters(),
+        optimizer_kwargs={"lr": learning_rate},
     )
-    tables = train_model.model.sparse_arch.embedding_bag_collection.embedding_bag_configs()
-    sharders = config.make_sharders()
+    if config.make_sharders_for is not None:
+        from torchrec_het.bench.replicated_configs import ShardingContext
+
+        sharders = config.make_sharders_for(
+            ShardingContext(
+                workload=workload,
+                train_model=train_model,
+                embedding_path=embedding_path,
+                tables=list(tables),
+                world_size=dist.get_world_size(),
+                local_world_size=local_world_size,
+                batch_size=batch_size,
+                embedding_optimizer=embedding_optimizer,
+                sample=sample,
+            )
+        )
+    else:
+        sharders = config.make_sharders()
     planner = EmbeddingShardingPlanner(
         topology=Topology(
             world_size=dist.get_world_size(),
             local_world_size=local_world_size,
             compute_device="cpu",
         ),
-        batch_size=preset.batch_size,
+        batch_size=batch_size,
         storage_reservation=HeuristicalStorageReservation(percentage=0.05),
         constraints=config.make_constraints(tables, preset),
     )
     if config.make_plan is not None:
-        ebc = train_model.model.sparse_arch.embedding_bag_collection
-        module_plan = config.make_plan(ebc, tables, sharders[0], dist.get_world_size())
-        plan = ShardingPlan({"model.sparse_arch.embedding_bag_collection": module_plan})
+        module_plan = config.make_plan(embedding_module, tables, sharders[0], dist.get_world_size())
+        plan = ShardingPlan({embedding_path: module_plan})
     else:
         plan = planner.collective_plan(train_model, sharders, dist.GroupMember.WORLD)
     model = DistributedModelParallel(module=train_model, device=torch.device("cpu"), plan=plan, sharders=sharders)
     init_tables_by_row(model, tables, seed)  # identical starting weights whatever the plan
     dense_optimizer = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(model.named_parameters())),
-        lambda params: torch.optim.Adagrad(params, lr=preset.learning_rate),
+        lambda params: torch.optim.Adagrad(params, lr=learning_rate),
     )
     optimizer = CombinedOptimizer([model.fused_optimizer, dense_optimizer])
-    return ShardedDLRM(config, model, optimizer, plan, plan_sharding_types(plan))
+    return ShardedModel(config, model, optimizer, plan, plan_sharding_types(plan))
 
 
 def plan_sharding_types(plan: ShardingPlan) -> list[str]:

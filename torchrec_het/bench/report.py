@@ -9,29 +9,43 @@ def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.2f}"
 
 
+def by_workload(configs: list[dict]) -> list[dict]:
+    """The configurations grouped by workload (workloads in order of first appearance, configurations in run order)."""
+    order = list(dict.fromkeys(c.get("workload", "dlrm") for c in configs))
+    return [c for w in order for c in configs if c.get("workload", "dlrm") == w]
+
+
 def markdown_table(results: dict) -> str:
-    """One row per configuration: speed, bytes per step (MiB, summed over ranks), quality, memory."""
+    """One row per configuration, grouped by workload: speed, bytes per step (MiB, summed over ranks), quality, memory."""
     net = results["network"]
     where = "loopback" if net["mode"] == "loopback" else f"{net['hosts']} emulated hosts at {net['gbit']} Gbit/s"
     lines = [
         f"preset `{results['preset']}`, {results['world_size']} ranks, {where}; "
         "bytes are MiB per step summed over ranks (cross-rank, without a rank's chunk to itself)",
         "",
-        "| config | sharding | samples/s median [p10, p90] | fwd ids | fwd emb | bwd grad | dense allreduce | other "
-        "| embedding cross-rank | inter-host | AUC | loss | peak RSS MiB/rank |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| workload | config | sharding | samples/s median [p10, p90] | fwd ids | fwd emb | bwd grad | dense allreduce "
+        "| other | embedding cross-rank | inter-host | AUC | loss | peak RSS MiB/rank |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for c in results["configs"]:
+    for c in by_workload(results["configs"]):
         b = c["bytes_per_step"]
         sps = c["samples_per_s"]
         rss = "/".join(f"{m:.0f}" for m in c["peak_rss_mb"])
         lines.append(
-            f"| {c['name']} | {'+'.join(c['sharding_types'])} "
+            f"| {c.get('workload', 'dlrm')} | {c['name']} | {'+'.join(c['sharding_types'])} "
             f"| {sps['median']:.0f} [{sps['p10']:.0f}, {sps['p90']:.0f}] "
             + "| " + " | ".join(_mib(b[p]) for p in PHASES)
             + f" | {_mib(b['embedding_cross_rank'])} | {_mib(c['inter_host_bytes'])}"
             f" | {c['auc']:.4f} | {c['loss']:.4f} | {rss} |"
         )
+    if "sequence" in results:
+        s = results["sequence"]
+        lines += [
+            "",
+            f"sequence workload: item table {s['item_rows']} rows, category table {s['category_rows']} rows, "
+            f"dim {s['embedding_dim']}, histories of {s['min_history_length']}..{s['history_length']} ids, "
+            f"batch {s['batch_size_per_rank']} per rank",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -42,7 +56,7 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    configs = results["configs"]
+    configs = by_workload(results["configs"])
     names = [c["name"] for c in configs]
     fig, (ax_bytes, ax_speed) = plt.subplots(1, 2, figsize=(4 + 1.6 * len(names), 4.5))
     bottom = [0.0] * len(names)
@@ -95,7 +109,7 @@ def plot_het_tradeoff(results: dict, path: Path) -> bool:
             for c, x, y in zip(group, xs, ys):
                 ax.annotate(f"s={c['params']['s_read']}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     for c in results["configs"]:
-        if c["stock"]:
+        if c["stock"] and c.get("workload", "dlrm") == "dlrm":
             ax.axvline(c["bytes_per_step"]["embedding_cross_rank"] / 2**20, color="gray", linestyle=":", linewidth=1)
             ax.axhline(c["auc"], color="gray", linestyle=":", linewidth=1)
             ax.annotate(c["name"], (c["bytes_per_step"]["embedding_cross_rank"] / 2**20, c["auc"]), fontsize=7)

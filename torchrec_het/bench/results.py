@@ -76,6 +76,7 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
         scores = torch.cat([r.scores for r in per_rank])
         labels = torch.cat([r.labels for r in per_rank])
         last_round = slice(-preset.steps_per_round, None)
+        batch_size = preset.batch_size_of(config.workload)
         entries.append(
             {
                 "name": name,
@@ -83,7 +84,8 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
                 "workload": config.workload,
                 "sharding_types": per_rank[0].sharding_types,
                 "params": dict(config.params, embedding_optimizer=spec.embedding_optimizer),
-                "samples_per_s": _samples_per_s(per_rank, preset.batch_size * spec.world_size),
+                "batch_size_per_rank": batch_size,
+                "samples_per_s": _samples_per_s(per_rank, batch_size * spec.world_size),
                 "bytes_per_step": per_step,
                 "embedding_cross_rank_by_collective": by_collective,
                 "inter_host_bytes": inter_host,
@@ -96,7 +98,12 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
         )
         if per_rank[0].cache_stats is not None:
             entries[-1]["cache"] = summarize_cache([r.cache_stats for r in per_rank], steps)
-    return {
+        if per_rank[0].replication is not None:
+            entries[-1]["params"]["hot_fraction"] = round(per_rank[0].replication["hot_fraction"], 6)
+            entries[-1]["replication"] = {
+                key: [r.replication[key] for r in per_rank] for key in sorted(per_rank[0].replication)
+            }
+    results = {
         "preset": preset.name,
         "world_size": spec.world_size,
         "network": {
@@ -118,6 +125,21 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
         "configs": entries,
         "versions": versions(),
     }
+    # The fields above the configs describe the DLRM workload; the sequence workload's own
+    # sizes follow when the run has any of its configurations.
+    if preset.sequence is not None and any(e["workload"] == "sequence" for e in entries):
+        s = preset.sequence
+        results["sequence"] = {
+            "item_rows": s.item_rows,
+            "category_rows": s.category_rows,
+            "history_length": s.history_length,
+            "min_history_length": s.min_history_length if s.min_history_length is not None else s.history_length,
+            "embedding_dim": s.embedding_dim,
+            "batch_size_per_rank": s.batch_size,
+            "eval_samples": s.eval_batches * s.batch_size * spec.world_size,
+            "data": "synthetic",
+        }
+    return results
 
 
 def write_outputs(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> None:

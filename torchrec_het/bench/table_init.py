@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
 BLOCK_ROWS = 4096
 
@@ -25,7 +25,7 @@ def _block_seed(seed: int, table: str, block: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def table_rows(config: EmbeddingBagConfig, seed: int, start: int, stop: int) -> torch.Tensor:
+def table_rows(config: BaseEmbeddingConfig, seed: int, start: int, stop: int) -> torch.Tensor:
     """Rows ``start:stop`` (all columns) of table ``config`` as :func:`init_tables_by_row` sets them."""
     if not 0 <= start <= stop <= config.num_embeddings:
         raise ValueError(f"table {config.name!r}: rows {start}:{stop} outside 0:{config.num_embeddings}")
@@ -42,7 +42,7 @@ def table_rows(config: EmbeddingBagConfig, seed: int, start: int, stop: int) -> 
     return torch.cat(parts)
 
 
-def _fill(weight: torch.Tensor, config: EmbeddingBagConfig, seed: int, row0: int, col0: int) -> None:
+def _fill(weight: torch.Tensor, config: BaseEmbeddingConfig, seed: int, row0: int, col0: int) -> None:
     rows, cols = weight.shape
     for start in range(0, rows, BLOCK_ROWS):  # block by block: no shard-sized temporary
         stop = min(rows, start + BLOCK_ROWS)
@@ -51,7 +51,7 @@ def _fill(weight: torch.Tensor, config: EmbeddingBagConfig, seed: int, row0: int
 
 
 @torch.no_grad()
-def init_tables_by_row(model: nn.Module, tables: list[EmbeddingBagConfig], seed: int) -> int:
+def init_tables_by_row(model: nn.Module, tables: list[BaseEmbeddingConfig], seed: int) -> int:
     """Overwrites every local shard of ``tables``' weights in ``model``'s state dict.
 
     Args:

@@ -2,7 +2,8 @@
 
 Each rank builds all selected configurations, warms each up, then runs ``rounds``
 rounds; in a round every configuration trains ``steps_per_round`` steps on the same
-batches, in turn, so machine noise hits all configurations alike. Bytes of every
+batches (those of its workload: configurations of one workload share them), in turn,
+so machine noise hits all configurations alike. Bytes of every
 collective are counted during measured steps only. Rank 0 gathers the per-rank
 records and returns them.
 """
@@ -19,10 +20,11 @@ import torch.distributed as dist
 from torchrec_het.bench import configs as bench_configs
 from torchrec_het.bench.het_stats import ideal_lru, rank_cache_stats
 from torchrec_het.bench.memory import peak_rss_mb, reset_peak_rss, rss_mb, state_mb
-from torchrec_het.bench.model import ShardedDLRM, predict, shard_dlrm, train_step
+from torchrec_het.bench.model import ShardedModel, predict, train_step
 from torchrec_het.bench.presets import BenchPreset
+from torchrec_het.bench.replicated_configs import hot_fraction
+from torchrec_het.bench.workloads import open_workload_source, shard_workload
 from torchrec_het.comm import CommAccountant, attach_ddp_hooks
-from torchrec_het.data import DataConfig, open_source
 
 
 @dataclass(frozen=True)
@@ -59,25 +61,22 @@ class RankRecord:
     scores: torch.Tensor | None = None
     labels: torch.Tensor | None = None
     cache_stats: dict | None = None  # per table, for configurations with a HET cache
+    replication: dict | None = None  # hot fraction, replica memory and sync counters (row-replicated)
 
 
 def _threads_per_rank(spec: RunSpec) -> int:
     return max(1, (os.cpu_count() or 1) // spec.local_world_size)
 
 
-def _build(spec: RunSpec, name: str, source, base_rss: float) -> tuple[ShardedDLRM, RankRecord]:
+def _workload(name: str) -> str:
+    return bench_configs.CONFIGS[name].workload
+
+
+def _build(spec: RunSpec, name: str, source, base_rss: float) -> tuple[ShardedModel, RankRecord]:
     config = bench_configs.CONFIGS[name]
     before = rss_mb()
     reset_peak_rss()
-    sharded = shard_dlrm(
-        config,
-        spec.preset,
-        source.feature_names,
-        source.num_dense,
-        spec.embedding_optimizer,
-        spec.local_world_size,
-        seed=spec.seed,
-    )
+    sharded = shard_workload(config, spec.preset, source, spec.embedding_optimizer, spec.local_world_size, spec.seed)
     attach_ddp_hooks(sharded.model)
     rank = dist.get_rank()
     for step in range(spec.preset.warmup_steps):
@@ -90,16 +89,30 @@ def _build(spec: RunSpec, name: str, source, base_rss: float) -> tuple[ShardedDL
     # a process that holds nothing else (the other configurations are alive too).
     record.peak_rss_mb = base_rss + max(0.0, peak_rss_mb() - before)
     record.state_mb = state_mb(sharded.model, sharded.optimizer)
+    replicated = replicated_module(sharded)
+    if replicated is not None:  # replica kernels are not in the state dict: count them here
+        record.state_mb += replicated.replica_nbytes() / 2**20
+        record.replication = {"hot_fraction": hot_fraction(sharded.model), "replica_mb": replicated.replica_nbytes() / 2**20}
+        replicated.reset_replication_stats()  # count measured steps only
     return sharded, record
 
 
-def het_module(sharded: ShardedDLRM):
-    """The DLRM's sharded embedding module if it has a HET cache, else None."""
-    ebc = sharded.model.module.model.sparse_arch.embedding_bag_collection
-    return ebc if hasattr(ebc, "cache_stats") else None
+def het_module(sharded: ShardedModel):
+    """The DLRM's sharded embedding module if it has a HET cache, else None (also for other workloads)."""
+    sparse_arch = getattr(sharded.model.module.model, "sparse_arch", None)
+    ebc = getattr(sparse_arch, "embedding_bag_collection", None)
+    return ebc if hasattr(ebc, "het_lookups") and ebc.het_lookups() else None
 
 
-def _collect_cache_stats(spec: RunSpec, source, models: dict, records: dict) -> None:
+def replicated_module(sharded: ShardedModel):
+    """The model's sharded embedding module if it has row-replicated tables, else None."""
+    for module in sharded.model.modules():
+        if hasattr(module, "replicated_lookups") and module.replicated_lookups():
+            return module
+    return None
+
+
+def _collect_cache_stats(spec: RunSpec, sources: dict, models: dict, records: dict) -> None:
     preset, rank, memo = spec.preset, dist.get_rank(), {}
     batches = None
     for name, sharded in models.items():
@@ -107,6 +120,7 @@ def _collect_cache_stats(spec: RunSpec, source, models: dict, records: dict) -> 
         if het is None:
             continue
         if batches is None:
+            source = sources[_workload(name)]
             batches = [source.batch(step, rank, "train") for step in range(preset.total_steps)]
         ideal = ideal_lru(het, [b.sparse_features for b in batches], preset.warmup_steps, memo)
         records[name].cache_stats = rank_cache_stats(het, ideal)
@@ -133,41 +147,49 @@ def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
     torch.set_num_threads(_threads_per_rank(spec))
     rank = dist.get_rank()
     preset = spec.preset
-    source = open_source(
-        spec.data_path,
-        DataConfig(table_sizes=preset.table_sizes, batch_size=preset.batch_size, alpha=preset.alpha, seed=spec.seed),
-        world_size=spec.world_size,
-    )
+    workloads = list(dict.fromkeys(_workload(name) for name in spec.config_names))  # in order of first use
+    sources = {
+        w: open_workload_source(w, preset, spec.world_size, spec.seed, spec.data_path) for w in workloads
+    }
     base_rss = rss_mb()
     bar = _progress(spec, len(spec.config_names) * preset.total_steps)
-    models: dict[str, ShardedDLRM] = {}
+    models: dict[str, ShardedModel] = {}
     records: dict[str, RankRecord] = {}
     with CommAccountant() as accountant:
         accountant.enabled = False
         for name in spec.config_names:
-            models[name], records[name] = _build(spec, name, source, base_rss)
+            models[name], records[name] = _build(spec, name, sources[_workload(name)], base_rss)
             if bar:
                 bar.update(preset.warmup_steps)
         for round_index in range(preset.rounds):
             first = preset.warmup_steps + round_index * preset.steps_per_round
-            batches = [source.batch(step, rank, "train") for step in range(first, first + preset.steps_per_round)]
+            steps = range(first, first + preset.steps_per_round)
+            batches = {w: [source.batch(step, rank, "train") for step in steps] for w, source in sources.items()}
             for name, sharded in models.items():
-                _measure_window(sharded, batches, records[name], accountant)
+                _measure_window(sharded, batches[_workload(name)], records[name], accountant)
                 if bar:
                     bar.update(preset.steps_per_round)
+            del batches
         if bar:
             bar.close()
-        _collect_cache_stats(spec, source, models, records)
-        eval_batches = [source.batch(i, rank, "eval") for i in range(preset.eval_batches)]
+        _collect_cache_stats(spec, sources, models, records)
         for name, sharded in models.items():
-            scores, labels = zip(*(predict(sharded.model, b) for b in eval_batches))
-            records[name].scores, records[name].labels = torch.cat(scores), torch.cat(labels)
+            replicated = replicated_module(sharded)
+            if replicated is not None:
+                records[name].replication.update(replicated.replication_stats())
+        for workload, source in sources.items():
+            eval_batches = [source.batch(i, rank, "eval") for i in range(preset.eval_batches_of(workload))]
+            for name, sharded in models.items():
+                if _workload(name) != workload:
+                    continue
+                scores, labels = zip(*(predict(sharded.model, b) for b in eval_batches))
+                records[name].scores, records[name].labels = torch.cat(scores), torch.cat(labels)
         gathered: list[dict[str, RankRecord]] | None = [None] * spec.world_size if rank == 0 else None  # type: ignore[list-item]
         dist.gather_object(records, gathered, dst=0)
     return gathered
 
 
-def _measure_window(sharded: ShardedDLRM, batches: list, record: RankRecord, accountant: CommAccountant) -> None:
+def _measure_window(sharded: ShardedModel, batches: list, record: RankRecord, accountant: CommAccountant) -> None:
     dist.barrier()
     accountant.reset()
     accountant.enabled = True

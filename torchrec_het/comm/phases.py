@@ -11,6 +11,11 @@ Rules, first match wins:
    ``input_dist``) -> ``fwd_ids``, which puts per-id weights there too;
 4. otherwise by the dtype of what is sent: integers -> ``fwd_ids``, floating
    point -> ``fwd_emb``.
+
+Unpooled ``EmbeddingCollection`` lookups need nothing more: their ids go through the
+same KJT input dist (rule 3), the per-id embeddings come back through
+``SequenceEmbeddingsAllToAll`` in forward (rule 4, float) and their gradients in
+backward (rule 2).
 """
 
 import os

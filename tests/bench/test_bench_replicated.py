@@ -1,0 +1,47 @@
+"""A 2-rank smoke run of the row-replicated configurations beside stock ones, on both workloads."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+RUN = ["stock_table_wise", "rep_m100_s1", "rep_m125_s10", "seq_stock_row_wise", "seq_rep_m100_s1"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("bench_rep")
+    run = subprocess.run(
+        [sys.executable, "-m", "torchrec_het.bench", "--preset", "smoke", "--configs", ",".join(RUN),
+         "--world-size", "2", "--out", str(out), "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    data = json.loads((out / "results.json").read_text())
+    return {c["name"]: c for c in data["configs"]}
+
+
+def test_replicated_configs_record_their_settings(results: dict) -> None:
+    for name, ratio, sync, workload in (
+        ("rep_m100_s1", 1.0, 1, "dlrm"), ("rep_m125_s10", 1.25, 10, "dlrm"), ("seq_rep_m100_s1", 1.0, 1, "sequence")
+    ):
+        config = results[name]
+        assert config["workload"] == workload
+        assert config["sharding_types"] == ["het_row_replicated"]
+        params = config["params"]
+        assert params["memory_budget_ratio"] == ratio and params["replica_sync_every"] == sync, params
+        assert 0.0 < params["hot_fraction"] < 0.5, params
+        replication = config["replication"]
+        assert replication["steps"][0] == config["measured_steps"], replication
+        assert min(replication["replica_mb"]) > 0, replication
+
+
+def test_exact_replicas_train_like_stock_and_move_fewer_bytes(results: dict) -> None:
+    for replicated, stock in (("rep_m100_s1", "stock_table_wise"), ("seq_rep_m100_s1", "seq_stock_row_wise")):
+        rep, base = results[replicated], results[stock]
+        assert abs(rep["auc"] - base["auc"]) < 0.002, (rep["auc"], base["auc"])
+        assert abs(rep["loss"] - base["loss"]) < 1e-3, (rep["loss"], base["loss"])
+        rep_bytes = rep["bytes_per_step"]["embedding_cross_rank"]
+        base_bytes = base["bytes_per_step"]["embedding_cross_rank"]
+        assert rep_bytes < base_bytes, (replicated, rep_bytes, base_bytes)

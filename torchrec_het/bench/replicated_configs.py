@@ -1,0 +1,158 @@
+"""Benchmark configurations of ``het_row_replicated``: memory budget x replica sync, per workload.
+
+Each configuration profiles a 5% sample of its workload's training stream (every 20th
+step, counted on every rank and summed), takes the per-rank peak of the plan the stock
+planner would choose as the memory-neutral budget, scales it by ``memory_budget_ratio``,
+and lets :func:`~torchrec_het.replication.tiers.select_tiers` choose the hot rows.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_het.bench.configs import BenchConfig, register
+from torchrec_het.bench.het_configs import plan_every_table
+from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.replication.profile import AccessProfile, count_accesses
+from torchrec_het.replication.tiers import TableMemory, TierPlan, TierTopology, bytes_per_row, plan_peak_bytes, select_tiers
+from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
+from torchrec_het.sharding import het_row_replicated
+
+BUDGET_RATIOS = (1.0, 1.1, 1.25)
+SYNC_EVERY = (1, 10)
+
+
+@dataclass(frozen=True)
+class ShardingContext:
+    """What a configuration sees when it builds its sharders (the same on every rank)."""
+
+    workload: str
+    train_model: nn.Module
+    embedding_path: str
+    tables: list
+    world_size: int
+    local_world_size: int
+    batch_size: int
+    embedding_optimizer: str
+    sample: Callable[[], list[KeyedJaggedTensor]]  # this rank's sampled training batches
+
+
+def stream_profile(context: ShardingContext) -> AccessProfile:
+    """Row reads per table over every rank's sample, summed over ranks (a collective)."""
+    local = count_accesses(context.sample(), context.tables)
+    counts = []
+    for table_counts in local.counts:
+        total = table_counts.clone()
+        dist.all_reduce(total)
+        counts.append(total)
+    return AccessProfile(local.tables, local.num_rows, tuple(counts), local.batches)
+
+
+def table_memory(context: ShardingContext) -> list[TableMemory]:
+    return [
+        TableMemory(t.name, t.num_embeddings, t.embedding_dim, bytes_per_row(t.embedding_dim, context.embedding_optimizer))
+        for t in context.tables
+    ]
+
+
+def stock_peak_bytes(context: ShardingContext) -> int:
+    """Per-rank peak of the plan the stock planner chooses for this model (a collective)."""
+    stock = EmbeddingCollectionSharder() if context.workload == "sequence" else EmbeddingBagCollectionSharder()
+    planner = EmbeddingShardingPlanner(
+        topology=_topology(context), batch_size=context.batch_size
+    )
+    plan = planner.collective_plan(context.train_model, [stock], dist.GroupMember.WORLD)
+    return plan_peak_bytes(table_memory(context), plan.plan[context.embedding_path], context.world_size)
+
+
+def _topology(context: ShardingContext) -> Topology:
+    return Topology(world_size=context.world_size, local_world_size=context.local_world_size, compute_device="cpu")
+
+
+def tier_plan(context: ShardingContext, ratio: float, sync_every: int) -> TierPlan:
+    """The hot rows for a budget of ``ratio`` x the stock peak; rows read less than once per
+    replica sync do not pay for their sync and stay sharded."""
+    budget = int(stock_peak_bytes(context) * ratio)
+    return select_tiers(
+        table_memory(context),
+        stream_profile(context),
+        TierTopology.from_torchrec(_topology(context)),
+        budget,
+        min_reads_per_step=1.0 / sync_every,
+        sync_every=sync_every,
+    )
+
+
+def _sharders(ratio: float, sync_every: int):
+    def build(context: ShardingContext):
+        replication = ReplicationConfig(
+            tiers=tier_plan(context, ratio, sync_every),
+            replica_sync_every=sync_every,
+            local_world_size=context.local_world_size,
+        )
+        if context.workload == "sequence":
+            return [HetEmbeddingCollectionSharder(replication=replication)]
+        return [HetEmbeddingBagCollectionSharder(replication=replication)]
+
+    return build
+
+
+_all_replicated = plan_every_table(het_row_replicated)
+
+
+def replicated_config_name(workload: str, ratio: float, sync_every: int) -> str:
+    prefix = "seq_rep" if workload == "sequence" else "rep"
+    return f"{prefix}_m{round(ratio * 100)}_s{sync_every}"
+
+
+def hot_fraction(model: nn.Module) -> float | None:
+    """Share of all rows a row-replicated module keeps hot (replicated or per host), or None."""
+    for module in model.modules():
+        if hasattr(module, "replicated_lookups"):
+            hot = rows = 0
+            for lookup in module.replicated_lookups():
+                for g in lookup.groups:
+                    hot += g.hot.numel() + g.host.numel()
+                    rows += int(g.offsets[-1])
+            return hot / rows if rows else 0.0
+    return None
+
+
+def register_replicated_configs() -> list[str]:
+    names = []
+    for workload in ("dlrm", "sequence"):
+        for ratio in BUDGET_RATIOS:
+            for sync_every in SYNC_EVERY:
+                name = replicated_config_name(workload, ratio, sync_every)
+                sync = "exact sync" if sync_every == 1 else f"replicas synced every {sync_every} steps"
+                register(
+                    BenchConfig(
+                        name=name,
+                        stock=False,
+                        description=f"{workload}: row-replicated, hot rows within {ratio:.2f} x the stock plan's memory, {sync}",
+                        make_sharders=lambda: [],
+                        make_constraints=lambda tables, preset: None,
+                        applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
+                        workload=workload,
+                        params={
+                            "sharding": "het_row_replicated",
+                            "memory_budget_ratio": ratio,
+                            "replica_sync_every": sync_every,
+                        },
+                        make_plan=_all_replicated,
+                        make_sharders_for=_sharders(ratio, sync_every),
+                    )
+                )
+                names.append(name)
+    return names
+
+
+REPLICATED_CONFIGS = register_replicated_configs()
+
+__all__ = ["REPLICATED_CONFIGS", "ShardingContext", "hot_fraction", "stream_profile", "tier_plan"]
