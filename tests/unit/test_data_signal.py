@@ -78,5 +78,4 @@ def test_small_dlrm_learns_the_planted_signal():
     labels = torch.cat([b.labels for b in eval_batches])
     auc = binary_auc(scores, labels)
     print(f"trained DLRM: 300 steps x 512 in {seconds:.1f}s, held-out AUC {auc:.4f}")
-    assert auc >= 0.70  # observed 0.75-0.76 over data/init seeds 0..3
-    assert seconds < 40
+    assert auc >= 0.70  # observed 0.75-0.76 over data/init seeds 0..3 (speed is the benchmark's business)
