@@ -11,7 +11,7 @@ from torchrec_het.bench import configs as bench_configs
 from torchrec_het.bench import report
 from torchrec_het.bench.het_stats import summarize_cache
 from torchrec_het.bench.worker import RankRecord, RunSpec
-from torchrec_het.comm import sum_totals
+from torchrec_het.comm import EMBEDDING_PHASES, sum_totals
 from torchrec_het.data import binary_auc
 
 
@@ -34,13 +34,14 @@ def _samples_per_s(per_rank: list[RankRecord], samples_per_step: int) -> dict[st
     }
 
 
-def _bytes(per_rank: list[RankRecord], steps: int, host_of_rank: list[int] | None) -> tuple[dict, dict, int | None]:
+def _bytes(per_rank: list[RankRecord], steps: int, host_of_rank: list[int] | None) -> tuple[dict, dict, int | None, int | None]:
     totals = sum_totals([t for r in per_rank for t in r.comm])
     summary = totals.summary(host_of_rank)
     per_step = {k: int(round(v / steps)) for k, v in summary["phases"].items()}
     by_collective = {k: int(round(v / steps)) for k, v in summary["by_collective"].items()}
     inter = None if host_of_rank is None else int(round(summary["inter_host"] / steps))
-    return per_step, by_collective, inter
+    inter_embedding = None if host_of_rank is None else int(round(totals.inter_host(host_of_rank, EMBEDDING_PHASES) / steps))
+    return per_step, by_collective, inter, inter_embedding
 
 
 def _version(dist_name: str) -> str:
@@ -72,7 +73,7 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
         per_rank = [ranks[name] for ranks in gathered]
         config = bench_configs.CONFIGS[name]
         steps = len(per_rank[0].step_seconds)
-        per_step, by_collective, inter_host = _bytes(per_rank, steps, host_of_rank)
+        per_step, by_collective, inter_host, inter_host_embedding = _bytes(per_rank, steps, host_of_rank)
         scores = torch.cat([r.scores for r in per_rank])
         labels = torch.cat([r.labels for r in per_rank])
         last_round = slice(-preset.steps_per_round, None)
@@ -89,6 +90,7 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
                 "bytes_per_step": per_step,
                 "embedding_cross_rank_by_collective": by_collective,
                 "inter_host_bytes": inter_host,
+                "inter_host_embedding_bytes": inter_host_embedding,
                 "auc": binary_auc(scores, labels),
                 "loss": statistics.fmean(loss for r in per_rank for loss in r.losses[last_round]),
                 "peak_rss_mb": [round(r.peak_rss_mb, 1) for r in per_rank],
