@@ -42,9 +42,11 @@ def test_all_hot_steps_skip_the_cold_exchange_and_stay_exact(world: list[dict]) 
         assert errors["weights_rep_vs_unsharded/sum"] < TOLERANCE, (rank, errors)
 
 
-def test_held_replica_gradients_are_applied_whole_at_flush(world: list[dict]) -> None:
+@pytest.mark.parametrize("case,sync", [("held", "dense_syncs"), ("held_sparse", "sparse_syncs")])
+def test_held_replica_gradients_are_applied_whole_at_flush(world: list[dict], case: str, sync: str) -> None:
     for rank, results in enumerate(world):
-        held = results["held"]
+        held = results[case]
+        assert held["stats"][sync] > 0, (rank, held["stats"])
         assert held["held_rows"] > 0, (rank, held)
         assert held["moved_while_held"] == 0.0, (rank, held)
         assert held["flushed_vs_sum"] < TOLERANCE, (rank, held)

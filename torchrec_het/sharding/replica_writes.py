@@ -212,12 +212,20 @@ class ReplicaWrites:
         return ids, grads
 
     def _release_pending(self, index: int, g: ReplicaGroup):
-        """Sums the held gradients of replicated rows over ranks and empties the hold."""
+        """Sums the held gradients of replicated rows over ranks (sparse over the rows touched
+        since the last sync, or dense over the block, whichever moves fewer bytes) and empties the hold."""
         pending = self._pending[index]
-        dist.all_reduce(pending, group=self._pg)
-        self.stats["dense_syncs"] += 1
-        touched = pending[:, g.dim] > 0
-        ids, grads, touches = g.hot[touched], pending[touched, : g.dim].clone(), pending[touched, g.dim]
+        touched_here = (pending[:, g.dim] > 0).nonzero().flatten()
+        counts = gather_counts(touched_here.numel(), self._pg)
+        if sparse_bytes(counts, g.dim + 1) <= dense_bytes(g.hot.numel(), g.dim, self._ws):
+            self.stats["sparse_syncs"] += 1
+            ids, summed = combine_sparse(g.hot[touched_here], pending[touched_here], counts, self._pg)
+            grads, touches = summed[:, : g.dim], summed[:, g.dim]
+        else:
+            self.stats["dense_syncs"] += 1
+            dist.all_reduce(pending, group=self._pg)
+            touched = pending[:, g.dim] > 0
+            ids, grads, touches = g.hot[touched], pending[touched, : g.dim].clone(), pending[touched, g.dim]
         pending.zero_()
         if self._accumulates_squares():
             # k held steps arrive as one sum; 1/sqrt(k) keeps Adagrad's squared-gradient state growing

@@ -4,6 +4,7 @@
 and between hosts), and checkpoints saved on one world size and loaded on another.
 """
 
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from torchrec_het.comm import CommAccountant, EMBEDDING_PHASES, sum_over_ranks
@@ -108,9 +109,11 @@ def run_save(rank: int, world_size: int, port: int, out_dir: str) -> None:
     with gloo_rank(rank, world_size, port, timeout_s=120):
         save_after(rank, world_size, f"{out_dir}/checkpoint", steps=3)
         write_rank_result(out_dir, rank, {"saved": True})
+        dist.barrier()  # nobody leaves while another rank still writes
 
 
 def run_load(rank: int, world_size: int, port: int, out_dir: str) -> None:
     with gloo_rank(rank, world_size, port, timeout_s=120):
         saved_world = int(open(f"{out_dir}/saved_world").read())
         write_rank_result(out_dir, rank, load_and_continue(rank, world_size, f"{out_dir}/checkpoint", saved_world, 3))
+        dist.barrier()

@@ -149,12 +149,12 @@ def all_hot(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -> d
     return errors
 
 
-def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1) -> dict:
+def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1, hot: int = 8) -> dict:
     """``replica_sync_every`` beyond the run (SGD): replicated rows stay put while training, their
     gradients are held, and the flush before a state dict applies exactly their sum everywhere."""
     configs = table_configs(False)
     proj = projections(configs)
-    rep = replicated(configs, False, "sgd", ReplicationConfig(tiers=tiers(configs, hot=8), replica_sync_every=1000))
+    rep = replicated(configs, False, "sgd", ReplicationConfig(tiers=tiers(configs, hot=hot), replica_sync_every=1000))
     lookup = rep.module.replicated_lookups()[0]
     lookup.refresh()  # replicas take the owners' rows (the first forward would do it)
     before = _hot_rows(lookup)
@@ -172,6 +172,7 @@ def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1) -> dict:
         worst = max(worst, _rel_error(end, want))
     errors["flushed_vs_sum"] = worst
     errors["held_rows"] = int(sum(int((p[:, -1] > 0).sum()) for p in held))
+    errors["stats"] = rep.module.replication_stats()
     return errors
 
 
@@ -236,7 +237,8 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
                 for hot in (0, 8):
                     case = f"{optimizer}/{'weighted' if weighted else 'unweighted'}/hot{hot}"
                     results[case] = equivalence(rank, world_size, optimizer, weighted, hot)
-        results["held"] = held_replica_gradients(rank, world_size)
+        results["held"] = held_replica_gradients(rank, world_size)  # small hot block: synced dense
+        results["held_sparse"] = held_replica_gradients(rank, world_size, hot=36)  # mostly untouched: sparse
         results["all_hot"] = all_hot(rank, world_size)
         results["bad_input"] = bad_input(rank, world_size)
     write_rank_result(out_dir, rank, results)
