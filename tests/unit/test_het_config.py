@@ -101,9 +101,10 @@ def test_check_features_weights_must_match_ids() -> None:
 def test_adagrad_family_is_recognized_for_scaled_pushes() -> None:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-    from torchrec_het.sharding.het_lookup import _accumulates_squares
+    from types import SimpleNamespace
 
-    assert _accumulates_squares({"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD})
-    assert _accumulates_squares({"optimizer": EmbOptimType.EXACT_ADAGRAD})
-    assert not _accumulates_squares({"optimizer": EmbOptimType.EXACT_SGD})
-    assert not _accumulates_squares(None)
+    from torchrec_het.sharding.row_apply import accumulates_squares
+
+    assert accumulates_squares(SimpleNamespace(optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD))
+    assert accumulates_squares(SimpleNamespace(optimizer=EmbOptimType.EXACT_ADAGRAD))
+    assert not accumulates_squares(SimpleNamespace(optimizer=EmbOptimType.EXACT_SGD))

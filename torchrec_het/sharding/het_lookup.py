@@ -40,7 +40,7 @@ from torchrec_het.config import HetCacheConfig
 from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
 from torchrec_het.sharding.het_group import HetGroup
 from torchrec_het.sharding.id_space import TableInfo, row_starts_from_shards
-from torchrec_het.sharding.row_apply import apply_row_grads
+from torchrec_het.sharding.row_apply import accumulates_squares, apply_row_grads
 
 
 @dataclass
@@ -330,7 +330,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             in_module = torch.tensor([t.module_index == module_index for t in g.tables])[tables]
             if bool(in_module.any()):
                 step = grads[in_module]
-                if _accumulates_squares(self.grouped_configs[module_index].fused_params):
+                if accumulates_squares(self._emb_modules[module_index].emb_module):
                     # k held-back gradients g_i arrive as their sum. Adagrad-family state adds the
                     # square of what it is given: the sum would add (sum g_i)^2 ~ k^2 g^2 where k
                     # separate steps add k g^2, and the row would learn ever slower. Sending
@@ -340,12 +340,6 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
                 apply_row_grads(self._emb_modules[module_index].emb_module, table_index, rows[in_module], step)
         g.versions.index_add_(0, g.local_index(ids), updates)
         g.stats.add_mass("grad_applied", tables, grads)
-
-
-def _accumulates_squares(fused_params: dict | None) -> bool:
-    """Whether the fused optimizer keeps a running sum of squared gradients (the Adagrad family)."""
-    optimizer = (fused_params or {}).get("optimizer")
-    return "adagrad" in str(getattr(optimizer, "value", optimizer)).lower()
 
 
 class _HetPooling(torch.autograd.Function):
@@ -377,12 +371,6 @@ class _HetPooling(torch.autograd.Function):
         return None, None, None, None
 
 
-def _bag_divisors(g: HetGroup, read: _Read, batch: int) -> torch.Tensor:
-    """Per bag (features of the group one after the other): its length for mean pooling, else 1."""
-    mean = torch.repeat_interleave(g.feature_is_mean, batch)
-    return torch.where(mean, read.lengths.clamp(min=1), 1).unsqueeze(1).float()
-
-
 def _pool(g: HetGroup, read: _Read, batch: int) -> torch.Tensor:
     """[F, B, dim] pooled bags of the group's features."""
     bags = torch.repeat_interleave(torch.arange(read.lengths.numel()), read.lengths)
@@ -390,13 +378,13 @@ def _pool(g: HetGroup, read: _Read, batch: int) -> torch.Tensor:
     if read.weights is not None:
         values = values * read.weights.unsqueeze(1)
     pooled = torch.zeros(read.lengths.numel(), g.dim).index_add_(0, bags, values)
-    return (pooled / _bag_divisors(g, read, batch)).view(len(g.features), batch, g.dim)
+    return (pooled / g.bag_divisors(read.lengths, batch)).view(len(g.features), batch, g.dim)
 
 
 def _row_grads(g: HetGroup, read: _Read, grad: torch.Tensor) -> torch.Tensor:
     """Gradient of every distinct row from the gradient [F, B, dim] of the group's pooled bags."""
     batch = grad.size(1)
-    bag_grad = grad.reshape(-1, g.dim) / _bag_divisors(g, read, batch)
+    bag_grad = grad.reshape(-1, g.dim) / g.bag_divisors(read.lengths, batch)
     per_value = bag_grad[torch.repeat_interleave(torch.arange(read.lengths.numel()), read.lengths)]
     if read.weights is not None:
         per_value = per_value * read.weights.unsqueeze(1)

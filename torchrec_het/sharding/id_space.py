@@ -59,6 +59,12 @@ class FusedIdSpace:
         self.feature_is_mean = torch.tensor([t.mean for t in tables for _ in t.features])
         self.learning_rates = torch.tensor([t.learning_rate for t in tables])
 
+    def bag_divisors(self, lengths: torch.Tensor, batch: int) -> torch.Tensor:
+        """Per bag (the features one after the other, ``batch`` bags each): its length for mean
+        pooling, else 1; ``[bags, 1]``."""
+        mean = torch.repeat_interleave(self.feature_is_mean, batch)
+        return torch.where(mean, lengths.clamp(min=1), 1).unsqueeze(1).float()
+
     def table_of(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.bucketize(ids, self.offsets[1:], right=True)
 

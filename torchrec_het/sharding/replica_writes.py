@@ -32,7 +32,7 @@ from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
 from torchrec_het.sharding.replica_group import ReplicaGroup
 from torchrec_het.sharding.replica_sync import combine_dense, combine_sparse, dense_bytes, gather_counts, sparse_bytes
-from torchrec_het.sharding.row_apply import apply_row_grads, check_row_local, replica_kernel, row_state
+from torchrec_het.sharding.row_apply import accumulates_squares, apply_row_grads, check_row_local, replica_kernel, row_state
 
 
 class ReplicaWrites:
@@ -234,7 +234,7 @@ class ReplicaWrites:
         return ids, grads
 
     def _accumulates_squares(self) -> bool:
-        return any("adagrad" in str(getattr(r.optimizer, "value", r.optimizer)).lower() for r in self._replicas)
+        return any(accumulates_squares(r) for r in self._replicas)
 
     @torch.no_grad()
     def _apply(self, g: ReplicaGroup, ids: torch.Tensor, grads: torch.Tensor) -> None:

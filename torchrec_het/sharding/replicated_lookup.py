@@ -187,7 +187,7 @@ class _ReplicatedPooling(torch.autograd.Function):
         ctx.lookup, ctx.steps, ctx.batch = lookup, steps, batch
         blocks = {}
         for g, step, sums in zip(lookup.groups, steps, pooled):
-            out = (sums / _divisors(g, step, batch)).view(len(g.features), batch, g.dim)
+            out = (sums / g.bag_divisors(step.lengths, batch)).view(len(g.features), batch, g.dim)
             blocks.update(zip(g.features, out.unbind(0)))
         if not blocks:
             return torch.empty(batch, 0)
@@ -202,14 +202,8 @@ class _ReplicatedPooling(torch.autograd.Function):
             columns[feature] = grad_output[:, start : start + dims[feature]]
             start += dims[feature]
         bag_grads = [
-            torch.stack([columns[f] for f in g.features]).reshape(-1, g.dim) / _divisors(g, step, batch)
+            torch.stack([columns[f] for f in g.features]).reshape(-1, g.dim) / g.bag_divisors(step.lengths, batch)
             for g, step in zip(lookup.groups, steps)
         ]
         lookup.write_back(steps, bag_grads)
         return None, None, None, None, None
-
-
-def _divisors(g: ReplicaGroup, step: _Step, batch: int) -> torch.Tensor:
-    """Per bag: its length for mean pooling, else 1."""
-    mean = torch.repeat_interleave(g.feature_is_mean, batch)
-    return torch.where(mean, step.lengths.clamp(min=1), 1).unsqueeze(1).float()

@@ -51,6 +51,11 @@ def apply_row_grads(tbe: SplitTableBatchedEmbeddingBagsCodegen, tables: torch.Te
     pooled.backward(out_grad.to(pooled.dtype))
 
 
+def accumulates_squares(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> bool:
+    """Whether the kernel's optimizer keeps a running sum of squared gradients (the Adagrad family)."""
+    return "adagrad" in str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
+
+
 def check_row_local(tbe: SplitTableBatchedEmbeddingBagsCodegen, what: str) -> None:
     """ValueError unless the kernel's optimizer keeps copies identical under identical gradients."""
     name = str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
