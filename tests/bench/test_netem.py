@@ -183,7 +183,10 @@ def test_removes_namespaces_when_building_fails_half_way(monkeypatch) -> None:
 
 
 _HOLDER = """
-import sys
+import signal, sys
+# A job started in the background of a non-interactive shell (as CI may start this suite)
+# inherits SIGINT ignored; the holder stands for an interactive program, where it is not.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from torchrec_het.bench.netem import EmulatedHosts, LinkSpec
 with EmulatedHosts(2, LinkSpec(1.0, 0.0), name_prefix=sys.argv[1]) as hosts:
     print(hosts.switch_netns, flush=True)
@@ -202,7 +205,12 @@ def test_signal_removes_namespaces_then_acts_as_default(signum: int) -> None:
         assert switch in netem._netns_names()
         holder.send_signal(signum)
         # SIGTERM kills; SIGINT raises KeyboardInterrupt, which, unhandled, ends Python by SIGINT too.
-        assert holder.wait(timeout=20) == -signum
+        try:
+            code = holder.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            raise AssertionError(f"holder still alive 20 s after signal {signum}: {holder.communicate()[1][-2000:]}")
+        assert code == -signum
     finally:
         holder.kill()
         holder.wait()
@@ -258,3 +266,23 @@ def test_link_rate_slows_cross_host_but_not_same_host_traffic() -> None:
     assert cross <= 4 * theoretical, f"{cross:.3f} s across hosts, expected about {theoretical:.2f} s"
     assert same < cross / 4, f"same host {same:.3f} s vs across hosts {cross:.3f} s"
     assert crossed_the_link < 1_000_000, f"same-host transfer sent {crossed_the_link} bytes over the host's link"
+
+
+@needs_netns
+def test_an_ignored_sigint_stays_ignored_and_keeps_the_namespaces() -> None:
+    script = _HOLDER.replace("signal.signal(signal.SIGINT, signal.default_int_handler)", "signal.signal(signal.SIGINT, signal.SIG_IGN)")
+    holder = subprocess.Popen([sys.executable, "-c", script, PREFIX], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        switch = holder.stdout.readline().strip()
+        assert switch.startswith(f"{PREFIX}-{holder.pid}-"), holder.stderr.read()
+        holder.send_signal(signal.SIGINT)
+        with pytest.raises(subprocess.TimeoutExpired):
+            holder.wait(timeout=2)  # still running, as a process that ignores SIGINT should
+        assert switch in netem._netns_names()
+        holder.send_signal(signal.SIGTERM)
+        assert holder.wait(timeout=20) == -signal.SIGTERM
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [n for n in netem._netns_names() if n.startswith(f"{PREFIX}-{holder.pid}-")] == []

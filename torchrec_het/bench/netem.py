@@ -395,6 +395,8 @@ class _CleanupGuard:
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
         for signum in self.SIGNALS:
+            if signal.getsignal(signum) == signal.SIG_IGN:
+                continue  # an ignored signal stays ignored: the process goes on, so must its namespaces
             self._previous[signum] = signal.signal(signum, self._on_signal)
 
     def uninstall(self) -> None:
