@@ -18,6 +18,7 @@ def results(tmp_path_factory) -> dict:
         capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stderr[-4000:]
+    assert (out / "bytes_vs_memory.png").stat().st_size > 0
     data = json.loads((out / "results.json").read_text())
     return {c["name"]: c for c in data["configs"]}
 

@@ -121,3 +121,34 @@ def plot_het_tradeoff(results: dict, path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def plot_bytes_vs_memory(results: dict, path: Path) -> bool:
+    """Embedding bytes per step against model state per rank (max over ranks), one panel per workload,
+    for every configuration of a run that has a row-replicated one.
+
+    Returns False (and writes nothing) when the run has no row-replicated configuration.
+    """
+    configs = results["configs"]
+    if not any(c["params"].get("sharding") == "het_row_replicated" for c in configs):
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({c.get("workload", "dlrm") for c in configs})
+    fig, axes = plt.subplots(1, len(workloads), figsize=(6.5 * len(workloads), 4.5), squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        for c in (c for c in configs if c.get("workload", "dlrm") == workload):
+            x, y = max(c["state_mb"]), c["bytes_per_step"]["embedding_cross_rank"] / 2**20
+            replicated = c["params"].get("sharding") == "het_row_replicated"
+            ax.scatter([x], [y], marker="o" if replicated else "s", color="tab:blue" if replicated else "gray")
+            ax.annotate(c["name"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel("model state per rank, MiB (weights + optimizer state, replicas included; max over ranks)")
+        ax.set_ylabel("embedding bytes per step, MiB (cross-rank, all ranks)")
+        ax.set_title(f"{workload}: bytes vs memory (preset {results['preset']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -155,5 +155,7 @@ def write_outputs(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> None:
     report.plot(results, out / "results.png")
     if report.plot_het_tradeoff(results, out / "het_tradeoff.png"):
         print(f"wrote {out / 'het_tradeoff.png'}", flush=True)
+    if report.plot_bytes_vs_memory(results, out / "bytes_vs_memory.png"):
+        print(f"wrote {out / 'bytes_vs_memory.png'}", flush=True)
     print(table, flush=True)
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'results.png'}", flush=True)
