@@ -1,0 +1,57 @@
+"""What the plugin's pooled row-wise types share: stock row-wise shards, each rank keeps its batch.
+
+The input dist and output dist are no-ops (ids are not sent ahead, bags are finished
+where the batch lives); the type's own lookup does every exchange. Shards, grouping,
+state dict and fused optimizer are row-wise's own.
+"""
+
+from typing import Any
+
+import torch
+from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
+from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingDist, DpSparseFeaturesDist
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
+from torchrec.distributed.sharding_plan import row_wise
+from torchrec.distributed.types import ParameterSharding, ShardingEnv
+
+
+class LocalBatchRwPooledSharding(RwPooledEmbeddingSharding):
+    """Row-wise shards read by ``lookup_class`` (set by subclasses, with ``sharding_type``)."""
+
+    lookup_class: type
+    sharding_type: str
+
+    def __init__(self, sharding_infos: list[EmbeddingShardingInfo], env: ShardingEnv, device=None, **kwargs: Any):
+        super().__init__(sharding_infos, env, device, **kwargs)
+        self.shards_by_table = {
+            info.embedding_config.name: list(info.param_sharding.sharding_spec.shards) for info in sharding_infos
+        }
+
+    def create_input_dist(self, device: torch.device | None = None) -> DpSparseFeaturesDist:
+        return DpSparseFeaturesDist()
+
+    def create_lookup(self, device=None, fused_params=None, feature_processor=None):
+        if feature_processor is not None:
+            raise NotImplementedError(f"{self.sharding_type} does not support feature processors")
+        return self.lookup_class(
+            self._grouped_embedding_configs,
+            self.feature_names(),
+            pg=self._pg,
+            device=device if device is not None else self._device,
+            env=self._env,
+        )
+
+    def create_output_dist(self, device: torch.device | None = None) -> DpPooledEmbeddingDist:
+        return DpPooledEmbeddingDist()
+
+
+def row_wise_as(sharding_type: str, compute_kernel: str | None = None):
+    """TorchRec's ``row_wise()`` plan generator, its output marked ``sharding_type``."""
+    rows = row_wise(compute_kernel=compute_kernel)
+
+    def generate(*args: Any, **kwargs: Any) -> ParameterSharding:
+        sharding = rows(*args, **kwargs)
+        sharding.sharding_type = sharding_type
+        return sharding
+
+    return generate
