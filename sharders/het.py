@@ -17,6 +17,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.het_cached_rw import HetCachedRwPooledEmbeddingSharding
 from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
 from torchrec_het.sharding.replicated_lookup import RowReplicatedEmbeddingLookup
@@ -54,7 +55,7 @@ class HetEmbeddingBagCollection(EmbeddingBagCollection):
             replication.check_tables({t.name: t.num_embeddings for t in tables})
 
 
-class HetShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
+class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagCollection):
     """TorchRec's sharded EBC, with the plugin's types routed to their shardings.
 
     Settings are checked against the plan before TorchRec builds anything.
@@ -114,22 +115,6 @@ class HetShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     def replicated_lookups(self) -> list[RowReplicatedEmbeddingLookup]:
         return [lookup for lookup in self._lookups if isinstance(lookup, RowReplicatedEmbeddingLookup)]
-
-    def reset_replication_stats(self) -> None:
-        for lookup in self.replicated_lookups():
-            lookup.stats = dict.fromkeys(lookup.stats, 0)
-
-    def replica_nbytes(self) -> int:
-        """Bytes of this rank's replica kernels (weights and optimizer state), beside its shards."""
-        return sum(lookup.replica_nbytes() for lookup in self.replicated_lookups())
-
-    def replication_stats(self) -> dict[str, int]:
-        """Steps, all-hot steps that skipped the cold exchange, sparse and dense replica syncs (this rank)."""
-        totals: dict[str, int] = {}
-        for lookup in self.replicated_lookups():
-            for key, value in lookup.stats.items():
-                totals[key] = totals.get(key, 0) + value
-        return totals
 
     def flush_cache(self) -> None:
         """Pushes every pending gradient to its owner; a collective, every rank calls it."""
@@ -193,7 +178,9 @@ class HetEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         if not any(p.sharding_type in PLUGIN_TYPES for p in params.values()):
             return super().shard(module, params, env, device, module_fqn)
         cache = getattr(module, "het_cache_config", None) or self._cache
-        replication = getattr(module, "het_replication_config", None) or self._replication
+        replication = getattr(module, "het_replication_config", None)
+        if replication is None:  # the sharder's, shared by every EBC it shards: this module's tables
+            replication = self._replication.restricted_to({t.name for t in module.embedding_bag_configs()})
         return HetShardedEmbeddingBagCollection(
             module=module,
             table_name_to_parameter_sharding=params,

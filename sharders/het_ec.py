@@ -6,8 +6,6 @@ replicas and distinct-row fetches, every other table is sharded by stock TorchRe
 the same module.
 """
 
-import dataclasses
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -19,6 +17,7 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.replicated_sequence import RowReplicatedSequenceEmbeddingSharding, RowReplicatedSequenceLookup
 from torchrec_het.sharding.validate import check_features
 from torchrec_het.types import HET_ROW_REPLICATED
@@ -49,7 +48,7 @@ class HetEmbeddingCollection(EmbeddingCollection):
             replication.check_tables({t.name: t.num_embeddings for t in tables})
 
 
-class HetShardedEmbeddingCollection(ShardedEmbeddingCollection):
+class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection):
     """TorchRec's sharded EC, with ``het_row_replicated`` routed to its sharding.
 
     The plan (fused kernel for ``het_row_replicated`` tables) and the replication
@@ -93,22 +92,6 @@ class HetShardedEmbeddingCollection(ShardedEmbeddingCollection):
 
     def replicated_lookups(self) -> list[RowReplicatedSequenceLookup]:
         return [lookup for lookup in self._lookups if isinstance(lookup, RowReplicatedSequenceLookup)]
-
-    def reset_replication_stats(self) -> None:
-        for lookup in self.replicated_lookups():
-            lookup.stats = dict.fromkeys(lookup.stats, 0)
-
-    def replica_nbytes(self) -> int:
-        """Bytes of this rank's replica kernels (weights and optimizer state), beside its shards."""
-        return sum(lookup.replica_nbytes() for lookup in self.replicated_lookups())
-
-    def replication_stats(self) -> dict[str, int]:
-        """Steps, all-hot steps that skipped the cold exchange, sparse and dense replica syncs (this rank)."""
-        totals: dict[str, int] = {}
-        for lookup in self.replicated_lookups():
-            for key, value in lookup.stats.items():
-                totals[key] = totals.get(key, 0) + value
-        return totals
 
 
 class HetEmbeddingCollectionSharder(EmbeddingCollectionSharder):
@@ -164,7 +147,7 @@ class HetEmbeddingCollectionSharder(EmbeddingCollectionSharder):
             return super().shard(module, params, env, device, module_fqn)
         replication = getattr(module, "het_replication_config", None)
         if replication is None:  # the sharder's, shared by every EC it shards: this module's tables
-            replication = _restricted(self._replication, {t.name for t in module.embedding_configs()})
+            replication = self._replication.restricted_to({t.name for t in module.embedding_configs()})
         return HetShardedEmbeddingCollection(
             module=module,
             table_name_to_parameter_sharding=params,
@@ -176,16 +159,3 @@ class HetEmbeddingCollectionSharder(EmbeddingCollectionSharder):
             module_fqn=module_fqn,
             replication=replication,
         )
-
-
-def _restricted(config: ReplicationConfig, tables: set[str]) -> ReplicationConfig:
-    """``config`` with only the tiers of ``tables``.
-
-    An EmbeddingCollection holds tables of one dimension, so a model usually has
-    several and a sharder-level tier plan names the tables of all of them; each module
-    takes (and strictly checks) the tiers of its own tables.
-    """
-    if config.tiers is None:
-        return config
-    tiers = SimpleNamespace(tables={name: t for name, t in config.tiers.tables.items() if name in tables})
-    return dataclasses.replace(config, tiers=tiers)

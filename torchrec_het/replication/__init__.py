@@ -1,5 +1,7 @@
-"""Row replication: access profiles, hot-row tiers within a memory budget, and the settings of ``het_row_replicated``."""
+"""Row replication: access profiles, hot-row tiers within a memory budget, the settings of
+``het_row_replicated``, and FAE's loader wrapper that groups hot samples into whole batches."""
 
+from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile, count_accesses, load_profile, save_profile
 from torchrec_het.replication.tiers import (
@@ -14,6 +16,7 @@ from torchrec_het.replication.tiers import (
 
 __all__ = [
     "AccessProfile",
+    "AllHotBatches",
     "ReplicationConfig",
     "TableMemory",
     "TableTiers",
@@ -23,6 +26,7 @@ __all__ = [
     "count_accesses",
     "load_profile",
     "plan_peak_bytes",
+    "read_here_of",
     "save_profile",
     "select_tiers",
 ]

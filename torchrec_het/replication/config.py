@@ -1,7 +1,9 @@
 """Settings of the row-replicated sharding type (``het_row_replicated``)."""
 
+import dataclasses
 import os
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -70,3 +72,15 @@ class ReplicationConfig:
             raise ValueError(f"the tier plan names table(s) {unknown} that this module does not have")
         for name, rows in num_rows_of.items():
             self.table_tiers(name, rows)
+
+    def restricted_to(self, tables: set[str]) -> "ReplicationConfig":
+        """This config with the tiers of ``tables`` only.
+
+        A sharder's config is shared by every module it shards (a model with several
+        EmbeddingCollections, or a profile of the whole model); each module takes, and
+        strictly checks, the tiers of its own tables.
+        """
+        if self.tiers is None:
+            return self
+        kept = SimpleNamespace(tables={name: t for name, t in self.tiers.tables.items() if name in tables})
+        return dataclasses.replace(self, tiers=kept)

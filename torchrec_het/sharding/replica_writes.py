@@ -22,11 +22,13 @@ checkpoints
 
 The lookup's forward calls :meth:`begin_step` and :meth:`agree` (the step's one small
 all-gather); its backward calls :meth:`settle` once per group, in group order.
+:meth:`samples_read_here` tells a data loader which samples need no other rank (FAE).
 """
 
 import torch
 import torch.distributed as dist
 from torchrec.modules.embedding_configs import PoolingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
@@ -136,6 +138,25 @@ class ReplicaWrites:
                 for state, part in zip(replica, block[held].split(widths, 1)):
                     state[g.held_row[pos[held]]] = part.to(state.dtype)
         self._needs_refresh = False
+
+    def samples_read_here(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        """bool ``[batch]``: samples whose ids of this lookup's features are all read on this
+        rank (owned, replicated, or held for the host), so they need no exchange (FAE's hot
+        samples). Features the lookup does not have are ignored."""
+        if features.variable_stride_per_key():
+            raise ValueError("samples_read_here needs one batch size for every feature")
+        stride = features.stride()
+        remote = torch.zeros(stride, dtype=torch.int64)
+        by_feature = features.to_dict()
+        for g in self._groups:
+            for feature, table in zip(g.features, g.feature_table.tolist()):
+                if feature not in by_feature:
+                    continue
+                jt = by_feature[feature]
+                ids = jt.values().long() + g.offsets[table]
+                sample = torch.repeat_interleave(torch.arange(stride), jt.lengths().long())
+                remote += torch.bincount(sample[g.server_of(ids) != self._rank], minlength=stride)
+        return remote == 0
 
     # --- forward -------------------------------------------------------------------------
 

@@ -1,0 +1,40 @@
+"""What a sharded module with ``het_row_replicated`` tables offers beside TorchRec's API.
+
+Shared by the bag (``HetShardedEmbeddingBagCollection``) and sequence
+(``HetShardedEmbeddingCollection``) modules; both list their row-replicated lookups in
+``replicated_lookups()``.
+"""
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+class ReplicatedModule:
+    """Replica memory, replication counters and FAE's hot-sample test (a mixin)."""
+
+    def replicated_lookups(self) -> list:
+        raise NotImplementedError
+
+    def reset_replication_stats(self) -> None:
+        for lookup in self.replicated_lookups():
+            lookup.stats = dict.fromkeys(lookup.stats, 0)
+
+    def replica_nbytes(self) -> int:
+        """Bytes of this rank's replica kernels (weights and optimizer state), beside its shards."""
+        return sum(lookup.replica_nbytes() for lookup in self.replicated_lookups())
+
+    def replication_stats(self) -> dict[str, int]:
+        """Steps, all-hot steps that skipped the cold exchange, sparse and dense replica syncs (this rank)."""
+        totals: dict[str, int] = {}
+        for lookup in self.replicated_lookups():
+            for key, value in lookup.stats.items():
+                totals[key] = totals.get(key, 0) + value
+        return totals
+
+    def samples_read_here(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        """bool ``[batch]``: samples every row-replicated table of this module can look up on
+        this rank (no exchange). Tables of other sharding types are not considered."""
+        here = torch.ones(features.stride(), dtype=torch.bool)
+        for lookup in self.replicated_lookups():
+            here &= lookup.samples_read_here(features)
+        return here
