@@ -46,3 +46,27 @@ def test_exact_replicas_train_like_stock_and_move_fewer_bytes(results: dict) -> 
         rep_bytes = rep["bytes_per_step"]["embedding_cross_rank"]
         base_bytes = base["bytes_per_step"]["embedding_cross_rank"]
         assert rep_bytes < base_bytes, (replicated, rep_bytes, base_bytes)
+
+
+@pytest.fixture(scope="module")
+def fae_results(tmp_path_factory) -> dict:
+    """A skewed stream (alpha 1.6) where whole batches of hot samples can form."""
+    out = tmp_path_factory.mktemp("bench_fae")
+    run = subprocess.run(
+        [sys.executable, "-m", "torchrec_het.bench", "--preset", "smoke", "--alpha", "1.6",
+         "--configs", "rep_m100_s1,rep_m100_s1_fae", "--world-size", "2", "--out", str(out), "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    data = json.loads((out / "results.json").read_text())
+    return {c["name"]: c for c in data["configs"]}
+
+
+def test_regrouped_batches_skip_their_exchanges_and_train_alike(fae_results: dict) -> None:
+    plain, fae = fae_results["rep_m100_s1"], fae_results["rep_m100_s1_fae"]
+    assert fae["params"]["all_hot_window"] == 16 and "all_hot_window" not in plain["params"]
+    regrouped = fae["replication"]["all_hot_batches"]
+    assert len(set(regrouped)) == 1 and regrouped[0] > 0, fae["replication"]  # agreed by every rank
+    assert min(fae["replication"]["skipped_steps"]) >= regrouped[0], fae["replication"]
+    assert max(plain["replication"]["skipped_steps"]) < regrouped[0], plain["replication"]
+    assert abs(fae["auc"] - plain["auc"]) < 0.01, (fae["auc"], plain["auc"])

@@ -124,33 +124,45 @@ def hot_fraction(model: nn.Module) -> float | None:
     return None
 
 
+FAE_WINDOW = 16  # batches regrouped together by AllHotBatches in the "_fae" configurations
+FAE_RATIO = 1.0
+
+
 def register_replicated_configs() -> list[str]:
     names = []
     for workload in ("dlrm", "sequence"):
         for ratio in BUDGET_RATIOS:
             for sync_every in SYNC_EVERY:
-                name = replicated_config_name(workload, ratio, sync_every)
-                sync = "exact sync" if sync_every == 1 else f"replicas synced every {sync_every} steps"
-                register(
-                    BenchConfig(
-                        name=name,
-                        stock=False,
-                        description=f"{workload}: row-replicated, hot rows within {ratio:.2f} x the stock plan's memory, {sync}",
-                        make_sharders=lambda: [],
-                        make_constraints=lambda tables, preset: None,
-                        applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
-                        workload=workload,
-                        params={
-                            "sharding": "het_row_replicated",
-                            "memory_budget_ratio": ratio,
-                            "replica_sync_every": sync_every,
-                        },
-                        make_plan=_all_replicated,
-                        make_sharders_for=_sharders(ratio, sync_every),
-                    )
-                )
-                names.append(name)
+                names.append(_register(workload, ratio, sync_every, None))
+        for sync_every in SYNC_EVERY:
+            names.append(_register(workload, FAE_RATIO, sync_every, FAE_WINDOW))
     return names
+
+
+def _register(workload: str, ratio: float, sync_every: int, all_hot_window: int | None) -> str:
+    name = replicated_config_name(workload, ratio, sync_every)
+    sync = "exact sync" if sync_every == 1 else f"replicas synced every {sync_every} steps"
+    description = f"{workload}: row-replicated, hot rows within {ratio:.2f} x the stock plan's memory, {sync}"
+    params = {"sharding": "het_row_replicated", "memory_budget_ratio": ratio, "replica_sync_every": sync_every}
+    if all_hot_window is not None:
+        name += "_fae"
+        description += f", batches regrouped so hot samples fill whole batches (window {all_hot_window})"
+        params["all_hot_window"] = all_hot_window
+    register(
+        BenchConfig(
+            name=name,
+            stock=False,
+            description=description,
+            make_sharders=lambda: [],
+            make_constraints=lambda tables, preset: None,
+            applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
+            workload=workload,
+            params=params,
+            make_plan=_all_replicated,
+            make_sharders_for=_sharders(ratio, sync_every),
+        )
+    )
+    return name
 
 
 REPLICATED_CONFIGS = register_replicated_configs()

@@ -25,6 +25,7 @@ from torchrec_het.bench.presets import BenchPreset
 from torchrec_het.bench.replicated_configs import hot_fraction
 from torchrec_het.bench.workloads import open_workload_source, shard_workload
 from torchrec_het.comm import CommAccountant, attach_ddp_hooks
+from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,8 @@ def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
             steps = range(first, first + preset.steps_per_round)
             batches = {w: [source.batch(step, rank, "train") for step in steps] for w, source in sources.items()}
             for name, sharded in models.items():
-                _measure_window(sharded, batches[_workload(name)], records[name], accountant)
+                window = _regrouped(name, sharded, batches[_workload(name)], records[name])
+                _measure_window(sharded, window, records[name], accountant)
                 if bar:
                     bar.update(preset.steps_per_round)
             del batches
@@ -187,6 +189,22 @@ def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
         gathered: list[dict[str, RankRecord]] | None = [None] * spec.world_size if rank == 0 else None  # type: ignore[list-item]
         dist.gather_object(records, gathered, dst=0)
     return gathered
+
+
+def _regrouped(name: str, sharded: ShardedModel, batches: list, record: RankRecord) -> list:
+    """The round's batches as the configuration trains them: regrouped by FAE's
+    :class:`~torchrec_het.replication.all_hot.AllHotBatches` when it asks for it (off the clock,
+    as a data loader would do it; the seconds are recorded)."""
+    window = bench_configs.CONFIGS[name].params.get("all_hot_window")
+    if window is None:
+        return batches
+    start = time.perf_counter()
+    wrapper = AllHotBatches(batches, read_here_of(sharded.model), window=window)
+    out = list(wrapper)
+    stats = record.replication
+    stats["all_hot_batches"] = stats.get("all_hot_batches", 0) + wrapper.stats["all_hot_batches"]
+    stats["regroup_seconds"] = stats.get("regroup_seconds", 0.0) + time.perf_counter() - start
+    return out
 
 
 def _measure_window(sharded: ShardedModel, batches: list, record: RankRecord, accountant: CommAccountant) -> None:
