@@ -1,0 +1,187 @@
+"""Runs an unmodified training script with torchrec_het installed.
+
+    python -m torchrec_het.launch [launcher options] SCRIPT [ARGS...]
+    python -m torchrec_het.launch [launcher options] -m MODULE [ARGS...]
+
+Worker mode (no ``--nproc-per-node``; also what runs under ``torchrun ... -m
+torchrec_het.launch SCRIPT ...`` and under torchx): calls ``torchrec_het.install()``,
+then runs SCRIPT (or MODULE) as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]``, the
+way ``python SCRIPT ARGS`` would. The script's ``get_default_sharders()`` and
+``EmbeddingShardingPlanner`` are then the plugin's.
+
+Launcher mode (``--nproc-per-node N``): starts torch's elastic launcher (torchrun)
+in this process with ``-m torchrec_het.launch SCRIPT ARGS`` as every worker's command,
+so each worker runs in worker mode. ``--max-restarts R`` lets torchrun restart all
+workers up to R times when one fails; a script that resumes from its newest
+checkpoint then goes on from there.
+"""
+
+import argparse
+import importlib.util
+import os
+import runpy
+import sys
+from dataclasses import dataclass
+
+PROG = "python -m torchrec_het.launch"
+
+# launcher options: name -> (type, help); every one takes a value
+_OPTIONS: dict[str, tuple[type, str]] = {
+    "--nproc-per-node": (int, "workers on this node; given: launcher mode (torchrun), else worker mode"),
+    "--nnodes": (str, "nodes, or MIN:MAX for an elastic job (launcher mode; default 1)"),
+    "--node-rank": (int, "this node's rank, for --master-addr/--master-port (static) rendezvous"),
+    "--max-restarts": (int, "times torchrun restarts all workers after a failure (launcher mode; default 0)"),
+    "--rdzv-endpoint": (str, "HOST:PORT of the c10d rendezvous (launcher mode; default: a free local port)"),
+    "--rdzv-id": (str, "job id shared by the nodes of one job (launcher mode)"),
+    "--master-addr": (str, "address of node 0, for a static rendezvous (launcher mode)"),
+    "--master-port": (int, "port on node 0, for a static rendezvous (launcher mode)"),
+}
+
+
+@dataclass(frozen=True)
+class Command:
+    """A parsed launcher command line.
+
+    Attributes:
+        options: launcher options by dest name (None when not given).
+        script: path of the script to run, or None when ``module`` is given.
+        module: module to run (``-m MODULE``), or None.
+        args: the script's own arguments.
+    """
+
+    options: dict[str, object]
+    script: str | None
+    module: str | None
+    args: list[str]
+
+    @property
+    def target(self) -> list[str]:
+        """``SCRIPT ARGS...`` or ``-m MODULE ARGS...``, as given."""
+        head = ["-m", self.module] if self.module is not None else [self.script]
+        return [*head, *self.args]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The launcher options (SCRIPT / -m MODULE and what follows are split off first)."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        usage=f"{PROG} [launcher options] (SCRIPT | -m MODULE) [ARGS...]",
+        description="Run a TorchRec training script with torchrec_het installed (see module docstring).",
+    )
+    for flag, (kind, help_text) in _OPTIONS.items():
+        parser.add_argument(*_spellings(flag), type=kind, help=help_text)
+    return parser
+
+
+def _spellings(flag: str) -> list[str]:
+    """``--max-restarts`` and torchrun's other spelling ``--max_restarts``."""
+    other = "--" + flag[2:].replace("-", "_")
+    return [flag] if other == flag else [flag, other]
+
+
+def parse_command(argv: list[str]) -> Command:
+    """Splits ``argv`` at SCRIPT (or ``-m MODULE``) the way ``python`` does; exits 2 on bad options."""
+    parser = build_parser()
+    known = {spelling for flag in _OPTIONS for spelling in _spellings(flag)}
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg in ("-h", "--help"):
+            parser.print_help()
+            sys.exit(0)
+        if arg == "-m" or (arg.startswith("-m") and not arg.startswith("--")):
+            module = arg[2:] or (argv[index + 1] if index + 1 < len(argv) else "")
+            if not module:
+                parser.error("argument -m: expected a module name")
+            rest = argv[index + (1 if arg[2:] else 2) :]
+            return Command(vars(parser.parse_args(argv[:index])), None, module, rest)
+        if arg.startswith("-"):
+            name = arg.split("=", 1)[0]
+            if name not in known:
+                parser.error(f"unknown launcher option {name!r} (script arguments go after SCRIPT)")
+            index += 1 if "=" in arg else 2
+            continue
+        return Command(vars(parser.parse_args(argv[:index])), arg, None, argv[index + 1 :])
+    parser.error("no SCRIPT or -m MODULE given")
+    raise AssertionError("unreachable")
+
+
+def run_worker(command: Command) -> None:
+    """Installs the plugin and runs the script or module as ``__main__`` in this process."""
+    if command.module is not None:
+        _require_module(command.module)
+    else:
+        _require_script(command.script)
+
+    import torchrec_het
+
+    torchrec_het.install()
+    if command.module is not None:
+        sys.argv = [command.module, *command.args]  # runpy puts the module's file in argv[0]
+        runpy.run_module(command.module, run_name="__main__", alter_sys=True)
+    else:
+        script = command.script
+        sys.argv = [script, *command.args]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` would
+        runpy.run_path(script, run_name="__main__")
+
+
+def torchrun_argv(command: Command) -> list[str]:
+    """torchrun's command line that runs ``command``'s target in worker mode on every worker."""
+    options = command.options
+    argv = ["--nproc-per-node", str(options["nproc_per_node"])]
+    argv += ["--nnodes", str(options["nnodes"] or "1")]
+    argv += ["--max-restarts", str(options["max_restarts"] or 0)]
+    if options["rdzv_endpoint"] is not None:
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", str(options["rdzv_endpoint"])]
+    for name in ("rdzv_id", "node_rank", "master_addr", "master_port"):
+        if options[name] is not None:
+            argv += [f"--{name.replace('_', '-')}", str(options[name])]
+    return [*argv, "-m", "torchrec_het.launch", *command.target]
+
+
+def run_launcher(command: Command) -> int:
+    """Runs torchrun in this process; returns the exit code (1 when a worker failed for good)."""
+    if command.options["nproc_per_node"] < 1:
+        raise SystemExit(f"{PROG}: --nproc-per-node must be >= 1, got {command.options['nproc_per_node']}")
+    if (command.options["max_restarts"] or 0) < 0:
+        raise SystemExit(f"{PROG}: --max-restarts must be >= 0, got {command.options['max_restarts']}")
+    if command.module is not None:  # fail here once, not in every worker
+        _require_module(command.module)
+    else:
+        _require_script(command.script)
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    try:
+        torchrun_main(torchrun_argv(command))
+    except ChildFailedError:
+        return 1  # torchrun has printed which worker failed and why
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    command = parse_command(sys.argv[1:] if argv is None else argv)
+    if command.options["nproc_per_node"] is not None:
+        return run_launcher(command)
+    run_worker(command)
+    return 0
+
+
+def _require_script(script: str | None) -> None:
+    if script is None or not os.path.isfile(script):
+        raise SystemExit(f"{PROG}: can't open SCRIPT {script!r}: no such file")
+
+
+def _require_module(module: str) -> None:
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as error:
+        raise SystemExit(f"{PROG}: can't find module {module!r} (-m): {error}") from None
+    if found is None:
+        raise SystemExit(f"{PROG}: no module named {module!r} (-m)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
