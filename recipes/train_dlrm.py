@@ -1,0 +1,358 @@
+"""Trains TorchRec's DLRM on Criteo-like data with the sharding plan TorchRec's planner picks.
+
+A plain TorchRec trainer, written the way TorchRec's DLRM example is: a ``DLRMTrain``
+with its tables on the meta device, a stock ``EmbeddingShardingPlanner`` with
+``get_default_sharders()``, ``DistributedModelParallel``, row-wise Adagrad fused into the
+embedding backward and Adagrad on the dense part (one ``CombinedOptimizer``). It uses
+nothing of torchrec_het but its data (``torchrec_het.data``), so it runs unchanged on
+stock TorchRec; started through ``python -m torchrec_het.launch`` the same code plans
+and shards with the plugin:
+
+    torchrun --nproc-per-node 2 recipes/train_dlrm.py --steps 100
+    python -m torchrec_het.launch --nproc-per-node 2 recipes/train_dlrm.py --steps 100
+
+Checkpoints (``--checkpoint-path``) are ``torch.distributed.checkpoint`` directories
+``<path>/step_<n>/`` holding the model's and optimizer's state dicts and the step; the
+data is a function of the step, so the step is the data position. A checkpoint counts
+once its ``COMPLETE`` marker exists (written last, by rank 0, after every rank saved).
+
+Output lines (rank 0): ``step <n> loss <x>``, ``checkpoint step <n> saved <dir>``,
+``loaded checkpoint step <n> <dir>``, ``final step <n> auc <x>``; every rank prints
+``worker rank <r> pid <p> attempt <a>`` first.
+"""
+
+import argparse
+import logging
+import os
+import shutil
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torchrec.optim
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.tensor import DTensor
+from iopath.common.file_io import NativePathHandler, PathManager
+from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from torchrec_het.data import DataConfig, binary_auc, open_source, preset_table_sizes
+
+COMPLETE = "COMPLETE"  # marker file of a finished checkpoint
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Model and batch sizes (tables: Criteo's 26, clamped to the preset's row bounds)."""
+
+    table_sizes: tuple[int, ...]
+    embedding_dim: int
+    dense_arch: tuple[int, ...]
+    over_arch: tuple[int, ...]
+    batch_size: int
+
+
+PRESETS = {
+    "smoke": lambda: Preset(preset_table_sizes("smoke"), 16, (64, 16), (64, 1), 256),
+    "default": lambda: Preset(preset_table_sizes("default"), 64, (256, 64), (256, 128, 1), 1024),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The recipe's command line."""
+    parser = argparse.ArgumentParser(description="Train TorchRec's DLRM, sharded by TorchRec's planner.")
+    parser.add_argument("--data", default=None, help="Criteo TSV file/dir or npy dir; omit for synthetic data")
+    parser.add_argument("--preset", default="smoke", choices=sorted(PRESETS), help="table and layer sizes")
+    parser.add_argument("--steps", type=int, default=100, help="training steps in all (a resumed run counts on)")
+    parser.add_argument("--batch-size", type=int, default=None, help="samples per rank per step (default: preset)")
+    parser.add_argument("--learning-rate", type=float, default=0.05, help="embedding and dense learning rate")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the synthetic data")
+    parser.add_argument("--checkpoint-path", default=None, help="checkpoint directory (local path or file:// URI)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps (0: only at the end)")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    parser.add_argument("--eval-batches", type=int, default=4, help="held-out batches per rank for the AUC")
+    parser.add_argument("--evaluate-only", action="store_true", help="load the newest checkpoint, print its AUC")
+    parser.add_argument("--print-plan", action="store_true", help="print the sharding plan and planner stats")
+    parser.add_argument("--save-weights", default=None, help="rank 0 saves the unsharded weights here (torch.save)")
+    parser.add_argument("--log-every", type=int, default=1, help="print the loss every N steps")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parses and checks ``argv``; errors name the bad argument."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name in ("steps", "checkpoint_every", "eval_batches"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    for name in ("batch_size", "log_every"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for flag, given in (("--resume", args.resume), ("--evaluate-only", args.evaluate_only),
+                        ("--checkpoint-every", args.checkpoint_every > 0)):  # fmt: skip
+        if given and args.checkpoint_path is None:
+            parser.error(f"{flag} needs --checkpoint-path")
+    if args.evaluate_only and args.eval_batches < 1:
+        parser.error("--evaluate-only needs --eval-batches >= 1")
+    if args.checkpoint_path is not None:
+        try:
+            args.checkpoint_dir = local_dir(args.checkpoint_path)
+        except ValueError as error:
+            parser.error(f"--checkpoint-path: {error}")
+    return args
+
+
+# ---- paths -----------------------------------------------------------------------------------
+
+
+class FileURIHandler(NativePathHandler):
+    """iopath handler of ``file://`` URIs: the local file system."""
+
+    PREFIX = "file://"
+
+    def _get_supported_prefixes(self) -> list[str]:
+        return [self.PREFIX]
+
+    def _strip(self, path: str) -> str:
+        return path[len(self.PREFIX) :] if path.startswith(self.PREFIX) else path
+
+    def _get_path_with_cwd(self, path: str) -> str:
+        return super()._get_path_with_cwd(self._strip(path))
+
+    def _get_local_path(self, path: str, force: bool = False, **kwargs) -> str:
+        return super()._get_local_path(self._strip(path), force=force, **kwargs)
+
+
+def path_manager() -> PathManager:
+    manager = PathManager()
+    manager.register_handler(FileURIHandler())
+    return manager
+
+
+def local_dir(path: str) -> Path:
+    """The local directory ``path`` (a local path or ``file://`` URI) names."""
+    local = path_manager().get_local_path(path)
+    if "://" in local:
+        raise ValueError(f"{path!r} is not local; use a local path or a file:// URI")
+    return Path(local)
+
+
+# ---- model -----------------------------------------------------------------------------------
+
+
+def build_model(preset: Preset, feature_names: list[str], num_dense: int) -> DLRMTrain:
+    """DLRM with one table per sparse feature, the tables on the meta device."""
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t_{feature}", embedding_dim=preset.embedding_dim, num_embeddings=rows, feature_names=[feature]
+        )
+        for feature, rows in zip(feature_names, preset.table_sizes, strict=True)
+    ]
+    return DLRMTrain(
+        DLRM(
+            embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
+            dense_in_features=num_dense,
+            dense_arch_layer_sizes=list(preset.dense_arch),
+            over_arch_layer_sizes=list(preset.over_arch),
+            dense_device=torch.device("cpu"),
+        )
+    )
+
+
+def shard(train_model: DLRMTrain, batch_size: int, learning_rate: float, print_plan: bool):
+    """Plans with the stock planner and default sharders; returns (DMP model, combined optimizer)."""
+    apply_optimizer_in_backward(
+        torchrec.optim.RowWiseAdagrad,
+        train_model.model.sparse_arch.parameters(),
+        {"lr": learning_rate},
+    )
+    if print_plan:
+        stats = logging.getLogger("torchrec.distributed.planner.stats")
+        stats.setLevel(logging.INFO)
+        stats.addHandler(logging.StreamHandler(sys.stdout))
+        stats.propagate = False
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(
+            world_size=dist.get_world_size(),
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
+            compute_device="cpu",
+        ),
+        batch_size=batch_size,
+        constraints=None,
+    )
+    sharders = get_default_sharders()
+    plan = planner.collective_plan(train_model, sharders, dist.GroupMember.WORLD)
+    if print_plan and dist.get_rank() == 0:
+        say(str(plan))
+    model = DistributedModelParallel(module=train_model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    dense_optimizer = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(model.named_parameters())),
+        lambda params: torch.optim.Adagrad(params, lr=learning_rate),
+    )
+    return model, CombinedOptimizer([model.fused_optimizer, dense_optimizer])
+
+
+def train_step(model, optimizer, batch) -> float:
+    optimizer.zero_grad()
+    loss, _ = model(batch)
+    loss.backward()
+    optimizer.step()
+    return float(loss.detach())
+
+
+@torch.no_grad()
+def evaluate(model, source, eval_batches: int) -> float:
+    """AUC over ``eval_batches`` held-out batches of every rank."""
+    model.eval()
+    scores, labels = [], []
+    for index in range(eval_batches):
+        _, (_, logits, label) = model(source.batch(index, dist.get_rank(), "eval"))
+        scores.append(torch.sigmoid(logits.float()).reshape(-1))
+        labels.append(label.float().reshape(-1))
+    model.train()
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (torch.cat(scores), torch.cat(labels)))
+    return binary_auc(torch.cat([s for s, _ in gathered]), torch.cat([y for _, y in gathered]))
+
+
+# ---- checkpoints -----------------------------------------------------------------------------
+
+
+def checkpoint_state(model, optimizer, step: int) -> dict:
+    """What a checkpoint holds; ``model.state_dict()`` also flushes anything a sharded module holds back."""
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": torch.tensor(step)}
+
+
+def latest_checkpoint(directory: Path) -> tuple[int, Path] | None:
+    """(step, dir) of the newest complete checkpoint under ``directory``, as rank 0 sees it."""
+    found = None
+    if dist.get_rank() == 0 and directory.is_dir():
+        steps = [
+            int(entry.name[len("step_") :])
+            for entry in directory.iterdir()
+            if entry.name.startswith("step_") and entry.name[len("step_") :].isdigit() and (entry / COMPLETE).exists()
+        ]
+        found = max(steps, default=None)
+    shared = [found]
+    dist.broadcast_object_list(shared, src=0)
+    return None if shared[0] is None else (shared[0], directory / f"step_{shared[0]}")
+
+
+def save_checkpoint(directory: Path, step: int, model, optimizer) -> None:
+    """Saves ``<directory>/step_<step>/``; rank 0 marks it complete once every rank has written."""
+    target = directory / f"step_{step}"
+    if dist.get_rank() == 0 and target.exists():
+        shutil.rmtree(target)  # left by an attempt that died while writing it
+    dist.barrier()
+    dcp.save(checkpoint_state(model, optimizer, step), checkpoint_id=str(target))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        (target / f"{COMPLETE}.tmp").write_text(f"{step}\n")
+        os.replace(target / f"{COMPLETE}.tmp", target / COMPLETE)
+        say(f"checkpoint step {step} saved {target}")
+
+
+def load_checkpoint(target: Path, model, optimizer) -> int:
+    """Loads a checkpoint into ``model`` and ``optimizer``; returns its step."""
+    state = checkpoint_state(model, optimizer, 0)
+    dcp.load(state, checkpoint_id=str(target))
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["step"])
+
+
+def save_weights(path: str, model) -> None:
+    """Rank 0 writes every parameter unsharded (``torch.save`` of a name -> tensor dict)."""
+    full = {}
+    for name, value in model.state_dict().items():
+        if isinstance(value, ShardedTensor):  # every rank takes part
+            out = torch.empty(value.size(), dtype=value.dtype) if dist.get_rank() == 0 else None
+            value.gather(dst=0, out=out)
+            value = out
+        elif isinstance(value, DTensor):
+            value = value.full_tensor()
+        if dist.get_rank() == 0:
+            full[name] = value.detach().clone()
+    if dist.get_rank() == 0:
+        with path_manager().open(path, "wb") as file:
+            torch.save(full, file)
+
+
+# ---- main ------------------------------------------------------------------------------------
+
+
+def say(line: str) -> None:
+    """One whole line to stdout (one write, so lines of ranks sharing a pipe never interleave)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def init_distributed() -> None:
+    """gloo from torchrun's environment; a one-rank world when started with plain ``python``."""
+    if "RANK" not in os.environ:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    init_distributed()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    say(f"worker rank {rank} pid {os.getpid()} attempt {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    preset = PRESETS[args.preset]()
+    batch_size = args.batch_size or preset.batch_size
+    source = open_source(
+        args.data, DataConfig(table_sizes=preset.table_sizes, batch_size=batch_size, seed=args.seed), world_size
+    )
+    torch.manual_seed(args.seed)
+    train_model = build_model(preset, source.feature_names, source.num_dense)
+    model, optimizer = shard(train_model, batch_size, args.learning_rate, args.print_plan)
+
+    step = 0
+    if args.resume or args.evaluate_only:
+        found = latest_checkpoint(args.checkpoint_dir)
+        if found is None and args.evaluate_only:
+            raise SystemExit(f"--evaluate-only: no complete checkpoint under {args.checkpoint_path}")
+        if found is not None:
+            step = load_checkpoint(found[1], model, optimizer)
+            if rank == 0:
+                say(f"loaded checkpoint step {step} {found[1]}")
+        elif rank == 0:
+            say(f"no checkpoint under {args.checkpoint_path}; starting at step 0")
+
+    saved_at = step if args.resume or args.evaluate_only else None
+    while not args.evaluate_only and step < args.steps:
+        loss = train_step(model, optimizer, source.batch(step, rank, "train"))
+        step += 1
+        if rank == 0 and (step % args.log_every == 0 or step == args.steps):
+            say(f"step {step} loss {loss:.4f}")
+        if args.checkpoint_every and step % args.checkpoint_every == 0:
+            save_checkpoint(args.checkpoint_dir, step, model, optimizer)
+            saved_at = step
+    if args.checkpoint_path is not None and not args.evaluate_only and saved_at != step:
+        save_checkpoint(args.checkpoint_dir, step, model, optimizer)
+
+    auc = evaluate(model, source, args.eval_batches) if args.eval_batches else None
+    if args.save_weights:
+        save_weights(args.save_weights, model)
+    if rank == 0:
+        say(f"final step {step}" + (f" auc {auc:.4f}" if auc is not None else ""))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
