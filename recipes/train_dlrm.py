@@ -71,13 +71,13 @@ PRESETS = {
 def build_parser() -> argparse.ArgumentParser:
     """The recipe's command line."""
     parser = argparse.ArgumentParser(description="Train TorchRec's DLRM, sharded by TorchRec's planner.")
-    parser.add_argument("--data", default=None, help="Criteo TSV file/dir or npy dir; omit for synthetic data")
+    parser.add_argument("--data", default=None, help="Criteo TSV file/dir or npy dir; omit (or '') for synthetic data")
     parser.add_argument("--preset", default="smoke", choices=sorted(PRESETS), help="table and layer sizes")
     parser.add_argument("--steps", type=int, default=100, help="training steps in all (a resumed run counts on)")
-    parser.add_argument("--batch-size", type=int, default=None, help="samples per rank per step (default: preset)")
+    parser.add_argument("--batch-size", type=int, default=0, help="samples per rank per step (0: the preset's)")
     parser.add_argument("--learning-rate", type=float, default=0.05, help="embedding and dense learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the synthetic data")
-    parser.add_argument("--checkpoint-path", default=None, help="checkpoint directory (local path or file:// URI)")
+    parser.add_argument("--checkpoint-path", default=None, help="checkpoint directory (local path or file:// URI); omit for none")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps (0: only at the end)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     parser.add_argument("--eval-batches", type=int, default=4, help="held-out batches per rank for the AUC")
@@ -92,12 +92,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parses and checks ``argv``; errors name the bad argument."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    for name in ("steps", "checkpoint_every", "eval_batches"):
+    for name in ("data", "checkpoint_path", "save_weights"):  # '' (as torchx passes "unset") is None
+        setattr(args, name, getattr(args, name) or None)
+    for name in ("steps", "batch_size", "checkpoint_every", "eval_batches"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    for name in ("batch_size", "log_every"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.log_every < 1:
+        parser.error(f"--log-every must be >= 1, got {args.log_every}")
     for flag, given in (("--resume", args.resume), ("--evaluate-only", args.evaluate_only),
                         ("--checkpoint-every", args.checkpoint_every > 0)):  # fmt: skip
         if given and args.checkpoint_path is None:
