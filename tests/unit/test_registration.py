@@ -1,0 +1,94 @@
+"""``torchrec_het.install()`` / ``uninstall()``: explicit, complete, reversible; nothing on import."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torchrec.distributed.model_parallel as model_parallel
+import torchrec.distributed.planner as planner_package
+import torchrec.distributed.sharding_plan as sharding_plan
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import Topology
+
+import torchrec_het
+from torchrec_het.planner import HetEmbeddingShardingPlanner, zipf_shares
+from torchrec_het.replication.profile import AccessProfile, save_profile
+from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
+
+STOCK_PLANNER = planner_package.EmbeddingShardingPlanner
+STOCK_DEFAULTS = sharding_plan.get_default_sharders
+
+
+@pytest.fixture(autouse=True)
+def always_uninstall():
+    yield
+    torchrec_het.uninstall()
+
+
+def test_importing_the_package_changes_nothing() -> None:
+    code = (
+        "import torchrec_het, torchrec_het.sharders, torchrec_het.planner, torchrec_het.bench.configs\n"
+        "import torchrec.distributed.planner as p\n"
+        "from torchrec.distributed.model_parallel import get_default_sharders\n"
+        "from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder\n"
+        "assert p.EmbeddingShardingPlanner.__module__ == 'torchrec.distributed.planner.planners'\n"
+        "assert type(get_default_sharders()[0]) is EmbeddingBagCollectionSharder\n"
+        "print('unchanged')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "unchanged" in run.stdout, run.stderr[-2000:]
+
+
+def test_install_swaps_the_sharders_and_the_planner_and_uninstall_restores_them() -> None:
+    stock_types = [type(s) for s in model_parallel.get_default_sharders()]
+    torchrec_het.install()
+    swapped = [type(s) for s in model_parallel.get_default_sharders()]
+    assert swapped[stock_types.index(EmbeddingBagCollectionSharder)] is HetEmbeddingBagCollectionSharder
+    assert swapped[stock_types.index(EmbeddingCollectionSharder)] is HetEmbeddingCollectionSharder
+    assert [t for t in swapped if t not in (HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder)] == [
+        t for t in stock_types if t not in (EmbeddingBagCollectionSharder, EmbeddingCollectionSharder)
+    ]
+    for home in (planner_package, model_parallel):
+        assert home.EmbeddingShardingPlanner is HetEmbeddingShardingPlanner
+    torchrec_het.install()  # again: still one layer deep
+    torchrec_het.uninstall()
+    assert [type(s) for s in model_parallel.get_default_sharders()] == stock_types
+    assert sharding_plan.get_default_sharders is STOCK_DEFAULTS
+    assert planner_package.EmbeddingShardingPlanner is STOCK_PLANNER
+    assert model_parallel.EmbeddingShardingPlanner is STOCK_PLANNER
+    torchrec_het.uninstall()  # a no-op when not installed
+
+
+def test_a_stock_looking_planner_plans_plugin_types_after_install(tmp_path, monkeypatch) -> None:
+    sizes = {"a": 100_000, "b": 50_000}
+    tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=32, num_embeddings=r) for n, r in sizes.items()]
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    counts = tuple((zipf_shares(r, 1.1) * 512 * 4).floor().long() for r in sizes.values())
+    path = str(tmp_path / "profile.pt")
+    save_profile(AccessProfile(tuple(sizes), tuple(sizes.values()), counts, 4), path)
+    monkeypatch.setenv("TORCHREC_HET_PROFILE", path)  # how the launcher passes a profile
+
+    def plan_like_a_trainer() -> set[str]:
+        planner = planner_package.EmbeddingShardingPlanner(
+            topology=Topology(world_size=8, local_world_size=4, compute_device="cpu"), batch_size=512
+        )
+        plan = planner.plan(ebc, model_parallel.get_default_sharders())
+        return {p.sharding_type for p in plan.plan[""].values()}
+
+    assert not plan_like_a_trainer() & {"het_row_replicated", "het_cached_row_wise"}
+    torchrec_het.install()
+    assert "het_row_replicated" in plan_like_a_trainer()
+    torchrec_het.uninstall()
+    assert not plan_like_a_trainer() & {"het_row_replicated", "het_cached_row_wise"}
+
+
+def test_a_bad_profile_path_fails_install_and_leaves_torchrec_unchanged(tmp_path) -> None:
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a profile")
+    with pytest.raises(ValueError, match="bad.pt"):
+        torchrec_het.install(profile=str(bad))
+    assert planner_package.EmbeddingShardingPlanner is STOCK_PLANNER
+    assert type(model_parallel.get_default_sharders()[0]) is EmbeddingBagCollectionSharder

@@ -1,0 +1,124 @@
+"""How often each row of a table is read per training step: from a profile, or a stated skew.
+
+The planner prices the plugin's types from these reads, and the row-replicated sharder
+takes its hot rows from the same rule (:class:`ProfileTiers`), so what the planner
+sized is what gets built.
+
+Profile semantics: ``AccessProfile.counts / batches`` are reads per batch of *one* rank
+(what ``python -m torchrec_het.profile`` counts); a training step reads
+``world_size`` such batches.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from torchrec_het.replication.profile import AccessProfile
+from torchrec_het.replication.tiers import TableTiers
+
+DEFAULT_ALPHA = 1.05  # the stated skew when nothing was measured (Criteo's large tables are near Zipf 1)
+
+
+@dataclass(frozen=True)
+class TableReads:
+    """Reads per step of one table's rows, hottest first.
+
+    Attributes:
+        rows: row ids, hottest first (None under the skew model, where row identities are unknown).
+        reads: float64 reads per step of each of those rows.
+    """
+
+    rows: torch.Tensor | None
+    reads: torch.Tensor
+
+    @property
+    def total(self) -> float:
+        return float(self.reads.sum())
+
+
+@dataclass(frozen=True)
+class AccessModel:
+    """Where the planner's reads come from.
+
+    Attributes:
+        profile: measured counts (preferred), or None.
+        alpha: Zipf exponent assumed for tables the profile lacks.
+    """
+
+    profile: AccessProfile | None = None
+    alpha: float = DEFAULT_ALPHA
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+
+    def measured(self, table: str) -> bool:
+        return self.profile is not None and table in self.profile.tables
+
+    def reads(self, table: str, num_rows: int, reads_per_step: float, world_size: int) -> TableReads:
+        """Reads per step of ``table``'s rows, hottest first.
+
+        Args:
+            num_rows: the table's rows.
+            reads_per_step: ids of the table in one step over all ranks (the skew model's
+                total; a profile brings its own).
+            world_size: ranks whose batches make one step.
+
+        Raises:
+            ValueError: the profile's row count of the table differs from ``num_rows``.
+        """
+        if self.measured(table):
+            rows = self.profile.num_rows[self.profile.tables.index(table)]
+            if rows != num_rows:
+                raise ValueError(f"table {table!r} has {rows} rows in the profile but {num_rows} in the model")
+            counts = self.profile.table_counts(table)
+            order = torch.sort(counts, descending=True, stable=True).indices
+            scale = world_size / max(self.profile.batches, 1)
+            return TableReads(order, counts[order].double() * scale)
+        return TableReads(None, zipf_shares(num_rows, self.alpha) * reads_per_step)
+
+
+def zipf_shares(num_rows: int, alpha: float) -> torch.Tensor:
+    """P(rank k) proportional to (k + 1) ** -alpha, float64 ``[num_rows]``, summing to 1."""
+    weights = torch.arange(1, num_rows + 1, dtype=torch.float64).pow(-alpha)
+    return weights / weights.sum()
+
+
+def hot_row_count(reads: torch.Tensor, min_reads_per_step: float, max_hot_fraction: float) -> int:
+    """Rows (hottest first) read at least ``min_reads_per_step`` times a step, at most
+    ``max_hot_fraction`` of the table (the rule both the planner and :class:`ProfileTiers` use)."""
+    count = int((reads >= min_reads_per_step).sum()) if reads.numel() else 0
+    return min(count, math.floor(max_hot_fraction * reads.numel()))
+
+
+class ProfileTiers:
+    """Hot rows of every profiled table, by :func:`hot_row_count` (a ``ReplicationConfig.tiers``).
+
+    Args:
+        profile: the measured counts.
+        world_size: ranks of the training job (None: torch.distributed's world size when first read).
+        replica_sync_every: the replicas' sync interval s: rows read at least once per s steps are hot.
+        max_hot_fraction: at most this share of a table's rows is hot.
+    """
+
+    def __init__(self, profile: AccessProfile, world_size: int | None = None, replica_sync_every: int = 1, max_hot_fraction: float = 0.5):
+        self.profile, self.world_size = profile, world_size
+        self.min_reads_per_step, self.max_hot_fraction = 1.0 / replica_sync_every, max_hot_fraction
+        self._tables: dict[str, TableTiers] | None = None
+
+    @property
+    def tables(self) -> dict[str, TableTiers]:
+        if self._tables is None:
+            model = AccessModel(self.profile)
+            if self.world_size is None:
+                import torch.distributed as dist
+
+                self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+            tables = {}
+            for name, rows in zip(self.profile.tables, self.profile.num_rows):
+                reads = model.reads(name, rows, 0.0, self.world_size)
+                hot = reads.rows[: hot_row_count(reads.reads, self.min_reads_per_step, self.max_hot_fraction)]
+                tables[name] = TableTiers(name, rows, torch.sort(hot).values, torch.zeros(0, dtype=torch.int64))
+            self._tables = tables
+        return self._tables

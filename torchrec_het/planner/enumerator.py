@@ -1,0 +1,133 @@
+"""An enumerator that offers the plugin's sharding types beside TorchRec's own.
+
+TorchRec's enumerator rejects sharding-type strings it does not know (shard sizes,
+partition kind). The plugin's types shard rows exactly as ``row_wise`` does (every rank
+owns a contiguous row range; replicas and cache slots come on top), so
+:class:`HetEmbeddingEnumerator` lets TorchRec enumerate with ``row_wise`` standing in for
+them, then turns each stand-in option into one option per plugin type the sharder offers
+and the table's constraints allow, and prices those with the plugin's estimators. Tables
+whose sharder or constraints do not allow ``row_wise`` itself lose the stand-ins.
+"""
+
+import copy
+import dataclasses
+
+from torch import nn
+from torchrec.distributed.planner.constants import BATCH_SIZE
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Topology
+from torchrec.distributed.planner.utils import sharder_name
+from torchrec.distributed.types import ModuleSharder, ShardingType
+
+from torchrec_het.planner.estimators import HetPerfEstimator, HetStorageEstimator
+from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
+
+ROW_WISE = ShardingType.ROW_WISE.value
+
+
+class HetEmbeddingEnumerator(EmbeddingEnumerator):
+    """``EmbeddingEnumerator`` that also enumerates ``het_cached_row_wise`` and ``het_row_replicated``.
+
+    Args:
+        topology, batch_size, constraints, use_exact_enumerate_order: as TorchRec's.
+        estimator: estimators; default the plugin's perf and storage estimators (which
+            delegate TorchRec's types to TorchRec's estimators).
+        pricing: the plugin's settings and reads per row (profile or skew).
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        batch_size: int = BATCH_SIZE,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        estimator=None,
+        use_exact_enumerate_order: bool | None = False,
+        pricing: PluginPricing | None = None,
+    ) -> None:
+        self.pricing = pricing or PluginPricing()
+        if estimator is None:
+            estimator = [
+                HetPerfEstimator(topology, constraints, self.pricing),
+                HetStorageEstimator(topology, constraints, self.pricing),
+            ]
+        super().__init__(topology, batch_size, constraints, estimator, use_exact_enumerate_order)
+
+    def enumerate(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> list[ShardingOption]:
+        offered = {sharder_name(s.module_type): _plugin_types(s, self._compute_device) for s in sharders}
+        if not any(offered.values()):
+            return super().enumerate(module, sharders)
+        by_key = {sharder_name(s.module_type): s for s in sharders}
+        constraints = self._constraints
+        self._constraints = _with_row_wise_for_plugin(constraints)
+        try:
+            options = super().enumerate(module, [_row_wise_stand_in(s, self._compute_device) for s in sharders])
+        finally:
+            self._constraints = constraints
+        self._sharder_map = by_key
+        out, added = [], []
+        for option in options:
+            key = option.module_type_key
+            if option.sharding_type != ROW_WISE or not offered.get(key):
+                out.append(option)
+                continue
+            sharder = by_key[key]
+            if self._allows(option.name, ROW_WISE, sharder):
+                out.append(option)
+            for sharding_type in offered[key]:
+                if not (self._allows(option.name, sharding_type, sharder) and self.pricing.offers(sharding_type, option.name)):
+                    continue
+                if option.compute_kernel not in sharder.compute_kernels(sharding_type, self._compute_device):
+                    continue
+                twin = copy.deepcopy(option)
+                twin.sharding_type = sharding_type
+                added.append(twin)
+        if added:
+            for shard in (s for o in added for s in o.shards):
+                shard.perf = shard.storage = None
+            self.populate_estimates(added)
+        kept = {o.name for o in out + added}
+        for option in options:
+            if option.name not in kept:
+                raise ValueError(
+                    f"table {option.name!r}: no sharding type is left for it; its constraints allow "
+                    f"{self._constraints[option.name].sharding_types}, and het_row_replicated needs measured "
+                    "reads of the table (a profile naming it) to choose its hot rows"
+                )
+        return out + added
+
+    def _allows(self, name: str, sharding_type: str, sharder: ModuleSharder) -> bool:
+        """Whether the sharder offers ``sharding_type`` and the table's constraints (if any) allow it."""
+        if sharding_type not in sharder.sharding_types(self._compute_device):
+            return False
+        allowed = self._constraints.get(name).sharding_types if self._constraints and name in self._constraints else None
+        return not allowed or sharding_type in allowed
+
+
+def _plugin_types(sharder: ModuleSharder, device: str) -> list[str]:
+    return [t for t in sharder.sharding_types(device) if t in PLUGIN_TYPES]
+
+
+def _row_wise_stand_in(sharder: ModuleSharder, device: str) -> ModuleSharder:
+    """A shallow copy of ``sharder`` that offers ``row_wise`` in place of the plugin's types."""
+    types = [t for t in sharder.sharding_types(device) if t not in PLUGIN_TYPES]
+    if len(types) == len(sharder.sharding_types(device)):
+        return sharder
+    if ROW_WISE not in types:
+        types.append(ROW_WISE)
+    stand_in = copy.copy(sharder)
+    stand_in.sharding_types = lambda compute_device_type: list(types)  # instance attribute shadows the method
+    return stand_in
+
+
+def _with_row_wise_for_plugin(constraints: dict[str, ParameterConstraints] | None):
+    """Constraints in which a table allowed a plugin type is allowed ``row_wise`` (its stand-in)."""
+    if not constraints:
+        return constraints
+    out = {}
+    for name, c in constraints.items():
+        types = c.sharding_types
+        if types and any(t in PLUGIN_TYPES for t in types):
+            kept = [t for t in types if t not in PLUGIN_TYPES]
+            c = dataclasses.replace(c, sharding_types=kept + ([ROW_WISE] if ROW_WISE not in kept else []))
+        out[name] = c
+    return out

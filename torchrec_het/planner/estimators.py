@@ -1,0 +1,100 @@
+"""Perf and storage estimators that price the plugin's types and hand every other type to TorchRec.
+
+A plugin option is first priced by TorchRec as the row_wise option it is built on (same
+shards, same lookup work); then its communication is replaced by the plugin's expected
+bytes (:mod:`torchrec_het.planner.traffic`) over the topology's bandwidth, and its storage
+grows by the rows each rank keeps beyond its shard (replicas or cache slots).
+"""
+
+import copy
+
+from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
+from torchrec.distributed.planner.types import CollectiveType, Perf, ShardingOption, Storage, Topology
+from torchrec.distributed.types import ShardingType
+
+from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
+from torchrec_het.replication.tiers import bytes_per_row
+
+DEFAULT_OPTIMIZER = "exact_row_wise_adagrad"
+
+
+def split_plugin(options: list[ShardingOption]) -> tuple[list[ShardingOption], list[ShardingOption]]:
+    """(stock options, plugin options)."""
+    return [o for o in options if o.sharding_type not in PLUGIN_TYPES], [o for o in options if o.sharding_type in PLUGIN_TYPES]
+
+
+def as_row_wise(option: ShardingOption) -> ShardingOption:
+    twin = copy.deepcopy(option)
+    twin.sharding_type = ShardingType.ROW_WISE.value
+    return twin
+
+
+def estimate_with_twins(stock_estimate, options: list[ShardingOption], sharder_data_map):
+    """Runs TorchRec's ``stock_estimate`` on the stock options and on a row_wise twin of each
+    plugin option; returns ``[(plugin option, estimated twin)]``."""
+    stock, plugin = split_plugin(options)
+    if stock:
+        stock_estimate(stock, sharder_data_map)
+    twins = [as_row_wise(o) for o in plugin]
+    if twins:
+        stock_estimate(twins, sharder_data_map)
+    return list(zip(plugin, twins))
+
+
+class HetPerfEstimator(EmbeddingPerfEstimator):
+    """TorchRec's perf estimator, plus the plugin's types.
+
+    Args:
+        topology: the planner's topology.
+        constraints: per-table constraints.
+        pricing: the plugin's settings and reads per row.
+    """
+
+    def __init__(self, topology: Topology, constraints=None, pricing: PluginPricing | None = None, is_inference: bool = False):
+        super().__init__(topology, constraints, is_inference=is_inference)
+        self.pricing = pricing or PluginPricing()
+
+    def estimate(self, sharding_options: list[ShardingOption], sharder_data_map=None) -> None:
+        pairs = estimate_with_twins(super().estimate, sharding_options, sharder_data_map)
+        ws = self._topology.world_size
+        bandwidth = self._topology.comms_bandwidths.get_bw(
+            self._topology.local_world_size, ws, CollectiveType.ALL_TO_ALL
+        )
+        for option, twin in pairs:
+            traffic = self.pricing.bytes(option, self.pricing.load(option, ws))
+            per_rank = 1.0 / (ws * bandwidth)
+            for shard, base in zip(option.shards, twin.shards):
+                shard.perf = Perf(
+                    fwd_compute=base.perf.fwd_compute,
+                    fwd_comms=traffic.forward * per_rank,
+                    bwd_compute=base.perf.bwd_compute,
+                    bwd_comms=(traffic.backward + traffic.sync) * per_rank,
+                    prefetch_compute=base.perf.prefetch_compute,
+                )
+
+
+class HetStorageEstimator(EmbeddingStorageEstimator):
+    """TorchRec's storage estimator, plus the plugin's types (shard + replicas or cache per rank).
+
+    Args:
+        topology: the planner's topology.
+        constraints: per-table constraints.
+        pricing: the plugin's settings and reads per row.
+    """
+
+    def __init__(self, topology: Topology, constraints=None, pricing: PluginPricing | None = None, **kwargs):
+        super().__init__(topology, constraints, **kwargs)
+        self.pricing = pricing or PluginPricing()
+
+    def estimate(self, sharding_options: list[ShardingOption], sharder_data_map=None) -> None:
+        pairs = estimate_with_twins(super().estimate, sharding_options, sharder_data_map)
+        ws = self._topology.world_size
+        on_device = self._topology.compute_device in ("cuda", "mtia")
+        for option, twin in pairs:
+            data = (sharder_data_map or {}).get(option.module_type_key)
+            optimizer = (data.fused_params if data else {}).get("optimizer", DEFAULT_OPTIMIZER)
+            row_bytes = bytes_per_row(option.tensor.shape[1], optimizer)
+            extra = self.pricing.extra_rows(option, self.pricing.load(option, ws)) * row_bytes
+            more = Storage(hbm=extra, ddr=0) if on_device else Storage(hbm=0, ddr=extra)
+            for shard, base in zip(option.shards, twin.shards):
+                shard.storage = base.storage + more

@@ -1,0 +1,57 @@
+"""``EmbeddingStats`` that can print the plugin's sharding types.
+
+TorchRec's stats table abbreviates sharding types through a private lookup that rejects
+types it does not know; :class:`HetEmbeddingStats` extends that lookup for the duration of
+its own ``log`` call only (restored afterwards, also on error) and adds a legend. Input
+and output sizes of a plugin option are shown as those of its row_wise twin.
+"""
+
+import logging
+from contextlib import contextmanager
+
+import torchrec.distributed.planner.stats as _stats
+from torchrec.distributed.planner.stats import EmbeddingStats
+
+from torchrec_het.planner.estimators import as_row_wise
+from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
+
+ABBREVIATIONS = {HET_CACHED_ROW_WISE: "HC", HET_ROW_REPLICATED: "HR"}
+logger = logging.getLogger(__name__)
+
+
+def sharding_type_abbreviation(sharding_type: str) -> str:
+    """The stats table's short name of a sharding type, the plugin's included."""
+    return ABBREVIATIONS.get(sharding_type) or _stock_abbreviation(sharding_type)
+
+
+_stock_abbreviation = _stats._get_sharding_type_abbr
+
+
+@contextmanager
+def plugin_abbreviations():
+    original = _stats._get_sharding_type_abbr
+    _stats._get_sharding_type_abbr = sharding_type_abbreviation
+    try:
+        yield
+    finally:
+        _stats._get_sharding_type_abbr = original
+
+
+class HetEmbeddingStats(EmbeddingStats):
+    """TorchRec's planner stats table, with ``HC`` (het_cached_row_wise) and ``HR`` (het_row_replicated)."""
+
+    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans, run_time,
+            best_plan, constraints=None, sharders=None, enumerator=None, debug=True, debug_stats=None) -> None:  # fmt: skip
+        with plugin_abbreviations():
+            super().log(
+                sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans, run_time,
+                best_plan, constraints, sharders, enumerator, debug, debug_stats,
+            )
+        used = sorted({o.sharding_type for o in best_plan} & set(ABBREVIATIONS))
+        if used:
+            logger.info("torchrec_het sharding types: %s", ", ".join(f"{ABBREVIATIONS[t]} = {t}" for t in used))
+
+    def _get_shard_stats(self, shard, sharding_option, world_size, local_world_size, constraints=None):
+        if sharding_option.sharding_type in ABBREVIATIONS:
+            sharding_option = as_row_wise(sharding_option)
+        return super()._get_shard_stats(shard, sharding_option, world_size, local_world_size, constraints)

@@ -1,0 +1,135 @@
+"""Opt-in registration of the plugin into TorchRec: ``install()`` / ``uninstall()`` (also ``torchrec_het.install()``).
+
+Nothing here runs on import. :func:`install` makes TorchRec's ``get_default_sharders()``
+return the plugin's EmbeddingBagCollection / EmbeddingCollection sharders (the rest of
+TorchRec's defaults unchanged) and makes a stock ``EmbeddingShardingPlanner(...)`` built
+without its own enumerator, performance model, partitioner or stats use the plugin's,
+so the planner can choose the plugin's sharding types. :func:`uninstall` puts every
+replaced attribute back. Every change is made here and nowhere else.
+
+Scripts that ran ``from torchrec.distributed.model_parallel import get_default_sharders``
+before ``install()`` keep the stock function: install first (``python -m torchrec_het.launch``
+does), then import the script.
+"""
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torchrec.distributed.model_parallel as _model_parallel
+import torchrec.distributed.planner as _planner_package
+import torchrec.distributed.planner.planners as _planners
+import torchrec.distributed.shard as _shard
+import torchrec.distributed.sharding_plan as _sharding_plan
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+from torchrec_het.config import HetCacheConfig
+from torchrec_het.planner.access import DEFAULT_ALPHA, AccessModel, ProfileTiers
+from torchrec_het.planner.pricing import PluginPricing
+from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.replication.profile import AccessProfile, load_profile
+
+# modules that bind ``get_default_sharders`` / ``EmbeddingShardingPlanner`` by name
+_SHARDER_HOMES = (_sharding_plan, _model_parallel, _shard, _planners)
+_PLANNER_HOMES = (_planner_package, _planners, _model_parallel, _shard)
+# settings ``install()`` reads when not given (the launcher passes them this way)
+ENV_PROFILE, ENV_ALPHA, ENV_SYNC = "TORCHREC_HET_PROFILE", "TORCHREC_HET_ALPHA", "TORCHREC_HET_REPLICA_SYNC_EVERY"
+
+
+@dataclass
+class _Installed:
+    cache: HetCacheConfig
+    replication: ReplicationConfig
+    pricing: PluginPricing
+    saved: list[tuple[object, str, object]] = field(default_factory=list)  # (owner, attribute, original)
+
+
+_state: _Installed | None = None
+
+
+def installed() -> bool:
+    """Whether :func:`install` is in effect."""
+    return _state is not None
+
+
+def install(
+    profile: AccessProfile | str | None = None,
+    alpha: float | None = None,
+    cache: HetCacheConfig | None = None,
+    replica_sync_every: int | None = None,
+    max_hot_fraction: float = 0.5,
+) -> None:
+    """Registers the plugin with TorchRec until :func:`uninstall` (calling it again re-installs).
+
+    Args:
+        profile: row access counts (an ``AccessProfile`` or an iopath path of one, e.g. from
+            ``python -m torchrec_het.profile``); default ``$TORCHREC_HET_PROFILE``. It prices
+            the plugin's types and names the rows ``het_row_replicated`` replicates; without
+            one the planner offers only ``het_cached_row_wise``, priced by a Zipf skew.
+        alpha: the Zipf exponent assumed for tables without counts (default
+            ``$TORCHREC_HET_ALPHA`` or 1.05).
+        cache: settings of ``het_cached_row_wise`` tables (default ``HetCacheConfig()``).
+        replica_sync_every: replica sync interval of ``het_row_replicated`` tables (default
+            ``$TORCHREC_HET_REPLICA_SYNC_EVERY`` or 1, exact).
+        max_hot_fraction: at most this share of a table's rows is replicated.
+    """
+    global _state
+    uninstall()
+    if profile is None:
+        profile = os.environ.get(ENV_PROFILE) or None
+    if isinstance(profile, str):
+        profile = load_profile(profile)
+    alpha = float(os.environ.get(ENV_ALPHA, DEFAULT_ALPHA)) if alpha is None else alpha
+    sync = int(os.environ.get(ENV_SYNC, 1)) if replica_sync_every is None else replica_sync_every
+    cache = cache or HetCacheConfig()
+    pricing = PluginPricing(AccessModel(profile, alpha), cache, sync, max_hot_fraction)
+    tiers = ProfileTiers(profile, None, sync, max_hot_fraction) if profile is not None else None
+    state = _Installed(cache, ReplicationConfig(tiers=tiers, replica_sync_every=sync), pricing)
+    stock = _sharding_plan.get_default_sharders
+    plugin_sharders = _plugin_default_sharders(stock, state)
+    for home in _SHARDER_HOMES:
+        _replace(state, home, "get_default_sharders", plugin_sharders)
+    from torchrec_het.planner.planner import HetEmbeddingShardingPlanner
+
+    for home in _PLANNER_HOMES:
+        _replace(state, home, "EmbeddingShardingPlanner", HetEmbeddingShardingPlanner)
+    _state = state
+
+
+def installed_pricing() -> PluginPricing | None:
+    """The planner settings of the current installation, or None."""
+    return _state.pricing if _state is not None else None
+
+
+def uninstall() -> None:
+    """Restores everything :func:`install` replaced; a no-op when not installed."""
+    global _state
+    if _state is None:
+        return
+    for owner, attribute, original in reversed(_state.saved):
+        setattr(owner, attribute, original)
+    _state = None
+
+
+def _replace(state: _Installed, owner: object, attribute: str, replacement: object) -> None:
+    state.saved.append((owner, attribute, getattr(owner, attribute)))
+    setattr(owner, attribute, replacement)
+
+
+def _plugin_default_sharders(stock: Callable[[], list], state: _Installed) -> Callable[[], list]:
+    from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
+
+    def get_default_sharders() -> list:
+        """TorchRec's default sharders, with the EmbeddingBagCollection and EmbeddingCollection
+        sharders replaced by torchrec_het's (installed by ``torchrec_het.install()``)."""
+        out = []
+        for sharder in stock():
+            if type(sharder) is EmbeddingBagCollectionSharder:
+                sharder = HetEmbeddingBagCollectionSharder(cache=state.cache, replication=state.replication)
+            elif type(sharder) is EmbeddingCollectionSharder:
+                sharder = HetEmbeddingCollectionSharder(replication=state.replication)
+            out.append(sharder)
+        return out
+
+    return get_default_sharders
