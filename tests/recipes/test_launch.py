@@ -1,0 +1,75 @@
+"""``python -m torchrec_het.launch``: command-line parsing, the torchrun command it builds,
+and worker mode running a script with the plugin installed (one short process)."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from torchrec_het.launch import parse_command, torchrun_argv
+
+WORKER_SCRIPT = """
+import sys
+from torchrec.distributed.model_parallel import get_default_sharders
+import torchrec_het.registration
+print("argv", sys.argv[1:])
+print("name", __name__)
+print("installed", torchrec_het.registration.installed())
+print("sharders", sorted(type(sharder).__name__ for sharder in get_default_sharders()))
+"""
+
+
+def test_parse_splits_at_the_script_like_python() -> None:
+    command = parse_command(["--nproc-per-node", "2", "--max_restarts=1", "train.py", "--steps", "3", "-m", "x"])
+    assert (command.script, command.module, command.args) == ("train.py", None, ["--steps", "3", "-m", "x"])
+    assert command.options["nproc_per_node"] == 2 and command.options["max_restarts"] == 1
+    module = parse_command(["-m", "pkg.train", "--nproc-per-node", "4"])
+    assert (module.script, module.module, module.args) == (None, "pkg.train", ["--nproc-per-node", "4"])
+    assert module.options["nproc_per_node"] is None  # worker mode: the option was the module's
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [([], "no SCRIPT"), (["--steps", "3", "t.py"], "unknown launcher option '--steps'"),
+     (["--nproc-per-node", "two", "t.py"], "--nproc-per-node"), (["-m"], "-m")],
+)  # fmt: skip
+def test_bad_command_lines_name_the_argument(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as raised:
+        parse_command(argv)
+    assert raised.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_torchrun_runs_the_launcher_in_worker_mode_on_every_worker() -> None:
+    command = parse_command(["--nproc-per-node", "2", "--max-restarts", "3", "-m", "pkg.train", "--steps", "5"])
+    assert torchrun_argv(command) == [
+        "--nproc-per-node", "2", "--nnodes", "1", "--max-restarts", "3",
+        "-m", "torchrec_het.launch", "-m", "pkg.train", "--steps", "5",
+    ]  # fmt: skip
+    endpoint = torchrun_argv(parse_command(["--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", "h:29400", "t.py"]))
+    assert endpoint[endpoint.index("--rdzv-endpoint") + 1] == "h:29400" and "c10d" in endpoint
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_importing_changes_nothing(tmp_path: Path) -> None:
+    code = "import sys, torchrec_het, torchrec_het.launch; print(sorted(m for m in ('torch', 'torchrec_het.registration') if m in sys.modules))"
+    assert _run(["-c", code], tmp_path).stdout.strip() == "[]"
+
+
+def test_worker_mode_runs_the_script_as_main_with_the_plugin_installed(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(WORKER_SCRIPT))
+    done = _run(["-m", "torchrec_het.launch", str(script), "--steps", "3"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:3] == ["argv ['--steps', '3']", "name __main__", "installed True"]
+    assert "HetEmbeddingBagCollectionSharder" in lines[3]
+
+
+def test_missing_script_is_a_clear_error(tmp_path: Path) -> None:
+    done = _run(["-m", "torchrec_het.launch", "--nproc-per-node", "2", "no_such.py", "--steps", "1"], tmp_path)
+    assert done.returncode != 0 and "can't open SCRIPT 'no_such.py'" in done.stderr
