@@ -203,3 +203,18 @@ def test_stats_print_the_plugin_types(caplog) -> None:
     text = caplog.text
     assert "HR: " in text and "HC: " in text, text[-3000:]
     assert "HR = het_row_replicated" in text and "HC = het_cached_row_wise" in text
+
+
+def test_cpu_topologies_with_torchrec_default_bandwidths_are_priced_at_gloo_speeds() -> None:
+    from torchrec_het.planner.planner import CPU_INTER_HOST_BW, CPU_INTRA_HOST_BW, cpu_network
+
+    default = Topology(world_size=2, local_world_size=2, compute_device="cpu")
+    priced = cpu_network(default).comms_bandwidths
+    assert (priced.intra_host_bw, priced.inter_host_bw) == (CPU_INTRA_HOST_BW, CPU_INTER_HOST_BW)
+    assert default.comms_bandwidths.intra_host_bw != CPU_INTRA_HOST_BW  # the caller's topology is not changed
+    given = Topology(world_size=2, local_world_size=2, compute_device="cpu", intra_host_bw=5e5)
+    assert cpu_network(given) is given
+    gpu = Topology(world_size=2, local_world_size=2, compute_device="cuda")
+    assert cpu_network(gpu) is gpu
+    # at gloo speeds the plugin's types win on 2 ranks; TorchRec's NVLink figures make communication free
+    assert {t for t, _ in _plan(2, 2).values()} <= {"het_row_replicated", "het_cached_row_wise"}

@@ -1,10 +1,19 @@
 """``EmbeddingShardingPlanner`` with the plugin's enumerator and stats as defaults."""
 
-from torchrec.distributed.planner import EmbeddingShardingPlanner
+import copy
+
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.constants import CROSS_NODE_BANDWIDTH, INTRA_NODE_BANDWIDTH
+from torchrec.distributed.planner.types import BasicCommsBandwidths
 
 from torchrec_het.planner.enumerator import HetEmbeddingEnumerator
 from torchrec_het.planner.pricing import PluginPricing
 from torchrec_het.planner.stats import HetEmbeddingStats
+
+# gloo over TCP, in TorchRec's unit (bytes per ms): ~2 GB/s between ranks of a host
+# (loopback), 10 Gbit/s Ethernet between hosts.
+CPU_INTRA_HOST_BW = 2e9 / 1e3
+CPU_INTER_HOST_BW = 10e9 / 8 / 1e3
 
 
 class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
@@ -12,12 +21,18 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     (:class:`HetEmbeddingEnumerator`) and prints them (:class:`HetEmbeddingStats`).
 
     Args:
-        pricing: the plugin's settings and reads per row (default: ``PluginPricing()``).
+        pricing: the plugin's settings and reads per row (default: what ``torchrec_het.install()``
+            was given, else ``PluginPricing()``).
+        cpu_bandwidths: on a CPU topology that carries TorchRec's default bandwidths (which
+            describe GPU interconnects), price communication at gloo-over-TCP speeds
+            (:func:`cpu_network`) instead.
         *args, **kwargs: as ``EmbeddingShardingPlanner``.
     """
 
-    def __init__(self, *args, pricing: PluginPricing | None = None, **kwargs) -> None:
+    def __init__(self, *args, pricing: PluginPricing | None = None, cpu_bandwidths: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if cpu_bandwidths:
+            self._topology = cpu_network(self._topology)
         if kwargs.get("enumerator") is None and (len(args) < 3 or args[2] is None):
             self._enumerator = HetEmbeddingEnumerator(
                 topology=self._topology, batch_size=self._batch_size, constraints=self._constraints,
@@ -25,6 +40,20 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             )
         if kwargs.get("stats") is None and (len(args) < 6 or args[5] is None):
             self._stats = [HetEmbeddingStats()]
+
+
+def cpu_network(topology: Topology) -> Topology:
+    """``topology`` with gloo-over-TCP bandwidths if it is a CPU topology with TorchRec's
+    default (GPU) bandwidths; otherwise ``topology`` itself."""
+    bandwidths = topology.comms_bandwidths
+    stock = isinstance(bandwidths, BasicCommsBandwidths) and (bandwidths.intra_host_bw, bandwidths.inter_host_bw) == (
+        INTRA_NODE_BANDWIDTH, CROSS_NODE_BANDWIDTH,
+    )
+    if topology.compute_device != "cpu" or not stock:
+        return topology
+    out = copy.copy(topology)
+    out._comms_bandwidths = BasicCommsBandwidths(intra_host_bw=CPU_INTRA_HOST_BW, inter_host_bw=CPU_INTER_HOST_BW)
+    return out
 
 
 def default_pricing() -> PluginPricing:
