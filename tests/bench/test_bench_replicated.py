@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-RUN = ["stock_table_wise", "rep_m100_s1", "rep_m125_s10", "seq_stock_row_wise", "seq_rep_m125_s1"]
+RUN = ["stock_table_wise", "rep_m100_s1", "rep_m125_s10", "seq_stock_row_wise", "seq_rep_m125_s1", "stock_planner", "planned"]
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,14 @@ def test_exact_replicas_train_like_stock_and_move_fewer_bytes(results: dict) -> 
         rep_bytes = rep["bytes_per_step"]["embedding_cross_rank"]
         base_bytes = base["bytes_per_step"]["embedding_cross_rank"]
         assert rep_bytes < base_bytes, (replicated, rep_bytes, base_bytes)
+
+
+def test_the_planned_configuration_picks_plugin_types_and_moves_fewer_bytes_than_the_stock_plan(results: dict) -> None:
+    planned, stock = results["planned"], results["stock_planner"]
+    assert set(planned["sharding_types"]) & {"het_row_replicated", "het_cached_row_wise"}, planned["sharding_types"]
+    assert not set(stock["sharding_types"]) & {"het_row_replicated", "het_cached_row_wise"}
+    assert planned["bytes_per_step"]["embedding_cross_rank"] < stock["bytes_per_step"]["embedding_cross_rank"]
+    assert abs(planned["auc"] - stock["auc"]) < 0.002, (planned["auc"], stock["auc"])  # exact settings
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,8 @@ class BenchConfig:
         make_sharders_for: builds the sharders from a
             :class:`~torchrec_het.bench.replicated_configs.ShardingContext` (the model, its
             tables, a sample of the training stream) instead of ``make_sharders``.
+        make_planner_for: builds the planner from the context and TorchRec's planner
+            arguments (``topology``, ``batch_size``, ...); None: a stock ``EmbeddingShardingPlanner``.
     """
 
     name: str
@@ -53,6 +55,7 @@ class BenchConfig:
     params: dict = field(default_factory=dict)
     make_plan: Callable | None = None
     make_sharders_for: Callable | None = None
+    make_planner_for: Callable | None = None
 
 
 def _force(sharding_type: str) -> ConstraintsFn:
@@ -182,4 +185,4 @@ def select(names: list[str] | None, preset: BenchPreset) -> list[BenchConfig]:
     return chosen
 
 # The plugin's own configurations register themselves beside the stock ones.
-from torchrec_het.bench import het_configs, replicated_configs  # noqa: E402,F401  (import this module: keep last)
+from torchrec_het.bench import het_configs, planned_configs, replicated_configs  # noqa: E402,F401  (keep last)

@@ -93,9 +93,11 @@ def shard_dlrm(
     local_world_size: int,
     seed: int = 0,
     sample=None,
+    link_bytes_per_s: float | None = None,
 ) -> ShardedModel:
     """Plans and shards a fresh DLRM for ``config`` on the default process group
-    (``sample``: returns this rank's sampled training batches, for configurations that profile)."""
+    (``sample``: returns this rank's sampled training batches, for configurations that profile;
+    ``link_bytes_per_s``: the run's network, for configurations that plan for it)."""
     check_embedding_optimizer(embedding_optimizer)
     train_model = build_dlrm(preset, feature_names, num_dense, seed)
     return shard_module(
@@ -110,6 +112,7 @@ def shard_dlrm(
         local_world_size=local_world_size,
         seed=seed,
         sample=sample,
+        link_bytes_per_s=link_bytes_per_s,
     )
 
 
@@ -132,6 +135,7 @@ def shard_module(
     seed: int = 0,
     sample=None,
     workload: str = "dlrm",
+    link_bytes_per_s: float | None = None,
 ) -> ShardedModel:
     """Shards ``train_model`` (tables on the meta device) as ``config`` says, the DLRM's way.
 
@@ -139,6 +143,7 @@ def shard_module(
     the rest Adagrad, both at ``learning_rate``; the planner (constrained per table by
     the configuration) or the configuration's own ``make_plan`` places the tables; every
     table then starts from the weights ``init_tables_by_row`` gives it.
+    ``link_bytes_per_s``: the network the run uses, for configurations that plan for it.
     """
     check_embedding_optimizer(embedding_optimizer)
     embedding_module = train_model.get_submodule(embedding_path)
@@ -147,25 +152,22 @@ def shard_module(
         embedding_module.parameters(),
         optimizer_kwargs={"lr": learning_rate},
     )
-    if config.make_sharders_for is not None:
-        from torchrec_het.bench.replicated_configs import ShardingContext
+    from torchrec_het.bench.replicated_configs import ShardingContext
 
-        sharders = config.make_sharders_for(
-            ShardingContext(
-                workload=workload,
-                train_model=train_model,
-                embedding_path=embedding_path,
-                tables=list(tables),
-                world_size=dist.get_world_size(),
-                local_world_size=local_world_size,
-                batch_size=batch_size,
-                embedding_optimizer=embedding_optimizer,
-                sample=sample,
-            )
-        )
-    else:
-        sharders = config.make_sharders()
-    planner = EmbeddingShardingPlanner(
+    context = ShardingContext(
+        workload=workload,
+        train_model=train_model,
+        embedding_path=embedding_path,
+        tables=list(tables),
+        world_size=dist.get_world_size(),
+        local_world_size=local_world_size,
+        batch_size=batch_size,
+        embedding_optimizer=embedding_optimizer,
+        sample=sample,
+        link_bytes_per_s=link_bytes_per_s,
+    )
+    sharders = config.make_sharders_for(context) if config.make_sharders_for is not None else config.make_sharders()
+    planner_args = dict(
         topology=Topology(
             world_size=dist.get_world_size(),
             local_world_size=local_world_size,
@@ -175,6 +177,10 @@ def shard_module(
         storage_reservation=HeuristicalStorageReservation(percentage=0.05),
         constraints=config.make_constraints(tables, preset),
     )
+    if config.make_planner_for is not None:
+        planner = config.make_planner_for(context, **planner_args)
+    else:
+        planner = EmbeddingShardingPlanner(**planner_args)
     if config.make_plan is not None:
         module_plan = config.make_plan(embedding_module, tables, sharders[0], dist.get_world_size())
         plan = ShardingPlan({embedding_path: module_plan})

@@ -41,6 +41,7 @@ class ShardingContext:
     batch_size: int
     embedding_optimizer: str
     sample: Callable[[], list[KeyedJaggedTensor]]  # this rank's sampled training batches
+    link_bytes_per_s: float | None = None  # the run's network (None: TorchRec's default topology)
 
 
 def stream_profile(context: ShardingContext) -> AccessProfile:

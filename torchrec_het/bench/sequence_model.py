@@ -131,6 +131,7 @@ def shard_sequence(
     local_world_size: int,
     seed: int = 0,
     sample=None,
+    link_bytes_per_s: float | None = None,
 ) -> ShardedModel:
     """Plans and shards a fresh sequence model for ``config`` on the default process group
     (``sample``: returns this rank's sampled training batches, for configurations that profile)."""
@@ -151,4 +152,5 @@ def shard_sequence(
         seed=seed,
         sample=sample,
         workload="sequence",
+        link_bytes_per_s=link_bytes_per_s,
     )

@@ -51,16 +51,21 @@ def open_workload_source(workload: str, preset: BenchPreset, world_size: int, se
 
 
 def shard_workload(
-    config: BenchConfig, preset: BenchPreset, source, embedding_optimizer: str, local_world_size: int, seed: int
+    config: BenchConfig, preset: BenchPreset, source, embedding_optimizer: str, local_world_size: int, seed: int,
+    link_bytes_per_s: float | None = None,
 ) -> ShardedModel:
-    """A fresh model of ``config``'s workload, sharded as ``config`` says."""
+    """A fresh model of ``config``'s workload, sharded as ``config`` says (``link_bytes_per_s``:
+    the run's network, for configurations that plan for it)."""
     check_workload(config.workload)
     sample = _training_sample(source, preset)
     if config.workload == "sequence":
-        return shard_sequence(config, preset, embedding_optimizer, local_world_size, seed=seed, sample=sample)
+        return shard_sequence(
+            config, preset, embedding_optimizer, local_world_size, seed=seed, sample=sample,
+            link_bytes_per_s=link_bytes_per_s,
+        )
     return shard_dlrm(
         config, preset, source.feature_names, source.num_dense, embedding_optimizer, local_world_size, seed=seed,
-        sample=sample,
+        sample=sample, link_bytes_per_s=link_bytes_per_s,
     )
 
 
