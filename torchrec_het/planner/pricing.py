@@ -6,7 +6,7 @@ from torchrec.distributed.planner.types import ShardingOption
 
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.planner.access import AccessModel, hot_row_count
-from torchrec_het.planner.traffic import Bytes, TableLoad, cached_bytes, row_replicated_bytes
+from torchrec_het.planner.traffic import Bytes, TableLoad, cached_bytes, row_replicated_bytes, sequence_replicated_bytes
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 PLUGIN_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
@@ -54,7 +54,8 @@ class PluginPricing:
 
     def bytes(self, option: ShardingOption, load: TableLoad) -> Bytes:
         if option.sharding_type == HET_ROW_REPLICATED:
-            return row_replicated_bytes(load, self.hot_rows(load), self.replica_sync_every)
+            traffic = row_replicated_bytes if option.is_pooled else sequence_replicated_bytes
+            return traffic(load, self.hot_rows(load), self.replica_sync_every)
         settings = self.cache.for_table(option.name)
         capacity = settings.capacity_rows(option.tensor.shape[0])
         return cached_bytes(load, capacity, settings.s_read, settings.s_write, settings.protocol)

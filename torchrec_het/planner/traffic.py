@@ -9,6 +9,10 @@ for one table, from its rows' reads per step (:mod:`torchrec_het.planner.access`
   backward: one gradient per partial, and the replicated rows' gradients combined over
   ranks every ``sync_every`` steps: a sparse all-gather of the touched rows or a dense
   all-reduce of the hot block, whichever is smaller.
+``het_row_replicated`` for sequences (EmbeddingCollection, unpooled)
+  each rank asks every remote server once per distinct cold row it needs (id, 8 bytes)
+  and gets the row back; the backward sends one summed gradient per such row; replicated
+  rows sync as for bags.
 ``het_cached_row_wise`` (HET cache of remote rows)
   a remote read that finds its row in the cache within the read bound costs the id and
   version (16 bytes, ``het`` protocol) or nothing (``lease``); a miss also brings the
@@ -83,6 +87,15 @@ def row_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1) ->
     sparse = ws * touched * (dim * FLOAT + FLOAT + ID) * (ws - 1)
     dense = ws * hot_rows * (dim + 1) * FLOAT * 2 * (ws - 1) / ws
     return Bytes(forward, backward, min(sparse, dense) / window)
+
+
+def sequence_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1) -> Bytes:
+    """``het_row_replicated`` for an EmbeddingCollection: distinct cold rows fetched, not partials."""
+    ws, dim = load.world_size, load.dim
+    cold = load.reads[hot_rows:]
+    fetched = float((1.0 - torch.exp(-cold / ws)).sum()) * ws * load.remote  # distinct rows per rank, summed
+    pooled = row_replicated_bytes(load, hot_rows, sync_every)  # for its sync term
+    return Bytes(fetched * (ID + dim * FLOAT), fetched * (ID + dim * FLOAT), pooled.sync)
 
 
 def cached_bytes(load: TableLoad, capacity_rows: int, s_read: int, s_write: int, protocol: str = "het") -> Bytes:
