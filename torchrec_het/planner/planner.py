@@ -1,6 +1,7 @@
 """``EmbeddingShardingPlanner`` with the plugin's enumerator and stats as defaults."""
 
 import copy
+import inspect
 
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.constants import CROSS_NODE_BANDWIDTH, INTRA_NODE_BANDWIDTH
@@ -31,14 +32,15 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
 
     def __init__(self, *args, pricing: PluginPricing | None = None, cpu_bandwidths: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        given = inspect.signature(EmbeddingShardingPlanner.__init__).bind(self, *args, **kwargs).arguments
         if cpu_bandwidths:
             self._topology = cpu_network(self._topology)
-        if kwargs.get("enumerator") is None and (len(args) < 3 or args[2] is None):
+        if given.get("enumerator") is None:
             self._enumerator = HetEmbeddingEnumerator(
                 topology=self._topology, batch_size=self._batch_size, constraints=self._constraints,
                 pricing=pricing or default_pricing(),
             )
-        if kwargs.get("stats") is None and (len(args) < 6 or args[5] is None):
+        if given.get("stats") is None:
             self._stats = [HetEmbeddingStats()]
 
 
