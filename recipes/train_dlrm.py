@@ -308,6 +308,21 @@ def init_distributed() -> None:
     dist.init_process_group("gloo")
 
 
+def restore(args: argparse.Namespace, model, optimizer) -> int:
+    """Loads the newest complete checkpoint, if any (``--evaluate-only`` needs one); returns its step."""
+    found = latest_checkpoint(args.checkpoint_dir)
+    if found is None:
+        if args.evaluate_only:
+            raise SystemExit(f"--evaluate-only: no complete checkpoint under {args.checkpoint_path}")
+        if dist.get_rank() == 0:
+            say(f"no checkpoint under {args.checkpoint_path}; starting at step 0")
+        return 0
+    step = load_checkpoint(found[1], model, optimizer)
+    if dist.get_rank() == 0:
+        say(f"loaded checkpoint step {step} {found[1]}")
+    return step
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     init_distributed()
@@ -322,19 +337,8 @@ def main(argv: list[str] | None = None) -> None:
     train_model = build_model(preset, source.feature_names, source.num_dense)
     model, optimizer = shard(train_model, batch_size, args.learning_rate, args.print_plan)
 
-    step = 0
-    if args.resume or args.evaluate_only:
-        found = latest_checkpoint(args.checkpoint_dir)
-        if found is None and args.evaluate_only:
-            raise SystemExit(f"--evaluate-only: no complete checkpoint under {args.checkpoint_path}")
-        if found is not None:
-            step = load_checkpoint(found[1], model, optimizer)
-            if rank == 0:
-                say(f"loaded checkpoint step {step} {found[1]}")
-        elif rank == 0:
-            say(f"no checkpoint under {args.checkpoint_path}; starting at step 0")
-
-    saved_at = step if args.resume or args.evaluate_only else None
+    step = restore(args, model, optimizer) if args.resume or args.evaluate_only else 0
+    saved_at = step
     while not args.evaluate_only and step < args.steps:
         loss = train_step(model, optimizer, source.batch(step, rank, "train"))
         step += 1

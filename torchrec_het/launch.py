@@ -13,7 +13,9 @@ Launcher mode (``--nproc-per-node N``): starts torch's elastic launcher (torchru
 in this process with ``-m torchrec_het.launch SCRIPT ARGS`` as every worker's command,
 so each worker runs in worker mode. ``--max-restarts R`` lets torchrun restart all
 workers up to R times when one fails; a script that resumes from its newest
-checkpoint then goes on from there.
+checkpoint then goes on from there. With restarts, every attempt gets a rendezvous store
+of its own (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless set): torchrun's shared store
+keeps the dead attempt's addresses, which restarted gloo/NCCL groups may connect to.
 """
 
 import argparse
@@ -24,6 +26,7 @@ import sys
 from dataclasses import dataclass
 
 PROG = "python -m torchrec_het.launch"
+SHARE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 # launcher options: name -> (type, help); every one takes a value
 _OPTIONS: dict[str, tuple[type, str]] = {
@@ -150,6 +153,13 @@ def run_launcher(command: Command) -> int:
         _require_module(command.module)
     else:
         _require_script(command.script)
+
+    if command.options["max_restarts"]:
+        # torchrun shares its rendezvous TCPStore with the workers by default and keeps it
+        # across restarts, so restarted workers can read the dead attempt's gloo/NCCL
+        # addresses and fail to connect (pytorch/pytorch#135712, #167288). A store per
+        # attempt (hosted by worker rank 0) avoids that.
+        os.environ.setdefault(SHARE_STORE_ENV, "1")
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main

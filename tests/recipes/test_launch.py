@@ -1,6 +1,7 @@
 """``python -m torchrec_het.launch``: command-line parsing, the torchrun command it builds,
 and worker mode running a script with the plugin installed (one short process)."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -73,3 +74,15 @@ def test_worker_mode_runs_the_script_as_main_with_the_plugin_installed(tmp_path:
 def test_missing_script_is_a_clear_error(tmp_path: Path) -> None:
     done = _run(["-m", "torchrec_het.launch", "--nproc-per-node", "2", "no_such.py", "--steps", "1"], tmp_path)
     assert done.returncode != 0 and "can't open SCRIPT 'no_such.py'" in done.stderr
+
+
+def test_restarts_get_a_store_per_attempt(monkeypatch) -> None:
+    import torch.distributed.run
+
+    from torchrec_het import launch
+
+    monkeypatch.setenv(launch.SHARE_STORE_ENV, "")  # restored (unset) after the test
+    monkeypatch.delenv(launch.SHARE_STORE_ENV)
+    monkeypatch.setattr(torch.distributed.run, "main", lambda argv: None)
+    assert launch.main(["--nproc-per-node", "2", "--max-restarts", "1", __file__]) == 0
+    assert os.environ[launch.SHARE_STORE_ENV] == "1"  # see pytorch/pytorch#135712
