@@ -6,7 +6,6 @@ its own ``log`` call only (restored afterwards, also on error) and adds a legend
 and output sizes of a plugin option are shown as those of its row_wise twin.
 """
 
-import logging
 from contextlib import contextmanager
 
 import torchrec.distributed.planner.stats as _stats
@@ -16,7 +15,7 @@ from torchrec_het.planner.estimators import as_row_wise
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 ABBREVIATIONS = {HET_CACHED_ROW_WISE: "HC", HET_ROW_REPLICATED: "HR"}
-logger = logging.getLogger(__name__)
+logger = _stats.logger  # the legend goes where TorchRec's table goes
 
 
 def sharding_type_abbreviation(sharding_type: str) -> str:

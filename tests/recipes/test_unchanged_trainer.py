@@ -1,0 +1,61 @@
+"""An unchanged TorchRec-style DLRM trainer (``recipes/train_dlrm.py``: stock planner,
+``get_default_sharders()``, nothing of the plugin) picks the plugin's sharding types up
+when started through ``python -m torchrec_het.launch``, and keeps TorchRec's without it."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = ["recipes/train_dlrm.py", "--preset", "smoke", "--steps", "2", "--eval-batches", "1", "--print-plan"]
+PLUGIN = {"het_row_replicated", "het_cached_row_wise"}
+
+
+def _run(argv: list[str], **env: str) -> str:
+    run = subprocess.run(
+        argv, cwd=REPO, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PYTHONWARNINGS="ignore", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **env),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    assert re.search(r"^final step 2 auc 0\.\d+$", run.stdout, re.M), run.stdout[-2000:]  # a finished training
+    return run.stdout
+
+
+def _planned_types(stdout: str) -> set[str]:
+    """Sharding types in the printed plan (``param | sharding type | compute kernel | ranks`` rows)."""
+    return set(re.findall(r"^t_cat_\d+\s+\|\s+(\w+)\s+\|", stdout, re.M))
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("profile") / "smoke.pt")
+    run = subprocess.run(
+        [sys.executable, "-m", "torchrec_het.profile", "--preset", "smoke", "--steps", "40", "--every", "4", "--out", path],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    return path
+
+
+def test_without_the_launcher_the_trainer_plans_stock_types() -> None:
+    stdout = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *RECIPE])
+    types = _planned_types(stdout)
+    assert types and not types & PLUGIN, types
+
+
+def test_through_the_launcher_the_trainer_plans_the_plugin_cache_without_a_profile() -> None:
+    stdout = _run([sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE])
+    assert _planned_types(stdout) == {"het_cached_row_wise"}, _planned_types(stdout)
+    assert "HC = het_cached_row_wise" in stdout and re.search(r"HC: 26\b", stdout)  # the planner's stats table
+
+
+def test_through_the_launcher_with_a_profile_the_trainer_plans_row_replication(profile: str) -> None:
+    stdout = _run(
+        [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE], TORCHREC_HET_PROFILE=profile
+    )
+    assert "het_row_replicated" in _planned_types(stdout), _planned_types(stdout)
+    assert "HR = het_row_replicated" in stdout
