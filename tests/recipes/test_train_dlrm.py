@@ -7,9 +7,11 @@ import math
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from torchrec_het.testing.launched import LaunchedRun, first_match
@@ -19,9 +21,9 @@ RECIPE = "recipes/train_dlrm.py"
 TIMEOUT_S = 240  # a loaded 2-core machine; a run takes ~10-25 s here
 
 
-def _launch(tmp_path: Path, name: str, launcher_args: list[str], recipe_args: list[str]) -> LaunchedRun:
+def _launch(tmp_path: Path, name: str, launcher_args: list[str], recipe_args: list[str], **env_extra: str) -> LaunchedRun:
     argv = [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *launcher_args, RECIPE]
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", **env_extra)
     return LaunchedRun([*argv, "--preset", "smoke", *recipe_args], REPO, tmp_path / f"{name}.stderr", env)
 
 
@@ -66,12 +68,25 @@ def test_train_with_checkpoints_then_evaluate_only(tmp_path: Path) -> None:
 STEPS, EVERY = 10, 3
 
 
-def test_killed_rank_is_restarted_and_resumes_from_last_checkpoint(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def smoke_profile(tmp_path_factory) -> str:
+    """Row reads of the smoke preset's data: with it the launched trainer plans het_row_replicated."""
+    path = str(tmp_path_factory.mktemp("profile") / "smoke.pt")
+    argv = [sys.executable, "-m", "torchrec_het.profile", "--preset", "smoke", "--steps", "40", "--every", "4", "--out", path]
+    run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return path
+
+
+@pytest.mark.parametrize("sharding_type", ["het_cached_row_wise", "het_row_replicated"])
+def test_killed_rank_is_restarted_and_resumes_from_last_checkpoint(tmp_path: Path, sharding_type: str, request) -> None:
+    """Caches are flushed into the checkpoint (HET) and replicas are rebuilt from it (row replication)."""
+    env = {"TORCHREC_HET_PROFILE": request.getfixturevalue("smoke_profile")} if sharding_type == "het_row_replicated" else {}
     common = ["--steps", str(STEPS), "--eval-batches", "0", "--resume"]
     run_a = _launch(
         tmp_path, "a", ["--max-restarts", "1"],
         [*common, "--checkpoint-path", str(tmp_path / "a"), "--checkpoint-every", str(EVERY),
-         "--save-weights", str(tmp_path / "a.pt")],
+         "--save-weights", str(tmp_path / "a.pt"), "--print-plan"], **env,
     )  # fmt: skip
     try:
         # kill rank 1 once a checkpoint is complete and training has gone on past it
@@ -85,6 +100,7 @@ def test_killed_rank_is_restarted_and_resumes_from_last_checkpoint(tmp_path: Pat
         lines = _finish(run_a)
     finally:
         run_a.kill()  # only if a wait failed
+    assert first_match(lines, rf"^t_cat_0\s+\|\s+{sharding_type}\s+\|"), "\n".join(lines[:40])
     assert first_match(lines, r"^worker rank 1 pid \d+ attempt 1$"), "torchrun did not restart the workers"
     assert not first_match(lines, r"^loaded checkpoint step 0 "), "\n".join(lines)
     loaded = first_match(lines, r"^loaded checkpoint step (\d+) ")
@@ -97,7 +113,7 @@ def test_killed_rank_is_restarted_and_resumes_from_last_checkpoint(tmp_path: Pat
     shutil.copytree(tmp_path / "a" / f"step_{resumed_at}", tmp_path / "b" / f"step_{resumed_at}")
     run_b = _launch(
         tmp_path, "b", [],
-        [*common, "--checkpoint-path", str(tmp_path / "b"), "--save-weights", str(tmp_path / "b.pt")],
+        [*common, "--checkpoint-path", str(tmp_path / "b"), "--save-weights", str(tmp_path / "b.pt")], **env,
     )  # fmt: skip
     lines_b = _finish(run_b)
     assert first_match(lines_b, rf"^loaded checkpoint step {resumed_at} ")
