@@ -179,8 +179,10 @@ class HetEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
             return super().shard(module, params, env, device, module_fqn)
         cache = getattr(module, "het_cache_config", None) or self._cache
         replication = getattr(module, "het_replication_config", None)
-        if replication is None:  # the sharder's, shared by every EBC it shards: this module's tables
-            replication = self._replication.restricted_to({t.name for t in module.embedding_bag_configs()})
+        if replication is None:
+            replication = self._replication
+            if getattr(replication.tiers, "spans_modules", False):  # e.g. a whole-model profile: this module's tables
+                replication = replication.restricted_to({t.name for t in module.embedding_bag_configs()})
         return HetShardedEmbeddingBagCollection(
             module=module,
             table_name_to_parameter_sharding=params,

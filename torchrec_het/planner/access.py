@@ -95,6 +95,8 @@ def hot_row_count(reads: torch.Tensor, min_reads_per_step: float, max_hot_fracti
 class ProfileTiers:
     """Hot rows of every profiled table, by :func:`hot_row_count` (a ``ReplicationConfig.tiers``).
 
+    It names the tables of a whole model (``spans_modules``): each sharded module takes its own.
+
     Args:
         profile: the measured counts.
         world_size: ranks of the training job (None: torch.distributed's world size when first read).
@@ -104,6 +106,7 @@ class ProfileTiers:
 
     def __init__(self, profile: AccessProfile, world_size: int | None = None, replica_sync_every: int = 1, max_hot_fraction: float = 0.5):
         self.profile, self.world_size = profile, world_size
+        self.spans_modules = True
         self.min_reads_per_step, self.max_hot_fraction = 1.0 / replica_sync_every, max_hot_fraction
         self._tables: dict[str, TableTiers] | None = None
 
