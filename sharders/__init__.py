@@ -3,6 +3,7 @@
 if __name__ == "sharders":  # imported from the repo root by mistake
     raise ImportError("import this package as `torchrec_het.sharders`, not `sharders`")
 
+from torchrec_het.sharders.defaults import get_het_sharders
 from torchrec_het.sharders.het import (
     HetEmbeddingBagCollection,
     HetEmbeddingBagCollectionSharder,
@@ -23,4 +24,5 @@ __all__ = [
     "HetEmbeddingCollectionSharder",
     "HetShardedEmbeddingBagCollection",
     "HetShardedEmbeddingCollection",
+    "get_het_sharders",
 ]

@@ -21,8 +21,6 @@ import torchrec.distributed.planner as _planner_package
 import torchrec.distributed.planner.planners as _planners
 import torchrec.distributed.shard as _shard
 import torchrec.distributed.sharding_plan as _sharding_plan
-from torchrec.distributed.embedding import EmbeddingCollectionSharder
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.planner.access import DEFAULT_ALPHA, AccessModel, ProfileTiers
@@ -118,18 +116,11 @@ def _replace(state: _Installed, owner: object, attribute: str, replacement: obje
 
 
 def _plugin_default_sharders(stock: Callable[[], list], state: _Installed) -> Callable[[], list]:
-    from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
+    from torchrec_het.sharders import get_het_sharders
 
     def get_default_sharders() -> list:
         """TorchRec's default sharders, with the EmbeddingBagCollection and EmbeddingCollection
         sharders replaced by torchrec_het's (installed by ``torchrec_het.install()``)."""
-        out = []
-        for sharder in stock():
-            if type(sharder) is EmbeddingBagCollectionSharder:
-                sharder = HetEmbeddingBagCollectionSharder(cache=state.cache, replication=state.replication)
-            elif type(sharder) is EmbeddingCollectionSharder:
-                sharder = HetEmbeddingCollectionSharder(replication=state.replication)
-            out.append(sharder)
-        return out
+        return get_het_sharders(state.cache, state.replication, stock=stock)
 
     return get_default_sharders

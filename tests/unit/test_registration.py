@@ -92,3 +92,14 @@ def test_a_bad_profile_path_fails_install_and_leaves_torchrec_unchanged(tmp_path
         torchrec_het.install(profile=str(bad))
     assert planner_package.EmbeddingShardingPlanner is STOCK_PLANNER
     assert type(model_parallel.get_default_sharders()[0]) is EmbeddingBagCollectionSharder
+
+
+def test_get_het_sharders_is_the_one_line_swap_without_installing() -> None:
+    from torchrec_het.sharders import get_het_sharders
+
+    stock, het = model_parallel.get_default_sharders(), get_het_sharders()
+    assert len(stock) == len(het)
+    swapped = {EmbeddingBagCollectionSharder: HetEmbeddingBagCollectionSharder, EmbeddingCollectionSharder: HetEmbeddingCollectionSharder}
+    assert [type(s) for s in het] == [swapped.get(type(s), type(s)) for s in stock]
+    assert [s.module_type for s in het] == [s.module_type for s in stock]  # DMP matches sharders by module type
+    assert planner_package.EmbeddingShardingPlanner is STOCK_PLANNER  # nothing installed
