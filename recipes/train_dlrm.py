@@ -4,8 +4,9 @@ A plain TorchRec trainer, written the way TorchRec's DLRM example is: a ``DLRMTr
 with its tables on the meta device, a stock ``EmbeddingShardingPlanner`` with
 ``get_default_sharders()``, ``DistributedModelParallel``, row-wise Adagrad fused into the
 embedding backward and Adagrad on the dense part (one ``CombinedOptimizer``). It uses
-nothing of torchrec_het but its data (``torchrec_het.data``), so it runs unchanged on
-stock TorchRec; started through ``python -m torchrec_het.launch`` the same code plans
+nothing of torchrec_het but its data (``torchrec_het.data``) and a plan-independent
+initialization of the tables (``init_tables_by_row``: every plan starts from the same
+weights, so runs compare), so it runs unchanged on stock TorchRec; started through ``python -m torchrec_het.launch`` the same code plans
 and shards with the plugin:
 
     torchrun --nproc-per-node 2 recipes/train_dlrm.py --steps 100
@@ -47,6 +48,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from torchrec_het.data import DataConfig, binary_auc, open_source, preset_table_sizes
+from torchrec_het.bench.table_init import init_tables_by_row  # plan-independent starting weights
 
 COMPLETE = "COMPLETE"  # marker file of a finished checkpoint
 
@@ -170,8 +172,11 @@ def build_model(preset: Preset, feature_names: list[str], num_dense: int) -> DLR
     )
 
 
-def shard(train_model: DLRMTrain, batch_size: int, learning_rate: float, print_plan: bool):
-    """Plans with the stock planner and default sharders; returns (DMP model, combined optimizer)."""
+def shard(train_model: DLRMTrain, batch_size: int, learning_rate: float, print_plan: bool, seed: int = 0):
+    """Plans with the stock planner and default sharders; returns (DMP model, combined optimizer).
+
+    Every table starts from weights that depend on (seed, table, row) only, whatever the plan,
+    so runs with different plans (stock or the plugin's) start alike and compare."""
     apply_optimizer_in_backward(
         torchrec.optim.RowWiseAdagrad,
         train_model.model.sparse_arch.parameters(),
@@ -195,7 +200,9 @@ def shard(train_model: DLRMTrain, batch_size: int, learning_rate: float, print_p
     plan = planner.collective_plan(train_model, sharders, dist.GroupMember.WORLD)
     if print_plan and dist.get_rank() == 0:
         say(str(plan))
+    tables = train_model.model.sparse_arch.embedding_bag_collection.embedding_bag_configs()
     model = DistributedModelParallel(module=train_model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    init_tables_by_row(model, tables, seed)
     dense_optimizer = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(model.named_parameters())),
         lambda params: torch.optim.Adagrad(params, lr=learning_rate),
@@ -335,7 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     torch.manual_seed(args.seed)
     train_model = build_model(preset, source.feature_names, source.num_dense)
-    model, optimizer = shard(train_model, batch_size, args.learning_rate, args.print_plan)
+    model, optimizer = shard(train_model, batch_size, args.learning_rate, args.print_plan, args.seed)
 
     step = restore(args, model, optimizer) if args.resume or args.evaluate_only else 0
     saved_at = step

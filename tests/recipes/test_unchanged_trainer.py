@@ -15,13 +15,18 @@ RECIPE = ["recipes/train_dlrm.py", "--preset", "smoke", "--steps", "2", "--eval-
 PLUGIN = {"het_row_replicated", "het_cached_row_wise"}
 
 
-def _run(argv: list[str], **env: str) -> str:
+AUCS: dict[str, float] = {}
+
+
+def _run(argv: list[str], name: str, **env: str) -> str:
     run = subprocess.run(
         argv, cwd=REPO, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, PYTHONWARNINGS="ignore", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **env),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    assert re.search(r"^final step 2 auc 0\.\d+$", run.stdout, re.M), run.stdout[-2000:]  # a finished training
+    final = re.search(r"^final step 2 auc (0\.\d+)$", run.stdout, re.M)
+    assert final, run.stdout[-2000:]  # a finished training
+    AUCS[name] = float(final.group(1))
     return run.stdout
 
 
@@ -42,20 +47,29 @@ def profile(tmp_path_factory) -> str:
 
 
 def test_without_the_launcher_the_trainer_plans_stock_types() -> None:
-    stdout = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *RECIPE])
+    stdout = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *RECIPE], "stock")
     types = _planned_types(stdout)
     assert types and not types & PLUGIN, types
 
 
 def test_through_the_launcher_the_trainer_plans_the_plugin_cache_without_a_profile() -> None:
-    stdout = _run([sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE])
+    stdout = _run([sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE], "cache")
     assert _planned_types(stdout) == {"het_cached_row_wise"}, _planned_types(stdout)
     assert "HC = het_cached_row_wise" in stdout and re.search(r"HC: 26\b", stdout)  # the planner's stats table
 
 
 def test_through_the_launcher_with_a_profile_the_trainer_plans_row_replication(profile: str) -> None:
     stdout = _run(
-        [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE], TORCHREC_HET_PROFILE=profile
+        [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE], "replicated",
+        TORCHREC_HET_PROFILE=profile,
     )
     assert "het_row_replicated" in _planned_types(stdout), _planned_types(stdout)
     assert "HR = het_row_replicated" in stdout
+
+
+def test_exact_plugin_plans_train_like_the_stock_plan() -> None:
+    """Same starting weights (by row), exact settings (no staleness): the same held-out AUC."""
+    if set(AUCS) != {"stock", "cache", "replicated"}:
+        pytest.skip(f"needs the three runs above (have {sorted(AUCS)})")
+    assert AUCS["cache"] == pytest.approx(AUCS["stock"], abs=1e-3), AUCS
+    assert AUCS["replicated"] == pytest.approx(AUCS["stock"], abs=1e-3), AUCS
