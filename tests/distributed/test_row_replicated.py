@@ -42,6 +42,16 @@ def test_all_hot_steps_skip_the_cold_exchange_and_stay_exact(world: list[dict]) 
         assert errors["weights_rep_vs_unsharded/sum"] < TOLERANCE, (rank, errors)
 
 
+def test_bf16_wire_halves_cold_bytes_and_keeps_replicas_identical(world: list[dict]) -> None:
+    for rank, results in enumerate(world):
+        wire = results["wire"]
+        assert wire["out_vs_unsharded/fp32"] < TOLERANCE and wire["weights_vs_unsharded/fp32"] < TOLERANCE, (rank, wire)
+        assert wire["out_vs_unsharded/bf16"] < 2e-2 and wire["weights_vs_unsharded/bf16"] < 2e-2, (rank, wire)
+        assert wire["out_vs_unsharded/bf16"] > 0  # values really were rounded on the wire
+        assert wire["replica_disagreement/bf16"] == 0.0, (rank, wire)
+        assert wire["a2a_bytes/bf16"] < 0.8 * wire["a2a_bytes/fp32"], (rank, wire)
+
+
 @pytest.mark.parametrize("case,sync", [("held", "dense_syncs"), ("held_sparse", "sparse_syncs")])
 def test_held_replica_gradients_are_applied_whole_at_flush(world: list[dict], case: str, sync: str) -> None:
     for rank, results in enumerate(world):

@@ -90,12 +90,13 @@ def tier_plan(context: ShardingContext, ratio: float, sync_every: int) -> TierPl
     )
 
 
-def _sharders(ratio: float, sync_every: int):
+def _sharders(ratio: float, sync_every: int, wire_dtype: str = "fp32"):
     def build(context: ShardingContext):
         replication = ReplicationConfig(
             tiers=tier_plan(context, ratio, sync_every),
             replica_sync_every=sync_every,
             local_world_size=context.local_world_size,
+            wire_dtype=wire_dtype,
         )
         if context.workload == "sequence":
             return [HetEmbeddingCollectionSharder(replication=replication)]
@@ -137,10 +138,11 @@ def register_replicated_configs() -> list[str]:
                 names.append(_register(workload, ratio, sync_every, None))
         for sync_every in SYNC_EVERY:
             names.append(_register(workload, FAE_RATIO, sync_every, FAE_WINDOW))
+            names.append(_register(workload, FAE_RATIO, sync_every, None, wire_dtype="bf16"))
     return names
 
 
-def _register(workload: str, ratio: float, sync_every: int, all_hot_window: int | None) -> str:
+def _register(workload: str, ratio: float, sync_every: int, all_hot_window: int | None, wire_dtype: str = "fp32") -> str:
     name = replicated_config_name(workload, ratio, sync_every)
     sync = "exact sync" if sync_every == 1 else f"replicas synced every {sync_every} steps"
     description = f"{workload}: row-replicated, hot rows within {ratio:.2f} x the stock plan's memory, {sync}"
@@ -149,6 +151,10 @@ def _register(workload: str, ratio: float, sync_every: int, all_hot_window: int 
         name += "_fae"
         description += f", batches regrouped so hot samples fill whole batches (window {all_hot_window})"
         params["all_hot_window"] = all_hot_window
+    if wire_dtype != "fp32":
+        name += f"_{wire_dtype}"
+        description += f", cold partials/rows and their gradients sent as {wire_dtype}"
+        params["wire_dtype"] = wire_dtype
     register(
         BenchConfig(
             name=name,
@@ -160,7 +166,7 @@ def _register(workload: str, ratio: float, sync_every: int, all_hot_window: int 
             workload=workload,
             params=params,
             make_plan=_all_replicated,
-            make_sharders_for=_sharders(ratio, sync_every),
+            make_sharders_for=_sharders(ratio, sync_every, wire_dtype),
         )
     )
     return name

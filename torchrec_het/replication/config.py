@@ -8,6 +8,9 @@ from types import SimpleNamespace
 import torch
 
 
+WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 @dataclass(frozen=True)
 class ReplicationConfig:
     """How a row-replicated module keeps its hot rows.
@@ -24,14 +27,21 @@ class ReplicationConfig:
             cold exchanges (agreed with the step's one small collective).
         local_world_size: ranks per host (ranks of a host are consecutive); None takes
             ``LOCAL_WORLD_SIZE`` from the environment, else one host.
+        wire_dtype: how cold traffic travels: partial sums and their gradients (bags), fetched
+            rows and their gradients (sequences): ``fp32`` (exact), ``bf16`` or ``fp16``
+            (half the bytes; values are rounded on the wire). Replica syncs stay fp32, so
+            every copy of a row still takes the same step.
     """
 
     tiers: object | None = None
     replica_sync_every: int = 1
     skip_all_hot: bool = True
     local_world_size: int | None = None
+    wire_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
+        if self.wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire_dtype must be one of {sorted(WIRE_DTYPES)}, got {self.wire_dtype!r}")
         if self.replica_sync_every < 1:
             raise ValueError(f"replica_sync_every must be >= 1, got {self.replica_sync_every}")
         if self.local_world_size is not None and self.local_world_size < 1:

@@ -30,7 +30,8 @@ import torch.distributed as dist
 from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
+from torchrec_het.sharding.exchange import exchange_flat
 from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
 from torchrec_het.sharding.replica_group import ReplicaGroup
 from torchrec_het.sharding.replica_sync import combine_dense, combine_sparse, dense_bytes, gather_counts, sparse_bytes
@@ -53,6 +54,7 @@ class ReplicaWrites:
         self._host_pg = None
         self._sync_every = 1
         self._skip_all_hot = True
+        self._wire = torch.float32
         self._pending: list[torch.Tensor] = []
         self._step = 0
         self._needs_refresh = True
@@ -65,6 +67,7 @@ class ReplicaWrites:
         """Builds groups and replica kernels; called once by the sharded module (a collective)."""
         local_ws = config.ranks_per_host(self._ws)
         self._sync_every, self._skip_all_hot = config.replica_sync_every, config.skip_all_hot
+        self._wire = WIRE_DTYPES[config.wire_dtype]
         by_dim: dict[int, list[tuple[TableInfo, tuple]]] = {}
         for module_index, group in enumerate(self.grouped_configs):
             check_row_local(self._emb_modules[module_index].emb_module, f"tables {[t.name for t in group.embedding_tables]}")
@@ -157,6 +160,10 @@ class ReplicaWrites:
                 sample = torch.repeat_interleave(torch.arange(stride), jt.lengths().long())
                 remote += torch.bincount(sample[g.server_of(ids) != self._rank], minlength=stride)
         return remote == 0
+
+    def exchange_rows(self, values: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        """``exchange_flat`` of float values (cold partials, rows, gradients) in the wire dtype; float32 back."""
+        return exchange_flat(values.to(self._wire), send, recv, self._pg).float()
 
     # --- forward -------------------------------------------------------------------------
 

@@ -142,8 +142,8 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
         mine = torch.unique(server * step.lengths.numel() + step.bags[away])
         step.partial_bags = mine % step.lengths.numel()
         step.partials_in = torch.bincount(mine // step.lengths.numel(), minlength=ws)
-        received = exchange_flat(
-            partials.view(-1), (step.partials_out * dim).tolist(), (step.partials_in * dim).tolist(), self._pg
+        received = self.exchange_rows(
+            partials.view(-1), (step.partials_out * dim).tolist(), (step.partials_in * dim).tolist()
         ).view(-1, dim)
         return pooled.index_add_(0, step.partial_bags, received)
 
@@ -164,11 +164,8 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
         ids, per_value = [step.ids[step.here]], [values]
         if step.exchanged:
             dim = g.dim
-            partial_grads = exchange_flat(
-                grad[step.partial_bags].reshape(-1),
-                (step.partials_in * dim).tolist(),
-                (step.partials_out * dim).tolist(),
-                self._pg,
+            partial_grads = self.exchange_rows(
+                grad[step.partial_bags].reshape(-1), (step.partials_in * dim).tolist(), (step.partials_out * dim).tolist()
             ).view(-1, dim)
             served = partial_grads[step.served_partial]
             if step.served_weights is not None:

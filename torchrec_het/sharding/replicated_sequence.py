@@ -122,7 +122,7 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
         send, recv = step.send_counts.tolist(), step.recv_counts.tolist()
         step.served_ids = exchange_flat(step.need, send, recv, self._pg)
         served = g.read(step.served_ids, shards, replicas)  # server side: each asked row once per reader
-        received = exchange_flat(served.view(-1), [c * dim for c in recv], [c * dim for c in send], self._pg)
+        received = self.exchange_rows(served.view(-1), [c * dim for c in recv], [c * dim for c in send])
         rows[step.away] = received.view(-1, dim)[step.need_of]
         self.stats["rows_fetched"] += step.need.numel()
         return rows
@@ -142,11 +142,8 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
         if step.exchanged:
             dim = g.dim
             need_grads = torch.zeros(step.need.numel(), dim).index_add_(0, step.need_of, grad[step.away])
-            served = exchange_flat(
-                need_grads.view(-1),
-                (step.send_counts * dim).tolist(),
-                (step.recv_counts * dim).tolist(),
-                self._pg,
+            served = self.exchange_rows(
+                need_grads.view(-1), (step.send_counts * dim).tolist(), (step.recv_counts * dim).tolist()
             ).view(-1, dim)
             ids.append(step.served_ids)
             per_position.append(served)

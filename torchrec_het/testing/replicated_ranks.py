@@ -149,6 +149,39 @@ def all_hot(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -> d
     return errors
 
 
+def wire_dtypes(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -> dict:
+    """fp32 and bf16 cold traffic on the same batches: bf16 stays near exact, replicas still
+    agree bit for bit, and the all-to-all moves fewer bytes."""
+    from torchrec_het.comm import CommAccountant
+
+    configs = table_configs(True)
+    proj = projections(configs)
+    reference = unsharded(configs, True, optimizer)
+    models = {
+        wire: replicated(configs, True, optimizer, ReplicationConfig(tiers=tiers(configs, hot=4, per_host=3), wire_dtype=wire))
+        for wire in ("fp32", "bf16")
+    }
+    result: dict = {}
+    for step in range(STEPS):
+        batches = [batch(r, step, True, configs) for r in range(world_size)]
+        ref_outs = [reference(b) for b in batches]
+        for wire, model in models.items():
+            with CommAccountant() as accountant:
+                out = model(batches[rank])
+                loss_of(out, proj).backward()
+            sent = sum(sum(row) for (phase, family), m in accountant.totals().traffic.items() if family == "all_to_all" for row in m)
+            result[f"a2a_bytes/{wire}"] = result.get(f"a2a_bytes/{wire}", 0) + sent
+            for f in proj:
+                _worst(result, f"out_vs_unsharded/{wire}", _rel_error(out[f], ref_outs[rank][f]))
+        (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
+    for wire, model in models.items():
+        errors: dict = {}
+        _local_shard_errors(model, reference, configs, errors, "weights")
+        result[f"weights_vs_unsharded/{wire}"] = max(errors.values())
+        result[f"replica_disagreement/{wire}"] = replica_disagreement(model)
+    return result
+
+
 def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1, hot: int = 8) -> dict:
     """``replica_sync_every`` beyond the run (SGD): replicated rows stay put while training, their
     gradients are held, and the flush before a state dict applies exactly their sum everywhere."""
@@ -240,5 +273,6 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
         results["held"] = held_replica_gradients(rank, world_size)  # small hot block: synced dense
         results["held_sparse"] = held_replica_gradients(rank, world_size, hot=36)  # mostly untouched: sparse
         results["all_hot"] = all_hot(rank, world_size)
+        results["wire"] = wire_dtypes(rank, world_size)
         results["bad_input"] = bad_input(rank, world_size)
     write_rank_result(out_dir, rank, results)
