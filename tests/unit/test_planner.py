@@ -218,3 +218,18 @@ def test_cpu_topologies_with_torchrec_default_bandwidths_are_priced_at_gloo_spee
     assert cpu_network(gpu) is gpu
     # at gloo speeds the plugin's types win on 2 ranks; TorchRec's NVLink figures make communication free
     assert {t for t, _ in _plan(2, 2).values()} <= {"het_row_replicated", "het_cached_row_wise"}
+
+
+def test_measured_tables_are_priced_with_the_profiles_ids_per_sample_for_every_type() -> None:
+    sizes = {"hist": 5000, "plain": 5000}
+    tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=16, num_embeddings=r) for n, r in sizes.items()]
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    reads = {"hist": 3.0, "plain": 1.0}  # ids per sample
+    counts = tuple((zipf_shares(5000, 1.1) * BATCH * 4 * reads[n]).round().long() for n in sizes)
+    profile = AccessProfile(tuple(sizes), tuple(sizes.values()), counts, 4)
+    topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
+    given = {"plain": ParameterConstraints(pooling_factors=[7.0])}  # the user's own figure wins
+    enumerator = HetEmbeddingEnumerator(topology, BATCH, constraints=given, pricing=PluginPricing(AccessModel(profile)))
+    for option in enumerator.enumerate(ebc, [HetEmbeddingBagCollectionSharder()]):
+        expected = 7.0 if option.name == "plain" else 3.0
+        assert option.input_lengths == [pytest.approx(expected, rel=1e-3)], (option.name, option.sharding_type)

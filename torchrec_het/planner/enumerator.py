@@ -7,13 +7,17 @@ owns a contiguous row range; replicas and cache slots come on top), so
 them, then turns each stand-in option into one option per plugin type the sharder offers
 and the table's constraints allow, and prices those with the plugin's estimators. Tables
 whose sharder or constraints do not allow ``row_wise`` itself lose the stand-ins.
+
+Tables a profile measures are priced, for every type, with the ids per sample the profile
+saw (as ``ParameterConstraints.pooling_factors``) unless the constraints give their own, so
+TorchRec's types and the plugin's are priced from the same reads.
 """
 
 import copy
 import dataclasses
 
 from torch import nn
-from torchrec.distributed.planner.constants import BATCH_SIZE
+from torchrec.distributed.planner.constants import BATCH_SIZE, POOLING_FACTOR
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Topology
 from torchrec.distributed.planner.utils import sharder_name
@@ -58,7 +62,7 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
             return super().enumerate(module, sharders)
         by_key = {sharder_name(s.module_type): s for s in sharders}
         constraints = self._constraints
-        self._constraints = _with_row_wise_for_plugin(constraints)
+        self._constraints = _with_row_wise_for_plugin(self._with_measured_pooling(module, constraints))
         try:
             options = super().enumerate(module, [_row_wise_stand_in(s, self._compute_device) for s in sharders])
         finally:
@@ -95,12 +99,36 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
                 )
         return out + added
 
+    def _with_measured_pooling(self, module: nn.Module, constraints):
+        """``constraints`` plus the profile's ids per sample for measured tables left at TorchRec's default."""
+        out = dict(constraints or {})
+        profile = self.pricing.access.profile
+        for name in _table_names(module):
+            if not self.pricing.access.measured(name) or not profile.batches:
+                continue
+            given = out.get(name)
+            if given is not None and (list(given.pooling_factors) != [POOLING_FACTOR] or given.num_poolings or given.batch_sizes):
+                continue
+            per_sample = float(profile.table_counts(name).sum()) / profile.batches / self._batch_size
+            base = given if given is not None else ParameterConstraints()
+            out[name] = dataclasses.replace(base, pooling_factors=[max(per_sample, 1e-6)])
+        return out or constraints
+
     def _allows(self, name: str, sharding_type: str, sharder: ModuleSharder) -> bool:
         """Whether the sharder offers ``sharding_type`` and the table's constraints (if any) allow it."""
         if sharding_type not in sharder.sharding_types(self._compute_device):
             return False
         allowed = self._constraints.get(name).sharding_types if self._constraints and name in self._constraints else None
         return not allowed or sharding_type in allowed
+
+
+def _table_names(module: nn.Module) -> list[str]:
+    names = []
+    for m in module.modules():
+        for getter in ("embedding_bag_configs", "embedding_configs"):
+            if hasattr(m, getter):
+                names += [t.name for t in getattr(m, getter)()]
+    return names
 
 
 def _plugin_types(sharder: ModuleSharder, device: str) -> list[str]:
