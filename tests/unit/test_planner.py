@@ -225,7 +225,8 @@ def test_measured_tables_are_priced_with_the_profiles_ids_per_sample_for_every_t
     tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=16, num_embeddings=r) for n, r in sizes.items()]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     reads = {"hist": 3.0, "plain": 1.0}  # ids per sample
-    counts = tuple((zipf_shares(5000, 1.1) * BATCH * 4 * reads[n]).round().long() for n in sizes)
+    counts = tuple(torch.cat([torch.full((1024,), int(BATCH * 4 * reads[n] / 1024)), torch.zeros(5000 - 1024, dtype=torch.int64)])
+                   for n in sizes)  # 4 batches of BATCH samples, reads[n] ids each
     profile = AccessProfile(tuple(sizes), tuple(sizes.values()), counts, 4)
     topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
     given = {"plain": ParameterConstraints(pooling_factors=[7.0])}  # the user's own figure wins
