@@ -33,6 +33,7 @@ _SHARDER_HOMES = (_sharding_plan, _model_parallel, _shard, _planners)
 _PLANNER_HOMES = (_planner_package, _planners, _model_parallel, _shard)
 # settings ``install()`` reads when not given (the launcher passes them this way)
 ENV_PROFILE, ENV_ALPHA, ENV_SYNC = "TORCHREC_HET_PROFILE", "TORCHREC_HET_ALPHA", "TORCHREC_HET_REPLICA_SYNC_EVERY"
+ENV_ONLINE = "TORCHREC_HET_ONLINE_PROFILE_STEPS"
 
 
 @dataclass
@@ -57,6 +58,7 @@ def install(
     cache: HetCacheConfig | None = None,
     replica_sync_every: int | None = None,
     max_hot_fraction: float = 0.5,
+    online_profile_steps: int | None = None,
 ) -> None:
     """Registers the plugin with TorchRec until :func:`uninstall` (calling it again re-installs).
 
@@ -71,6 +73,10 @@ def install(
         replica_sync_every: replica sync interval of ``het_row_replicated`` tables (default
             ``$TORCHREC_HET_REPLICA_SYNC_EVERY`` or 1, exact).
         max_hot_fraction: at most this share of a table's rows is replicated.
+        online_profile_steps: without a profile, let ``het_row_replicated`` tables count their
+            reads during this many first steps and then replicate the hot rows (default
+            ``$TORCHREC_HET_ONLINE_PROFILE_STEPS`` or 0: off); the planner then offers row
+            replication for every table, priced from the stated skew.
     """
     global _state
     uninstall()
@@ -80,10 +86,15 @@ def install(
         profile = load_profile(profile)
     alpha = float(os.environ.get(ENV_ALPHA, DEFAULT_ALPHA)) if alpha is None else alpha
     sync = int(os.environ.get(ENV_SYNC, 1)) if replica_sync_every is None else replica_sync_every
+    online = int(os.environ.get(ENV_ONLINE, 0)) if online_profile_steps is None else online_profile_steps
+    online = 0 if profile is not None else online
     cache = cache or HetCacheConfig()
-    pricing = PluginPricing(AccessModel(profile, alpha), cache, sync, max_hot_fraction)
+    pricing = PluginPricing(AccessModel(profile, alpha), cache, sync, max_hot_fraction, online)
     tiers = ProfileTiers(profile, None, sync, max_hot_fraction) if profile is not None else None
-    state = _Installed(cache, ReplicationConfig(tiers=tiers, replica_sync_every=sync), pricing)
+    replication = ReplicationConfig(
+        tiers=tiers, replica_sync_every=sync, online_profile_steps=online, online_max_hot_fraction=max_hot_fraction
+    )
+    state = _Installed(cache, replication, pricing)
     stock = _sharding_plan.get_default_sharders
     plugin_sharders = _plugin_default_sharders(stock, state)
     for home in _SHARDER_HOMES:

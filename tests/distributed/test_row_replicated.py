@@ -42,6 +42,18 @@ def test_all_hot_steps_skip_the_cold_exchange_and_stay_exact(world: list[dict]) 
         assert errors["weights_rep_vs_unsharded/sum"] < TOLERANCE, (rank, errors)
 
 
+def test_online_profile_replicates_the_rows_all_ranks_counted_and_stays_exact(world: list[dict]) -> None:
+    hot_sets = {str(results["online"]["hot_rows"]) for results in world}
+    assert len(hot_sets) == 1, "every rank must choose the same hot rows"
+    for rank, results in enumerate(world):
+        online = results["online"]
+        hot = online["hot_after_step"]
+        assert hot[:3] == [0, 0, 0] and hot[3] > 0 and len(set(hot[3:])) == 1, (rank, hot)  # chosen once, at step 4
+        assert online["stats"]["online_hot_rows"] == hot[3], (rank, online["stats"])
+        assert online["out_vs_unsharded"] < TOLERANCE and online["weights_vs_unsharded"] < TOLERANCE, (rank, online)
+        assert online["replica_disagreement"] == 0.0, (rank, online)
+
+
 def test_bf16_wire_halves_cold_bytes_and_keeps_replicas_identical(world: list[dict]) -> None:
     for rank, results in enumerate(world):
         wire = results["wire"]

@@ -67,9 +67,18 @@ def test_through_the_launcher_with_a_profile_the_trainer_plans_row_replication(p
     assert "HR = het_row_replicated" in stdout
 
 
+def test_through_the_launcher_with_an_online_profile_the_trainer_plans_row_replication() -> None:
+    stdout = _run(
+        [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE], "online",
+        TORCHREC_HET_ONLINE_PROFILE_STEPS="1",
+    )  # fmt: skip
+    assert "het_row_replicated" in _planned_types(stdout), _planned_types(stdout)
+
+
 def test_exact_plugin_plans_train_like_the_stock_plan() -> None:
     """Same starting weights (by row), exact settings (no staleness): the same held-out AUC."""
-    if set(AUCS) != {"stock", "cache", "replicated"}:
+    if set(AUCS) != {"stock", "cache", "replicated", "online"}:
         pytest.skip(f"needs the three runs above (have {sorted(AUCS)})")
     assert AUCS["cache"] == pytest.approx(AUCS["stock"], abs=1e-3), AUCS
     assert AUCS["replicated"] == pytest.approx(AUCS["stock"], abs=1e-3), AUCS
+    assert AUCS["online"] == pytest.approx(AUCS["stock"], abs=1e-3), AUCS  # hot rows chosen after step 1

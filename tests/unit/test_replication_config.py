@@ -14,6 +14,8 @@ from torchrec_het.replication.config import ReplicationConfig
         ({"replica_sync_every": 0}, "replica_sync_every"),
         ({"local_world_size": 0}, "local_world_size"),
         ({"wire_dtype": "int8"}, "wire_dtype"),
+        ({"online_profile_steps": -1}, "online_profile_steps"),
+        ({"online_max_hot_fraction": 1.5}, "online_max_hot_fraction"),
     ],
 )
 def test_bad_settings_raise_naming_the_setting(kwargs: dict, message: str) -> None:

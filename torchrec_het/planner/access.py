@@ -9,13 +9,12 @@ Profile semantics: ``AccessProfile.counts / batches`` are reads per batch of *on
 ``world_size`` such batches.
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from torchrec_het.replication.profile import AccessProfile
-from torchrec_het.replication.tiers import TableTiers
+from torchrec_het.replication.tiers import TableTiers, hot_row_count
 
 DEFAULT_ALPHA = 1.05  # the stated skew when nothing was measured (Criteo's large tables are near Zipf 1)
 
@@ -83,13 +82,6 @@ def zipf_shares(num_rows: int, alpha: float) -> torch.Tensor:
     """P(rank k) proportional to (k + 1) ** -alpha, float64 ``[num_rows]``, summing to 1."""
     weights = torch.arange(1, num_rows + 1, dtype=torch.float64).pow(-alpha)
     return weights / weights.sum()
-
-
-def hot_row_count(reads: torch.Tensor, min_reads_per_step: float, max_hot_fraction: float) -> int:
-    """Rows (hottest first) read at least ``min_reads_per_step`` times a step, at most
-    ``max_hot_fraction`` of the table (the rule both the planner and :class:`ProfileTiers` use)."""
-    count = int((reads >= min_reads_per_step).sum()) if reads.numel() else 0
-    return min(count, math.floor(max_hot_fraction * reads.numel()))
 
 
 class ProfileTiers:

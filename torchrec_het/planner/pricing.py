@@ -22,18 +22,22 @@ class PluginPricing:
         cache: settings of ``het_cached_row_wise`` tables.
         replica_sync_every: replica sync interval of ``het_row_replicated`` tables.
         max_hot_fraction: at most this share of a table's rows is replicated.
+        online_profile_steps: > 0 when the sharders choose hot rows from reads counted during
+            training (``ReplicationConfig.online_profile_steps``): row replication is then offered
+            for tables without a profile too, priced from the stated skew.
     """
 
     access: AccessModel = field(default_factory=AccessModel)
     cache: HetCacheConfig = field(default_factory=HetCacheConfig)
     replica_sync_every: int = 1
     max_hot_fraction: float = 0.5
+    online_profile_steps: int = 0
 
     def offers(self, sharding_type: str, table: str) -> bool:
         """Whether the planner may consider ``sharding_type`` for ``table``: row replication
-        needs measured reads (they name its hot rows); the cache adapts online."""
+        needs measured reads or an online profile (they name its hot rows); the cache adapts online."""
         if sharding_type == HET_ROW_REPLICATED:
-            return self.access.measured(table)
+            return self.access.measured(table) or self.online_profile_steps > 0
         return sharding_type in PLUGIN_TYPES
 
     def load(self, option: ShardingOption, world_size: int) -> TableLoad:

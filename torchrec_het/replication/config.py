@@ -31,6 +31,11 @@ class ReplicationConfig:
             rows and their gradients (sequences): ``fp32`` (exact), ``bf16`` or ``fp16``
             (half the bytes; values are rounded on the wire). Replica syncs stay fp32, so
             every copy of a row still takes the same step.
+        online_profile_steps: with no ``tiers``, count every row's reads during the first
+            this many steps (as plain row-wise: no hot rows yet), then replicate the rows read
+            at least once per ``replica_sync_every`` steps (at most ``online_max_hot_fraction``
+            of a table), chosen from the counts of all ranks. 0: off.
+        online_max_hot_fraction: cap of the online choice, per table.
     """
 
     tiers: object | None = None
@@ -38,8 +43,14 @@ class ReplicationConfig:
     skip_all_hot: bool = True
     local_world_size: int | None = None
     wire_dtype: str = "fp32"
+    online_profile_steps: int = 0
+    online_max_hot_fraction: float = 0.5
 
     def __post_init__(self) -> None:
+        if self.online_profile_steps < 0:
+            raise ValueError(f"online_profile_steps must be >= 0, got {self.online_profile_steps}")
+        if not 0.0 <= self.online_max_hot_fraction <= 1.0:
+            raise ValueError(f"online_max_hot_fraction must lie in [0, 1], got {self.online_max_hot_fraction}")
         if self.wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"wire_dtype must be one of {sorted(WIRE_DTYPES)}, got {self.wire_dtype!r}")
         if self.replica_sync_every < 1:

@@ -356,6 +356,14 @@ class _Admission:
             tie, kind = tie[stop + 1 :], kind[stop + 1 :]
 
 
+def hot_row_count(reads: torch.Tensor, min_reads_per_step: float, max_hot_fraction: float) -> int:
+    """Rows (``reads`` per step, hottest first) read at least ``min_reads_per_step`` times a step,
+    at most ``max_hot_fraction`` of the table: the hot rows of a profile or of online counts
+    (the rule the planner prices too)."""
+    count = int((reads >= min_reads_per_step).sum()) if reads.numel() else 0
+    return min(count, math.floor(max_hot_fraction * reads.numel()))
+
+
 def select_tiers(tables: list[TableMemory], profile: AccessProfile, topology: TierTopology, budget_bytes: int,
                  min_reads_per_step: float = 1.0, max_hot_fraction: float = 0.5, sync_every: int = 1) -> TierPlan:
     """Chooses each table's replicated and per-host rows so that the per-rank peak stays within ``budget_bytes``.

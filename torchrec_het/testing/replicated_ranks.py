@@ -182,6 +182,32 @@ def wire_dtypes(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") 
     return result
 
 
+def online_profile(rank: int, world_size: int, optimizer: str = "rowwise_adagrad", profile_steps: int = 3) -> dict:
+    """No tier plan, ``online_profile_steps=3``: row-wise for 3 steps while counting reads, then
+    the rows every rank's counts say are read at least once a step get replicas; exact throughout."""
+    configs = table_configs(False)
+    proj = projections(configs)
+    rep = replicated(configs, False, optimizer, ReplicationConfig(online_profile_steps=profile_steps))
+    reference = unsharded(configs, False, optimizer)
+    result: dict = {"hot_after_step": []}
+    for step in range(profile_steps + 3):
+        batches = [batch(r, step, False, configs) for r in range(world_size)]
+        out = rep(batches[rank])
+        result["hot_after_step"].append(sum(g.hot.numel() for lookup in rep.module.replicated_lookups() for g in lookup.groups))
+        ref_outs = [reference(b) for b in batches]
+        for f in proj:
+            _worst(result, "out_vs_unsharded", _rel_error(out[f], ref_outs[rank][f]))
+        loss_of(out, proj).backward()
+        (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
+    errors: dict = {}
+    _local_shard_errors(rep, reference, configs, errors, "weights")
+    result["weights_vs_unsharded"] = max(errors.values())
+    result["replica_disagreement"] = replica_disagreement(rep)
+    result["hot_rows"] = [g.hot.tolist() for lookup in rep.module.replicated_lookups() for g in lookup.groups]
+    result["stats"] = rep.module.replication_stats()
+    return result
+
+
 def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1, hot: int = 8) -> dict:
     """``replica_sync_every`` beyond the run (SGD): replicated rows stay put while training, their
     gradients are held, and the flush before a state dict applies exactly their sum everywhere."""
@@ -274,5 +300,6 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
         results["held_sparse"] = held_replica_gradients(rank, world_size, hot=36)  # mostly untouched: sparse
         results["all_hot"] = all_hot(rank, world_size)
         results["wire"] = wire_dtypes(rank, world_size)
+        results["online"] = online_profile(rank, world_size)
         results["bad_input"] = bad_input(rank, world_size)
     write_rank_result(out_dir, rank, results)
