@@ -126,6 +126,7 @@ def hot_fraction(model: nn.Module) -> float | None:
     return None
 
 
+ONLINE_PROFILE_STEPS = 20  # the "_online" configurations count reads during their first 20 (warm-up) steps
 FAE_WINDOW = 16  # batches regrouped together by AllHotBatches in the "_fae" configurations
 FAE_RATIO = 1.0
 
@@ -139,7 +140,40 @@ def register_replicated_configs() -> list[str]:
         for sync_every in SYNC_EVERY:
             names.append(_register(workload, FAE_RATIO, sync_every, FAE_WINDOW))
             names.append(_register(workload, FAE_RATIO, sync_every, None, wire_dtype="bf16"))
+            names.append(_register_online(workload, sync_every))
     return names
+
+
+def _register_online(workload: str, sync_every: int) -> str:
+    """Hot rows counted online during the first steps (no profile, no budget)."""
+    name = f"{'seq_rep' if workload == 'sequence' else 'rep'}_online_s{sync_every}"
+
+    def build(context: ShardingContext):
+        replication = ReplicationConfig(
+            replica_sync_every=sync_every, local_world_size=context.local_world_size,
+            online_profile_steps=ONLINE_PROFILE_STEPS,
+        )  # fmt: skip
+        if context.workload == "sequence":
+            return [HetEmbeddingCollectionSharder(replication=replication)]
+        return [HetEmbeddingBagCollectionSharder(replication=replication)]
+
+    register(
+        BenchConfig(
+            name=name,
+            stock=False,
+            description=f"{workload}: row-replicated, hot rows counted online in the first {ONLINE_PROFILE_STEPS} steps, "
+            f"replicas synced every {sync_every} step(s)",
+            make_sharders=lambda: [],
+            make_constraints=lambda tables, preset: None,
+            applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
+            workload=workload,
+            params={"sharding": "het_row_replicated", "replica_sync_every": sync_every,
+                    "online_profile_steps": ONLINE_PROFILE_STEPS},  # fmt: skip
+            make_plan=_all_replicated,
+            make_sharders_for=build,
+        )
+    )
+    return name
 
 
 def _register(workload: str, ratio: float, sync_every: int, all_hot_window: int | None, wire_dtype: str = "fp32") -> str:
