@@ -12,12 +12,11 @@ the same profile (:class:`~torchrec_het.planner.ProfileTiers`).
 from torchrec.distributed.planner import Topology
 
 from torchrec_het.bench.configs import BenchConfig, register
-from torchrec_het.bench.replicated_configs import ShardingContext, stream_profile
+from torchrec_het.bench.replicated_configs import ShardingContext, plugin_sharders, stream_profile
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.planner import AccessModel, HetEmbeddingShardingPlanner, PluginPricing, ProfileTiers
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile
-from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
 
 PLANNED = {"planned": 1, "planned_s10": 10}  # name -> staleness (replica sync interval and cache bounds)
 
@@ -39,9 +38,7 @@ def _make_sharders(staleness: int):
             replica_sync_every=staleness,
             local_world_size=context.local_world_size,
         )
-        if context.workload == "sequence":
-            return [HetEmbeddingCollectionSharder(replication=replication)]
-        return [HetEmbeddingBagCollectionSharder(cache=_cache(staleness), replication=replication)]
+        return plugin_sharders(context, replication, cache=_cache(staleness))
 
     return build
 

@@ -90,6 +90,13 @@ def tier_plan(context: ShardingContext, ratio: float, sync_every: int) -> TierPl
     )
 
 
+def plugin_sharders(context: ShardingContext, replication: ReplicationConfig, cache=None) -> list:
+    """The plugin's sharder for the context's workload (EmbeddingCollection or EmbeddingBagCollection)."""
+    if context.workload == "sequence":
+        return [HetEmbeddingCollectionSharder(replication=replication)]
+    return [HetEmbeddingBagCollectionSharder(cache=cache, replication=replication)]
+
+
 def _sharders(ratio: float, sync_every: int, wire_dtype: str = "fp32"):
     def build(context: ShardingContext):
         replication = ReplicationConfig(
@@ -98,9 +105,7 @@ def _sharders(ratio: float, sync_every: int, wire_dtype: str = "fp32"):
             local_world_size=context.local_world_size,
             wire_dtype=wire_dtype,
         )
-        if context.workload == "sequence":
-            return [HetEmbeddingCollectionSharder(replication=replication)]
-        return [HetEmbeddingBagCollectionSharder(replication=replication)]
+        return plugin_sharders(context, replication)
 
     return build
 
@@ -153,9 +158,7 @@ def _register_online(workload: str, sync_every: int) -> str:
             replica_sync_every=sync_every, local_world_size=context.local_world_size,
             online_profile_steps=ONLINE_PROFILE_STEPS,
         )  # fmt: skip
-        if context.workload == "sequence":
-            return [HetEmbeddingCollectionSharder(replication=replication)]
-        return [HetEmbeddingBagCollectionSharder(replication=replication)]
+        return plugin_sharders(context, replication)
 
     register(
         BenchConfig(
