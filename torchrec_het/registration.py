@@ -66,7 +66,8 @@ def install(
         profile: row access counts (an ``AccessProfile`` or an iopath path of one, e.g. from
             ``python -m torchrec_het.profile``); default ``$TORCHREC_HET_PROFILE``. It prices
             the plugin's types and names the rows ``het_row_replicated`` replicates; without
-            one the planner offers only ``het_cached_row_wise``, priced by a Zipf skew.
+            one (and without ``online_profile_steps``) the planner offers only
+            ``het_cached_row_wise``, priced by a Zipf skew.
         alpha: the Zipf exponent assumed for tables without counts (default
             ``$TORCHREC_HET_ALPHA`` or 1.05).
         cache: settings of ``het_cached_row_wise`` tables (default ``HetCacheConfig()``).

@@ -23,7 +23,7 @@ from torchrec_het.planner import (
     ProfileTiers,
     zipf_shares,
 )
-from torchrec_het.planner.access import hot_row_count
+from torchrec_het.replication.tiers import hot_row_count
 from torchrec_het.planner.traffic import TableLoad, row_replicated_bytes, row_wise_bytes, table_wise_bytes
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.replication.tiers import bytes_per_row

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from torchrec_het.replication.profile import AccessProfile
-from torchrec_het.replication.tiers import TableTiers, hot_row_count
+from torchrec_het.replication.tiers import TableTiers, hottest_rows
 
 DEFAULT_ALPHA = 1.05  # the stated skew when nothing was measured (Criteo's large tables are near Zipf 1)
 
@@ -85,7 +85,7 @@ def zipf_shares(num_rows: int, alpha: float) -> torch.Tensor:
 
 
 class ProfileTiers:
-    """Hot rows of every profiled table, by :func:`hot_row_count` (a ``ReplicationConfig.tiers``).
+    """Hot rows of every profiled table, by :func:`~torchrec_het.replication.tiers.hottest_rows` (a ``ReplicationConfig.tiers``).
 
     It names the tables of a whole model (``spans_modules``): each sharded module takes its own.
 
@@ -105,15 +105,14 @@ class ProfileTiers:
     @property
     def tables(self) -> dict[str, TableTiers]:
         if self._tables is None:
-            model = AccessModel(self.profile)
             if self.world_size is None:
                 import torch.distributed as dist
 
                 self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+            scale = self.world_size / max(self.profile.batches, 1)  # reads per step, as AccessModel.reads
             tables = {}
-            for name, rows in zip(self.profile.tables, self.profile.num_rows):
-                reads = model.reads(name, rows, 0.0, self.world_size)
-                hot = reads.rows[: hot_row_count(reads.reads, self.min_reads_per_step, self.max_hot_fraction)]
-                tables[name] = TableTiers(name, rows, torch.sort(hot).values, torch.zeros(0, dtype=torch.int64))
+            for name, rows, counts in zip(self.profile.tables, self.profile.num_rows, self.profile.counts):
+                hot = hottest_rows(counts.double() * scale, self.min_reads_per_step, self.max_hot_fraction)
+                tables[name] = TableTiers(name, rows, hot, torch.zeros(0, dtype=torch.int64))
             self._tables = tables
         return self._tables

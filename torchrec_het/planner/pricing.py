@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 from torchrec.distributed.planner.types import ShardingOption
 
 from torchrec_het.config import HetCacheConfig
-from torchrec_het.planner.access import AccessModel, hot_row_count
+from torchrec_het.planner.access import AccessModel
+from torchrec_het.replication.tiers import hot_row_count
 from torchrec_het.planner.traffic import Bytes, TableLoad, cached_bytes, row_replicated_bytes, sequence_replicated_bytes
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
@@ -17,8 +18,8 @@ class PluginPricing:
     """Settings the plugin's types will run with, and where reads per row come from.
 
     Attributes:
-        access: a profile (required for ``het_row_replicated``: it names the hot rows) and
-            the skew assumed where nothing was measured.
+        access: a profile (it names ``het_row_replicated``'s hot rows, unless they are counted
+            online) and the skew assumed where nothing was measured.
         cache: settings of ``het_cached_row_wise`` tables.
         replica_sync_every: replica sync interval of ``het_row_replicated`` tables.
         max_hot_fraction: at most this share of a table's rows is replicated.

@@ -364,6 +364,13 @@ def hot_row_count(reads: torch.Tensor, min_reads_per_step: float, max_hot_fracti
     return min(count, math.floor(max_hot_fraction * reads.numel()))
 
 
+def hottest_rows(reads: torch.Tensor, min_reads_per_step: float, max_hot_fraction: float) -> torch.Tensor:
+    """Sorted int64 ids of the rows :func:`hot_row_count` admits, ``reads``: per step of every row
+    of a table (ties: lower id first). The rule of a profile's and of online counts' hot rows."""
+    order = torch.sort(reads, descending=True, stable=True).indices
+    return torch.sort(order[: hot_row_count(reads[order], min_reads_per_step, max_hot_fraction)]).values
+
+
 def select_tiers(tables: list[TableMemory], profile: AccessProfile, topology: TierTopology, budget_bytes: int,
                  min_reads_per_step: float = 1.0, max_hot_fraction: float = 0.5, sync_every: int = 1) -> TierPlan:
     """Chooses each table's replicated and per-host rows so that the per-rank peak stays within ``budget_bytes``.

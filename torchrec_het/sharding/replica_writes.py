@@ -38,7 +38,7 @@ from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
-from torchrec_het.replication.tiers import TableTiers, hot_row_count
+from torchrec_het.replication.tiers import TableTiers, hottest_rows
 from torchrec_het.sharding.exchange import exchange_flat
 from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
 from torchrec_het.sharding.replica_group import ReplicaGroup
@@ -128,16 +128,15 @@ class ReplicaWrites:
 
     def _choose_hot_rows(self) -> None:
         """Ends the online profile: every rank's counts summed, hot rows chosen per table by
-        :func:`~torchrec_het.replication.tiers.hot_row_count`, groups rebuilt (a collective)."""
+        :func:`~torchrec_het.replication.tiers.hottest_rows`, groups rebuilt (a collective)."""
         config, steps = self._config, self._config.online_profile_steps
         tables = {}
         for g, counts in zip(self._groups, self._online_counts):
             dist.all_reduce(counts, group=self._pg)
             for i, t in enumerate(g.tables):
                 reads = counts[int(g.offsets[i]) : int(g.offsets[i + 1])].double() / steps
-                order = torch.sort(reads, descending=True, stable=True).indices
-                hot = order[: hot_row_count(reads[order], 1.0 / config.replica_sync_every, config.online_max_hot_fraction)]
-                tables[t.name] = TableTiers(t.name, t.num_rows, torch.sort(hot).values, torch.zeros(0, dtype=torch.int64))
+                hot = hottest_rows(reads, 1.0 / config.replica_sync_every, config.online_max_hot_fraction)
+                tables[t.name] = TableTiers(t.name, t.num_rows, hot, torch.zeros(0, dtype=torch.int64))
         self._online_counts = []
         self._config = dataclasses.replace(config, tiers=SimpleNamespace(tables=tables))
         self._build(self._config)
