@@ -59,7 +59,7 @@ class HetCacheConfig:
 
     Attributes:
         default: settings of tables not named in ``per_table``.
-        per_table: table name -> its own settings.
+        per_table: table name -> its own settings (kept as a read-only view of a copy).
     """
 
     default: CacheSettings = field(default_factory=CacheSettings)
@@ -70,6 +70,10 @@ class HetCacheConfig:
             if not isinstance(settings, CacheSettings):
                 raise TypeError(f"per_table[{name!r}] must be CacheSettings, got {type(settings).__name__}")
         object.__setattr__(self, "per_table", MappingProxyType(dict(self.per_table)))
+
+    def __reduce__(self) -> tuple:
+        """Pickles through the constructor: a mappingproxy does not pickle, a dict does (and is re-wrapped)."""
+        return type(self), (self.default, dict(self.per_table))
 
     def for_table(self, name: str) -> CacheSettings:
         """The settings of table ``name``."""
