@@ -6,6 +6,7 @@ cache, tables planned ``het_row_replicated`` get hot-row replicas, every other t
 is sharded by stock TorchRec in the same module.
 """
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -20,12 +21,37 @@ from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.het_cached_rw import HetCachedRwPooledEmbeddingSharding
 from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
+from torchrec_het.sharding.replicated_bags import PipelinedRowReplicatedSharding, ReplicatedBagLookup
 from torchrec_het.sharding.replicated_lookup import RowReplicatedEmbeddingLookup
 from torchrec_het.sharding.replicated_rw import RowReplicatedPooledEmbeddingSharding
 from torchrec_het.sharding.validate import check_features
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 PLUGIN_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
+# The replication settings travel to the shardings in the fused params under this key,
+# which is removed before TorchRec groups tables or FBGEMM sees the dict.
+REPLICATION_KEY = "het_replication"
+
+
+def _without_settings(sharding_infos) -> tuple[list, ReplicationConfig | None]:
+    """The sharding infos minus the plugin's fused-params key, and the settings it carried."""
+    config, cleaned = None, []
+    for info in sharding_infos:
+        params = dict(info.fused_params or {})
+        config = params.pop(REPLICATION_KEY, config)
+        cleaned.append(dataclasses.replace(info, fused_params=params))
+    return cleaned, config
+
+
+def _pipelined(config: ReplicationConfig, sharding_infos) -> bool:
+    """Whether these tables take the pipelined path: it has no per-host tier and no online profile yet."""
+    if config.tiers is None:
+        return not config.online_profile_steps
+    for info in sharding_infos:
+        table = info.embedding_config
+        if config.table_tiers(table.name, table.num_embeddings)[1].numel():
+            return False
+    return True
 
 
 class HetEmbeddingBagCollection(EmbeddingBagCollection):
@@ -70,6 +96,7 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
         rows = {t.name: t.num_embeddings for t in module.embedding_bag_configs()}
         cache.check_tables([n for n, p in plan.items() if p.sharding_type == HET_CACHED_ROW_WISE])
         replication.check_tables(rows)
+        kwargs["fused_params"] = {**(kwargs.get("fused_params") or {}), REPLICATION_KEY: replication}
         super().__init__(*args, **kwargs)
         self._rows_of_feature = {
             feature: config.num_embeddings for config in self._embedding_bag_configs for feature in config.feature_names
@@ -83,6 +110,12 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
     @classmethod
     def create_embedding_bag_sharding(cls, sharding_infos, env, device=None, permute_embeddings=False, qcomm_codecs_registry=None):
         sharding_type = sharding_infos[0].param_sharding.sharding_type
+        sharding_infos, replication = _without_settings(sharding_infos)
+        replication = replication if replication is not None else ReplicationConfig()
+        if sharding_type == HET_ROW_REPLICATED and _pipelined(replication, sharding_infos):
+            return PipelinedRowReplicatedSharding(
+                sharding_infos, env, replication, device, qcomm_codecs_registry=qcomm_codecs_registry
+            )
         if sharding_type == HET_CACHED_ROW_WISE:
             return HetCachedRwPooledEmbeddingSharding(
                 sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
@@ -113,8 +146,8 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
         for lookup in self.het_lookups():
             lookup.reset_cache_stats()
 
-    def replicated_lookups(self) -> list[RowReplicatedEmbeddingLookup]:
-        return [lookup for lookup in self._lookups if isinstance(lookup, RowReplicatedEmbeddingLookup)]
+    def replicated_lookups(self) -> list:
+        return [lookup for lookup in self._lookups if isinstance(lookup, (RowReplicatedEmbeddingLookup, ReplicatedBagLookup))]
 
     def flush_cache(self) -> None:
         """Pushes every pending gradient to its owner; a collective, every rank calls it."""

@@ -34,6 +34,15 @@ def test_matches_unsharded_and_row_wise(world: list[dict], optimizer: str, weigh
             assert stats["sparse_syncs"] + stats["dense_syncs"] == 0, (rank, stats)
 
 
+def test_per_host_tier_takes_the_legacy_lookup_and_stays_exact(world: list[dict]) -> None:
+    for rank, results in enumerate(world):
+        errors = results["legacy/per_host"]
+        assert errors["out_rep_vs_unsharded/sum"] < TOLERANCE, (rank, errors)
+        assert errors["weights_rep_vs_unsharded/sum"] < TOLERANCE, (rank, errors)
+        assert errors["replica_disagreement"] == 0.0, (rank, errors)
+        assert errors["stats"]["sparse_syncs"] + errors["stats"]["dense_syncs"] >= 5, (rank, errors["stats"])
+
+
 def test_all_hot_steps_skip_the_cold_exchange_and_stay_exact(world: list[dict]) -> None:
     for rank, results in enumerate(world):
         errors = results["all_hot"]

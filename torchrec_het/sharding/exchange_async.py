@@ -1,0 +1,79 @@
+"""An all-to-all of variable segments that autograd can differentiate, started now and waited later.
+
+:func:`start_exchange` sends ``send`` (segments ordered by destination) and returns an
+:class:`Exchange`; ``Exchange.wait()`` returns what arrived, by source. In the backward the
+gradient travels the reverse way: the receiving side's backward starts the reverse
+all-to-all and the sending side's backward waits for it, so other backward work can run
+in between (TorchRec's request/wait pattern in ``comm_ops``). When no rank sends to
+another (``local_only``), nothing is sent at all: each rank's own segment is its input.
+"""
+
+import torch
+import torch.distributed as dist
+
+
+class Exchange:
+    """One started exchange (forward), and the state its backward needs."""
+
+    def __init__(self, send_splits: list[int], recv_splits: list[int], pg, wire: torch.dtype, local_only: bool, rank: int):
+        self.send_splits, self.recv_splits, self.pg, self.wire = send_splits, recv_splits, pg, wire
+        self.local_only, self.rank = local_only, rank
+        self.work = None
+        self.received: torch.Tensor | None = None
+        self.grad_work = None
+        self.grad_sent: torch.Tensor | None = None
+        self.dummy: torch.Tensor | None = None
+
+    def _start(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]):
+        if self.local_only:
+            start = sum(send_splits[: self.rank])
+            return None, send[start : start + send_splits[self.rank]].clone()
+        out = send.new_empty(sum(recv_splits))
+        work = dist.all_to_all_single(out, send.contiguous(), recv_splits, send_splits, group=self.pg, async_op=True)
+        return work, out
+
+    def wait(self) -> torch.Tensor:
+        return _Receive.apply(self, self.dummy)
+
+
+class _Send(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, exchange: Exchange, send: torch.Tensor):
+        ctx.exchange, ctx.dtype = exchange, send.dtype
+        exchange.work, exchange.received = exchange._start(
+            send.detach().to(exchange.wire), exchange.send_splits, exchange.recv_splits
+        )
+        return torch.empty(0, device=send.device, dtype=send.dtype)
+
+    @staticmethod
+    def backward(ctx, _):
+        exchange = ctx.exchange
+        if exchange.grad_work is not None:
+            exchange.grad_work.wait()
+        return None, exchange.grad_sent.to(ctx.dtype)
+
+
+class _Receive(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, exchange: Exchange, dummy: torch.Tensor):
+        ctx.exchange = exchange
+        if exchange.work is not None:
+            exchange.work.wait()
+        return exchange.received.to(dummy.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        exchange = ctx.exchange
+        exchange.grad_work, exchange.grad_sent = exchange._start(
+            grad.to(exchange.wire), exchange.recv_splits, exchange.send_splits
+        )
+        return None, torch.empty(0, device=grad.device, dtype=grad.dtype)
+
+
+def start_exchange(
+    send: torch.Tensor, send_splits: list[int], recv_splits: list[int], pg, wire: torch.dtype, local_only: bool
+) -> Exchange:
+    """Starts sending ``send`` (1-D, segments by destination); differentiable through ``wait()``."""
+    exchange = Exchange(send_splits, recv_splits, pg, wire, local_only, dist.get_rank(pg))
+    exchange.dummy = _Send.apply(exchange, send)
+    return exchange

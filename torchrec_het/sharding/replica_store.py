@@ -1,0 +1,218 @@
+"""Hot rows replicated on every rank: one dense block per embedding width, kept identical everywhere.
+
+A :class:`ReplicaBlock` holds the hot rows of tables of one width as a ``[rows, dim]``
+tensor plus the optimizer state the owners' FBGEMM kernels keep for them. Every rank
+pools its hot ids from it (:func:`pool_hot`); the backward adds the rows' gradients to a
+pending buffer, and every ``sync_every`` steps one all-reduce of that buffer is started
+(an awaitable: nothing waits on it until the next read). :meth:`ReplicaBlock.settle` waits,
+applies the summed gradient with the owners' optimizer arithmetic (:func:`step_rows`) and
+writes the new rows and state through to the owners' shards, so a state dict or checkpoint
+always sees current values.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
+
+from torchrec_het.sharding.row_apply import check_row_local
+
+ROWWISE = ("exact_row_wise_adagrad", "row_wise_adagrad")
+ELEMENTWISE = ("exact_adagrad",)
+PLAIN_SGD = ("sgd", "exact_sgd")
+
+
+def optimizer_name(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
+    return str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
+
+
+def state_width(name: str, dim: int) -> int:
+    """Optimizer-state columns per row: 1 (row-wise Adagrad), ``dim`` (Adagrad), 0 (SGD)."""
+    return 1 if name in ROWWISE else dim if name in ELEMENTWISE else 0
+
+
+@torch.no_grad()
+def step_rows(name: str, weights: torch.Tensor, state: torch.Tensor, grads: torch.Tensor, lr: torch.Tensor, eps: torch.Tensor) -> None:
+    """One optimizer step on rows, in place, as FBGEMM's CPU kernels compute it.
+
+    Args:
+        name: the optimizer (an FBGEMM ``EmbOptimType`` value).
+        weights: ``[n, dim]`` rows.
+        state: ``[n, state_width]`` their optimizer state.
+        grads: ``[n, dim]`` each row's summed gradient of the step.
+        lr: ``[n, 1]`` learning rate per row.
+        eps: ``[n, 1]`` epsilon per row.
+    """
+    if name in PLAIN_SGD:
+        weights.sub_(lr * grads)
+        return
+    if name in ROWWISE:  # state += mean(g^2); w -= lr / (sqrt(state) + eps) * g
+        state.add_(grads.pow(2).mean(dim=1, keepdim=True))
+    elif name in ELEMENTWISE:  # state += g^2 elementwise
+        state.add_(grads.pow(2))
+    else:
+        raise ValueError(f"optimizer {name!r} has no replica update")
+    weights.sub_(lr / (state.sqrt() + eps) * grads)
+
+
+def _flat(tbe: SplitTableBatchedEmbeddingBagsCodegen, prefix: str) -> torch.Tensor:
+    """The kernel's flat weights or momentum buffer where its tables live (device, else host)."""
+    for where in ("dev", "host", "uvm"):
+        buffer = getattr(tbe, f"{prefix}_{where}", None)
+        if buffer is not None and buffer.numel():
+            return buffer
+    raise ValueError(f"kernel has no {prefix} storage")
+
+
+@dataclass
+class OwnedRows:
+    """Where hot rows this rank owns live in one owner kernel: flat element positions."""
+
+    kernel: SplitTableBatchedEmbeddingBagsCodegen
+    slots: torch.Tensor  # [n] rows of the block
+    weight_index: torch.Tensor  # [n, dim] positions in the kernel's flat weights
+    state_index: torch.Tensor  # [n, width] positions in its flat momentum
+
+
+class ReplicaBlock:
+    """The hot rows of tables of one width, replicated on every rank of ``pg``.
+
+    Args:
+        hot_ids: sorted fused ids of the hot rows (the lookup's id space).
+        dim: their width.
+        optimizer: the owners' optimizer name (all tables of the block share it).
+        lr: ``[rows]`` learning rate of each row's table.
+        eps: ``[rows]`` epsilon of each row's table.
+        owned: where this rank's own hot rows live in its kernels.
+        sync_every: combine gradients every this many steps (1: exactly synchronous).
+        pg: the process group.
+        device: where the block lives.
+    """
+
+    def __init__(self, hot_ids, dim, optimizer, lr, eps, owned: list[OwnedRows], sync_every, pg, device) -> None:
+        rows = hot_ids.numel()
+        self.hot_ids, self.dim, self.optimizer, self.pg = hot_ids, dim, optimizer, pg
+        self.weights = torch.zeros(rows, dim, device=device)
+        self.state = torch.zeros(rows, state_width(optimizer, dim), device=device)
+        self.lr, self.eps = lr.view(-1, 1).to(device), eps.view(-1, 1).to(device)
+        self.owned, self.sync_every = owned, sync_every
+        self.pending = torch.zeros(rows, dim + 1, device=device)  # summed gradient, touches
+        self.steps_held = 0
+        self._work = None
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.weights, self.state))
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Copies every row and its optimizer state from its owner (one all-reduce)."""
+        self.wait()
+        block = torch.zeros(self.weights.size(0), self.dim + self.state.size(1), device=self.weights.device)
+        for part in self.owned:
+            block[part.slots, : self.dim] = _flat(part.kernel, "weights")[part.weight_index].float()
+            if self.state.size(1):
+                block[part.slots, self.dim :] = _flat(part.kernel, "momentum1")[part.state_index].float()
+        dist.all_reduce(block, group=self.pg)
+        self.weights.copy_(block[:, : self.dim])
+        self.state.copy_(block[:, self.dim :])
+        self.pending.zero_()
+        self.steps_held = 0
+
+    def add_grads(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
+        """Backward: this rank's gradients of rows ``slots`` (repeats summed); starts the sync when due."""
+        if self.weights.size(0) == 0:  # no hot rows: nothing to keep in sync (the same on every rank)
+            return
+        self.pending[:, : self.dim].index_add_(0, slots, grads)
+        self.pending[:, self.dim].index_add_(0, slots, torch.ones_like(slots, dtype=self.pending.dtype))
+        self.steps_held += 1
+        if self.steps_held >= self.sync_every:
+            self._work = dist.all_reduce(self.pending, group=self.pg, async_op=True)
+
+    def wait(self) -> bool:
+        """Finishes a started sync and applies it (call before reading the rows); whether there was one."""
+        if self._work is None:
+            return False
+        self._work.wait()
+        self._work = None
+        self._apply()
+        return True
+
+    def flush(self) -> int:
+        """Applies a started sync and whatever is held (a collective: every rank calls it); syncs applied."""
+        synced = int(self.wait())
+        if self.steps_held and self.weights.size(0):
+            self._work = dist.all_reduce(self.pending, group=self.pg, async_op=True)
+            synced += int(self.wait())
+        return synced
+
+    @torch.no_grad()
+    def _apply(self) -> None:
+        touched = (self.pending[:, self.dim] > 0).nonzero().flatten()
+        grads = self.pending[touched, : self.dim]
+        if self.steps_held > 1 and self.optimizer not in PLAIN_SGD:
+            # k held steps arrive as one sum; dividing by sqrt(k) (k: touches over ranks, capped
+            # at the steps held) grows Adagrad's squared-gradient state about as k steps would.
+            touches = self.pending[touched, self.dim].clamp(min=1, max=self.steps_held)
+            grads = grads / touches.sqrt().unsqueeze(1)
+        weights, state = self.weights[touched], self.state[touched]
+        step_rows(self.optimizer, weights, state, grads, self.lr[touched], self.eps[touched])
+        self.weights[touched], self.state[touched] = weights, state
+        self.pending.zero_()
+        self.steps_held = 0
+        self._write_through(touched)
+
+    def _write_through(self, touched: torch.Tensor) -> None:
+        """Copies updated rows this rank owns, with their state, into its owner kernels."""
+        mask = torch.zeros(self.weights.size(0), dtype=torch.bool, device=self.weights.device)
+        mask[touched] = True
+        for part in self.owned:
+            mine = mask[part.slots]
+            slots = part.slots[mine]
+            weights = _flat(part.kernel, "weights")
+            weights[part.weight_index[mine]] = self.weights[slots].to(weights.dtype)
+            if self.state.size(1):
+                _flat(part.kernel, "momentum1")[part.state_index[mine]] = self.state[slots]
+
+
+def owned_rows(kernel, table_index: torch.Tensor, local_rows: torch.Tensor, slots: torch.Tensor, dim: int) -> OwnedRows:
+    """Flat positions of rows ``local_rows`` of tables ``table_index`` in ``kernel`` (rows of width ``dim``)."""
+    check_row_local(kernel, "het_row_replicated")
+    name = optimizer_name(kernel)
+    feature_table = list(kernel.feature_table_map)  # the kernel's offsets are per feature: a table's first one
+    first_feature = torch.tensor([feature_table.index(t) for t in range(len(kernel.embedding_specs))])[table_index]
+    weight_start = kernel.weights_offsets.cpu()[first_feature] + local_rows * dim
+    weight_index = weight_start.unsqueeze(1) + torch.arange(dim)
+    width = state_width(name, dim)
+    if width:
+        state_start = kernel.momentum1_offsets.cpu()[first_feature] + local_rows * width
+        state_index = state_start.unsqueeze(1) + torch.arange(width)
+    else:
+        state_index = torch.zeros(local_rows.numel(), 0, dtype=torch.int64)
+    device = _flat(kernel, "weights").device
+    return OwnedRows(kernel, slots.to(device), weight_index.to(device), state_index.to(device))
+
+
+class _HotBags(torch.autograd.Function):
+    """Pools hot rows into bags; the backward hands their gradients to the block."""
+
+    @staticmethod
+    def forward(ctx, anchor, block: ReplicaBlock, slots, bags, weights, num_bags):  # noqa: ARG004
+        ctx.block, ctx.slots, ctx.bags, ctx.weights = block, slots, bags, weights
+        values = block.weights[slots]
+        if weights is not None:
+            values = values * weights.unsqueeze(1)
+        return torch.zeros(num_bags, block.dim, device=values.device).index_add_(0, bags, values)
+
+    @staticmethod
+    def backward(ctx, grad):
+        per_value = grad[ctx.bags]
+        if ctx.weights is not None:
+            per_value = per_value * ctx.weights.unsqueeze(1)
+        ctx.block.add_grads(ctx.slots, per_value)
+        return None, None, None, None, None, None
+
+
+def pool_hot(anchor, block: ReplicaBlock, slots, bags, weights, num_bags: int) -> torch.Tensor:
+    """``[num_bags, dim]`` sums of the block's rows ``slots`` into ``bags`` (weighted if ``weights``)."""
+    return _HotBags.apply(anchor, block, slots, bags, weights, num_bags)

@@ -1,0 +1,476 @@
+"""``het_row_replicated`` for EmbeddingBagCollections, in TorchRec's three stages.
+
+Row-wise shards (TorchRec's own, with their fused FBGEMM kernels) plus the hot rows of
+every table replicated on every rank (:mod:`~torchrec_het.sharding.replica_store`).
+
+input dist (:class:`ColdIdsDist`, two awaitables as TorchRec's row-wise dist)
+  hot ids stay on the reader; every other id goes to its owner as (bag, row[, weight]).
+  First awaitable: every rank's send counts (and batch size), one all-gather. Second: the
+  ids, one all-to-all (none when no rank reads a row owned elsewhere: FAE's all-hot step).
+lookup (:class:`ReplicatedBagLookup`, local compute)
+  the owner pools what it received with its fused kernel, as stock row-wise does, and
+  keeps only the partial sums of bags that had ids (DES); the reader pools its hot ids
+  from the replica block.
+output dist (:class:`PartialSumsDist`)
+  partial sums back to their readers (one all-to-all, sparse: no empty bags), added to
+  the hot partials, mean pooling applied. Backward: partial gradients go back the same
+  way into the owners' fused kernels (their optimizer steps as in stock row-wise); hot
+  gradients are summed over ranks by one asynchronous all-reduce (every
+  ``replica_sync_every`` steps) applied before the next read.
+
+With no hot rows this is row-wise sharding with sparse partial sums in place of the
+reduce-scatter, and trains exactly as stock row-wise does.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.comm_ops import get_gradient_division
+from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
+from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSparseFeaturesDist
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
+from torchrec.distributed.types import Awaitable, ShardingType
+from torchrec.modules.embedding_configs import PoolingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
+from torchrec_het.sharding.exchange_async import Exchange, start_exchange
+from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
+from torchrec_het.sharding.replica_group import ReplicaGroup
+from torchrec_het.sharding.replica_store import ReplicaBlock, optimizer_name, owned_rows, pool_hot
+
+STEP_ATTR = "_het_replicated_step"  # where the input dist leaves a batch's bookkeeping on its KJT
+
+
+@dataclass
+class _Batch:
+    """One batch's bookkeeping, from the input dist to the output dist."""
+
+    batch: int
+    lengths: torch.Tensor  # [F * B] reader's bag lengths (mean pooling)
+    hot: list  # per block: (slots, bags, weights) of the reader's hot values
+    sent_entries: torch.Tensor  # reader: distinct (dest, position, sample) keys of cold values sent
+    send_splits: list[int] = field(default_factory=list)
+    recv_splits: list[int] = field(default_factory=list)
+    local_only: bool = False
+    served_entries: torch.Tensor | None = None  # owner: (source, position, sample) of bags received
+    hot_pooled: list | None = None
+    partials: torch.Tensor | None = None
+
+
+class BagLayout:
+    """Static indexes of a sharding's features, built once: one id space over every table.
+
+    Positions are the sharding's features in order (a feature shared by two tables has two
+    positions). Table t's row r is id ``base[t] + r``; ids of one width are contiguous, so
+    the ids of a :class:`ReplicaGroup` (one width) are ``group_base[g] + its fused ids``.
+    """
+
+    def __init__(self, groups: list[ReplicaGroup], positions: list[tuple[int, int]], dims: list[int], mean: list[bool], world_size: int):
+        self.groups, self.world_size = groups, world_size
+        sizes = torch.tensor([int(g.offsets[-1]) for g in groups], dtype=torch.int64)
+        self.group_base = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(sizes, 0)[:-1]])
+        # per position: its group and fused offset of its table
+        self.position_group = torch.tensor([g for g, _ in positions], dtype=torch.int64)
+        self.position_base = torch.tensor(
+            [int(self.group_base[g]) + int(groups[g].offsets[t]) for g, t in positions], dtype=torch.int64
+        )
+        self.num_positions = len(positions)
+        self.dims = torch.tensor(dims, dtype=torch.int64)
+        self.columns = torch.cumsum(self.dims, 0) - self.dims
+        self.width = int(self.dims.sum())
+        self.uniform_dim = dims[0] if dims and all(d == dims[0] for d in dims) else None
+        self.mean = torch.tensor(mean, dtype=torch.bool)
+        self.has_mean = bool(self.mean.any())
+        self.column_position = torch.repeat_interleave(torch.arange(len(dims)), self.dims)
+        self.owner_ends = torch.cat([self.group_base[i] + g.owner_ends for i, g in enumerate(groups)])
+        self.bucket_start = torch.cat([torch.zeros(1, dtype=torch.int64), self.owner_ends[:-1]])
+        hot = [self.group_base[i] + g.hot for i, g in enumerate(groups)]
+        self.hot_ids = torch.cat([torch.zeros(0, dtype=torch.int64)] + hot)
+        counts = torch.tensor([h.numel() for h in hot], dtype=torch.int64)
+        self.hot_start = torch.cumsum(counts, 0) - counts
+        self.hot_group_ends = torch.cumsum(counts, 0)
+
+    def route(self, ids: torch.Tensor):
+        """(hot position in ``hot_ids`` or -1, owner rank, row in the owner's shard) of global ids."""
+        is_hot, pos = members(self.hot_ids, ids)
+        bucket = torch.bucketize(ids, self.owner_ends, right=True)
+        return torch.where(is_hot, pos, -1), bucket % self.world_size, ids - self.bucket_start[bucket]
+
+    def elements(self, rows: torch.Tensor, positions: torch.Tensor, row_width: int) -> torch.Tensor:
+        """Flat indexes of the blocks (row, position) in a ``[*, width]`` matrix, for mixed widths."""
+        widths = self.dims[positions]
+        start = rows * row_width + self.columns[positions]
+        first = torch.repeat_interleave(torch.cumsum(widths, 0) - widths, widths)
+        return torch.repeat_interleave(start, widths) + torch.arange(int(widths.sum())) - first
+
+
+class _Splits(Awaitable[Awaitable[KeyedJaggedTensor]]):
+    """First stage: every rank's send counts known; starts the ids' all-to-all."""
+
+    def __init__(self, dist_: "ColdIdsDist", step: _Batch, payload: torch.Tensor, width: int, work, gathered):
+        super().__init__()
+        self.dist, self.step, self.payload, self.width, self.work, self.gathered = dist_, step, payload, width, work, gathered
+
+    def _wait_impl(self) -> Awaitable[KeyedJaggedTensor]:
+        self.work.wait()
+        ws, rank = self.dist.world_size, self.dist.rank
+        table = torch.stack(self.gathered).tolist()  # [source][dest counts..., batch size]
+        batches = {row[ws] for row in table}
+        if len(batches) != 1:
+            raise ValueError(f"het_row_replicated needs one batch size on every rank, got {sorted(batches)}")
+        step = self.step
+        step.send_splits = [table[rank][d] for d in range(ws)]
+        step.recv_splits = [table[s][rank] for s in range(ws)]
+        step.local_only = all(table[s][d] == 0 for s in range(ws) for d in range(ws) if s != d)
+        exchange = start_exchange(
+            self.payload.view(-1),
+            [c * self.width for c in step.send_splits],
+            [c * self.width for c in step.recv_splits],
+            self.dist.pg,
+            torch.int32,
+            step.local_only,
+        )
+        return _Ids(self.dist, step, exchange, self.width)
+
+
+class _Ids(Awaitable[KeyedJaggedTensor]):
+    """Second stage: the ids received, as the KJT the owner's kernels pool."""
+
+    def __init__(self, dist_: "ColdIdsDist", step: _Batch, exchange: Exchange, width: int):
+        super().__init__()
+        self.dist, self.step, self.exchange, self.width = dist_, step, exchange, width
+
+    def _wait_impl(self) -> KeyedJaggedTensor:
+        received = self.exchange.wait().view(-1, self.width)
+        kjt = self.dist.owner_features(self.step, received)
+        setattr(kjt, STEP_ATTR, self.step)
+        return kjt
+
+
+class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
+    """Keeps hot ids on the reader and sends every other id to its owner."""
+
+    def __init__(self, layout: BagLayout, feature_names: list[str], pg, device):
+        super().__init__()
+        self.layout, self.feature_names, self.pg = layout, feature_names, pg
+        self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
+        self.device = device
+
+    def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
+        if sparse_features.variable_stride_per_key():
+            raise NotImplementedError("het_row_replicated does not support variable batch sizes per feature")
+        layout, ws = self.layout, self.world_size
+        batch = sparse_features.stride()
+        lengths = sparse_features.lengths().long()
+        values = sparse_features.values().long()
+        weights = sparse_features.weights_or_none()
+        bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+        ids = values + layout.position_base[bags // batch]
+        hot_pos, owner, row = layout.route(ids)
+        hot = []
+        block_of = torch.bucketize(hot_pos, layout.hot_group_ends, right=True)
+        for index in range(len(layout.groups)):
+            mine = (hot_pos >= 0) & (block_of == index)
+            hot.append((hot_pos[mine] - layout.hot_start[index], bags[mine], None if weights is None else weights[mine]))
+        cold = (hot_pos < 0).nonzero().flatten()
+        order = torch.sort(owner[cold], stable=True).indices
+        cold = cold[order]
+        dest = owner[cold]
+        columns = [bags[cold].to(torch.int32), row[cold].to(torch.int32)]
+        if weights is not None:
+            columns.append(weights[cold].float().view(torch.int32))
+        payload = torch.stack(columns, 1)
+        num_bags = lengths.numel()
+        step = _Batch(batch, lengths, hot, torch.unique(dest * num_bags + bags[cold]))
+        counts = torch.cat([torch.bincount(dest, minlength=ws), torch.tensor([batch])])
+        gathered = [torch.empty_like(counts) for _ in range(ws)]
+        work = dist.all_gather(gathered, counts, group=self.pg, async_op=True)
+        return _Splits(self, step, payload, len(columns), work, gathered)
+
+    def owner_features(self, step: _Batch, received: torch.Tensor) -> KeyedJaggedTensor:
+        """The (bag, row) pairs received, as a KJT of ``world_size * batch`` bags per position."""
+        ws, batch, positions = self.world_size, step.batch, self.layout.num_positions
+        source = torch.repeat_interleave(torch.arange(ws), torch.tensor(step.recv_splits))
+        bag = received[:, 0].long()
+        key = (bag // batch) * (ws * batch) + source * batch + bag % batch
+        key, order = torch.sort(key, stable=True)
+        lengths = torch.bincount(key, minlength=positions * ws * batch)
+        entries = lengths.view(positions, ws, batch).permute(1, 0, 2).reshape(-1).nonzero().flatten()
+        step.served_entries = entries  # (source, position, sample), flattened, ascending
+        weights = received[order, 2].view(torch.float32) if received.size(1) > 2 else None
+        return KeyedJaggedTensor(
+            keys=self.feature_names,
+            values=received[order, 1].long(),
+            lengths=lengths.int(),
+            weights=weights,
+            stride=ws * batch,
+        )
+
+
+class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
+    """The owner pools received ids with its fused kernels; the reader pools hot ids from replicas.
+
+    Args:
+        grouped_configs: the local shards, grouped as row-wise groups them.
+        feature_names: the sharding's features.
+        pg: the sharding's process group.
+        config: replication settings (tiers, sync interval, wire dtype).
+        shards_by_table: each table's shard metadata.
+        device: compute device.
+        env: sharding environment.
+    """
+
+    def __init__(self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None):
+        super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env)
+        self._pg = pg
+        self._rank, self._ws = dist.get_rank(pg), dist.get_world_size(pg)
+        self._config = config
+        self._wire = WIRE_DTYPES[config.wire_dtype]
+        self._features = list(feature_names)
+        self._device = device if device is not None else torch.device("cpu")
+        ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(self._ws))
+        self._sync_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True)
+        self._groups, self.layout = self._build_layout(config, shards_by_table)
+        self._blocks = [self._block(g) for g in self._groups]
+        self._needs_refresh = True
+        self._anchor = torch.zeros(1, requires_grad=True)
+        self.stats = {"steps": 0, "skipped_steps": 0, "sparse_syncs": 0, "dense_syncs": 0}
+        self.last_batch: _Batch | None = None
+
+    def _build_layout(self, config: ReplicationConfig, shards_by_table) -> tuple[list[ReplicaGroup], BagLayout]:
+        by_dim: dict[int, list] = {}
+        positions_of: list[tuple[int, str]] = []  # (dim, table name) per position
+        for module_index, group in enumerate(self.grouped_configs):
+            for table_index, table in enumerate(group.embedding_tables):
+                info = TableInfo(
+                    name=table.name,
+                    features=tuple(table.feature_names),
+                    num_rows=table.num_embeddings,
+                    row_starts=row_starts_from_shards(shards_by_table[table.name], self._ws, table.name),
+                    module_index=module_index,
+                    table_index=table_index,
+                    mean=table.pooling == PoolingType.MEAN,
+                    learning_rate=0.0,
+                )
+                by_dim.setdefault(table.embedding_dim, []).append((info, config.table_tiers(table.name, table.num_embeddings)))
+                positions_of += [(table.embedding_dim, table.name)] * len(table.feature_names)
+        local_ws = config.ranks_per_host(self._ws)
+        dims = list(by_dim)
+        groups = [ReplicaGroup([t for t, _ in by_dim[d]], [tiers for _, tiers in by_dim[d]], d, self._rank, self._ws, local_ws) for d in dims]
+        if any(g.host.numel() for g in groups):
+            raise NotImplementedError("the pipelined het_row_replicated path has no per-host tier")
+        table_pos = {t.name: (gi, ti) for gi, g in enumerate(groups) for ti, t in enumerate(g.tables)}
+        positions = [table_pos[name] for _, name in positions_of]
+        mean = [groups[g].tables[t].mean for g, t in positions]
+        return groups, BagLayout(groups, positions, [d for d, _ in positions_of], mean, self._ws)
+
+    def _block(self, g: ReplicaGroup) -> ReplicaBlock:
+        kernels = [m.emb_module for m in self._emb_modules]
+        tables = g.table_of(g.hot)
+        module_of = torch.tensor([t.module_index for t in g.tables], dtype=torch.int64)
+        table_of = torch.tensor([t.table_index for t in g.tables], dtype=torch.int64)
+        names = {optimizer_name(kernels[t.module_index]) for t in g.tables}
+        if len(names) > 1:
+            raise ValueError(f"tables {[t.name for t in g.tables]} of width {g.dim} mix optimizers {sorted(names)}")
+        lr = torch.tensor([float(kernels[t.module_index].get_learning_rate()) for t in g.tables])[tables]
+        eps = torch.tensor([float(kernels[t.module_index].optimizer_args.eps) for t in g.tables])[tables]
+        mine = (g.owner_of(g.hot) == self._rank).nonzero().flatten()
+        owned = []
+        for module_index in torch.unique(module_of[tables[mine]]).tolist():  # once, at build
+            part = mine[module_of[tables[mine]] == module_index]
+            rows = g.local_rows(g.hot[part], tables[part])
+            owned.append(owned_rows(kernels[module_index], table_of[tables[part]], rows, part, g.dim))
+        return ReplicaBlock(g.hot, g.dim, names.pop(), lr, eps, owned, self._config.replica_sync_every, self._sync_pg, self._device)
+
+    @property
+    def groups(self) -> list[ReplicaGroup]:
+        return self._groups
+
+    def replica_nbytes(self) -> int:
+        return sum(b.nbytes() for b in self._blocks)
+
+    def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+        step: _Batch = getattr(sparse_features, STEP_ATTR)
+        if self._needs_refresh:
+            for block in self._blocks:
+                block.refresh()
+            self._needs_refresh = False
+        for block in self._blocks:
+            self.stats["dense_syncs"] += int(block.wait())  # the previous step's replica sync
+        ws, batch, positions = self._ws, step.batch, self.layout.num_positions
+        pooled = super().forward(sparse_features)  # [ws * batch, width] partial sums, fused backward
+        source, rest = step.served_entries // (positions * batch), step.served_entries % (positions * batch)
+        position, sample = rest // batch, rest % batch
+        if self.layout.uniform_dim is not None:
+            dim = self.layout.uniform_dim
+            step.partials = pooled.view(ws * batch, positions, dim)[source * batch + sample, position].reshape(-1)
+        else:
+            step.partials = pooled.reshape(-1)[self.layout.elements(source * batch + sample, position, self.layout.width)]
+        step.hot_pooled = [
+            pool_hot(self._anchor, block, slots, bags, weights, positions * batch)
+            for block, (slots, bags, weights) in zip(self._blocks, step.hot)
+        ]
+        self.stats["steps"] += 1
+        self.stats["skipped_steps"] += int(step.local_only)
+        self.last_batch = step
+        return step.partials
+
+    def samples_read_here(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        """bool ``[batch]``: samples whose ids are all hot or owned here (they need no other rank)."""
+        if features.variable_stride_per_key():
+            raise ValueError("samples_read_here needs one batch size for every feature")
+        batch = features.stride()
+        lengths = features.lengths().long()
+        bags = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+        hot_pos, owner, _ = self.layout.route(features.values().long() + self.layout.position_base[bags // batch])
+        remote = (hot_pos < 0) & (owner != self._rank)
+        return torch.bincount(bags[remote] % batch, minlength=batch) == 0
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Applies held replica gradients (a collective); shards already hold current hot rows."""
+        for block in self._blocks:
+            self.stats["dense_syncs"] += block.flush()
+        super().flush()
+
+    def purge(self) -> None:
+        """Replicas are copied from the (loaded) shards again at the next forward."""
+        for block in self._blocks:
+            block.wait()
+            block.pending.zero_()
+            block.steps_held = 0
+        self._needs_refresh = True
+        super().purge()
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+
+class _Bags(Awaitable[torch.Tensor]):
+    def __init__(self, dist_: "PartialSumsDist", step: _Batch, exchange: Exchange):
+        super().__init__()
+        self.dist, self.step, self.exchange = dist_, step, exchange
+
+    def _wait_impl(self) -> torch.Tensor:
+        return self.dist.finish(self.step, self.exchange.wait().float())
+
+
+class PartialSumsDist(BaseEmbeddingDist):
+    """Sends the owners' partial sums back to their readers and finishes the bags."""
+
+    def __init__(self, lookup: ReplicatedBagLookup, pg):
+        super().__init__()
+        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
+        self.pg, self.layout = pg, lookup.layout
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx=None) -> Awaitable[torch.Tensor]:
+        lookup = self._lookup[0]
+        step = lookup.last_batch
+        layout = self.layout
+        ws, batch, positions = lookup._ws, step.batch, layout.num_positions
+        served_source = step.served_entries // (positions * batch)
+        send_rows = torch.bincount(served_source, minlength=ws)
+        recv_rows = torch.bincount(step.sent_entries // (positions * batch), minlength=ws)
+        if layout.uniform_dim is not None:
+            send = (send_rows * layout.uniform_dim).tolist()
+            recv = (recv_rows * layout.uniform_dim).tolist()
+        else:
+            served_pos = (step.served_entries % (positions * batch)) // batch
+            sent_pos = (step.sent_entries % (positions * batch)) // batch
+            send = torch.bincount(served_source, layout.dims[served_pos].double(), minlength=ws).long().tolist()
+            recv = torch.bincount(step.sent_entries // (positions * batch), layout.dims[sent_pos].double(), minlength=ws).long().tolist()
+        exchange = start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only)
+        return _Bags(self, step, exchange)
+
+    def finish(self, step: _Batch, received: torch.Tensor) -> torch.Tensor:
+        """``[batch, width]`` bags: hot partials plus the partials received, mean applied."""
+        layout, batch, positions = self.layout, step.batch, self.layout.num_positions
+        rest = step.sent_entries % (positions * batch)
+        position, sample = rest // batch, rest % batch
+        if layout.uniform_dim is not None:
+            dim = layout.uniform_dim
+            hot = sum(step.hot_pooled).view(positions, batch, dim).transpose(0, 1)
+            out = torch.index_put(hot, (sample, position), received.view(-1, dim), accumulate=True)
+            if layout.has_mean:
+                out = out / _divisors(layout, step, batch).unsqueeze(2)
+            out = out.reshape(batch, layout.width)
+        else:
+            out = torch.zeros(batch * layout.width, device=received.device)
+            for block, pooled in zip(self._lookup[0]._blocks, step.hot_pooled):
+                mine = (layout.dims == block.dim).nonzero().flatten()
+                rows = pooled.view(positions, batch, block.dim)[mine]  # [mine, batch, dim]
+                index = layout.elements(
+                    torch.arange(batch).repeat(mine.numel()), mine.repeat_interleave(batch), layout.width
+                )
+                out = out.index_add(0, index, rows.reshape(-1))
+            out = out.index_add(0, layout.elements(sample, position, layout.width), received)
+            out = out.view(batch, layout.width)
+            if layout.has_mean:
+                out = out / _divisors(layout, step, batch)[:, layout.column_position]
+        scale = 1.0 / self._lookup[0]._ws if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
+        return _ScaleGrad.apply(out, scale)
+
+
+def _divisors(layout: BagLayout, step: _Batch, batch: int) -> torch.Tensor:
+    """``[batch, positions]``: bag length for mean-pooled positions, else 1."""
+    lengths = step.lengths.view(layout.num_positions, batch).t()
+    return torch.where(layout.mean.unsqueeze(0), lengths.clamp(min=1), 1).float()
+
+
+class PipelinedRowReplicatedSharding(RwPooledEmbeddingSharding):
+    """``het_row_replicated`` bags: row-wise shards, hot replicas, partial sums, in TorchRec's stages.
+
+    Args:
+        sharding_infos: TorchRec's per-table sharding infos.
+        env: sharding environment.
+        config: replication settings for these tables.
+        device: compute device.
+    """
+
+    sharding_type = "het_row_replicated"
+
+    def __init__(self, sharding_infos, env, config: ReplicationConfig, device=None, **kwargs) -> None:
+        super().__init__(sharding_infos, env, device, **kwargs)
+        self._config = config
+        self.shards_by_table = {
+            info.embedding_config.name: list(info.param_sharding.sharding_spec.shards) for info in sharding_infos
+        }
+        self._lookup: ReplicatedBagLookup | None = None
+
+    def create_lookup(self, device=None, fused_params=None, feature_processor=None) -> ReplicatedBagLookup:
+        if feature_processor is not None:
+            raise NotImplementedError("het_row_replicated does not support feature processors")
+        if self._lookup is not None:  # the dists share the lookup's layout: build it once
+            return self._lookup
+        self._lookup = ReplicatedBagLookup(
+            self._grouped_embedding_configs,
+            self.feature_names(),
+            self._pg,
+            self._config,
+            self.shards_by_table,
+            device=device if device is not None else self._device,
+            env=self._env,
+        )
+        return self._lookup
+
+    def _layout(self) -> BagLayout:
+        if self._lookup is None:
+            self.create_lookup()
+        return self._lookup.layout
+
+    def create_input_dist(self, device=None) -> ColdIdsDist:
+        return ColdIdsDist(self._layout(), self.feature_names(), self._pg, device or self._device)
+
+    def create_output_dist(self, device=None) -> PartialSumsDist:
+        self._layout()
+        return PartialSumsDist(self._lookup, self._pg)
