@@ -39,6 +39,8 @@ from torchrec_het.sharding.exchange_async import Exchange, start_exchange
 from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
 from torchrec_het.sharding.replica_group import ReplicaGroup
 from torchrec_het.sharding.replica_store import ReplicaBlock, optimizer_name, owned_rows, pool_hot
+from torchrec_het.sharding.row_optim import _layout as row_layout
+from torchrec_het.sharding.row_optim import apply_rows
 
 STEP_ATTR = "_het_replicated_step"  # where the input dist leaves a batch's bookkeeping on its KJT
 
@@ -55,6 +57,8 @@ class _Batch:
     recv_splits: list[int] = field(default_factory=list)
     local_only: bool = False
     served_entries: torch.Tensor | None = None  # owner: (source, position, sample) of bags received
+    served_inverse: torch.Tensor | None = None  # owner: entry of each id received (in arrival order)
+    received: torch.Tensor | None = None  # owner: int32 [ids, 2 or 3] (bag, row, weight bits), by source
     hot_pooled: list | None = None
     partials: torch.Tensor | None = None
 
@@ -173,7 +177,8 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         block_of = torch.bucketize(hot_pos, layout.hot_group_ends, right=True)
         for index in range(len(layout.groups)):
             mine = (hot_pos >= 0) & (block_of == index)
-            hot.append((hot_pos[mine] - layout.hot_start[index], bags[mine], None if weights is None else weights[mine]))
+            by_sample = (bags[mine] % batch) * layout.num_positions + bags[mine] // batch  # output rows are (sample, position)
+            hot.append((hot_pos[mine] - layout.hot_start[index], by_sample, None if weights is None else weights[mine]))
         cold = (hot_pos < 0).nonzero().flatten()
         order = torch.sort(owner[cold], stable=True).indices
         cold = cold[order]
@@ -194,11 +199,14 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         ws, batch, positions = self.world_size, step.batch, self.layout.num_positions
         source = torch.repeat_interleave(torch.arange(ws), torch.tensor(step.recv_splits))
         bag = received[:, 0].long()
+        # ids arrive by source, each source's in bag order: (source, position, sample) never decreases
+        step.served_entries, step.served_inverse = torch.unique_consecutive(
+            source * (positions * batch) + bag, return_inverse=True
+        )
+        step.received = received
         key = (bag // batch) * (ws * batch) + source * batch + bag % batch
         key, order = torch.sort(key, stable=True)
         lengths = torch.bincount(key, minlength=positions * ws * batch)
-        entries = lengths.view(positions, ws, batch).permute(1, 0, 2).reshape(-1).nonzero().flatten()
-        step.served_entries = entries  # (source, position, sample), flattened, ascending
         weights = received[order, 2].view(torch.float32) if received.size(1) > 2 else None
         return KeyedJaggedTensor(
             keys=self.feature_names,
@@ -234,6 +242,7 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
         self._sync_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True)
         self._groups, self.layout = self._build_layout(config, shards_by_table)
         self._blocks = [self._block(g) for g in self._groups]
+        self._owner = OwnerRows.of(self) if self.layout.uniform_dim is not None else None
         self._needs_refresh = True
         self._anchor = torch.zeros(1, requires_grad=True)
         self.stats = {"steps": 0, "skipped_steps": 0, "sparse_syncs": 0, "dense_syncs": 0}
@@ -300,14 +309,14 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
         for block in self._blocks:
             self.stats["dense_syncs"] += int(block.wait())  # the previous step's replica sync
         ws, batch, positions = self._ws, step.batch, self.layout.num_positions
-        pooled = super().forward(sparse_features)  # [ws * batch, width] partial sums, fused backward
-        source, rest = step.served_entries // (positions * batch), step.served_entries % (positions * batch)
-        position, sample = rest // batch, rest % batch
-        if self.layout.uniform_dim is not None:
-            dim = self.layout.uniform_dim
-            step.partials = pooled.view(ws * batch, positions, dim)[source * batch + sample, position].reshape(-1)
-        else:
-            step.partials = pooled.reshape(-1)[self.layout.elements(source * batch + sample, position, self.layout.width)]
+        if self._owner is not None:  # one width: pool from the kernels' rows, update them in the backward
+            step.partials = _OwnerPartials.apply(self._anchor, self._owner, step).reshape(-1)
+        else:  # mixed widths: the kernels' own forward and fused backward over every bag
+            pooled = super().forward(sparse_features)  # [ws * batch, width] partial sums
+            source, rest = step.served_entries // (positions * batch), step.served_entries % (positions * batch)
+            position, sample = rest // batch, rest % batch
+            index = self.layout.elements(source * batch + sample, position, self.layout.width)
+            step.partials = pooled.reshape(-1)[index]
         step.hot_pooled = [
             pool_hot(self._anchor, block, slots, bags, weights, positions * batch)
             for block, (slots, bags, weights) in zip(self._blocks, step.hot)
@@ -343,6 +352,81 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
             block.steps_held = 0
         self._needs_refresh = True
         super().purge()
+
+
+class OwnerRows:
+    """Where the rows of one-width tables live in the owner's kernels, built once.
+
+    Per position: its kernel, the table's index there and the kernel row (of a
+    ``[rows, dim]`` view of the kernel's flat weights) where the table's shard starts.
+    """
+
+    def __init__(self, kernels, views, kernel_of, table_of, first_row, dim):
+        self.kernels, self.views, self.dim = kernels, views, dim
+        self.kernel_of, self.table_of, self.first_row = kernel_of, table_of, first_row
+
+    @classmethod
+    def of(cls, lookup: "ReplicatedBagLookup") -> "OwnerRows | None":
+        """None unless every kernel keeps fp32 rows of one width in one flat buffer, updatable row by row."""
+        dim = lookup.layout.uniform_dim
+        kernels = [m.emb_module for m in lookup._emb_modules]
+        views, kernel_of, table_of, first_row = [], [], [], []
+        for k, (kernel, config) in enumerate(zip(kernels, lookup.grouped_configs)):
+            if row_layout(kernel) is None:
+                return None
+            flat = getattr(kernel, row_layout(kernel).weights)
+            offsets = torch.tensor(list(kernel.weights_physical_offsets), dtype=torch.int64)
+            if flat.numel() % dim or bool((offsets % dim).any()):
+                return None
+            views.append(flat.view(-1, dim))
+            for t, table in enumerate(config.embedding_tables):
+                count = len(table.feature_names)
+                kernel_of += [k] * count
+                table_of += [t] * count
+                first_row += [int(offsets[t]) // dim] * count
+        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+        return cls(kernels, views, as_tensor(kernel_of), as_tensor(table_of), as_tensor(first_row), dim)
+
+    def parts(self, step: _Batch):
+        """Per kernel: (positions of its received ids, their tables, their rows in the table's shard)."""
+        received, batch = step.received, step.batch
+        position = received[:, 0].long() // batch
+        rows = received[:, 1].long()
+        kernel = self.kernel_of[position]
+        for k in range(len(self.kernels)):
+            mine = (kernel == k).nonzero().flatten() if len(self.kernels) > 1 else torch.arange(rows.numel())
+            yield k, mine, self.table_of[position[mine]], rows[mine], self.first_row[position[mine]] + rows[mine]
+
+    def weights_of(self, step: _Batch) -> torch.Tensor | None:
+        received = step.received
+        return received[:, 2].view(torch.float32) if received.size(1) > 2 else None
+
+
+class _OwnerPartials(torch.autograd.Function):
+    """``[entries, dim]`` partial sums of the ids received; the backward steps the owners' optimizer."""
+
+    @staticmethod
+    def forward(ctx, anchor, owner: OwnerRows, step: _Batch):  # noqa: ARG004
+        ctx.owner, ctx.step = owner, step
+        weights = owner.weights_of(step)
+        partials = torch.zeros(step.served_entries.numel(), owner.dim, device=owner.views[0].device)
+        for k, mine, _, _, view_rows in owner.parts(step):
+            values = owner.views[k][view_rows]
+            if weights is not None:
+                values = values * weights[mine].unsqueeze(1)
+            partials.index_add_(0, step.served_inverse[mine], values)
+        return partials
+
+    @staticmethod
+    def backward(ctx, grad):
+        owner, step = ctx.owner, ctx.step
+        weights = owner.weights_of(step)
+        for k, mine, tables, rows, _ in owner.parts(step):
+            grads = grad[step.served_inverse[mine]]
+            if weights is not None:
+                grads = grads * weights[mine].unsqueeze(1)
+            apply_rows(owner.kernels[k], tables, rows, grads)
+        return None, None, None
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -382,13 +466,15 @@ class PartialSumsDist(BaseEmbeddingDist):
         send_rows = torch.bincount(served_source, minlength=ws)
         recv_rows = torch.bincount(step.sent_entries // (positions * batch), minlength=ws)
         if layout.uniform_dim is not None:
-            send = (send_rows * layout.uniform_dim).tolist()
-            recv = (recv_rows * layout.uniform_dim).tolist()
-        else:
+            splits = torch.cat([send_rows, recv_rows]) * layout.uniform_dim
+        else:  # elements: each entry is as wide as its position's table
             served_pos = (step.served_entries % (positions * batch)) // batch
             sent_pos = (step.sent_entries % (positions * batch)) // batch
-            send = torch.bincount(served_source, layout.dims[served_pos].double(), minlength=ws).long().tolist()
-            recv = torch.bincount(step.sent_entries // (positions * batch), layout.dims[sent_pos].double(), minlength=ws).long().tolist()
+            send_elements = torch.bincount(served_source, layout.dims[served_pos].double(), minlength=ws)
+            recv_elements = torch.bincount(step.sent_entries // (positions * batch), layout.dims[sent_pos].double(), minlength=ws)
+            splits = torch.cat([send_elements, recv_elements]).long()
+        splits = splits.tolist()  # the output dist's one host sync
+        send, recv = splits[:ws], splits[ws:]
         exchange = start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only)
         return _Bags(self, step, exchange)
 
@@ -399,18 +485,18 @@ class PartialSumsDist(BaseEmbeddingDist):
         position, sample = rest // batch, rest % batch
         if layout.uniform_dim is not None:
             dim = layout.uniform_dim
-            hot = sum(step.hot_pooled).view(positions, batch, dim).transpose(0, 1)
-            out = torch.index_put(hot, (sample, position), received.view(-1, dim), accumulate=True)
+            hot = sum(step.hot_pooled)  # [batch * positions, dim], rows (sample, position)
+            out = hot.index_add(0, sample * positions + position, received.view(-1, dim)).view(batch, positions, dim)
             if layout.has_mean:
                 out = out / _divisors(layout, step, batch).unsqueeze(2)
-            out = out.reshape(batch, layout.width)
+            out = out.view(batch, layout.width)
         else:
             out = torch.zeros(batch * layout.width, device=received.device)
             for block, pooled in zip(self._lookup[0]._blocks, step.hot_pooled):
                 mine = (layout.dims == block.dim).nonzero().flatten()
-                rows = pooled.view(positions, batch, block.dim)[mine]  # [mine, batch, dim]
+                rows = pooled.view(batch, positions, block.dim)[:, mine]  # [batch, mine, dim]
                 index = layout.elements(
-                    torch.arange(batch).repeat(mine.numel()), mine.repeat_interleave(batch), layout.width
+                    torch.arange(batch).repeat_interleave(mine.numel()), mine.repeat(batch), layout.width
                 )
                 out = out.index_add(0, index, rows.reshape(-1))
             out = out.index_add(0, layout.elements(sample, position, layout.width), received)
