@@ -35,7 +35,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torchrec.optim
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 from iopath.common.file_io import NativePathHandler, PathManager
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
@@ -47,6 +46,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from torchrec_het import _compat
 from torchrec_het.data import DataConfig, binary_auc, open_source, preset_table_sizes
 from torchrec_het.bench.table_init import init_tables_by_row  # plan-independent starting weights
 
@@ -283,7 +283,7 @@ def save_weights(path: str, model) -> None:
     """Rank 0 writes every parameter unsharded (``torch.save`` of a name -> tensor dict)."""
     full = {}
     for name, value in model.state_dict().items():
-        if isinstance(value, ShardedTensor):  # every rank takes part
+        if _compat.is_sharded_tensor(value):  # every rank takes part
             out = torch.empty(value.size(), dtype=value.dtype) if dist.get_rank() == 0 else None
             value.gather(dst=0, out=out)
             value = out

@@ -16,21 +16,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torchrec.distributed.model_parallel as _model_parallel
-import torchrec.distributed.planner as _planner_package
-import torchrec.distributed.planner.planners as _planners
-import torchrec.distributed.shard as _shard
-import torchrec.distributed.sharding_plan as _sharding_plan
-
+from torchrec_het import _compat
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.planner.access import DEFAULT_ALPHA, AccessModel, ProfileTiers
 from torchrec_het.planner.pricing import PluginPricing
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile, load_profile
 
-# modules that bind ``get_default_sharders`` / ``EmbeddingShardingPlanner`` by name
-_SHARDER_HOMES = (_sharding_plan, _model_parallel, _shard, _planners)
-_PLANNER_HOMES = (_planner_package, _planners, _model_parallel, _shard)
 # settings ``install()`` reads when not given (the launcher passes them this way)
 ENV_PROFILE, ENV_ALPHA, ENV_SYNC = "TORCHREC_HET_PROFILE", "TORCHREC_HET_ALPHA", "TORCHREC_HET_REPLICA_SYNC_EVERY"
 ENV_ONLINE = "TORCHREC_HET_ONLINE_PROFILE_STEPS"
@@ -96,13 +88,13 @@ def install(
         tiers=tiers, replica_sync_every=sync, online_profile_steps=online, online_max_hot_fraction=max_hot_fraction
     )
     state = _Installed(cache, replication, pricing)
-    stock = _sharding_plan.get_default_sharders
-    plugin_sharders = _plugin_default_sharders(stock, state)
-    for home in _SHARDER_HOMES:
+    sharder_homes = _compat.default_sharders_homes()  # the first defines it
+    plugin_sharders = _plugin_default_sharders(sharder_homes[0].get_default_sharders, state)
+    for home in sharder_homes:
         _replace(state, home, "get_default_sharders", plugin_sharders)
     from torchrec_het.planner.planner import HetEmbeddingShardingPlanner
 
-    for home in _PLANNER_HOMES:
+    for home in _compat.planner_homes():
         _replace(state, home, "EmbeddingShardingPlanner", HetEmbeddingShardingPlanner)
     _state = state
 

@@ -14,8 +14,9 @@ import math
 
 import torch
 from torch import nn
-from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
+
+from torchrec_het import _compat
 
 BLOCK_ROWS = 4096
 
@@ -74,7 +75,7 @@ def init_tables_by_row(model: nn.Module, tables: list[BaseEmbeddingConfig], seed
         if suffix is None:
             continue
         config = by_key[suffix]
-        if isinstance(value, ShardedTensor):
+        if _compat.is_sharded_tensor(value):
             for shard in value.local_shards():
                 row0, col0 = shard.metadata.shard_offsets
                 _fill(shard.tensor, config, seed, row0, col0)

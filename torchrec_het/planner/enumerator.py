@@ -23,6 +23,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, ShardingOpt
 from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.types import ModuleSharder, ShardingType
 
+from torchrec_het import _compat
 from torchrec_het.planner.estimators import HetPerfEstimator, HetStorageEstimator
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
 
@@ -57,17 +58,15 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
         super().__init__(topology, batch_size, constraints, estimator, use_exact_enumerate_order)
 
     def enumerate(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> list[ShardingOption]:
-        offered = {sharder_name(s.module_type): _plugin_types(s, self._compute_device) for s in sharders}
+        device, _, constraints = _compat.enumerator_settings(self)
+        offered = {sharder_name(s.module_type): _plugin_types(s, device) for s in sharders}
         if not any(offered.values()):
             return super().enumerate(module, sharders)
         by_key = {sharder_name(s.module_type): s for s in sharders}
-        constraints = self._constraints
-        self._constraints = _with_row_wise_for_plugin(self._with_measured_pooling(module, constraints))
-        try:
-            options = super().enumerate(module, [_row_wise_stand_in(s, self._compute_device) for s in sharders])
-        finally:
-            self._constraints = constraints
-        self._sharder_map = by_key
+        stand_in_constraints = _with_row_wise_for_plugin(self._with_measured_pooling(module, constraints))
+        with _compat.enumerator_constraints(self, stand_in_constraints):
+            options = super().enumerate(module, [_row_wise_stand_in(s, device) for s in sharders])
+        _compat.set_enumerator_sharders(self, by_key)
         out, added = [], []
         for option in options:
             key = option.module_type_key
@@ -80,7 +79,7 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
             for sharding_type in offered[key]:
                 if not (self._allows(option.name, sharding_type, sharder) and self.pricing.offers(sharding_type, option.name)):
                     continue
-                if option.compute_kernel not in sharder.compute_kernels(sharding_type, self._compute_device):
+                if option.compute_kernel not in sharder.compute_kernels(sharding_type, device):
                     continue
                 twin = copy.deepcopy(option)
                 twin.sharding_type = sharding_type
@@ -94,7 +93,7 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
             if option.name not in kept:
                 raise ValueError(
                     f"table {option.name!r}: no sharding type is left for it; its constraints allow "
-                    f"{self._constraints[option.name].sharding_types}, and het_row_replicated needs measured "
+                    f"{constraints[option.name].sharding_types}, and het_row_replicated needs measured "
                     "reads of the table (a profile naming it) to choose its hot rows"
                 )
         return out + added
@@ -102,23 +101,24 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
     def _with_measured_pooling(self, module: nn.Module, constraints):
         """``constraints`` plus the profile's ids per sample for measured tables left at TorchRec's default."""
         out = dict(constraints or {})
-        profile = self.pricing.access.profile
+        profile, batch_size = self.pricing.access.profile, _compat.enumerator_settings(self)[1]
         for name in _table_names(module):
             if not self.pricing.access.measured(name) or not profile.batches:
                 continue
             given = out.get(name)
             if given is not None and (list(given.pooling_factors) != [POOLING_FACTOR] or given.num_poolings or given.batch_sizes):
                 continue
-            per_sample = float(profile.table_counts(name).sum()) / profile.batches / self._batch_size
+            per_sample = float(profile.table_counts(name).sum()) / profile.batches / batch_size
             base = given if given is not None else ParameterConstraints()
             out[name] = dataclasses.replace(base, pooling_factors=[max(per_sample, 1e-6)])
         return out or constraints
 
     def _allows(self, name: str, sharding_type: str, sharder: ModuleSharder) -> bool:
         """Whether the sharder offers ``sharding_type`` and the table's constraints (if any) allow it."""
-        if sharding_type not in sharder.sharding_types(self._compute_device):
+        device, _, constraints = _compat.enumerator_settings(self)
+        if sharding_type not in sharder.sharding_types(device):
             return False
-        allowed = self._constraints.get(name).sharding_types if self._constraints and name in self._constraints else None
+        allowed = constraints[name].sharding_types if constraints and name in constraints else None
         return not allowed or sharding_type in allowed
 
 

@@ -12,6 +12,7 @@ from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
 from torchrec.distributed.planner.types import CollectiveType, Perf, ShardingOption, Storage, Topology
 from torchrec.distributed.types import ShardingType
 
+from torchrec_het import _compat
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
 from torchrec_het.replication.tiers import bytes_per_row
 
@@ -56,10 +57,9 @@ class HetPerfEstimator(EmbeddingPerfEstimator):
 
     def estimate(self, sharding_options: list[ShardingOption], sharder_data_map=None) -> None:
         pairs = estimate_with_twins(super().estimate, sharding_options, sharder_data_map)
-        ws = self._topology.world_size
-        bandwidth = self._topology.comms_bandwidths.get_bw(
-            self._topology.local_world_size, ws, CollectiveType.ALL_TO_ALL
-        )
+        topology = _compat.estimator_topology(self)
+        ws = topology.world_size
+        bandwidth = topology.comms_bandwidths.get_bw(topology.local_world_size, ws, CollectiveType.ALL_TO_ALL)
         for option, twin in pairs:
             traffic = self.pricing.bytes(option, self.pricing.load(option, ws))
             per_rank = 1.0 / (ws * bandwidth)
@@ -88,8 +88,8 @@ class HetStorageEstimator(EmbeddingStorageEstimator):
 
     def estimate(self, sharding_options: list[ShardingOption], sharder_data_map=None) -> None:
         pairs = estimate_with_twins(super().estimate, sharding_options, sharder_data_map)
-        ws = self._topology.world_size
-        on_device = self._topology.compute_device in ("cuda", "mtia")
+        topology = _compat.estimator_topology(self)
+        ws, on_device = topology.world_size, topology.compute_device in ("cuda", "mtia")
         for option, twin in pairs:
             data = (sharder_data_map or {}).get(option.module_type_key)
             optimizer = (data.fused_params if data else {}).get("optimizer", DEFAULT_OPTIMIZER)

@@ -1,12 +1,12 @@
 """``EmbeddingShardingPlanner`` with the plugin's enumerator and stats as defaults."""
 
-import copy
 import inspect
 
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.constants import CROSS_NODE_BANDWIDTH, INTRA_NODE_BANDWIDTH
 from torchrec.distributed.planner.types import BasicCommsBandwidths
 
+from torchrec_het import _compat
 from torchrec_het.planner.enumerator import HetEmbeddingEnumerator
 from torchrec_het.planner.pricing import PluginPricing
 from torchrec_het.planner.stats import HetEmbeddingStats
@@ -33,15 +33,16 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     def __init__(self, *args, pricing: PluginPricing | None = None, cpu_bandwidths: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         given = inspect.signature(EmbeddingShardingPlanner.__init__).bind(self, *args, **kwargs).arguments
+        topology, batch_size, constraints = _compat.planner_settings(self)
         if cpu_bandwidths:
-            self._topology = cpu_network(self._topology)
+            topology = cpu_network(topology)
+        enumerator = None
         if given.get("enumerator") is None:
-            self._enumerator = HetEmbeddingEnumerator(
-                topology=self._topology, batch_size=self._batch_size, constraints=self._constraints,
-                pricing=pricing or default_pricing(),
+            enumerator = HetEmbeddingEnumerator(
+                topology=topology, batch_size=batch_size, constraints=constraints, pricing=pricing or default_pricing()
             )
-        if given.get("stats") is None:
-            self._stats = [HetEmbeddingStats()]
+        stats = [HetEmbeddingStats()] if given.get("stats") is None else None
+        _compat.set_planner_parts(self, topology=topology, enumerator=enumerator, stats=stats)
 
 
 def cpu_network(topology: Topology) -> Topology:
@@ -53,9 +54,9 @@ def cpu_network(topology: Topology) -> Topology:
     )
     if topology.compute_device != "cpu" or not stock:
         return topology
-    out = copy.copy(topology)
-    out._comms_bandwidths = BasicCommsBandwidths(intra_host_bw=CPU_INTRA_HOST_BW, inter_host_bw=CPU_INTER_HOST_BW)
-    return out
+    return _compat.with_comms_bandwidths(
+        topology, BasicCommsBandwidths(intra_host_bw=CPU_INTRA_HOST_BW, inter_host_bw=CPU_INTER_HOST_BW)
+    )
 
 
 def default_pricing() -> PluginPricing:

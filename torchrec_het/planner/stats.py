@@ -6,42 +6,26 @@ its own ``log`` call only (restored afterwards, also on error) and adds a legend
 and output sizes of a plugin option are shown as those of its row_wise twin.
 """
 
-from contextlib import contextmanager
+from torchrec.distributed.planner.stats import logger  # the legend goes where TorchRec's table goes
 
-import torchrec.distributed.planner.stats as _stats
-from torchrec.distributed.planner.stats import EmbeddingStats
-
+from torchrec_het import _compat
 from torchrec_het.planner.estimators import as_row_wise
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 ABBREVIATIONS = {HET_CACHED_ROW_WISE: "HC", HET_ROW_REPLICATED: "HR"}
-logger = _stats.logger  # the legend goes where TorchRec's table goes
 
 
 def sharding_type_abbreviation(sharding_type: str) -> str:
     """The stats table's short name of a sharding type, the plugin's included."""
-    return ABBREVIATIONS.get(sharding_type) or _stock_abbreviation(sharding_type)
+    return ABBREVIATIONS.get(sharding_type) or _compat.stock_sharding_type_abbreviation(sharding_type)
 
 
-_stock_abbreviation = _stats._get_sharding_type_abbr
-
-
-@contextmanager
-def plugin_abbreviations():
-    original = _stats._get_sharding_type_abbr
-    _stats._get_sharding_type_abbr = sharding_type_abbreviation
-    try:
-        yield
-    finally:
-        _stats._get_sharding_type_abbr = original
-
-
-class HetEmbeddingStats(EmbeddingStats):
+class HetEmbeddingStats(_compat.EmbeddingStatsWithShardOption):
     """TorchRec's planner stats table, with ``HC`` (het_cached_row_wise) and ``HR`` (het_row_replicated)."""
 
     def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans, run_time,
             best_plan, constraints=None, sharders=None, enumerator=None, debug=True, debug_stats=None) -> None:  # fmt: skip
-        with plugin_abbreviations():
+        with _compat.sharding_type_abbreviations(sharding_type_abbreviation):
             super().log(
                 sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans, run_time,
                 best_plan, constraints, sharders, enumerator, debug, debug_stats,
@@ -50,7 +34,8 @@ class HetEmbeddingStats(EmbeddingStats):
         if used:
             logger.info("torchrec_het sharding types: %s", ", ".join(f"{ABBREVIATIONS[t]} = {t}" for t in used))
 
-    def _get_shard_stats(self, shard, sharding_option, world_size, local_world_size, constraints=None):
+    def shard_stats_option(self, sharding_option):
+        """A plugin option's shard stats (input and output sizes) are those of its row_wise twin."""
         if sharding_option.sharding_type in ABBREVIATIONS:
-            sharding_option = as_row_wise(sharding_option)
-        return super()._get_shard_stats(shard, sharding_option, world_size, local_world_size, constraints)
+            return as_row_wise(sharding_option)
+        return sharding_option

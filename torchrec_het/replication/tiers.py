@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from torchrec.distributed.sharding_plan import _calculate_rw_shard_sizes_and_offsets
 
+from torchrec_het import _compat
 from torchrec_het.replication.profile import AccessProfile
 
 SHARDED, PER_HOST, REPLICATED = 0, 1, 2
@@ -96,8 +96,7 @@ def bytes_per_row(dim: int, optimizer: "EmbOptimType | str", weight_bytes: int =
 
 def row_wise_sizes(num_rows: int, world_size: int) -> list[int]:
     """Rows of each rank's shard under TorchRec's ``row_wise`` (its own helper)."""
-    sizes, _ = _calculate_rw_shard_sizes_and_offsets(num_rows, world_size, 1)
-    return [size[0] for size in sizes]
+    return _compat.row_wise_shard_rows(num_rows, world_size)
 
 
 def row_owner(ids: torch.Tensor, num_rows: int, world_size: int) -> torch.Tensor:

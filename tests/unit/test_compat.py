@@ -1,0 +1,450 @@
+"""``torchrec_het._compat``: the pinned TorchRec is checked, every accessor still reaches a real TorchRec
+private, and the runtime package reaches TorchRec's privates through ``_compat`` only.
+
+The scan (:func:`scan`) reads each file's syntax tree and flags, for TorchRec and FBGEMM:
+imports of private names or through private module paths (torch's too); ``X._name`` where
+``X`` was imported from them; ``self._name`` / ``super()._name`` / ``def _name`` in a class
+whose TorchRec base defines ``_name``; and ``obj._name`` / ``getattr(obj, "_name")`` on any
+other object when ``_name`` is a private TorchRec or FBGEMM defines and no plugin class does.
+"""
+
+import ast
+import importlib
+import inspect
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torchrec.distributed.planner.stats as torchrec_stats
+import torchrec.distributed.sharding_plan as sharding_plan
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
+from torchrec.distributed.planner.types import BasicCommsBandwidths
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
+from torchrec.distributed.types import ShardingEnv
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+from torchrec_het import _compat
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNTIME = ("torchrec_het", "sharders", "recipes")
+# Not scanned (yet): the one place itself, test rank bodies (they inspect internals, as tests do),
+# and the sharded modules and lookups being rewritten, which are to route through _compat next.
+EXCLUDED = (
+    "torchrec_het/_compat.py",
+    "torchrec_het/testing/",
+    "torchrec_het/sharding/",
+    "sharders/het.py",
+    "sharders/het_ec.py",
+    "sharders/replicated_module.py",
+)
+EXTERNAL = ("torchrec", "fbgemm_gpu")  # whose privates the scan looks for
+PRIVATE_PATHS = ("torch", *EXTERNAL)  # whose private module paths it looks for
+PRIVATE = re.compile(r"_[a-z]\w*\Z")  # one leading underscore (dunders are public protocol)
+DEFINES = re.compile(r"\bself\.(_[a-z]\w*)\s*(?::|=(?!=))|^\s*def (_[a-z]\w*)|^(_[a-z]\w*)\s*[:=]", re.M)
+TOUCHES = re.compile(r"\b(?:self|cls)\.(_[a-z]\w*)|^\s*def (_[a-z]\w*)", re.M)
+
+
+# ---- the scan ----------------------------------------------------------------------------------
+
+
+def _names(pattern: re.Pattern, text: str) -> set[str]:
+    return {next(g for g in m.groups() if g) for m in pattern.finditer(text)}
+
+
+@cache
+def external_privates() -> frozenset[str]:
+    """Private names TorchRec and FBGEMM define (attributes they set, methods, module globals)."""
+    names: set[str] = set()
+    for package in EXTERNAL:
+        for path in Path(importlib.import_module(package).__file__).parent.rglob("*.py"):
+            names |= _names(DEFINES, path.read_text(errors="replace"))
+    return frozenset(names)
+
+
+@cache
+def inherited_privates(klass: type) -> frozenset[str]:
+    """Private names the TorchRec / FBGEMM classes of ``klass``'s MRO define or use on ``self``."""
+    names: set[str] = set()
+    for base in klass.__mro__:
+        if base.__module__.split(".")[0] in EXTERNAL:
+            names |= {n for n in vars(base) if PRIVATE.match(n)}
+            try:
+                names |= _names(TOUCHES, inspect.getsource(base))
+            except (OSError, TypeError):
+                pass
+    return frozenset(names)
+
+
+class _Scan:
+    """One file: its imports, its classes' inherited privates, and what it touches."""
+
+    def __init__(self, source: str, path: str, plugin_privates: frozenset[str]) -> None:
+        self.tree, self.path, self.plugin_privates = ast.parse(source), path, plugin_privates
+        self.imports: dict[str, str] = {}  # local name -> dotted path
+        self.classes: dict[str, ast.ClassDef] = {}
+        self.found: list[tuple[str, int, str]] = []
+        self.own: set[str] = set()  # privates this file's classes define themselves
+
+    def flag(self, node: ast.AST, symbol: str) -> None:
+        self.found.append((self.path, node.lineno, symbol))
+
+    def run(self) -> "_Scan":
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    bound = alias.name if alias.asname else alias.name.split(".")[0]  # `import a.b` binds `a`
+                    self.imports[alias.asname or bound] = bound
+                    self._check_path(node, alias.name)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                self._check_path(node, node.module)
+                for alias in node.names:
+                    self.imports[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                    if node.module.split(".")[0] in EXTERNAL and PRIVATE.match(alias.name):
+                        self.flag(node, f"{node.module}.{alias.name}")
+        self._visit(self.tree, frozenset())
+        return self
+
+    def _check_path(self, node: ast.AST, module: str) -> None:
+        parts = module.split(".")
+        if parts[0] in PRIVATE_PATHS and any(PRIVATE.match(p) for p in parts):
+            self.flag(node, module)
+
+    def _external(self, name: str) -> bool:
+        return name in self.imports and self.imports[name].split(".")[0] in EXTERNAL
+
+    def _resolve(self, dotted: str) -> object:
+        head, *rest = dotted.split(".")
+        if head not in self.imports:
+            return None
+        full = self.imports[head].split(".") + rest
+        for cut in range(len(full), 0, -1):
+            try:
+                target = importlib.import_module(".".join(full[:cut]))
+            except ImportError:
+                continue
+            for part in full[cut:]:
+                target = getattr(target, part, None)
+            return target
+        return None
+
+    def _inherited(self, node: ast.ClassDef) -> frozenset[str]:
+        names: set[str] = set()
+        for base in node.bases:
+            dotted = ast.unparse(base)
+            if dotted in self.classes:
+                names |= self._inherited(self.classes[dotted])
+            elif isinstance(target := self._resolve(dotted), type):
+                names |= inherited_privates(target)
+        return frozenset(names)
+
+    def _visit(self, node: ast.AST, inherited: frozenset[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                self.classes[child.name] = child
+                theirs = self._inherited(child)
+                for item in child.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and PRIVATE.match(item.name):
+                        if item.name in theirs:
+                            self.flag(item, f"def {child.name}.{item.name} (overrides TorchRec's)")
+                        else:
+                            self.own.add(item.name)
+                self.own |= _names(DEFINES, ast.unparse(child)) - theirs
+                self._visit(child, theirs)
+                continue
+            if isinstance(child, ast.Attribute) and PRIVATE.match(child.attr):
+                self._attribute(child, inherited)
+            elif isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and len(child.args) > 1:
+                name = child.args[1]
+                if child.func.id in ("getattr", "setattr", "hasattr", "delattr") and isinstance(name, ast.Constant):
+                    if isinstance(name.value, str) and self._foreign(name.value):
+                        self.flag(child, f"{child.func.id}(..., {name.value!r})")
+            self._visit(child, inherited)
+
+    def _attribute(self, node: ast.Attribute, inherited: frozenset[str]) -> None:
+        base = node.value
+        if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+            if node.attr in inherited:
+                self.flag(node, f"{base.id}.{node.attr}")
+        elif isinstance(base, ast.Call) and ast.unparse(base.func) == "super":
+            if node.attr in inherited:
+                self.flag(node, f"super().{node.attr}")
+        elif isinstance(base, ast.Name) and self._external(base.id):
+            self.flag(node, f"{self.imports[base.id]}.{node.attr}")
+        elif self._foreign(node.attr):
+            self.flag(node, f"{ast.unparse(base)}.{node.attr}")
+
+    def _foreign(self, name: str) -> bool:
+        return bool(PRIVATE.match(name)) and name in external_privates() and name not in self.plugin_privates
+
+
+def scan(source: str, path: str = "<source>", plugin_privates: Iterable[str] = ()) -> list[tuple[str, int, str]]:
+    """(path, line, symbol) of each TorchRec / FBGEMM private ``source`` touches."""
+    return _Scan(source, path, frozenset(plugin_privates)).run().found
+
+
+def runtime_files() -> dict[str, str]:
+    """Path relative to the repository -> source, of every file of the runtime package."""
+    return {str(p.relative_to(ROOT)): p.read_text() for root in RUNTIME for p in sorted((ROOT / root).rglob("*.py"))}
+
+
+def plugin_privates(sources: Iterable[str]) -> frozenset[str]:
+    """Privates the plugin's own classes define (not inherited from TorchRec)."""
+    own: set[str] = set()
+    for source in sources:
+        own |= _Scan(source, "", frozenset()).run().own
+    return frozenset(own)
+
+
+# ---- the scan finds what it should ----------------------------------------------------------------
+
+SAMPLE = '''
+import torchrec.distributed.planner.stats as stats_module
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torchrec.distributed.sharding_plan import _calculate_rw_shard_sizes_and_offsets
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.stats import EmbeddingStats
+
+
+class Stats(EmbeddingStats):
+    def _get_shard_stats(self, *args):     # overrides TorchRec's private
+        return None
+
+
+class Enumerator(EmbeddingEnumerator):
+    def __init__(self):
+        self._mine = 1                      # the plugin's own: fine
+
+    def read(self):
+        return self._compute_device, self._mine
+
+    def _sharder_data(self):                # not TorchRec's: fine
+        return super().enumerate
+
+
+class Deeper(Enumerator):
+    def device(self):
+        return self._compute_device
+
+
+class Module(ShardedEmbeddingBagCollection):
+    def lookups(self):
+        return super()._lookups
+
+
+def touch(module, topology, plain):
+    stats_module._get_sharding_type_abbr("row_wise")
+    topology._comms_bandwidths = None
+    plain._mine, plain.public = 1, 2
+    return module._lookups, getattr(module, "_embedding_bag_configs")
+'''
+
+
+def test_the_scan_finds_each_kind_of_access() -> None:
+    found = {(line, symbol) for _, line, symbol in scan(SAMPLE)}
+    assert found == {
+        (3, "torch.distributed._shard.sharded_tensor"),
+        (4, "torchrec.distributed.sharding_plan._calculate_rw_shard_sizes_and_offsets"),
+        (11, "def Stats._get_shard_stats (overrides TorchRec's)"),
+        (20, "self._compute_device"),
+        (28, "self._compute_device"),
+        (33, "super()._lookups"),
+        (37, "torchrec.distributed.planner.stats._get_sharding_type_abbr"),
+        (38, "topology._comms_bandwidths"),
+        (40, "module._lookups"),
+        (40, "getattr(..., '_embedding_bag_configs')"),
+    }, sorted(found)
+    # a private some plugin class defines itself is the plugin's, on any object (not on TorchRec's subclasses)
+    found = {(line, symbol) for _, line, symbol in scan(SAMPLE, plugin_privates=["_lookups"])}
+    assert (40, "module._lookups") not in found and (33, "super()._lookups") in found
+
+
+def test_the_scan_resolves_the_torchrec_bases_of_the_runtime_classes() -> None:
+    """Not trivially passing on the real files: it sees what the plugin's TorchRec subclasses inherit."""
+    expected = {
+        "torchrec_het/planner/enumerator.py": ("HetEmbeddingEnumerator", "_compute_device"),
+        "torchrec_het/planner/planner.py": ("HetEmbeddingShardingPlanner", "_topology"),
+        "torchrec_het/planner/stats.py": ("HetEmbeddingStats", "_get_shard_stats"),
+        "sharders/row_wise.py": ("CpuRowWiseEmbeddingBagCollectionSharder", "_fused_params"),
+    }
+    files = runtime_files()
+    for path, (cls, private) in expected.items():
+        found = _Scan(files[path], path, frozenset()).run()
+        assert private in found._inherited(found.classes[cls]), (path, cls, private)
+
+
+def test_runtime_code_reaches_torchrec_privates_only_through_compat() -> None:
+    files = runtime_files()
+    own = plugin_privates(files.values())
+    found = [hit for path, source in files.items() if not path.startswith(EXCLUDED) for hit in scan(source, path, own)]
+    assert not found, "route these through torchrec_het/_compat.py:\n" + "\n".join(f"{p}:{n}: {s}" for p, n, s in found)
+
+
+def test_the_exclusions_name_existing_paths() -> None:
+    for path in EXCLUDED:
+        assert (ROOT / path).exists(), path
+
+
+# ---- the pinned version ---------------------------------------------------------------------------
+
+
+def test_the_pin_is_pyprojects() -> None:
+    pins = re.findall(r'"torchrec==([^"]+)"', (ROOT / "pyproject.toml").read_text())
+    assert pins == [_compat.PINNED_TORCHREC]
+
+
+def test_another_torchrec_warns_naming_both_versions(recwarn) -> None:
+    assert _compat.check_torchrec_version(_compat.PINNED_TORCHREC) and _compat.check_torchrec_version("1.8.0+cpu")
+    assert not [w for w in recwarn if issubclass(w.category, _compat.TorchRecVersionWarning)]
+    with pytest.warns(_compat.TorchRecVersionWarning, match=r"torchrec==1\.8\.0.*torchrec 1\.9\.0 is installed"):
+        assert not _compat.check_torchrec_version("1.9.0")
+
+
+def test_importing_compat_under_another_torchrec_warns_once() -> None:
+    code = (
+        "import importlib.metadata as m, json, warnings\n"
+        "real = m.version\n"
+        "m.version = lambda name: '1.9.0' if name == 'torchrec' else real(name)\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import torchrec_het._compat, torchrec_het.planner, torchrec_het.registration\n"
+        "print(json.dumps([str(w.message) for w in seen if w.category.__name__ == 'TorchRecVersionWarning']))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    messages = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(messages) == 1 and "torchrec 1.9.0 is installed" in messages[0], messages
+
+
+# ---- every accessor reaches a real TorchRec private --------------------------------------------------
+
+TOPOLOGY = dict(world_size=2, compute_device="cpu")
+
+
+def test_planner_accessors() -> None:
+    constraints = {"t": ParameterConstraints(sharding_types=["table_wise"])}
+    planner = EmbeddingShardingPlanner(topology=Topology(**TOPOLOGY), batch_size=64, constraints=constraints)
+    topology, batch_size, got = _compat.planner_settings(planner)
+    assert (topology.world_size, batch_size, got) == (2, 64, constraints)
+    other, enumerator, stats = Topology(world_size=4, compute_device="cpu"), EmbeddingEnumerator(topology, 8), []
+    _compat.set_planner_parts(planner, topology=other, enumerator=enumerator, stats=stats)
+    assert _compat.planner_settings(planner)[0] is other
+    assert vars(planner)["_enumerator"] is enumerator and vars(planner)["_stats"] is stats  # the attributes plan() reads
+    with pytest.raises(AttributeError, match="_topology"):
+        _compat.set_planner_parts(object(), topology=other)
+
+
+def test_enumerator_and_estimator_accessors() -> None:
+    topology = Topology(**TOPOLOGY)
+    constraints = {"t": ParameterConstraints()}
+    enumerator = EmbeddingEnumerator(topology, batch_size=32, constraints=constraints)
+    assert _compat.enumerator_settings(enumerator) == ("cpu", 32, constraints)
+    with _compat.enumerator_constraints(enumerator, {}):
+        assert _compat.enumerator_settings(enumerator)[2] == {}
+    assert _compat.enumerator_settings(enumerator)[2] is constraints
+    sharder = EmbeddingBagCollectionSharder()
+    _compat.set_enumerator_sharders(enumerator, {"k": sharder})
+    assert vars(enumerator)["_sharder_map"] == {"k": sharder}
+    for estimator in (EmbeddingPerfEstimator(topology), EmbeddingStorageEstimator(topology)):
+        assert _compat.estimator_topology(estimator) is topology
+    bandwidths = BasicCommsBandwidths(intra_host_bw=1.0, inter_host_bw=0.5)
+    changed = _compat.with_comms_bandwidths(topology, bandwidths)
+    assert changed.comms_bandwidths is bandwidths and changed.inter_host_bw == 0.5 and topology.inter_host_bw != 0.5
+
+
+def test_stats_accessors_reach_the_table_torchrec_prints() -> None:
+    assert _compat.stock_sharding_type_abbreviation("row_wise") == "RW"
+    original = torchrec_stats._get_sharding_type_abbr
+    with _compat.sharding_type_abbreviations(lambda t: "XX"):
+        assert torchrec_stats._get_sharding_type_abbr("row_wise") == "XX"
+    assert torchrec_stats._get_sharding_type_abbr is original
+
+    shown = []
+
+    class Recording(_compat.EmbeddingStatsWithShardOption):
+        def shard_stats_option(self, sharding_option):
+            shown.append(sharding_option.name)
+            return sharding_option
+
+    tables = [EmbeddingBagConfig(name="t", feature_names=["f"], embedding_dim=8, num_embeddings=100)]
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"), stats=[Recording()])
+    planner.plan(EmbeddingBagCollection(tables=tables, device=torch.device("meta")), [EmbeddingBagCollectionSharder()])
+    assert "t" in shown  # TorchRec's log asked the override for the shard's stats
+
+
+def test_registration_homes_bind_the_names_install_replaces() -> None:
+    for name, homes in (
+        ("get_default_sharders", _compat.default_sharders_homes()),
+        ("EmbeddingShardingPlanner", _compat.planner_homes()),
+    ):
+        stock = getattr(homes[0], name)
+        assert all(getattr(home, name) is stock for home in homes), name
+        # every TorchRec module (tests and benchmarks aside) that binds the name is a home
+        source = Path(importlib.import_module("torchrec").__file__).parent
+        binders = {
+            "torchrec." + ".".join(p.relative_to(source).with_suffix("").parts).removesuffix(".__init__")
+            for p in (source / "distributed").rglob("*.py")
+            if not re.search(r"test|benchmark", str(p.relative_to(source)))
+            and re.search(rf"^from torchrec\S* import[^\n]*\b{name}\b|^\s+{name},$", p.read_text(), re.M)
+        }
+        assert binders <= {h.__name__ for h in homes}, (name, binders)
+
+
+def test_plan_and_state_dict_accessors() -> None:
+    assert _compat.row_wise_shard_rows(10, 4) == [3, 3, 3, 1]
+    sizes, _ = sharding_plan._calculate_rw_shard_sizes_and_offsets(7, 3, 1)
+    assert _compat.row_wise_shard_rows(7, 3) == [s[0] for s in sizes]
+
+
+@pytest.fixture(scope="module")
+def one_rank_env():
+    """A world-size-1 gloo group in this process (sharding needs one), destroyed after the module's tests."""
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield ShardingEnv.from_process_group(dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+
+
+def _shard(module, sharder, env, generator):
+    names = list(sharder.shardable_parameters(module))
+    plan = construct_module_sharding_plan(
+        module, {n: generator for n in names}, local_size=1, world_size=1, device_type="cpu", sharder=sharder
+    )
+    return sharder.shard(module, plan, env, torch.device("cpu"))
+
+
+def test_sharded_module_accessors(one_rank_env) -> None:
+    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1}
+    bag_tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=4, num_embeddings=8) for n in "ab"]
+    bag_sharder = EmbeddingBagCollectionSharder(fused)
+    bag = _shard(EmbeddingBagCollection(tables=bag_tables), bag_sharder, one_rank_env, row_wise(compute_kernel="fused"))
+    seq_tables = [EmbeddingConfig(name="s", feature_names=["f_s"], embedding_dim=4, num_embeddings=8)]
+    seq_sharder = EmbeddingCollectionSharder(fused)
+    seq = _shard(EmbeddingCollection(tables=seq_tables), seq_sharder, one_rank_env, table_wise(rank=0, compute_kernel="fused"))
+    for module, names in ((bag, ["a", "b"]), (seq, ["s"])):
+        lookups, shardings = _compat.sharded_lookups(module), _compat.sharded_embedding_shardings(module)
+        assert len(lookups) == len(shardings) == 1
+        assert [c.name for c in _compat.sharded_table_configs(module)] == names
+        kernels = _compat.lookup_kernels(lookups[0])
+        assert kernels and _compat.tbe_optimizer_name(kernels[0].emb_module) == "exact_row_wise_adagrad"
+        arguments = _compat.sharding_lookup_arguments(shardings[0])
+        assert arguments["pg"] is not None and arguments["env"] is one_rank_env and arguments["grouped_configs"]
+    assert _compat.uses_index_dedup(seq_sharder) is False
+    weights = bag.state_dict()
+    assert all(_compat.is_sharded_tensor(weights[f"embedding_bags.{n}.weight"]) for n in "ab")
+    assert not _compat.is_sharded_tensor(torch.zeros(2))

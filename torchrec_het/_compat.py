@@ -1,0 +1,223 @@
+"""Every TorchRec (and FBGEMM) private the plugin reads or patches, behind one small function each.
+
+TorchRec gives no promise about names with a leading underscore; when one moves, this module
+(and ``tests/unit/test_compat.py``, which calls every function here on real TorchRec
+objects) is the one place to change. The plugin is written against the pinned TorchRec
+(:data:`PINNED_TORCHREC`, as ``pyproject.toml`` pins it): importing this module warns when
+another version is installed.
+
+Not every function is used yet: the sharded modules and lookups (``torchrec_het.sharding``,
+``torchrec_het.sharders.het*``) are to route their accesses through the accessors marked
+"for the sharded modules".
+"""
+
+import copy
+import importlib.metadata
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+import torchrec.distributed.model_parallel as _model_parallel
+import torchrec.distributed.planner as _planner_package
+import torchrec.distributed.planner.planners as _planners
+import torchrec.distributed.planner.stats as _stats
+import torchrec.distributed.shard as _shard
+import torchrec.distributed.sharding_plan as _sharding_plan
+from torch import nn
+from torch.distributed._shard.sharded_tensor import ShardedTensor as _ShardedTensor
+from torchrec.distributed.embedding import ShardedEmbeddingCollection
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+from torchrec.distributed.planner.stats import EmbeddingStats
+from torchrec.distributed.planner.types import GeneralizedCommsBandwidth, Topology
+
+PINNED_TORCHREC = "1.8.0"
+
+
+class TorchRecVersionWarning(UserWarning):
+    """The installed TorchRec is not the one the plugin's privates were checked against."""
+
+
+def check_torchrec_version(installed: str | None = None) -> bool:
+    """Whether ``installed`` (default: the installed torchrec) is :data:`PINNED_TORCHREC`; warns when not.
+
+    A local build tag (``1.8.0+cpu``) counts as its release.
+    """
+    installed = installed if installed is not None else importlib.metadata.version("torchrec")
+    if installed.split("+")[0] == PINNED_TORCHREC:
+        return True
+    warnings.warn(
+        f"torchrec_het was written against torchrec=={PINNED_TORCHREC} and reaches into its internals "
+        f"(torchrec_het/_compat.py); torchrec {installed} is installed. Install torchrec=={PINNED_TORCHREC}, "
+        "or run tests/unit/test_compat.py to see which internals moved.",
+        TorchRecVersionWarning,
+        stacklevel=2,
+    )
+    return False
+
+
+check_torchrec_version()
+
+
+def _set(owner: object, name: str, value: object) -> None:
+    """Sets a private TorchRec defines; AttributeError (not a silently dead attribute) if it is gone."""
+    if not hasattr(owner, name):
+        raise AttributeError(f"{type(owner).__name__} has no {name!r} in this torchrec; update torchrec_het/_compat.py")
+    setattr(owner, name, value)
+
+
+# ---- planner ---------------------------------------------------------------------------------
+
+
+def planner_settings(planner: Any) -> tuple[Topology, int, dict | None]:
+    """``EmbeddingPlannerBase._topology``, ``._batch_size`` and ``._constraints`` (the defaults filled in)."""
+    return planner._topology, planner._batch_size, planner._constraints
+
+
+def set_planner_parts(
+    planner: Any, topology: Topology | None = None, enumerator: Any = None, stats: list | None = None
+) -> None:
+    """Replaces ``EmbeddingPlannerBase._topology``, ``._enumerator`` and ``._stats`` where given."""
+    for name, value in (("_topology", topology), ("_enumerator", enumerator), ("_stats", stats)):
+        if value is not None:
+            _set(planner, name, value)
+
+
+def enumerator_settings(enumerator: Any) -> tuple[str, int, dict | None]:
+    """``EmbeddingEnumerator._compute_device``, ``._batch_size`` and ``._constraints``."""
+    return enumerator._compute_device, enumerator._batch_size, enumerator._constraints
+
+
+@contextmanager
+def enumerator_constraints(enumerator: Any, constraints: dict | None) -> Iterator[None]:
+    """Sets ``EmbeddingEnumerator._constraints`` for the block (restored after, also on error)."""
+    saved = enumerator._constraints
+    _set(enumerator, "_constraints", constraints)
+    try:
+        yield
+    finally:
+        enumerator._constraints = saved
+
+
+def set_enumerator_sharders(enumerator: Any, sharders_by_key: dict) -> None:
+    """Sets ``EmbeddingEnumerator._sharder_map`` (sharder key -> sharder) that ``populate_estimates`` reads."""
+    _set(enumerator, "_sharder_map", sharders_by_key)
+
+
+def estimator_topology(estimator: Any) -> Topology:
+    """``EmbeddingPerfEstimator._topology`` / ``EmbeddingStorageEstimator._topology``."""
+    return estimator._topology
+
+
+def with_comms_bandwidths(topology: Topology, bandwidths: GeneralizedCommsBandwidth) -> Topology:
+    """A shallow copy of ``topology`` whose ``Topology._comms_bandwidths`` is ``bandwidths`` (no public setter)."""
+    out = copy.copy(topology)
+    _set(out, "_comms_bandwidths", bandwidths)
+    return out
+
+
+_STOCK_ABBREVIATION = _stats._get_sharding_type_abbr  # taken before sharding_type_abbreviations() can patch it
+
+
+def stock_sharding_type_abbreviation(sharding_type: str) -> str:
+    """``torchrec.distributed.planner.stats._get_sharding_type_abbr``: the stats table's short name of a type."""
+    return _STOCK_ABBREVIATION(sharding_type)
+
+
+@contextmanager
+def sharding_type_abbreviations(abbreviation: Callable[[str], str]) -> Iterator[None]:
+    """Patches ``torchrec.distributed.planner.stats._get_sharding_type_abbr`` for the block (restored after)."""
+    saved = _stats._get_sharding_type_abbr
+    _set(_stats, "_get_sharding_type_abbr", abbreviation)
+    try:
+        yield
+    finally:
+        _stats._get_sharding_type_abbr = saved
+
+
+class EmbeddingStatsWithShardOption(EmbeddingStats):
+    """``EmbeddingStats`` whose per-shard rows (its private ``_get_shard_stats``) show :meth:`shard_stats_option`."""
+
+    def shard_stats_option(self, sharding_option: Any) -> Any:
+        """The option whose shard stats the table shows for ``sharding_option`` (itself by default)."""
+        return sharding_option
+
+    def _get_shard_stats(self, shard, sharding_option, *args, **kwargs):  # overrides TorchRec's private
+        return super()._get_shard_stats(shard, self.shard_stats_option(sharding_option), *args, **kwargs)
+
+
+# ---- registration: the module globals install() replaces --------------------------------------
+
+
+def default_sharders_homes() -> tuple[ModuleType, ...]:
+    """Modules that bind ``get_default_sharders`` by name; the first (``distributed.sharding_plan``) defines it."""
+    return _sharding_plan, _model_parallel, _shard, _planners
+
+
+def planner_homes() -> tuple[ModuleType, ...]:
+    """Modules that bind ``EmbeddingShardingPlanner`` by name (``torchrec.distributed.planner`` and its importers)."""
+    return _planner_package, _planners, _model_parallel, _shard
+
+
+# ---- sharding plans and state dicts ------------------------------------------------------------
+
+
+def row_wise_shard_rows(num_rows: int, world_size: int) -> list[int]:
+    """Rows of each rank's ``row_wise`` shard, by ``sharding_plan._calculate_rw_shard_sizes_and_offsets``."""
+    sizes, _ = _sharding_plan._calculate_rw_shard_sizes_and_offsets(num_rows, world_size, 1)
+    return [size[0] for size in sizes]
+
+
+def is_sharded_tensor(value: object) -> bool:
+    """Whether ``value`` is a ``torch.distributed._shard...ShardedTensor`` (TorchRec's sharded state-dict entries)."""
+    return isinstance(value, _ShardedTensor)
+
+
+# ---- for the sharded modules (torchrec_het.sharding, torchrec_het.sharders.het*) ----------------
+
+
+def sharded_lookups(module: nn.Module) -> list[nn.Module]:
+    """``ShardedEmbeddingBagCollection._lookups`` / ``ShardedEmbeddingCollection._lookups``: one per sharding type."""
+    return module._lookups
+
+
+def sharded_embedding_shardings(module: ShardedEmbeddingBagCollection | ShardedEmbeddingCollection) -> list:
+    """``ShardedEmbeddingBagCollection._embedding_shardings`` / ``ShardedEmbeddingCollection._sharding_type_to_sharding``
+    values, in the order of :func:`sharded_lookups`."""
+    if isinstance(module, ShardedEmbeddingBagCollection):
+        return list(module._embedding_shardings)
+    return list(module._sharding_type_to_sharding.values())
+
+
+def sharded_table_configs(module: ShardedEmbeddingBagCollection | ShardedEmbeddingCollection) -> list:
+    """``ShardedEmbeddingBagCollection._embedding_bag_configs`` / ``ShardedEmbeddingCollection._embedding_configs``."""
+    if isinstance(module, ShardedEmbeddingBagCollection):
+        return module._embedding_bag_configs
+    return module._embedding_configs
+
+
+def uses_index_dedup(sharder: Any) -> bool:
+    """``EmbeddingCollectionSharder._use_index_dedup``."""
+    return sharder._use_index_dedup
+
+
+def lookup_kernels(lookup: nn.Module) -> list[nn.Module]:
+    """``GroupedPooledEmbeddingsLookup._emb_modules`` / ``GroupedEmbeddingsLookup._emb_modules``: a kernel per group."""
+    return lookup._emb_modules
+
+
+def sharding_lookup_arguments(sharding: Any) -> dict[str, Any]:
+    """An ``EmbeddingSharding``'s ``_grouped_embedding_configs``, ``_pg``, ``_device``, ``_env``: a lookup's arguments."""
+    return {
+        "grouped_configs": sharding._grouped_embedding_configs,
+        "pg": sharding._pg,
+        "device": sharding._device,
+        "env": sharding._env,
+    }
+
+
+def tbe_optimizer_name(tbe: nn.Module) -> str:
+    """FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen.optimizer`` (an ``EmbOptimType``) as its lowercase name."""
+    return str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
+
