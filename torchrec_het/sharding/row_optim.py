@@ -1,0 +1,157 @@
+"""Optimizer steps on given rows of an FBGEMM table-batched kernel, as tensor ops on its own state.
+
+The plugin's lookups compute row gradients themselves (after exchanging them). Instead
+of running the kernel's forward and backward on bags of one row to reach its fused
+optimizer (:func:`~torchrec_het.sharding.row_apply.apply_row_grads`), :func:`apply_rows`
+updates the kernel's weight and optimizer-state tensors in place with the formulas of
+FBGEMM's CPU kernels (``split_weight_update_cpu`` of its optimizer templates):
+
+``sgd``
+    ``w -= lr * g`` (one fused multiply-add)
+``adagrad`` (exact)
+    ``m += g * g`` (fused); ``w -= lr * g / (sqrt(m) + eps)``, the division in float64,
+    per element
+``rowwise_adagrad`` (exact)
+    ``m += mean(g * g)`` over the row; ``w -= g * lr / (sqrt(m) + eps)``
+
+in float32, the learning rate read from the kernel's ``learning_rate_tensor`` (no host
+sync). SGD and Adagrad give the kernel's bits; row-wise Adagrad differs in the last
+bit now and then (FBGEMM's JIT-compiled AVX kernel sums a row's squares in vector
+lanes, torch in its own order). Several gradients for one row are summed and applied once, as the kernel does
+for a row that appears in several bags. Kernels this cannot serve (other optimizers,
+weight decay, non-fp32 weights, rows cached in UVM) go through ``apply_row_grads``,
+which runs the kernel itself (fbgemm-gpu-cpu 1.8's row-wise Adagrad, for one, leaves
+weight decay out on CPU while its CUDA kernel applies it).
+"""
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
+
+from torchrec_het.sharding.row_apply import apply_row_grads
+
+KINDS = {
+    "sgd": "sgd",
+    "exact_sgd": "sgd",
+    "exact_adagrad": "adagrad",
+    "exact_row_wise_adagrad": "rowwise_adagrad",
+    "row_wise_adagrad": "rowwise_adagrad",
+}
+_BUFFERS = {
+    EmbeddingLocation.DEVICE.value: "dev",
+    EmbeddingLocation.HOST.value: "host",
+    EmbeddingLocation.MANAGED.value: "uvm",
+}
+
+
+def optimizer_kind(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
+    """``sgd``, ``adagrad`` or ``rowwise_adagrad``: the kernel's fused optimizer; ValueError for others."""
+    name = str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
+    if name not in KINDS:
+        raise ValueError(f"fused optimizer {name!r} is not supported for row updates; use one of {sorted(KINDS)}")
+    return KINDS[name]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a kernel keeps each table's rows: a flat buffer name and element offsets per table."""
+
+    kind: str
+    weights: str  # attribute of the flat weight buffer
+    weight_offsets: torch.Tensor  # [T] first element of each table
+    state: str | None  # attribute of the flat momentum buffer (None for sgd)
+    state_offsets: torch.Tensor | None  # [T] first state element of each table
+
+
+_layouts: "weakref.WeakKeyDictionary[SplitTableBatchedEmbeddingBagsCodegen, _Layout | None]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _buffer(tbe, prefix: str) -> tuple[str, torch.Tensor] | None:
+    """(attribute, per-table offsets) of a state kept in one flat buffer, or None."""
+    placements = {int(getattr(p, "value", p)) for p in getattr(tbe, f"{prefix}_physical_placements")}
+    if len(placements) != 1 or next(iter(placements)) not in _BUFFERS:
+        return None  # mixed placements, or rows cached in HBM in front of UVM
+    offsets = torch.tensor(list(getattr(tbe, f"{prefix}_physical_offsets")), dtype=torch.int64)
+    return f"{prefix}_{_BUFFERS[next(iter(placements))]}", offsets
+
+
+def _layout(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> _Layout | None:
+    """The kernel's layout when :func:`apply_rows` can update it directly (cached per kernel)."""
+    if tbe in _layouts:
+        return _layouts[tbe]
+    layout = None
+    name = str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
+    kind = KINDS.get(name)
+    decay = float(getattr(tbe.optimizer_args, "weight_decay", 0.0)) and int(tbe.optimizer_args.weight_decay_mode)
+    fp32 = str(getattr(tbe.weights_precision, "value", tbe.weights_precision)).lower() in ("fp32", "0")
+    if kind is not None and fp32 and not decay:
+        weights = _buffer(tbe, "weights")
+        state = None if kind == "sgd" else _buffer(tbe, "momentum1")
+        if weights is not None and (kind == "sgd" or state is not None):
+            device = getattr(tbe, weights[0]).device
+            layout = _Layout(
+                kind,
+                weights[0],
+                weights[1].to(device),
+                state[0] if state else None,
+                state[1].to(device) if state else None,
+            )
+    _layouts[tbe] = layout
+    return layout
+
+
+@torch.no_grad()
+def apply_rows(
+    tbe: SplitTableBatchedEmbeddingBagsCodegen, tables: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor
+) -> None:
+    """One optimizer step of ``tbe``: row ``rows[i]`` of its table ``tables[i]`` gets ``grads[i]``.
+
+    Gradients of a repeated row are summed and the row is stepped once. Every table
+    named in ``tables`` must have the width of ``grads``.
+
+    Args:
+        tbe: the kernel whose weights and optimizer state move.
+        tables: int64 ``[n]`` table index within the kernel of each row.
+        rows: int64 ``[n]`` row within its table.
+        grads: ``[n, dim]`` gradients.
+    """
+    if rows.numel() == 0:
+        return
+    layout = _layout(tbe)
+    if layout is None:
+        apply_row_grads(tbe, tables, rows, grads)
+        return
+    dim = grads.size(1)
+    flat = getattr(tbe, layout.weights).view(-1)
+    tables, rows = tables.to(flat.device), rows.to(flat.device)
+    starts, inverse = torch.unique(layout.weight_offsets[tables] + rows * dim, return_inverse=True)
+    grad = torch.zeros(starts.numel(), dim, dtype=torch.float32, device=flat.device)
+    grad.index_add_(0, inverse, grads.to(grad.dtype))
+    index = starts.unsqueeze(1) + torch.arange(dim, device=flat.device)
+    weight = flat[index]
+    lr = tbe.learning_rate_tensor.to(flat.device)
+    if layout.kind == "sgd":  # the kernel's fused multiply-add: one rounding (float64 is exact here)
+        flat[index] = (weight.double() - lr.double() * grad.double()).float()
+        return
+    state = getattr(tbe, layout.state).view(-1)
+    first = torch.empty_like(starts).scatter_(0, inverse, torch.arange(rows.numel(), device=flat.device))
+    state_rows = layout.state_offsets[tables[first]] + rows[first] * (dim if layout.kind == "adagrad" else 1)
+    eps = tbe.optimizer_args.eps
+    if layout.kind == "adagrad":
+        state_index = state_rows.unsqueeze(1) + torch.arange(dim, device=flat.device)
+        momentum = (state[state_index].double() + grad.double() * grad.double()).float()  # fused multiply-add
+        state[state_index] = momentum
+        step = (lr * grad).double() / (momentum.double().sqrt() + eps)  # the kernel divides in double
+        flat[index] = (weight.double() - step).float()
+        return
+    momentum = state[state_rows] + (grad * grad).sum(1) / dim
+    state[state_rows] = momentum
+    flat[index] = weight - grad * (lr / (momentum.sqrt() + eps)).unsqueeze(1)
+
+
+__all__ = ["KINDS", "apply_rows", "optimizer_kind"]
