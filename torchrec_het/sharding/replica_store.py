@@ -16,43 +16,40 @@ import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
-from torchrec_het.sharding.row_apply import check_row_local
-
-ROWWISE = ("exact_row_wise_adagrad", "row_wise_adagrad")
-ELEMENTWISE = ("exact_adagrad",)
-PLAIN_SGD = ("sgd", "exact_sgd")
-
+from torchrec_het.sharding.row_optim import optimizer_kind
 
 def optimizer_name(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
-    return str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
+    """``sgd``, ``adagrad`` or ``rowwise_adagrad``; ValueError for a kernel whose update has no row form here."""
+    kind = optimizer_kind(tbe)
+    if float(tbe.optimizer_args.weight_decay) != 0.0:
+        raise ValueError(f"fused optimizer {kind!r} with weight decay has no replica update")
+    return kind
 
 
-def state_width(name: str, dim: int) -> int:
+def state_width(kind: str, dim: int) -> int:
     """Optimizer-state columns per row: 1 (row-wise Adagrad), ``dim`` (Adagrad), 0 (SGD)."""
-    return 1 if name in ROWWISE else dim if name in ELEMENTWISE else 0
+    return {"sgd": 0, "adagrad": dim, "rowwise_adagrad": 1}[kind]
 
 
 @torch.no_grad()
-def step_rows(name: str, weights: torch.Tensor, state: torch.Tensor, grads: torch.Tensor, lr: torch.Tensor, eps: torch.Tensor) -> None:
-    """One optimizer step on rows, in place, as FBGEMM's CPU kernels compute it.
+def step_rows(kind: str, weights: torch.Tensor, state: torch.Tensor, grads: torch.Tensor, lr, eps) -> None:
+    """One optimizer step on rows, in place, as FBGEMM's CPU kernels compute it (no weight decay).
 
     Args:
-        name: the optimizer (an FBGEMM ``EmbOptimType`` value).
+        kind: ``sgd``, ``adagrad`` or ``rowwise_adagrad``.
         weights: ``[n, dim]`` rows.
         state: ``[n, state_width]`` their optimizer state.
         grads: ``[n, dim]`` each row's summed gradient of the step.
-        lr: ``[n, 1]`` learning rate per row.
-        eps: ``[n, 1]`` epsilon per row.
+        lr: learning rate (a tensor: per row ``[n, 1]`` or one value).
+        eps: epsilon (likewise).
     """
-    if name in PLAIN_SGD:
+    if kind == "sgd":
         weights.sub_(lr * grads)
         return
-    if name in ROWWISE:  # state += mean(g^2); w -= lr / (sqrt(state) + eps) * g
+    if kind == "rowwise_adagrad":  # state += mean(g^2); w -= lr / (sqrt(state) + eps) * g
         state.add_(grads.pow(2).mean(dim=1, keepdim=True))
-    elif name in ELEMENTWISE:  # state += g^2 elementwise
+    else:  # adagrad: state += g^2 elementwise
         state.add_(grads.pow(2))
-    else:
-        raise ValueError(f"optimizer {name!r} has no replica update")
     weights.sub_(lr / (state.sqrt() + eps) * grads)
 
 
@@ -150,7 +147,7 @@ class ReplicaBlock:
     def _apply(self) -> None:
         touched = (self.pending[:, self.dim] > 0).nonzero().flatten()
         grads = self.pending[touched, : self.dim]
-        if self.steps_held > 1 and self.optimizer not in PLAIN_SGD:
+        if self.steps_held > 1 and self.optimizer != "sgd":
             # k held steps arrive as one sum; dividing by sqrt(k) (k: touches over ranks, capped
             # at the steps held) grows Adagrad's squared-gradient state about as k steps would.
             touches = self.pending[touched, self.dim].clamp(min=1, max=self.steps_held)
@@ -177,7 +174,6 @@ class ReplicaBlock:
 
 def owned_rows(kernel, table_index: torch.Tensor, local_rows: torch.Tensor, slots: torch.Tensor, dim: int) -> OwnedRows:
     """Flat positions of rows ``local_rows`` of tables ``table_index`` in ``kernel`` (rows of width ``dim``)."""
-    check_row_local(kernel, "het_row_replicated")
     name = optimizer_name(kernel)
     feature_table = list(kernel.feature_table_map)  # the kernel's offsets are per feature: a table's first one
     first_feature = torch.tensor([feature_table.index(t) for t in range(len(kernel.embedding_specs))])[table_index]

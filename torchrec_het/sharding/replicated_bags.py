@@ -38,9 +38,8 @@ from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.sharding.exchange_async import Exchange, start_exchange
 from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
 from torchrec_het.sharding.replica_group import ReplicaGroup
-from torchrec_het.sharding.replica_store import ReplicaBlock, optimizer_name, owned_rows, pool_hot
+from torchrec_het.sharding.replica_store import ReplicaBlock, optimizer_name, owned_rows, pool_hot, state_width, step_rows
 from torchrec_het.sharding.row_optim import _layout as row_layout
-from torchrec_het.sharding.row_optim import apply_rows
 
 STEP_ATTR = "_het_replicated_step"  # where the input dist leaves a batch's bookkeeping on its KJT
 
@@ -361,31 +360,59 @@ class OwnerRows:
     ``[rows, dim]`` view of the kernel's flat weights) where the table's shard starts.
     """
 
-    def __init__(self, kernels, views, kernel_of, table_of, first_row, dim):
-        self.kernels, self.views, self.dim = kernels, views, dim
-        self.kernel_of, self.table_of, self.first_row = kernel_of, table_of, first_row
+    def __init__(self, kernels, views, states, kinds, kernel_of, table_of, first_row, first_state, dim):
+        self.kernels, self.views, self.states, self.kinds, self.dim = kernels, views, states, kinds, dim
+        self.kernel_of, self.table_of, self.first_row, self.first_state = kernel_of, table_of, first_row, first_state
 
     @classmethod
     def of(cls, lookup: "ReplicatedBagLookup") -> "OwnerRows | None":
         """None unless every kernel keeps fp32 rows of one width in one flat buffer, updatable row by row."""
         dim = lookup.layout.uniform_dim
         kernels = [m.emb_module for m in lookup._emb_modules]
-        views, kernel_of, table_of, first_row = [], [], [], []
+        views, states, kinds, kernel_of, table_of, first_row, first_state = [], [], [], [], [], [], []
         for k, (kernel, config) in enumerate(zip(kernels, lookup.grouped_configs)):
-            if row_layout(kernel) is None:
+            layout = row_layout(kernel)
+            if layout is None or float(kernel.optimizer_args.weight_decay) != 0.0:
                 return None
-            flat = getattr(kernel, row_layout(kernel).weights)
+            flat = getattr(kernel, layout.weights).detach()
             offsets = torch.tensor(list(kernel.weights_physical_offsets), dtype=torch.int64)
             if flat.numel() % dim or bool((offsets % dim).any()):
                 return None
+            width = state_width(layout.kind, dim)
             views.append(flat.view(-1, dim))
+            states.append(getattr(kernel, layout.state).detach().view(-1, width) if width else None)
+            kinds.append(layout.kind)
+            state_offsets = layout.state_offsets if width else torch.zeros(len(config.embedding_tables), dtype=torch.int64)
             for t, table in enumerate(config.embedding_tables):
                 count = len(table.feature_names)
                 kernel_of += [k] * count
                 table_of += [t] * count
                 first_row += [int(offsets[t]) // dim] * count
+                first_state += [int(state_offsets[t]) // max(width, 1)] * count
         as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
-        return cls(kernels, views, as_tensor(kernel_of), as_tensor(table_of), as_tensor(first_row), dim)
+        return cls(
+            kernels, views, states, kinds, as_tensor(kernel_of), as_tensor(table_of), as_tensor(first_row),
+            as_tensor(first_state), dim,
+        )
+
+    @torch.no_grad()
+    def step(self, k: int, positions: torch.Tensor, rows: torch.Tensor, view_rows: torch.Tensor, grads: torch.Tensor) -> None:
+        """Kernel ``k``'s optimizer step on its rows ``view_rows`` (repeats summed, each row stepped once)."""
+        if rows.numel() == 0:
+            return
+        uniq, inverse = torch.unique(view_rows, return_inverse=True)
+        grad = torch.zeros(uniq.numel(), self.dim, device=grads.device).index_add_(0, inverse, grads)
+        weights = self.views[k][uniq]
+        kernel, kind = self.kernels[k], self.kinds[k]
+        if self.states[k] is None:
+            step_rows(kind, weights, None, grad, kernel.learning_rate_tensor, 0.0)
+        else:
+            first = torch.empty_like(uniq).scatter_(0, inverse, torch.arange(rows.numel(), device=rows.device))
+            state_rows = self.first_state[positions[first]] + rows[first]
+            state = self.states[k][state_rows]
+            step_rows(kind, weights, state, grad, kernel.learning_rate_tensor, kernel.optimizer_args.eps)
+            self.states[k][state_rows] = state
+        self.views[k][uniq] = weights
 
     def parts(self, step: _Batch):
         """Per kernel: (positions of its received ids, their tables, their rows in the table's shard)."""
@@ -395,7 +422,7 @@ class OwnerRows:
         kernel = self.kernel_of[position]
         for k in range(len(self.kernels)):
             mine = (kernel == k).nonzero().flatten() if len(self.kernels) > 1 else torch.arange(rows.numel())
-            yield k, mine, self.table_of[position[mine]], rows[mine], self.first_row[position[mine]] + rows[mine]
+            yield k, mine, position[mine], rows[mine], self.first_row[position[mine]] + rows[mine]
 
     def weights_of(self, step: _Batch) -> torch.Tensor | None:
         received = step.received
@@ -421,11 +448,11 @@ class _OwnerPartials(torch.autograd.Function):
     def backward(ctx, grad):
         owner, step = ctx.owner, ctx.step
         weights = owner.weights_of(step)
-        for k, mine, tables, rows, _ in owner.parts(step):
+        for k, mine, positions, rows, view_rows in owner.parts(step):
             grads = grad[step.served_inverse[mine]]
             if weights is not None:
                 grads = grads * weights[mine].unsqueeze(1)
-            apply_rows(owner.kernels[k], tables, rows, grads)
+            owner.step(k, positions, rows, view_rows, grads)
         return None, None, None
 
 
