@@ -55,6 +55,44 @@ def _padded(history: JaggedTensor, max_length: int) -> tuple[torch.Tensor, torch
     return padded, mask
 
 
+class HistoryPooling(nn.Module):
+    """The ranker's features from the looked-up embeddings: the target's, the item history
+    pooled by attention and by mean, the mean category, and two products (7 x D per sample).
+
+    It has no parameters. It is a module of its own so that TorchRec's train pipelines,
+    which fx-trace the model around its sharded modules, treat it as a leaf: its shape-
+    dependent branches (``_padded``) stay out of the traced graph.
+
+    Args:
+        max_history: longest history.
+        embedding_dim: width D of every table.
+    """
+
+    def __init__(self, max_history: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.max_history = max_history
+        self.scale = embedding_dim**-0.5
+
+    def forward(self, embedded: dict[str, JaggedTensor]) -> torch.Tensor:
+        """[B, 7 x D] features."""
+        target_item = embedded["target_item"].values()
+        target_cat = embedded["target_cat"].values()
+        history, mask = _padded(embedded["hist_item"], self.max_history)
+        counts = mask.sum(1, keepdim=True).clamp_min(1).to(history.dtype)
+        mean_item = history.sum(1) / counts
+        scores = torch.einsum("bld,bd->bl", history, target_item) * self.scale
+        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=1).nan_to_num(0.0)
+        attended = torch.einsum("bl,bld->bd", weights, history)
+        categories = embedded["hist_cat"]
+        cat_sum = torch.zeros_like(target_cat).index_add(
+            0, torch.repeat_interleave(torch.arange(target_cat.shape[0]), categories.lengths().to(torch.int64)), categories.values()
+        )
+        mean_cat = cat_sum / counts
+        return torch.cat(
+            [target_item, target_cat, attended, mean_item, mean_cat, target_item * attended, target_cat * mean_cat], dim=1
+        )
+
+
 class SequenceRanker(nn.Module):
     """Scores a target item against a user's history.
 
@@ -70,8 +108,7 @@ class SequenceRanker(nn.Module):
         if over_arch[-1] != 1:
             raise ValueError(f"over_arch must end with 1, got {over_arch}")
         self.embedding_collection = embedding_collection
-        self.max_history = max_history
-        self.scale = embedding_dim**-0.5
+        self.pooling = HistoryPooling(max_history, embedding_dim)
         layers: list[nn.Module] = []
         width = 7 * embedding_dim
         for i, out in enumerate(over_arch):
@@ -83,24 +120,7 @@ class SequenceRanker(nn.Module):
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """Click logits, shape [B]."""
-        embedded = self.embedding_collection(features)
-        target_item = embedded["target_item"].values()
-        target_cat = embedded["target_cat"].values()
-        history, mask = _padded(embedded["hist_item"], self.max_history)
-        counts = mask.sum(1, keepdim=True).clamp_min(1).to(history.dtype)
-        mean_item = history.sum(1) / counts
-        scores = torch.einsum("bld,bd->bl", history, target_item) * self.scale
-        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=1).nan_to_num(0.0)
-        attended = torch.einsum("bl,bld->bd", weights, history)
-        categories = embedded["hist_cat"]
-        cat_sum = torch.zeros_like(target_cat).index_add(
-            0, torch.repeat_interleave(torch.arange(target_cat.shape[0]), categories.lengths().to(torch.int64)), categories.values()
-        )
-        mean_cat = cat_sum / counts
-        joint = torch.cat(
-            [target_item, target_cat, attended, mean_item, mean_cat, target_item * attended, target_cat * mean_cat], dim=1
-        )
-        return self.over_arch(joint).squeeze(-1)
+        return self.over_arch(self.pooling(self.embedding_collection(features))).squeeze(-1)
 
 
 class SequenceTrain(nn.Module):
