@@ -1,10 +1,12 @@
 """A 2-rank smoke run of the benchmark writes results in the agreed shape.
 
 The run mixes workloads: the DLRM's stock configurations and the sequence model's,
-interleaved on the command line.
+interleaved on the command line, all under the default pipeline (TorchRec's
+TrainPipelineSparseDist); a second run trains stock table_wise in the plain loop.
 """
 
 import json
+import math
 import subprocess
 import sys
 
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 from torchrec_het.bench.presets import get_preset
+from torchrec_het.bench.step_time import STEP_PARTS
 from torchrec_het.bench.workloads import open_workload_source
 from torchrec_het.data.sequence import TABLE_FEATURES
 
@@ -22,13 +25,10 @@ SEQUENCE = ["seq_stock_table_wise", "seq_stock_row_wise"]
 RUN = ["stock_table_wise", "seq_stock_table_wise", "stock_row_wise", "seq_stock_row_wise", "stock_dp_small"]
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("bench")
-    configs = ",".join(RUN)
+def _bench(out, configs: list[str], *extra: str) -> dict:
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het.bench", "--preset", "smoke", "--configs", configs,
-         "--world-size", "2", "--out", str(out), "--no-progress"],
+        [sys.executable, "-m", "torchrec_het.bench", "--preset", "smoke", "--configs", ",".join(configs),
+         "--world-size", "2", "--out", str(out), "--no-progress", *extra],
         capture_output=True, text=True, timeout=300,
     )
     assert run.returncode == 0, run.stderr[-4000:]
@@ -36,6 +36,16 @@ def results(tmp_path_factory) -> dict:
     for name in ("results.json", "results.md", "results.png"):
         assert (out / name).stat().st_size > 0, name
     return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict:
+    return _bench(tmp_path_factory.mktemp("bench"), RUN)  # the default pipeline
+
+
+@pytest.fixture(scope="module")
+def plain_results(tmp_path_factory) -> dict:
+    return _bench(tmp_path_factory.mktemp("bench_plain"), ["stock_table_wise"], "--pipeline", "plain")
 
 
 def test_top_level_shape(results: dict) -> None:
@@ -75,6 +85,31 @@ def test_each_configuration(results: dict) -> None:
         assert c["inter_host_bytes"] is None
         assert 0.0 <= c["auc"] <= 1.0 and 0 < c["loss"] < float("inf")
         assert len(c["peak_rss_mb"]) == 2 and all(m > 0 for m in c["peak_rss_mb"])
+
+
+def test_every_configuration_trains_under_sparse_dist_and_splits_its_step_time(results: dict) -> None:
+    assert results["pipeline"] == "sparse_dist"
+    for c in results["configs"]:
+        assert c["params"]["pipeline"] == "sparse_dist"
+        ms = c["step_ms"]
+        assert set(ms) == set(STEP_PARTS), ms
+        assert all(math.isfinite(v) and v >= 0 for v in ms.values()), (c["name"], ms)
+        assert all(ms["total"] >= ms[p] for p in STEP_PARTS), (c["name"], ms)
+        # The hooks fire under the pipeline for bags and sequences: forward, backward, waits.
+        assert ms["emb_fwd"] > 0 and ms["emb_bwd"] > 0 and ms["comm_wait"] > 0, (c["name"], ms)
+        assert len(c["losses"]) == c["measured_steps"]
+
+
+def test_sparse_dist_trains_exactly_like_the_plain_loop(results: dict, plain_results: dict) -> None:
+    piped = next(c for c in results["configs"] if c["name"] == "stock_table_wise")
+    (plain,) = plain_results["configs"]
+    assert plain["params"]["pipeline"] == "plain" and plain_results["pipeline"] == "plain"
+    # The pipeline reorders when each batch's input dist runs, not what a step computes:
+    # the same loss at every measured step (each after the same warm-up steps), the same
+    # bytes per step (fixed-size batches), the same held-out AUC.
+    assert piped["losses"] == plain["losses"]
+    assert piped["bytes_per_step"] == plain["bytes_per_step"]
+    assert piped["auc"] == plain["auc"]
 
 
 def test_sharding_types_show_in_bytes(results: dict) -> None:
@@ -160,10 +195,13 @@ def test_markdown_rows_have_every_column(results: dict) -> None:
     from torchrec_het.bench.report import markdown_table
 
     table = markdown_table(results)
-    rows = [line for line in table.splitlines() if line.startswith("|")]
-    assert len(rows) == 2 + len(results["configs"])
-    assert {line.count("|") for line in rows} == {rows[0].count("|")}
-    # Grouped by workload, in order of first appearance: the DLRM rows, then the sequence rows.
-    assert [line.split("|")[2].strip() for line in rows[2:]] == DLRM + SEQUENCE
-    assert [line.split("|")[1].strip() for line in rows[2:]] == ["dlrm"] * 3 + ["sequence"] * 2
+    main_table, step_table = table.split("\n\nstep time, ms per step")
+    assert "pipeline `sparse_dist`" in main_table
+    for part, columns in ((main_table, 14), (step_table, 7)):
+        rows = [line for line in part.splitlines() if line.startswith("|")]
+        assert len(rows) == 2 + len(results["configs"])
+        assert {line.count("|") for line in rows} == {columns + 1}
+        # Grouped by workload, in order of first appearance: the DLRM rows, then the sequence rows.
+        assert [line.split("|")[2].strip() for line in rows[2:]] == DLRM + SEQUENCE
+        assert [line.split("|")[1].strip() for line in rows[2:]] == ["dlrm"] * 3 + ["sequence"] * 2
     assert "sequence workload: item table" in table

@@ -3,6 +3,7 @@
     python -m torchrec_het.bench --preset default --out bench_out
     python -m torchrec_het.bench --list
     python -m torchrec_het.bench --network emulated --hosts 2 --gbit 1
+    python -m torchrec_het.bench --pipeline plain     # default: TorchRec's TrainPipelineSparseDist
 """
 
 import argparse
@@ -10,7 +11,8 @@ import sys
 
 from torchrec_het.bench import configs as bench_configs
 from torchrec_het.bench.launch import launched_by_torchrun, run_under_torchrun, spawn
-from torchrec_het.bench.model import EMBEDDING_OPTIMIZERS
+from torchrec_het.bench.model import BENCH_DEVICE, EMBEDDING_OPTIMIZERS
+from torchrec_het.bench.pipelines import DEFAULT_PIPELINE, PIPELINES, PipelineUnavailable, check_pipeline
 from torchrec_het.bench.presets import PRESETS, REFERENCE_GBIT, get_preset
 from torchrec_het.bench.results import write_outputs
 from torchrec_het.bench.worker import RunSpec
@@ -28,6 +30,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps-per-round", type=int, help="measured steps per configuration per round")
     parser.add_argument("--warmup-steps", type=int, help="unmeasured steps per configuration before round 1")
     parser.add_argument("--embedding-optimizer", choices=sorted(EMBEDDING_OPTIMIZERS), default="rowwise_adagrad")
+    parser.add_argument(
+        "--pipeline",
+        choices=sorted(PIPELINES),
+        default=DEFAULT_PIPELINE,
+        help="training loop of every configuration: "
+        + "; ".join(f"{name}: {kind.description}" for name, kind in PIPELINES.items())
+        + f" (default {DEFAULT_PIPELINE})",
+    )
     parser.add_argument("--data", help="Criteo data (TSV file/dir or npy day files); default: built-in synthetic data")
     parser.add_argument("--network", choices=("loopback", "emulated"), default="loopback")
     parser.add_argument("--hosts", type=int, default=2, help="emulated hosts (with --network emulated)")
@@ -73,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: {error}") from None
     if args.world_size < 1:
         raise SystemExit("error: --world-size must be >= 1")
+    try:
+        check_pipeline(args.pipeline, BENCH_DEVICE)  # before any rank starts
+    except PipelineUnavailable as error:
+        raise SystemExit(f"error: {error}") from None
     network = {"mode": args.network}
     if args.network == "emulated":
         from torchrec_het.bench.netem import NetworkEmulationUnavailable, check_available
@@ -93,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         out_dir=args.out,
         seed=args.seed,
         progress=not args.no_progress,
+        pipeline=args.pipeline,
     )
     if launched_by_torchrun():
         run_under_torchrun(spec, write_outputs)

@@ -49,6 +49,7 @@ class ShardedModel:
 ShardedDLRM = ShardedModel  # the name earlier versions used
 
 EMBEDDING_MODULE_PATH = "model.sparse_arch.embedding_bag_collection"
+BENCH_DEVICE = torch.device("cpu")  # where every configuration trains (gloo)
 
 
 def table_configs(preset: BenchPreset, feature_names: list[str]) -> list[EmbeddingBagConfig]:
@@ -186,7 +187,7 @@ def shard_module(
         plan = ShardingPlan({embedding_path: module_plan})
     else:
         plan = planner.collective_plan(train_model, sharders, dist.GroupMember.WORLD)
-    model = DistributedModelParallel(module=train_model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    model = DistributedModelParallel(module=train_model, device=BENCH_DEVICE, plan=plan, sharders=sharders)
     init_tables_by_row(model, tables, seed)  # identical starting weights whatever the plan
     dense_optimizer = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(model.named_parameters())),

@@ -19,8 +19,9 @@ def markdown_table(results: dict) -> str:
     """One row per configuration, grouped by workload: speed, bytes per step (MiB, summed over ranks), quality, memory."""
     net = results["network"]
     where = "loopback" if net["mode"] == "loopback" else f"{net['hosts']} emulated hosts at {net['gbit']} Gbit/s"
+    pipeline = results.get("pipeline", "plain")
     lines = [
-        f"preset `{results['preset']}`, {results['world_size']} ranks, {where}; "
+        f"preset `{results['preset']}`, {results['world_size']} ranks, {where}, pipeline `{pipeline}`; "
         "bytes are MiB per step summed over ranks (cross-rank, without a rank's chunk to itself)",
         "",
         "| workload | config | sharding | samples/s median [p10, p90] | fwd ids | fwd emb | bwd grad | dense allreduce "
@@ -38,6 +39,7 @@ def markdown_table(results: dict) -> str:
             + f" | {_mib(b['embedding_cross_rank'])} | {_mib(c['inter_host_bytes'])}"
             f" | {c['auc']:.4f} | {c['loss']:.4f} | {rss} |"
         )
+    lines += ["", *step_time_table(results)]
     if "sequence" in results:
         s = results["sequence"]
         lines += [
@@ -47,6 +49,25 @@ def markdown_table(results: dict) -> str:
             f"batch {s['batch_size_per_rank']} per rank",
         ]
     return "\n".join(lines) + "\n"
+
+
+STEP_COLUMNS = (("emb_fwd", "emb fwd"), ("emb_bwd", "emb bwd"), ("dense", "dense"), ("comm_wait", "comm wait"), ("total", "total"))
+
+
+def step_time_table(results: dict) -> list[str]:
+    """Lines of the step-time table: ms per step per part (median over measured steps, mean over ranks)."""
+    lines = [
+        f"step time, ms per step (median over measured steps of the mean over ranks; pipeline `{results.get('pipeline', 'plain')}`; "
+        "each part's median on its own, so parts need not add up to total)",
+        "",
+        "| workload | config | " + " | ".join(title for _, title in STEP_COLUMNS) + " |",
+        "|---|---|" + "---|" * len(STEP_COLUMNS),
+    ]
+    for c in by_workload(results["configs"]):
+        ms = c.get("step_ms")
+        cells = " | ".join("-" if ms is None else f"{ms[key]:.2f}" for key, _ in STEP_COLUMNS)
+        lines.append(f"| {c.get('workload', 'dlrm')} | {c['name']} | {cells} |")
+    return lines
 
 
 def plot(results: dict, path: Path) -> None:

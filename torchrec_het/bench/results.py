@@ -10,6 +10,7 @@ import torch
 from torchrec_het.bench import configs as bench_configs
 from torchrec_het.bench import report
 from torchrec_het.bench.het_stats import summarize_cache
+from torchrec_het.bench.step_time import STEP_PARTS, TIMED_PARTS
 from torchrec_het.bench.worker import RankRecord, RunSpec
 from torchrec_het.comm import EMBEDDING_PHASES, sum_totals
 from torchrec_het.data import binary_auc
@@ -32,6 +33,23 @@ def _samples_per_s(per_rank: list[RankRecord], samples_per_step: int) -> dict[st
         "p10": _percentile(rates, 0.10),
         "p90": _percentile(rates, 0.90),
     }
+
+
+def step_ms(per_rank: list[RankRecord]) -> dict[str, float]:
+    """Median over measured steps of each part of a step (mean over ranks per step), in ms.
+
+    Parts as :mod:`torchrec_het.bench.step_time` defines them. Each part's median is taken on
+    its own, so the parts' medians need not add up to the median ``total``; every one is at
+    most ``total``'s, since a step's part never exceeds its total.
+    """
+    ranks = len(per_rank)
+    per_step = []
+    for steps in zip(*(zip(r.step_seconds, r.step_parts) for r in per_rank)):
+        parts = {p: sum(rank_parts[i] for _, rank_parts in steps) / ranks for i, p in enumerate(TIMED_PARTS)}
+        parts["total"] = sum(total for total, _ in steps) / ranks
+        parts["dense"] = max(0.0, parts["total"] - sum(parts[p] for p in TIMED_PARTS))
+        per_step.append(parts)
+    return {p: 1e3 * statistics.median(step[p] for step in per_step) for p in STEP_PARTS}
 
 
 def _bytes(per_rank: list[RankRecord], steps: int, host_of_rank: list[int] | None) -> tuple[dict, dict, int | None, int | None]:
@@ -84,15 +102,17 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
                 "stock": config.stock,
                 "workload": config.workload,
                 "sharding_types": per_rank[0].sharding_types,
-                "params": dict(config.params, embedding_optimizer=spec.embedding_optimizer),
+                "params": dict(config.params, embedding_optimizer=spec.embedding_optimizer, pipeline=spec.pipeline),
                 "batch_size_per_rank": batch_size,
                 "samples_per_s": _samples_per_s(per_rank, batch_size * spec.world_size),
+                "step_ms": step_ms(per_rank),
                 "bytes_per_step": per_step,
                 "embedding_cross_rank_by_collective": by_collective,
                 "inter_host_bytes": inter_host,
                 "inter_host_embedding_bytes": inter_host_embedding,
                 "auc": binary_auc(scores, labels),
                 "loss": statistics.fmean(loss for r in per_rank for loss in r.losses[last_round]),
+                "losses": [statistics.fmean(step) for step in zip(*(r.losses for r in per_rank))],  # per measured step
                 "peak_rss_mb": [round(r.peak_rss_mb, 1) for r in per_rank],
                 "state_mb": [round(r.state_mb, 1) for r in per_rank],
                 "measured_steps": steps,
@@ -119,6 +139,7 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
         "batch_size_per_rank": preset.batch_size,
         "embedding_dim": preset.embedding_dim,
         "table_sizes": list(preset.table_sizes),
+        "pipeline": spec.pipeline,
         "rounds": preset.rounds,
         "steps_per_round": preset.steps_per_round,
         "warmup_steps": preset.warmup_steps,

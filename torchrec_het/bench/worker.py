@@ -6,6 +6,16 @@ batches (those of its workload: configurations of one workload share them), in t
 so machine noise hits all configurations alike. Bytes of every
 collective are counted during measured steps only. Rank 0 gathers the per-rank
 records and returns them.
+
+Every configuration trains under the run's pipeline (``RunSpec.pipeline``, see
+:mod:`~torchrec_het.bench.pipelines`): one loop per configuration for the whole run, fed
+from a :class:`~torchrec_het.bench.pipelines.BatchFeed` that holds the next round's batches
+(and, after the last round, ``lookahead`` batches past the end) before a round starts, so
+a pipeline that reads ahead never finds it empty and batch building stays off the clock.
+Under ``sparse_dist`` a step issues the next batch's input dist, so the bytes counted in a
+round are those of that round's steps shifted by one batch; the last measured step issues
+the input dist of batch ``total_steps``, which is never trained (fixed-size batches: the
+same bytes). Each step's time is split into parts by :mod:`~torchrec_het.bench.step_time`.
 """
 
 import logging
@@ -20,9 +30,11 @@ import torch.distributed as dist
 from torchrec_het.bench import configs as bench_configs
 from torchrec_het.bench.het_stats import ideal_lru, rank_cache_stats
 from torchrec_het.bench.memory import peak_rss_mb, reset_peak_rss, rss_mb, state_mb
-from torchrec_het.bench.model import ShardedModel, predict, train_step
+from torchrec_het.bench.model import BENCH_DEVICE, ShardedModel, predict
+from torchrec_het.bench.pipelines import DEFAULT_PIPELINE, BatchFeed, PipelineKind, check_pipeline
 from torchrec_het.bench.presets import BenchPreset
 from torchrec_het.bench.replicated_configs import hot_fraction
+from torchrec_het.bench.step_time import CLOCK, TIMED_PARTS, instrument, timing_installed
 from torchrec_het.bench.workloads import open_workload_source, shard_workload
 from torchrec_het.comm import CommAccountant, attach_ddp_hooks
 from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
@@ -47,6 +59,7 @@ class RunSpec:
     out_dir: str = "bench_out"
     seed: int = 0
     progress: bool = True
+    pipeline: str = DEFAULT_PIPELINE
 
     @property
     def local_world_size(self) -> int:
@@ -67,6 +80,7 @@ class RankRecord:
     name: str
     sharding_types: list[str]
     step_seconds: list[float] = field(default_factory=list)
+    step_parts: list[tuple[float, ...]] = field(default_factory=list)  # seconds of TIMED_PARTS per step
     losses: list[float] = field(default_factory=list)
     comm: list = field(default_factory=list)  # one CommTotals per round
     peak_rss_mb: float = 0.0
@@ -85,7 +99,60 @@ def _workload(name: str) -> str:
     return bench_configs.CONFIGS[name].workload
 
 
-def _build(spec: RunSpec, name: str, source, base_rss: float) -> tuple[ShardedModel, RankRecord]:
+@dataclass
+class _Trainee:
+    """One configuration while the run goes: its model, its loop and the batches queued for it."""
+
+    name: str
+    sharded: ShardedModel
+    feed: BatchFeed
+    loop: object  # PlainLoop | TorchRecLoop
+    queued_rounds: int = 0  # rounds of batches (then the tail) appended to the feed so far
+    regroup: dict = field(default_factory=dict)  # FAE regrouping counters of measured rounds
+
+
+class _RoundBatches:
+    """Each workload's batches of a round (the tail past the last round: ``lookahead`` batches), built once."""
+
+    def __init__(self, spec: RunSpec, sources: dict, lookahead: int) -> None:
+        self._spec, self._sources, self._lookahead = spec, sources, lookahead
+        self._built: dict[tuple[str, int], list] = {}
+
+    def steps(self, round_index: int) -> range:
+        preset = self._spec.preset
+        first = preset.warmup_steps + round_index * preset.steps_per_round
+        if round_index == preset.rounds:
+            return range(first, first + self._lookahead)
+        return range(first, first + preset.steps_per_round)
+
+    def get(self, workload: str, round_index: int) -> list:
+        key = (workload, round_index)
+        if key not in self._built:
+            rank = dist.get_rank()
+            self._built[key] = [self._sources[workload].batch(s, rank, "train") for s in self.steps(round_index)]
+        return self._built[key]
+
+    def release_before(self, round_index: int) -> None:
+        for key in [k for k in self._built if k[1] < round_index]:
+            del self._built[key]
+
+
+def _top_up(trainee: _Trainee, rounds: _RoundBatches, spec: RunSpec, steps: int, lookahead: int) -> None:
+    """Queues whole rounds until the feed holds the ``steps`` about to run plus ``lookahead``
+    (building or regrouping a round happens here, off the clock)."""
+    last = spec.preset.rounds  # index of the tail
+    while len(trainee.feed) < steps + lookahead and trainee.queued_rounds <= last:
+        index = trainee.queued_rounds
+        batches = rounds.get(_workload(trainee.name), index)
+        if index < last:
+            batches = _regrouped(trainee.name, trainee.sharded, batches, trainee.regroup)
+        trainee.feed.extend(batches)
+        trainee.queued_rounds += 1
+
+
+def _build(
+    spec: RunSpec, name: str, source, base_rss: float, kind: PipelineKind, rounds: _RoundBatches
+) -> tuple[_Trainee, RankRecord]:
     config = bench_configs.CONFIGS[name]
     before = rss_mb()
     reset_peak_rss()
@@ -93,9 +160,15 @@ def _build(spec: RunSpec, name: str, source, base_rss: float) -> tuple[ShardedMo
         config, spec.preset, source, spec.embedding_optimizer, spec.local_world_size, spec.seed, spec.link_bytes_per_s
     )
     attach_ddp_hooks(sharded.model)
+    instrument(sharded.model)
     rank = dist.get_rank()
-    for step in range(spec.preset.warmup_steps):
-        train_step(sharded, source.batch(step, rank, "train"))
+    feed = BatchFeed()
+    feed.extend(source.batch(step, rank, "train") for step in range(spec.preset.warmup_steps))
+    trainee = _Trainee(name, sharded, feed, kind.make(sharded, feed, BENCH_DEVICE))
+    # The warm-up's last steps read ahead into round 0 under a pipeline: queue it (regrouped).
+    _top_up(trainee, rounds, spec, spec.preset.warmup_steps, kind.lookahead)
+    for _ in range(spec.preset.warmup_steps):
+        trainee.loop.step()
     record = RankRecord(name=name, sharding_types=sharded.sharding_types)
     het = het_module(sharded)
     if het is not None:
@@ -109,7 +182,7 @@ def _build(spec: RunSpec, name: str, source, base_rss: float) -> tuple[ShardedMo
         record.state_mb += replicated.replica_nbytes() / 2**20
         record.replication = {"hot_fraction": hot_fraction(sharded.model), "replica_mb": replicated.replica_nbytes() / 2**20}
         replicated.reset_replication_stats()  # count measured steps only
-    return sharded, record
+    return trainee, record
 
 
 def het_module(sharded: ShardedModel):
@@ -160,39 +233,42 @@ def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
     """Runs on every rank of an initialized gloo group; rank 0 gets all ranks' records."""
     quiet_torchrec()
     torch.set_num_threads(_threads_per_rank(spec))
+    kind = check_pipeline(spec.pipeline, BENCH_DEVICE)
     rank = dist.get_rank()
     preset = spec.preset
     workloads = list(dict.fromkeys(_workload(name) for name in spec.config_names))  # in order of first use
     sources = {
         w: open_workload_source(w, preset, spec.world_size, spec.seed, spec.data_path) for w in workloads
     }
+    rounds = _RoundBatches(spec, sources, kind.lookahead)
     base_rss = rss_mb()
     bar = _progress(spec, len(spec.config_names) * preset.total_steps)
-    models: dict[str, ShardedModel] = {}
+    trainees: dict[str, _Trainee] = {}
     records: dict[str, RankRecord] = {}
-    with CommAccountant() as accountant:
+    with CommAccountant() as accountant, timing_installed():
         accountant.enabled = False
         for name in spec.config_names:
-            models[name], records[name] = _build(spec, name, sources[_workload(name)], base_rss)
+            trainees[name], records[name] = _build(spec, name, sources[_workload(name)], base_rss, kind, rounds)
             if bar:
                 bar.update(preset.warmup_steps)
         for round_index in range(preset.rounds):
-            first = preset.warmup_steps + round_index * preset.steps_per_round
-            steps = range(first, first + preset.steps_per_round)
-            batches = {w: [source.batch(step, rank, "train") for step in steps] for w, source in sources.items()}
-            for name, sharded in models.items():
-                window = _regrouped(name, sharded, batches[_workload(name)], records[name])
-                _measure_window(sharded, window, records[name], accountant)
+            for name, trainee in trainees.items():
+                _top_up(trainee, rounds, spec, preset.steps_per_round, kind.lookahead)
+                _measure_window(trainee, preset.steps_per_round, records[name], accountant)
                 if bar:
                     bar.update(preset.steps_per_round)
-            del batches
+            rounds.release_before(round_index + 1)
         if bar:
             bar.close()
+        models = {name: trainee.sharded for name, trainee in trainees.items()}
+        for trainee in trainees.values():
+            trainee.loop.finish()  # the models' own forwards back, for evaluation
         _collect_cache_stats(spec, sources, models, records)
-        for name, sharded in models.items():
-            replicated = replicated_module(sharded)
+        for name, trainee in trainees.items():
+            replicated = replicated_module(trainee.sharded)
             if replicated is not None:
                 records[name].replication.update(replicated.replication_stats())
+                records[name].replication.update(trainee.regroup)
         for workload, source in sources.items():
             eval_batches = [source.batch(i, rank, "eval") for i in range(preset.eval_batches_of(workload))]
             for name, sharded in models.items():
@@ -205,29 +281,30 @@ def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
     return gathered
 
 
-def _regrouped(name: str, sharded: ShardedModel, batches: list, record: RankRecord) -> list:
-    """The round's batches as the configuration trains them: regrouped by FAE's
+def _regrouped(name: str, sharded: ShardedModel, batches: list, stats: dict) -> list:
+    """A round's batches as the configuration trains them: regrouped by FAE's
     :class:`~torchrec_het.replication.all_hot.AllHotBatches` when it asks for it (off the clock,
-    as a data loader would do it; the seconds are recorded)."""
+    as a data loader would do it; the count of all-hot batches and the seconds go to ``stats``)."""
     window = bench_configs.CONFIGS[name].params.get("all_hot_window")
     if window is None:
         return batches
     start = time.perf_counter()
     wrapper = AllHotBatches(batches, read_here_of(sharded.model), window=window)
     out = list(wrapper)
-    stats = record.replication
     stats["all_hot_batches"] = stats.get("all_hot_batches", 0) + wrapper.stats["all_hot_batches"]
     stats["regroup_seconds"] = stats.get("regroup_seconds", 0.0) + time.perf_counter() - start
     return out
 
 
-def _measure_window(sharded: ShardedModel, batches: list, record: RankRecord, accountant: CommAccountant) -> None:
+def _measure_window(trainee: _Trainee, steps: int, record: RankRecord, accountant: CommAccountant) -> None:
     dist.barrier()
     accountant.reset()
     accountant.enabled = True
-    for batch in batches:
-        start = time.perf_counter()
-        record.losses.append(train_step(sharded, batch))
-        record.step_seconds.append(time.perf_counter() - start)
+    for _ in range(steps):
+        CLOCK.start()
+        record.losses.append(trainee.loop.step())
+        parts = CLOCK.stop()
+        record.step_seconds.append(parts["total"])
+        record.step_parts.append(tuple(parts[p] for p in TIMED_PARTS))
     accountant.enabled = False
     record.comm.append(accountant.totals())

@@ -1,0 +1,173 @@
+"""The benchmark's training loops and step-time clock, in one process (nothing is spawned)."""
+
+import pytest
+import torch
+
+from torchrec_het.bench import step_time
+from torchrec_het.bench.__main__ import main
+from torchrec_het.bench.pipelines import (
+    DEFAULT_PIPELINE,
+    PIPELINES,
+    BatchFeed,
+    PipelineUnavailable,
+    TorchRecLoop,
+    check_pipeline,
+)
+from torchrec_het.bench.report import step_time_table
+from torchrec_het.bench.step_time import STEP_PARTS, StepClock
+
+CPU = torch.device("cpu")
+
+
+def test_sparse_dist_is_the_default_and_runs_on_cpu():
+    assert DEFAULT_PIPELINE == "sparse_dist"
+    assert check_pipeline("sparse_dist", CPU).lookahead == 2
+    assert check_pipeline("plain", CPU).lookahead == 0
+
+
+@pytest.mark.parametrize(
+    "name, reason",
+    [("semi_sync", "record_stream"), ("prefetch_sparse_dist", "Invalid PrefetchPipelinedForward usage")],
+)
+def test_a_pipeline_the_device_cannot_run_is_refused_in_one_clear_line(name, reason):
+    with pytest.raises(PipelineUnavailable) as caught:
+        check_pipeline(name, CPU)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"--pipeline {name} cannot run on this device (cpu)" in message and reason in message
+    assert "sparse_dist" in message  # what to use instead
+    assert check_pipeline(name, torch.device("cuda")) is PIPELINES[name]  # a device that can run it may
+
+
+def test_the_command_line_refuses_before_starting_any_rank(capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["--preset", "smoke", "--configs", "stock_table_wise", "--pipeline", "semi_sync", "--no-progress"])
+    assert str(caught.value).startswith("error: --pipeline semi_sync cannot run on this device (cpu)")
+    assert "\n" not in str(caught.value)
+    assert capsys.readouterr().out == ""  # nothing ran
+
+
+def test_unknown_pipeline():
+    with pytest.raises(PipelineUnavailable, match="unknown pipeline 'hybrid'"):
+        check_pipeline("hybrid", CPU)
+
+
+def test_a_torchrec_loop_refuses_to_run_on_an_empty_feed():
+    class Pipeline:
+        def __init__(self, model, optimizer, device):
+            self.calls = 0
+
+        def progress(self, feed):
+            self.calls += 1
+            return next(feed)
+
+    sharded = type("Sharded", (), {"model": None, "optimizer": None})()
+    feed = BatchFeed()
+    feed.extend([(torch.tensor(0.5), None, None)])
+    loop = TorchRecLoop(Pipeline, sharded, feed, CPU)
+    assert loop.step() == 0.5
+    with pytest.raises(RuntimeError, match="feed ran dry"):
+        loop.step()  # a TorchRec pipeline would mark the iterator exhausted for good
+    assert loop.pipeline.calls == 1
+
+
+class _FakeTime:
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def test_clock_parts_are_exclusive_and_add_up_to_the_total(monkeypatch):
+    fake = _FakeTime()
+    monkeypatch.setattr(step_time.time, "perf_counter", fake.perf_counter)
+    clock = StepClock()
+    clock.start()  # t = 0
+    fake.now = 1.0
+    clock.enter("emb_fwd")
+    fake.now = 3.0
+    clock.enter("comm_wait")  # a wait inside the embedding forward: comm_wait only
+    fake.now = 6.0
+    clock.leave()
+    fake.now = 7.0
+    clock.leave()
+    fake.now = 8.0
+    clock.enter("emb_bwd")
+    clock.enter("emb_bwd")  # the same part twice (nested hooks) counts once
+    fake.now = 9.5
+    clock.leave()
+    clock.leave()
+    fake.now = 10.0
+    parts = clock.stop()
+    assert parts == {"emb_fwd": 3.0, "comm_wait": 3.0, "emb_bwd": 1.5, "dense": 2.5, "total": 10.0}
+    assert set(parts) == set(STEP_PARTS)
+
+
+def test_clock_closes_a_region_an_exception_left_open_and_ignores_other_steps(monkeypatch):
+    fake = _FakeTime()
+    monkeypatch.setattr(step_time.time, "perf_counter", fake.perf_counter)
+    clock = StepClock()
+    with clock.region("emb_fwd"):  # not running: nothing is recorded
+        fake.now = 5.0
+    clock.start()
+    with pytest.raises(ValueError):
+        with clock.region("comm_wait"):
+            fake.now = 7.0
+            raise ValueError
+    clock.enter("emb_fwd")  # left open
+    fake.now = 9.0
+    parts = clock.stop()
+    assert parts == {"emb_fwd": 2.0, "emb_bwd": 0.0, "comm_wait": 2.0, "dense": 0.0, "total": 4.0}
+    assert not clock.running
+
+
+class _TickingTime:
+    """Every reading is one second after the previous one."""
+
+    def __init__(self):
+        self.readings = 0
+
+    def perf_counter(self):
+        self.readings += 1
+        return float(self.readings)
+
+
+def _done_work():
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    future = torch.futures.Future()
+    future.set_result([torch.zeros(1)])
+    return _create_work_from_future(future)
+
+
+def test_installed_waits_count_as_comm_wait_and_emb_fwd_only_while_a_step_runs(monkeypatch):
+    from torch.distributed.distributed_c10d import Work
+    from torchrec.distributed.types import Awaitable, NoWait
+
+    ticking = _TickingTime()
+    monkeypatch.setattr(step_time.time, "perf_counter", ticking.perf_counter)
+    work, awaitable = _done_work(), NoWait(3)
+    originals = Work.wait, Awaitable.wait
+    with step_time.timing_installed() as clock:
+        work.wait()
+        assert awaitable.wait() == 3
+        assert ticking.readings == 0  # no step running: the patched waits do not touch the clock
+        clock.start()  # reading 1
+        work.wait()  # readings 2, 3: one second of comm_wait
+        awaitable.wait()  # readings 4, 5: one second of emb_fwd
+        parts = clock.stop()  # reading 6
+    assert parts == {"emb_fwd": 1.0, "emb_bwd": 0.0, "comm_wait": 1.0, "dense": 3.0, "total": 5.0}
+    assert (Work.wait, Awaitable.wait) == originals
+
+
+def test_step_time_table_has_a_row_per_configuration():
+    ms = dict.fromkeys(STEP_PARTS, 1.0)
+    results = {
+        "pipeline": "sparse_dist",
+        "configs": [{"name": "a", "workload": "dlrm", "step_ms": ms}, {"name": "b", "workload": "sequence"}],
+    }
+    rows = [line for line in step_time_table(results) if line.startswith("|")]
+    assert rows[0] == "| workload | config | emb fwd | emb bwd | dense | comm wait | total |"
+    assert rows[2] == "| dlrm | a | 1.00 | 1.00 | 1.00 | 1.00 | 1.00 |"
+    assert rows[3] == "| sequence | b | - | - | - | - | - |"
