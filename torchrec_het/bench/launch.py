@@ -23,7 +23,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank_main(rank: int, spec: RunSpec, env_of_rank: list[dict[str, str]], netns_of_rank: list[str] | None, on_done) -> None:
+def _rank_main(
+    rank: int, spec: RunSpec, env_of_rank: list[dict[str, str]], netns_of_rank: list[str] | None, on_done, body=run_benchmark
+) -> None:
     if netns_of_rank is not None:
         from torchrec_het.bench.netem import join_host
 
@@ -31,19 +33,20 @@ def _rank_main(rank: int, spec: RunSpec, env_of_rank: list[dict[str, str]], netn
     os.environ.update(env_of_rank[rank])
     dist.init_process_group("gloo", rank=rank, world_size=spec.world_size)
     try:
-        gathered = run_benchmark(spec)
+        gathered = body(spec)
         if rank == 0:
             on_done(spec, gathered)
     finally:
         dist.destroy_process_group()
 
 
-def spawn(spec: RunSpec, on_done) -> None:
-    """Runs ``spec`` on ``spec.world_size`` spawned ranks; ``on_done`` runs on rank 0."""
+def spawn(spec: RunSpec, on_done, body=run_benchmark) -> None:
+    """Runs ``body(spec)`` (default: the benchmark) on ``spec.world_size`` spawned ranks; ``on_done(spec, gathered)``
+    runs on rank 0 with what ``body`` returned there."""
     port = str(_free_port())
     if spec.network["mode"] == "loopback":
         env = [{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}] * spec.world_size
-        mp.start_processes(_rank_main, args=(spec, env, None, on_done), nprocs=spec.world_size, start_method="spawn")
+        mp.start_processes(_rank_main, args=(spec, env, None, on_done, body), nprocs=spec.world_size, start_method="spawn")
         return
     from torchrec_het.bench.netem import EmulatedHosts, LinkSpec, remove_stale
 
@@ -55,17 +58,17 @@ def spawn(spec: RunSpec, on_done) -> None:
         host_of_rank = list(spec.host_of_rank)
         env = [dict(hosts.rank_env(r, host_of_rank), MASTER_PORT=port) for r in range(spec.world_size)]
         netns = [hosts.host_netns(h) for h in host_of_rank]
-        mp.start_processes(_rank_main, args=(spec, env, netns, on_done), nprocs=spec.world_size, start_method="spawn")
+        mp.start_processes(_rank_main, args=(spec, env, netns, on_done, body), nprocs=spec.world_size, start_method="spawn")
 
 
-def run_under_torchrun(spec: RunSpec, on_done) -> None:
-    """Runs this process as one rank of a torchrun / torchx job."""
+def run_under_torchrun(spec: RunSpec, on_done, body=run_benchmark) -> None:
+    """Runs this process as one rank of a torchrun / torchx job (``body``: as for :func:`spawn`)."""
     world_size = int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     spec = replace(spec, world_size=world_size, host_of_rank=tuple(r // local for r in range(world_size)))
     dist.init_process_group("gloo")
     try:
-        gathered = run_benchmark(spec)
+        gathered = body(spec)
         if dist.get_rank() == 0:
             on_done(spec, gathered)
     finally:

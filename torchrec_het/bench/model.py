@@ -189,11 +189,13 @@ def shard_module(
         plan = planner.collective_plan(train_model, sharders, dist.GroupMember.WORLD)
     model = DistributedModelParallel(module=train_model, device=BENCH_DEVICE, plan=plan, sharders=sharders)
     init_tables_by_row(model, tables, seed)  # identical starting weights whatever the plan
-    dense_optimizer = KeyedOptimizerWrapper(
-        dict(in_backward_optimizer_filter(model.named_parameters())),
-        lambda params: torch.optim.Adagrad(params, lr=learning_rate),
-    )
-    optimizer = CombinedOptimizer([model.fused_optimizer, dense_optimizer])
+    dense_params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    optimizers = [model.fused_optimizer]
+    if dense_params:  # a model of embeddings alone (the micro benchmark's) has none
+        optimizers.append(
+            KeyedOptimizerWrapper(dense_params, lambda params: torch.optim.Adagrad(params, lr=learning_rate))
+        )
+    optimizer = CombinedOptimizer(optimizers)
     return ShardedModel(config, model, optimizer, plan, plan_sharding_types(plan))
 
 

@@ -57,7 +57,7 @@ def shard_workload(
     """A fresh model of ``config``'s workload, sharded as ``config`` says (``link_bytes_per_s``:
     the run's network, for configurations that plan for it)."""
     check_workload(config.workload)
-    sample = _training_sample(source, preset)
+    sample = training_sample(source, preset)
     if config.workload == "sequence":
         return shard_sequence(
             config, preset, embedding_optimizer, local_world_size, seed=seed, sample=sample,
@@ -72,7 +72,7 @@ def shard_workload(
 PROFILE_EVERY = 20  # FAE's profile: a 5% sample of the training steps
 
 
-def _training_sample(source, preset: BenchPreset):
+def training_sample(source, preset: BenchPreset):
     """This rank's every-20th training batch (sparse features), built only when asked for."""
 
     def sample():
