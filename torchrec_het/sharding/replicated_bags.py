@@ -316,10 +316,11 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
             position, sample = rest // batch, rest % batch
             index = self.layout.elements(source * batch + sample, position, self.layout.width)
             step.partials = pooled.reshape(-1)[index]
-        step.hot_pooled = [
-            pool_hot(self._anchor, block, slots, bags, weights, positions * batch)
-            for block, (slots, bags, weights) in zip(self._blocks, step.hot)
-        ]
+        if self.layout.uniform_dim is None:  # one width: the output dist pools hot rows as it finishes the bags
+            step.hot_pooled = [
+                pool_hot(self._anchor, block, slots, bags, weights, positions * batch)
+                for block, (slots, bags, weights) in zip(self._blocks, step.hot)
+            ]
         self.stats["steps"] += 1
         self.stats["skipped_steps"] += int(step.local_only)
         self.last_batch = step
@@ -467,6 +468,42 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
+class _FinishBags(torch.autograd.Function):
+    """One width: ``[batch, width]`` bags from the hot rows and the partials received, mean applied.
+
+    Rows are (sample, position), so the result is the output layout with no copy. The
+    backward hands the hot rows' gradients to their replica blocks and returns the
+    partials' gradients, both scaled as TorchRec's row-wise backward scales them.
+    """
+
+    @staticmethod
+    def forward(ctx, received, anchor, blocks, step: _Batch, layout: BagLayout, place, scale):  # noqa: ARG004
+        batch, positions, dim = step.batch, layout.num_positions, layout.uniform_dim
+        out = torch.zeros(batch * positions, dim, device=received.device)
+        for block, (slots, bags, weights) in zip(blocks, step.hot):
+            values = block.weights[slots]
+            out.index_add_(0, bags, values if weights is None else values * weights.unsqueeze(1))
+        out.index_add_(0, place, received.view(-1, dim))
+        ctx.blocks, ctx.step, ctx.layout, ctx.place, ctx.scale = blocks, step, layout, place, scale
+        ctx.divisors = _divisors(layout, step, batch).unsqueeze(2) if layout.has_mean else None
+        if ctx.divisors is not None:
+            out = out.view(batch, positions, dim).div_(ctx.divisors)
+        return out.view(batch, layout.width)
+
+    @staticmethod
+    def backward(ctx, grad):
+        step, layout = ctx.step, ctx.layout
+        batch, positions, dim = step.batch, layout.num_positions, layout.uniform_dim
+        grad = grad.reshape(batch, positions, dim)
+        if ctx.divisors is not None:
+            grad = grad / ctx.divisors
+        grad = grad.reshape(batch * positions, dim)
+        for block, (slots, bags, weights) in zip(ctx.blocks, step.hot):
+            values = grad[bags] * ctx.scale
+            block.add_grads(slots, values if weights is None else values * weights.unsqueeze(1))
+        return (grad[ctx.place] * ctx.scale).view(-1), None, None, None, None, None, None
+
+
 class _Bags(Awaitable[torch.Tensor]):
     def __init__(self, dist_: "PartialSumsDist", step: _Batch, exchange: Exchange):
         super().__init__()
@@ -510,13 +547,10 @@ class PartialSumsDist(BaseEmbeddingDist):
         layout, batch, positions = self.layout, step.batch, self.layout.num_positions
         rest = step.sent_entries % (positions * batch)
         position, sample = rest // batch, rest % batch
+        lookup = self._lookup[0]
+        scale = 1.0 / lookup._ws if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
         if layout.uniform_dim is not None:
-            dim = layout.uniform_dim
-            hot = sum(step.hot_pooled)  # [batch * positions, dim], rows (sample, position)
-            out = hot.index_add(0, sample * positions + position, received.view(-1, dim)).view(batch, positions, dim)
-            if layout.has_mean:
-                out = out / _divisors(layout, step, batch).unsqueeze(2)
-            out = out.view(batch, layout.width)
+            return _FinishBags.apply(received, lookup._anchor, lookup._blocks, step, layout, sample * positions + position, scale)
         else:
             out = torch.zeros(batch * layout.width, device=received.device)
             for block, pooled in zip(self._lookup[0]._blocks, step.hot_pooled):
@@ -530,7 +564,6 @@ class PartialSumsDist(BaseEmbeddingDist):
             out = out.view(batch, layout.width)
             if layout.has_mean:
                 out = out / _divisors(layout, step, batch)[:, layout.column_position]
-        scale = 1.0 / self._lookup[0]._ws if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
         return _ScaleGrad.apply(out, scale)
 
 
