@@ -44,9 +44,9 @@ def _without_settings(sharding_infos) -> tuple[list, ReplicationConfig | None]:
 
 
 def _pipelined(config: ReplicationConfig, sharding_infos) -> bool:
-    """Whether these tables take the pipelined path: it has no per-host tier and no online profile yet."""
+    """Whether these tables take the pipelined path: it has no per-host tier yet."""
     if config.tiers is None:
-        return not config.online_profile_steps
+        return True
     for info in sharding_infos:
         table = info.embedding_config
         if config.table_tiers(table.name, table.num_embeddings)[1].numel():

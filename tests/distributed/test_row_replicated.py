@@ -73,7 +73,7 @@ def test_bf16_wire_halves_cold_bytes_and_keeps_replicas_identical(world: list[di
         assert wire["a2a_bytes/bf16"] < 0.8 * wire["a2a_bytes/fp32"], (rank, wire)
 
 
-@pytest.mark.parametrize("case,sync", [("held", "dense_syncs"), ("held_sparse", "sparse_syncs")])
+@pytest.mark.parametrize("case,sync", [("held", "sparse_syncs"), ("held_sparse", "sparse_syncs")])
 def test_held_replica_gradients_are_applied_whole_at_flush(world: list[dict], case: str, sync: str) -> None:
     for rank, results in enumerate(world):
         held = results[case]

@@ -75,11 +75,16 @@ class OwnedRows:
 class ReplicaBlock:
     """The hot rows of tables of one width, replicated on every rank of ``pg``.
 
+    A sync is sparse: one all-reduce of how often each row was touched (started in the
+    backward, 4 bytes a row), then, before the next read, one all-reduce of the gradients of
+    the rows any rank touched. Every rank then applies the same sums: copies stay identical.
+
     Args:
         hot_ids: sorted fused ids of the hot rows (the lookup's id space).
         dim: their width.
-        optimizer: the owners' optimizer name (all tables of the block share it).
-        lr: ``[rows]`` learning rate of each row's table.
+        optimizer: the owners' optimizer kind (all tables of the block share it).
+        kernels: the owners' kernels (their learning rates are read at every step).
+        kernel_of: ``[rows]`` index in ``kernels`` of each row's table.
         eps: ``[rows]`` epsilon of each row's table.
         owned: where this rank's own hot rows live in its kernels.
         sync_every: combine gradients every this many steps (1: exactly synchronous).
@@ -87,16 +92,18 @@ class ReplicaBlock:
         device: where the block lives.
     """
 
-    def __init__(self, hot_ids, dim, optimizer, lr, eps, owned: list[OwnedRows], sync_every, pg, device) -> None:
+    def __init__(self, hot_ids, dim, optimizer, kernels, kernel_of, eps, owned: list[OwnedRows], sync_every, pg, device) -> None:
         rows = hot_ids.numel()
         self.hot_ids, self.dim, self.optimizer, self.pg = hot_ids, dim, optimizer, pg
         self.weights = torch.zeros(rows, dim, device=device)
         self.state = torch.zeros(rows, state_width(optimizer, dim), device=device)
-        self.lr, self.eps = lr.view(-1, 1).to(device), eps.view(-1, 1).to(device)
+        self.kernels, self.kernel_of = kernels, kernel_of.to(device)
+        self.eps = eps.view(-1, 1).to(device)
         self.owned, self.sync_every = owned, sync_every
         self.pending = torch.zeros(rows, dim + 1, device=device)  # summed gradient, touches
         self.steps_held = 0
-        self._work = None
+        self._touches = None  # the started all-reduce of touch counts, and its buffer
+        self.syncs = 0
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.weights, self.state))
@@ -124,36 +131,43 @@ class ReplicaBlock:
         self.pending[:, self.dim].index_add_(0, slots, torch.ones_like(slots, dtype=self.pending.dtype))
         self.steps_held += 1
         if self.steps_held >= self.sync_every:
-            self._work = dist.all_reduce(self.pending, group=self.pg, async_op=True)
+            self._start()
+
+    def _start(self) -> None:
+        touches = self.pending[:, self.dim].contiguous()
+        self._touches = (dist.all_reduce(touches, group=self.pg, async_op=True), touches)
 
     def wait(self) -> bool:
         """Finishes a started sync and applies it (call before reading the rows); whether there was one."""
-        if self._work is None:
+        if self._touches is None:
             return False
-        self._work.wait()
-        self._work = None
-        self._apply()
+        work, touches = self._touches
+        self._touches = None
+        work.wait()
+        touched = (touches > 0).nonzero().flatten()
+        grads = self.pending[touched, : self.dim]  # a copy: only rows some rank touched travel
+        dist.all_reduce(grads, group=self.pg)
+        self._apply(touched, grads, touches[touched])
+        self.syncs += 1
         return True
 
     def flush(self) -> int:
         """Applies a started sync and whatever is held (a collective: every rank calls it); syncs applied."""
         synced = int(self.wait())
         if self.steps_held and self.weights.size(0):
-            self._work = dist.all_reduce(self.pending, group=self.pg, async_op=True)
+            self._start()
             synced += int(self.wait())
         return synced
 
     @torch.no_grad()
-    def _apply(self) -> None:
-        touched = (self.pending[:, self.dim] > 0).nonzero().flatten()
-        grads = self.pending[touched, : self.dim]
+    def _apply(self, touched: torch.Tensor, grads: torch.Tensor, touches: torch.Tensor) -> None:
         if self.steps_held > 1 and self.optimizer != "sgd":
             # k held steps arrive as one sum; dividing by sqrt(k) (k: touches over ranks, capped
             # at the steps held) grows Adagrad's squared-gradient state about as k steps would.
-            touches = self.pending[touched, self.dim].clamp(min=1, max=self.steps_held)
-            grads = grads / touches.sqrt().unsqueeze(1)
+            grads = grads / touches.clamp(min=1, max=self.steps_held).sqrt().unsqueeze(1)
+        lr = torch.stack([k.learning_rate_tensor for k in self.kernels]).to(grads.device)[self.kernel_of[touched]]
         weights, state = self.weights[touched], self.state[touched]
-        step_rows(self.optimizer, weights, state, grads, self.lr[touched], self.eps[touched])
+        step_rows(self.optimizer, weights, state, grads, lr.view(-1, 1), self.eps[touched])
         self.weights[touched], self.state[touched] = weights, state
         self.pending.zero_()
         self.steps_held = 0

@@ -35,6 +35,7 @@ from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
+from torchrec_het.replication.tiers import hottest_rows
 from torchrec_het.sharding.exchange_async import Exchange, start_exchange
 from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
 from torchrec_het.sharding.replica_group import ReplicaGroup
@@ -49,6 +50,7 @@ class _Batch:
     """One batch's bookkeeping, from the input dist to the output dist."""
 
     batch: int
+    hot_version: int  # the layout's hot rows this batch was routed with
     lengths: torch.Tensor  # [F * B] reader's bag lengths (mean pooling)
     hot: list  # per block: (slots, bags, weights) of the reader's hot values
     sent_entries: torch.Tensor  # reader: distinct (dest, position, sample) keys of cold values sent
@@ -89,6 +91,13 @@ class BagLayout:
         self.column_position = torch.repeat_interleave(torch.arange(len(dims)), self.dims)
         self.owner_ends = torch.cat([self.group_base[i] + g.owner_ends for i, g in enumerate(groups)])
         self.bucket_start = torch.cat([torch.zeros(1, dtype=torch.int64), self.owner_ends[:-1]])
+        self.total_rows = int(sizes.sum())
+        self.set_hot(groups)
+
+    def set_hot(self, groups: list[ReplicaGroup]) -> None:
+        """Takes the hot rows of ``groups`` (same tables and widths; after an online profile)."""
+        self.groups = groups
+        self.hot_version = getattr(self, "hot_version", -1) + 1
         hot = [self.group_base[i] + g.hot for i, g in enumerate(groups)]
         self.hot_ids = torch.cat([torch.zeros(0, dtype=torch.int64)] + hot)
         counts = torch.tensor([h.numel() for h in hot], dtype=torch.int64)
@@ -160,6 +169,7 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         self.layout, self.feature_names, self.pg = layout, feature_names, pg
         self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
         self.device = device
+        self.observe = None  # the lookup's online profile, while it runs
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         if sparse_features.variable_stride_per_key():
@@ -171,6 +181,8 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         weights = sparse_features.weights_or_none()
         bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
         ids = values + layout.position_base[bags // batch]
+        if self.observe is not None:
+            self.observe(ids)  # online profile: counts, and at its end new hot rows (a collective)
         hot_pos, owner, row = layout.route(ids)
         hot = []
         block_of = torch.bucketize(hot_pos, layout.hot_group_ends, right=True)
@@ -187,7 +199,7 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
             columns.append(weights[cold].float().view(torch.int32))
         payload = torch.stack(columns, 1)
         num_bags = lengths.numel()
-        step = _Batch(batch, lengths, hot, torch.unique(dest * num_bags + bags[cold]))
+        step = _Batch(batch, layout.hot_version, lengths, hot, torch.unique(dest * num_bags + bags[cold]))
         counts = torch.cat([torch.bincount(dest, minlength=ws), torch.tensor([batch])])
         gathered = [torch.empty_like(counts) for _ in range(ws)]
         work = dist.all_gather(gathered, counts, group=self.pg, async_op=True)
@@ -239,17 +251,26 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
         self._device = device if device is not None else torch.device("cpu")
         ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(self._ws))
         self._sync_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True)
-        self._groups, self.layout = self._build_layout(config, shards_by_table)
+        self._tables, tiers = self._table_infos(config, shards_by_table)
+        self._groups = self._replica_groups(tiers)
+        if any(g.host.numel() for g in self._groups):
+            raise NotImplementedError("the pipelined het_row_replicated path has no per-host tier")
+        self.layout = self._bag_layout()
         self._blocks = [self._block(g) for g in self._groups]
+        online = config.tiers is None and config.online_profile_steps > 0
+        self._online_left = config.online_profile_steps if online else 0
+        self._online_counts = torch.zeros(self.layout.total_rows, dtype=torch.int64) if online else None
         self._owner = OwnerRows.of(self) if self.layout.uniform_dim is not None else None
         self._needs_refresh = True
+        self._refreshed_version = -1
         self._anchor = torch.zeros(1, requires_grad=True)
         self.stats = {"steps": 0, "skipped_steps": 0, "sparse_syncs": 0, "dense_syncs": 0}
         self.last_batch: _Batch | None = None
 
-    def _build_layout(self, config: ReplicationConfig, shards_by_table) -> tuple[list[ReplicaGroup], BagLayout]:
+    def _table_infos(self, config: ReplicationConfig, shards_by_table):
+        """Per width: the tables (in the sharding's order) and their tiers; and (width, table) per position."""
         by_dim: dict[int, list] = {}
-        positions_of: list[tuple[int, str]] = []  # (dim, table name) per position
+        self._positions: list[tuple[int, str]] = []  # (width, table name) per position
         for module_index, group in enumerate(self.grouped_configs):
             for table_index, table in enumerate(group.embedding_tables):
                 info = TableInfo(
@@ -262,17 +283,48 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
                     mean=table.pooling == PoolingType.MEAN,
                     learning_rate=0.0,
                 )
-                by_dim.setdefault(table.embedding_dim, []).append((info, config.table_tiers(table.name, table.num_embeddings)))
-                positions_of += [(table.embedding_dim, table.name)] * len(table.feature_names)
-        local_ws = config.ranks_per_host(self._ws)
-        dims = list(by_dim)
-        groups = [ReplicaGroup([t for t, _ in by_dim[d]], [tiers for _, tiers in by_dim[d]], d, self._rank, self._ws, local_ws) for d in dims]
-        if any(g.host.numel() for g in groups):
-            raise NotImplementedError("the pipelined het_row_replicated path has no per-host tier")
-        table_pos = {t.name: (gi, ti) for gi, g in enumerate(groups) for ti, t in enumerate(g.tables)}
-        positions = [table_pos[name] for _, name in positions_of]
-        mean = [groups[g].tables[t].mean for g, t in positions]
-        return groups, BagLayout(groups, positions, [d for d, _ in positions_of], mean, self._ws)
+                by_dim.setdefault(table.embedding_dim, []).append(info)
+                self._positions += [(table.embedding_dim, table.name)] * len(table.feature_names)
+        tiers = {t.name: config.table_tiers(t.name, t.num_rows) for infos in by_dim.values() for t in infos}
+        return by_dim, tiers
+
+    def _replica_groups(self, tiers: dict[str, tuple]) -> list[ReplicaGroup]:
+        local_ws = self._config.ranks_per_host(self._ws)
+        return [
+            ReplicaGroup(infos, [tiers[t.name] for t in infos], dim, self._rank, self._ws, local_ws)
+            for dim, infos in self._tables.items()
+        ]
+
+    def _bag_layout(self) -> BagLayout:
+        table_pos = {t.name: (gi, ti) for gi, g in enumerate(self._groups) for ti, t in enumerate(g.tables)}
+        positions = [table_pos[name] for _, name in self._positions]
+        mean = [self._groups[g].tables[t].mean for g, t in positions]
+        return BagLayout(self._groups, positions, [d for d, _ in self._positions], mean, self._ws)
+
+    def observe(self, ids: torch.Tensor) -> None:
+        """Online profile, from the input dist: counts this batch's ids; after the last counted batch,
+        every rank's counts choose the hot rows (one all-reduce) and replicas are built."""
+        if self._online_counts is None:
+            return
+        if self._online_left > 0:
+            self._online_counts.index_add_(0, ids, torch.ones_like(ids))
+            self._online_left -= 1
+            return
+        counts, self._online_counts = self._online_counts, None
+        dist.all_reduce(counts, group=self._pg)
+        config, tiers = self._config, {}
+        steps = config.online_profile_steps
+        empty = torch.zeros(0, dtype=torch.int64)
+        for g, base in zip(self._groups, self.layout.group_base.tolist()):  # once, at the end of the profile
+            for i, t in enumerate(g.tables):
+                reads = counts[base + int(g.offsets[i]) : base + int(g.offsets[i + 1])].double() / steps
+                tiers[t.name] = (hottest_rows(reads, 1.0 / config.replica_sync_every, config.online_max_hot_fraction), empty)
+        self._groups = self._replica_groups(tiers)
+        self.layout.set_hot(self._groups)
+        self._blocks = [self._block(g) for g in self._groups]
+        # replicas are copied from the owners at the first lookup of a batch routed with these rows:
+        # batches already in flight (pipelined) still update the owners' copies first
+        self.stats["online_hot_rows"] = self.stats.get("online_hot_rows", 0) + sum(g.hot.numel() for g in self._groups)
 
     def _block(self, g: ReplicaGroup) -> ReplicaBlock:
         kernels = [m.emb_module for m in self._emb_modules]
@@ -282,7 +334,6 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
         names = {optimizer_name(kernels[t.module_index]) for t in g.tables}
         if len(names) > 1:
             raise ValueError(f"tables {[t.name for t in g.tables]} of width {g.dim} mix optimizers {sorted(names)}")
-        lr = torch.tensor([float(kernels[t.module_index].get_learning_rate()) for t in g.tables])[tables]
         eps = torch.tensor([float(kernels[t.module_index].optimizer_args.eps) for t in g.tables])[tables]
         mine = (g.owner_of(g.hot) == self._rank).nonzero().flatten()
         owned = []
@@ -290,7 +341,10 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
             part = mine[module_of[tables[mine]] == module_index]
             rows = g.local_rows(g.hot[part], tables[part])
             owned.append(owned_rows(kernels[module_index], table_of[tables[part]], rows, part, g.dim))
-        return ReplicaBlock(g.hot, g.dim, names.pop(), lr, eps, owned, self._config.replica_sync_every, self._sync_pg, self._device)
+        return ReplicaBlock(
+            g.hot, g.dim, names.pop(), kernels, module_of[tables], eps, owned, self._config.replica_sync_every,
+            self._sync_pg, self._device,
+        )
 
     @property
     def groups(self) -> list[ReplicaGroup]:
@@ -301,12 +355,13 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         step: _Batch = getattr(sparse_features, STEP_ATTR)
-        if self._needs_refresh:
+        if self._needs_refresh or step.hot_version > self._refreshed_version:
             for block in self._blocks:
                 block.refresh()
             self._needs_refresh = False
+            self._refreshed_version = step.hot_version
         for block in self._blocks:
-            self.stats["dense_syncs"] += int(block.wait())  # the previous step's replica sync
+            self.stats["sparse_syncs"] += int(block.wait())  # the previous step's replica sync
         ws, batch, positions = self._ws, step.batch, self.layout.num_positions
         if self._owner is not None:  # one width: pool from the kernels' rows, update them in the backward
             step.partials = _OwnerPartials.apply(self._anchor, self._owner, step).reshape(-1)
@@ -341,7 +396,7 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
     def flush(self) -> None:
         """Applies held replica gradients (a collective); shards already hold current hot rows."""
         for block in self._blocks:
-            self.stats["dense_syncs"] += block.flush()
+            self.stats["sparse_syncs"] += block.flush()
         super().flush()
 
     def purge(self) -> None:
@@ -615,7 +670,9 @@ class PipelinedRowReplicatedSharding(RwPooledEmbeddingSharding):
         return self._lookup.layout
 
     def create_input_dist(self, device=None) -> ColdIdsDist:
-        return ColdIdsDist(self._layout(), self.feature_names(), self._pg, device or self._device)
+        dist_ = ColdIdsDist(self._layout(), self.feature_names(), self._pg, device or self._device)
+        dist_.observe = self._lookup.observe
+        return dist_
 
     def create_output_dist(self, device=None) -> PartialSumsDist:
         self._layout()
