@@ -69,6 +69,12 @@ def test_a_torchrec_loop_refuses_to_run_on_an_empty_feed():
     with pytest.raises(RuntimeError, match="feed ran dry"):
         loop.step()  # a TorchRec pipeline would mark the iterator exhausted for good
     assert loop.pipeline.calls == 1
+    feed.close()  # the end of the data: running dry is now the pipeline's business (it drains)
+    with pytest.raises(StopIteration):
+        loop.step()
+    assert loop.pipeline.calls == 2
+    with pytest.raises(RuntimeError, match="closed"):
+        feed.extend([])
 
 
 class _FakeTime:
@@ -171,3 +177,40 @@ def test_step_time_table_has_a_row_per_configuration():
     assert rows[0] == "| workload | config | emb fwd | emb bwd | dense | comm wait | total |"
     assert rows[2] == "| dlrm | a | 1.00 | 1.00 | 1.00 | 1.00 | 1.00 |"
     assert rows[3] == "| sequence | b | - | - | - | - | - |"
+
+
+class _ShortSource:
+    """Batches are their step numbers; the data ends before step ``end``."""
+
+    def __init__(self, end: int):
+        self.end = end
+
+    def batch(self, step: int, rank: int, split: str = "train"):
+        from torchrec_het.data import DataExhaustedError
+
+        if step >= self.end:
+            raise DataExhaustedError(f"no step {step}")
+        return step
+
+
+def test_the_feed_holds_a_round_ahead_and_closes_at_the_end_of_the_data(monkeypatch):
+    from torchrec_het.bench import worker
+    from torchrec_het.bench.presets import get_preset
+
+    monkeypatch.setattr(worker.dist, "get_rank", lambda: 0)
+    preset = get_preset("smoke")  # 3 warm-up steps, 3 rounds of 5
+    spec = worker.RunSpec(preset, ("stock_table_wise",), 1, (0,), {"mode": "loopback"})
+    total = preset.total_steps
+    rounds = worker._RoundBatches(spec, {"dlrm": _ShortSource(end=total + 1)}, lookahead=2)
+    assert rounds.get("dlrm", 0) == list(range(3, 8))
+    assert rounds.get("dlrm", preset.rounds) == [total]  # the tail stops where the data does
+    trainee = worker._Trainee("stock_table_wise", sharded=None, feed=BatchFeed(), loop=None)
+    worker._top_up(trainee, rounds, spec, steps=5, lookahead=2)
+    assert list(trainee.feed._queue) == list(range(3, 13)) and not trainee.feed.closed  # rounds 0 and 1
+    for _ in range(10):
+        next(trainee.feed)
+    worker._top_up(trainee, rounds, spec, steps=5, lookahead=2)
+    assert list(trainee.feed._queue) == [*range(13, 18), total] and trainee.feed.closed
+    short = worker._RoundBatches(spec, {"dlrm": _ShortSource(end=total - 1)}, lookahead=2)
+    with pytest.raises(IndexError):  # a measured round past the data is an error, not a short round
+        short.get("dlrm", preset.rounds - 1)

@@ -30,14 +30,22 @@ class BatchFeed:
 
     TorchRec's pipelines consume a dataloader iterator and mark it exhausted for good the first
     time ``next()`` finds nothing, so the worker keeps at least the steps it is about to run plus
-    the pipeline's :attr:`PipelineKind.lookahead` in here (one feed serves the whole run).
+    the pipeline's :attr:`PipelineKind.lookahead` in here (one feed serves the whole run), and
+    :meth:`close` s it once the last batch is in (then running dry is the end of the data).
     """
 
     def __init__(self) -> None:
         self._queue: deque = deque()
+        self.closed = False
 
     def extend(self, batches: Iterable) -> None:
+        if self.closed:
+            raise RuntimeError("the batch feed is closed")
         self._queue.extend(batches)
+
+    def close(self) -> None:
+        """No more batches will come."""
+        self.closed = True
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -78,7 +86,7 @@ class TorchRecLoop:
 
     def step(self) -> float:
         """Trains the next batch (the pipeline pulls further batches from the feed); returns its local loss."""
-        if not len(self.feed):
+        if not len(self.feed) and not self.feed.closed:
             # An exhausted iterator stays exhausted for the pipeline: never let that happen mid-run.
             raise RuntimeError("the batch feed ran dry: the worker must queue the pipeline's lookahead")
         loss, _logits, _labels = self.pipeline.progress(self.feed)

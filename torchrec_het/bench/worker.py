@@ -37,6 +37,7 @@ from torchrec_het.bench.replicated_configs import hot_fraction
 from torchrec_het.bench.step_time import CLOCK, TIMED_PARTS, instrument, timing_installed
 from torchrec_het.bench.workloads import open_workload_source, shard_workload
 from torchrec_het.comm import CommAccountant, attach_ddp_hooks
+from torchrec_het.data import DataExhaustedError
 from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 
 
@@ -112,7 +113,8 @@ class _Trainee:
 
 
 class _RoundBatches:
-    """Each workload's batches of a round (the tail past the last round: ``lookahead`` batches), built once."""
+    """Each workload's batches of a round (the tail past the last round: up to ``lookahead``
+    batches, fewer where the data ends), built once."""
 
     def __init__(self, spec: RunSpec, sources: dict, lookahead: int) -> None:
         self._spec, self._sources, self._lookahead = spec, sources, lookahead
@@ -128,8 +130,15 @@ class _RoundBatches:
     def get(self, workload: str, round_index: int) -> list:
         key = (workload, round_index)
         if key not in self._built:
-            rank = dist.get_rank()
-            self._built[key] = [self._sources[workload].batch(s, rank, "train") for s in self.steps(round_index)]
+            rank, source, batches = dist.get_rank(), self._sources[workload], []
+            for step in self.steps(round_index):
+                try:
+                    batches.append(source.batch(step, rank, "train"))
+                except DataExhaustedError:  # only the tail may run past the data (a pipeline then drains)
+                    if round_index < self._spec.preset.rounds:
+                        raise
+                    break
+            self._built[key] = batches
         return self._built[key]
 
     def release_before(self, round_index: int) -> None:
@@ -148,6 +157,8 @@ def _top_up(trainee: _Trainee, rounds: _RoundBatches, spec: RunSpec, steps: int,
             batches = _regrouped(trainee.name, trainee.sharded, batches, trainee.regroup)
         trainee.feed.extend(batches)
         trainee.queued_rounds += 1
+        if index == last:
+            trainee.feed.close()
 
 
 def _build(
