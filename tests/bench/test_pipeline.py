@@ -214,3 +214,21 @@ def test_the_feed_holds_a_round_ahead_and_closes_at_the_end_of_the_data(monkeypa
     short = worker._RoundBatches(spec, {"dlrm": _ShortSource(end=total - 1)}, lookahead=2)
     with pytest.raises(IndexError):  # a measured round past the data is an error, not a short round
         short.get("dlrm", preset.rounds - 1)
+
+
+def test_backward_nodes_of_the_embedding_output_count_as_emb_bwd_for_their_step_only(monkeypatch):
+    ticking = _TickingTime()
+    monkeypatch.setattr(step_time.time, "perf_counter", ticking.perf_counter)
+    weight = torch.ones(3, requires_grad=True)
+    clock = step_time.CLOCK
+    clock.start()  # reading 1
+    pooled = weight * 2  # MulBackward0 -> AccumulateGrad(weight)
+    accumulate = pooled.grad_fn.next_functions[0][0]  # kept alive across steps, as DDP does
+    step_time._time_backward_of({"feature": pooled})
+    pooled.sum().backward()  # the sum's node is not the embedding's; two hooked nodes: readings 2..5
+    assert clock.stop() == {"emb_fwd": 0.0, "emb_bwd": 2.0, "comm_wait": 0.0, "dense": 3.0, "total": 5.0}
+    clock.start()  # the next step reaches the same accumulator through a graph no one hooked
+    (weight * 3).sum().backward()
+    parts = clock.stop()
+    assert parts["emb_bwd"] == 0.0 and parts["total"] == 1.0, parts
+    assert accumulate is not None

@@ -59,6 +59,7 @@ class StepClock:
         self._spent = dict.fromkeys(TIMED_PARTS, 0.0)
         self._mark = self._begin = 0.0
         self._thread: int | None = None
+        self._hooks: list = []  # this step's autograd hook handles, removed at stop()
 
     @property
     def running(self) -> bool:
@@ -77,10 +78,17 @@ class StepClock:
             self._spent[self._stack[-1]] += now - self._mark
             self._stack.clear()
         self._thread = None
+        for handle in self._hooks:  # nodes that outlive the step (DDP keeps its parameters'
+            handle.remove()  # gradient accumulators) must not gather hooks step after step
+        self._hooks.clear()
         total = now - self._begin
         parts = dict(self._spent, total=total)
         parts["dense"] = max(0.0, total - sum(self._spent.values()))
         return parts
+
+    def hold(self, handle) -> None:
+        """Removes the hook behind ``handle`` when the step stops."""
+        self._hooks.append(handle)
 
     def enter(self, part: str) -> None:
         now = time.perf_counter()
@@ -152,8 +160,8 @@ def _time_backward_of(output: object) -> object:
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
-        node.register_prehook(_node_starts)
-        node.register_hook(_node_ends)
+        CLOCK.hold(node.register_prehook(_node_starts))
+        CLOCK.hold(node.register_hook(_node_ends))
         todo.extend(next_node for next_node, _ in node.next_functions)
     return output
 
