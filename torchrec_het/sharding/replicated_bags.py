@@ -115,7 +115,8 @@ class BagLayout:
         widths = self.dims[positions]
         start = rows * row_width + self.columns[positions]
         first = torch.repeat_interleave(torch.cumsum(widths, 0) - widths, widths)
-        return torch.repeat_interleave(start, widths) + torch.arange(int(widths.sum())) - first
+        base = torch.repeat_interleave(start, widths)
+        return base + torch.arange(base.numel(), device=base.device) - first
 
 
 class _Splits(Awaitable[Awaitable[KeyedJaggedTensor]]):
