@@ -190,9 +190,10 @@ def owned_rows(kernel, table_index: torch.Tensor, local_rows: torch.Tensor, slot
     """Flat positions of rows ``local_rows`` of tables ``table_index`` in ``kernel`` (rows of width ``dim``)."""
     name = optimizer_name(kernel)
     feature_table = list(kernel.feature_table_map)  # the kernel's offsets are per feature: a table's first one
+    table_index, local_rows = table_index.cpu(), local_rows.cpu()
     first_feature = torch.tensor([feature_table.index(t) for t in range(len(kernel.embedding_specs))])[table_index]
     weight_start = kernel.weights_offsets.cpu()[first_feature] + local_rows * dim
-    weight_index = weight_start.unsqueeze(1) + torch.arange(dim)
+    weight_index = weight_start.unsqueeze(1) + torch.arange(dim)  # built on the host, moved below
     width = state_width(name, dim)
     if width:
         state_start = kernel.momentum1_offsets.cpu()[first_feature] + local_rows * width

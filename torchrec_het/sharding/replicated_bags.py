@@ -94,6 +94,14 @@ class BagLayout:
         self.total_rows = int(sizes.sum())
         self.set_hot(groups)
 
+    def to(self, device: torch.device) -> "BagLayout":
+        """Moves every index to ``device`` (where the batches arrive)."""
+        self.device = device
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.to(device))
+        return self
+
     def set_hot(self, groups: list[ReplicaGroup]) -> None:
         """Takes the hot rows of ``groups`` (same tables and widths; after an online profile)."""
         self.groups = groups
@@ -103,6 +111,8 @@ class BagLayout:
         counts = torch.tensor([h.numel() for h in hot], dtype=torch.int64)
         self.hot_start = torch.cumsum(counts, 0) - counts
         self.hot_group_ends = torch.cumsum(counts, 0)
+        if getattr(self, "device", None) is not None:
+            self.to(self.device)
 
     def route(self, ids: torch.Tensor):
         """(hot position in ``hot_ids`` or -1, owner rank, row in the owner's shard) of global ids."""
@@ -201,7 +211,7 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         payload = torch.stack(columns, 1)
         num_bags = lengths.numel()
         step = _Batch(batch, layout.hot_version, lengths, hot, torch.unique(dest * num_bags + bags[cold]))
-        counts = torch.cat([torch.bincount(dest, minlength=ws), torch.tensor([batch])])
+        counts = torch.cat([torch.bincount(dest, minlength=ws), torch.tensor([batch], device=dest.device)])
         gathered = [torch.empty_like(counts) for _ in range(ws)]
         work = dist.all_gather(gathered, counts, group=self.pg, async_op=True)
         return _Splits(self, step, payload, len(columns), work, gathered)
@@ -209,7 +219,8 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
     def owner_features(self, step: _Batch, received: torch.Tensor) -> KeyedJaggedTensor:
         """The (bag, row) pairs received, as a KJT of ``world_size * batch`` bags per position."""
         ws, batch, positions = self.world_size, step.batch, self.layout.num_positions
-        source = torch.repeat_interleave(torch.arange(ws), torch.tensor(step.recv_splits))
+        device = received.device
+        source = torch.repeat_interleave(torch.arange(ws, device=device), torch.tensor(step.recv_splits, device=device))
         bag = received[:, 0].long()
         # ids arrive by source, each source's in bag order: (source, position, sample) never decreases
         step.served_entries, step.served_inverse = torch.unique_consecutive(
@@ -256,15 +267,15 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
         self._groups = self._replica_groups(tiers)
         if any(g.host.numel() for g in self._groups):
             raise NotImplementedError("the pipelined het_row_replicated path has no per-host tier")
-        self.layout = self._bag_layout()
+        self.layout = self._bag_layout().to(self._device)
         self._blocks = [self._block(g) for g in self._groups]
         online = config.tiers is None and config.online_profile_steps > 0
         self._online_left = config.online_profile_steps if online else 0
-        self._online_counts = torch.zeros(self.layout.total_rows, dtype=torch.int64) if online else None
+        self._online_counts = torch.zeros(self.layout.total_rows, dtype=torch.int64, device=self._device) if online else None
         self._owner = OwnerRows.of(self) if self.layout.uniform_dim is not None else None
         self._needs_refresh = True
         self._refreshed_version = -1
-        self._anchor = torch.zeros(1, requires_grad=True)
+        self._anchor = torch.zeros(1, device=self._device, requires_grad=True)
         self.stats = {"steps": 0, "skipped_steps": 0, "sparse_syncs": 0, "dense_syncs": 0}
         self.last_batch: _Batch | None = None
 
@@ -318,7 +329,7 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
         empty = torch.zeros(0, dtype=torch.int64)
         for g, base in zip(self._groups, self.layout.group_base.tolist()):  # once, at the end of the profile
             for i, t in enumerate(g.tables):
-                reads = counts[base + int(g.offsets[i]) : base + int(g.offsets[i + 1])].double() / steps
+                reads = counts[base + int(g.offsets[i]) : base + int(g.offsets[i + 1])].double().cpu() / steps
                 tiers[t.name] = (hottest_rows(reads, 1.0 / config.replica_sync_every, config.online_max_hot_fraction), empty)
         self._groups = self._replica_groups(tiers)
         self.layout.set_hot(self._groups)
@@ -388,7 +399,7 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
             raise ValueError("samples_read_here needs one batch size for every feature")
         batch = features.stride()
         lengths = features.lengths().long()
-        bags = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+        bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
         hot_pos, owner, _ = self.layout.route(features.values().long() + self.layout.position_base[bags // batch])
         remote = (hot_pos < 0) & (owner != self._rank)
         return torch.bincount(bags[remote] % batch, minlength=batch) == 0
@@ -439,14 +450,15 @@ class OwnerRows:
             views.append(flat.view(-1, dim))
             states.append(getattr(kernel, layout.state).detach().view(-1, width) if width else None)
             kinds.append(layout.kind)
-            state_offsets = layout.state_offsets if width else torch.zeros(len(config.embedding_tables), dtype=torch.int64)
+            state_offsets = layout.state_offsets.cpu() if width else torch.zeros(len(config.embedding_tables), dtype=torch.int64)
             for t, table in enumerate(config.embedding_tables):
                 count = len(table.feature_names)
                 kernel_of += [k] * count
                 table_of += [t] * count
                 first_row += [int(offsets[t]) // dim] * count
                 first_state += [int(state_offsets[t]) // max(width, 1)] * count
-        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+        device = views[0].device
+        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
         return cls(
             kernels, views, states, kinds, as_tensor(kernel_of), as_tensor(table_of), as_tensor(first_row),
             as_tensor(first_state), dim,
@@ -478,7 +490,7 @@ class OwnerRows:
         rows = received[:, 1].long()
         kernel = self.kernel_of[position]
         for k in range(len(self.kernels)):
-            mine = (kernel == k).nonzero().flatten() if len(self.kernels) > 1 else torch.arange(rows.numel())
+            mine = (kernel == k).nonzero().flatten() if len(self.kernels) > 1 else torch.arange(rows.numel(), device=rows.device)
             yield k, mine, position[mine], rows[mine], self.first_row[position[mine]] + rows[mine]
 
     def weights_of(self, step: _Batch) -> torch.Tensor | None:
@@ -613,7 +625,7 @@ class PartialSumsDist(BaseEmbeddingDist):
                 mine = (layout.dims == block.dim).nonzero().flatten()
                 rows = pooled.view(batch, positions, block.dim)[:, mine]  # [batch, mine, dim]
                 index = layout.elements(
-                    torch.arange(batch).repeat_interleave(mine.numel()), mine.repeat(batch), layout.width
+                    torch.arange(batch, device=out.device).repeat_interleave(mine.numel()), mine.repeat(batch), layout.width
                 )
                 out = out.index_add(0, index, rows.reshape(-1))
             out = out.index_add(0, layout.elements(sample, position, layout.width), received)
