@@ -103,6 +103,7 @@ class ReplicaBlock:
         self.pending = torch.zeros(rows, dim + 1, device=device)  # summed gradient, touches
         self.steps_held = 0
         self._touches = None  # the started all-reduce of touch counts, and its buffer
+        self._grads = None  # the started all-reduce of the touched rows' gradients
         self.syncs = 0
 
     def nbytes(self) -> int:
@@ -137,17 +138,27 @@ class ReplicaBlock:
         touches = self.pending[:, self.dim].contiguous()
         self._touches = (dist.all_reduce(touches, group=self.pg, async_op=True), touches)
 
-    def wait(self) -> bool:
-        """Finishes a started sync and applies it (call before reading the rows); whether there was one."""
+    def advance(self) -> None:
+        """Once the touch counts are in, starts the all-reduce of the touched rows' gradients
+        (the input dist calls it, so that exchange overlaps the next batch's ids)."""
         if self._touches is None:
-            return False
+            return
         work, touches = self._touches
         self._touches = None
         work.wait()
         touched = (touches > 0).nonzero().flatten()
         grads = self.pending[touched, : self.dim]  # a copy: only rows some rank touched travel
-        dist.all_reduce(grads, group=self.pg)
-        self._apply(touched, grads, touches[touched])
+        self._grads = (dist.all_reduce(grads, group=self.pg, async_op=True), touched, grads, touches[touched])
+
+    def wait(self) -> bool:
+        """Finishes a started sync and applies it (call before reading the rows); whether there was one."""
+        self.advance()
+        if self._grads is None:
+            return False
+        work, touched, grads, touches = self._grads
+        self._grads = None
+        work.wait()
+        self._apply(touched, grads, touches)
         self.syncs += 1
         return True
 

@@ -193,7 +193,7 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
         ids = values + layout.position_base[bags // batch]
         if self.observe is not None:
-            self.observe(ids)  # online profile: counts, and at its end new hot rows (a collective)
+            self.observe(ids)  # replica syncs move on; online profile: counts, at its end new hot rows
         hot_pos, owner, row = layout.route(ids)
         hot = []
         block_of = torch.bucketize(hot_pos, layout.hot_group_ends, right=True)
@@ -314,8 +314,11 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
         return BagLayout(self._groups, positions, [d for d, _ in self._positions], mean, self._ws)
 
     def observe(self, ids: torch.Tensor) -> None:
-        """Online profile, from the input dist: counts this batch's ids; after the last counted batch,
-        every rank's counts choose the hot rows (one all-reduce) and replicas are built."""
+        """From the input dist: moves started replica syncs on (their gradients' all-reduce
+        overlaps this batch's ids); while the online profile runs, counts the ids, and after
+        the last counted batch every rank's counts choose the hot rows (one all-reduce)."""
+        for block in self._blocks:
+            block.advance()
         if self._online_counts is None:
             return
         if self._online_left > 0:
