@@ -278,12 +278,22 @@ def _check_state(cache: RowCache, model: _Model) -> None:
 
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("capacities, ends", [([6], [40]), ([3, 5], [15, 40])])
-def test_random_workload_matches_the_model_and_loses_no_gradient(policy, dtype, capacities, ends) -> None:
-    """Random reads, refreshes and writes under eviction pressure, step by step against the dict model."""
+@pytest.mark.parametrize(
+    "capacities, ends, candidates",
+    [([6], [40], None), ([3, 5], [15, 40], None), ([30], [90], (1, 2)), ([9, 25, 14], [20, 70, 100], (1, 1))],
+    ids=["one", "two", "few_candidates", "three_few_candidates"],
+)
+def test_random_workload_matches_the_model_and_loses_no_gradient(policy, dtype, capacities, ends, candidates) -> None:
+    """Random reads, refreshes and writes under eviction pressure, step by step against the dict model.
+
+    ``candidates``: (per victim, minimum) candidate slots a rescan keeps; small values make
+    partitions run out of candidates and rescan often.
+    """
     gen = torch.Generator().manual_seed(1234 + len(capacities))
     num_rows, dim = ends[-1], 3
     cache = RowCache(num_rows, dim, capacities if len(capacities) > 1 else capacities[0], policy, dtype, ends)
+    if candidates is not None:
+        cache.CANDIDATES_PER_VICTIM, cache.MIN_CANDIDATES = candidates
     model = _Model(capacities, ends, policy, dim, dtype)
     produced = torch.zeros(num_rows, dim, dtype=torch.float64)
     produced_count = torch.zeros(num_rows, dtype=torch.int64)

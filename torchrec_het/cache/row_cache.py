@@ -13,6 +13,7 @@ POLICIES = ("lru", "lfu")
 
 _INT64_MAX = torch.iinfo(torch.int64).max
 _INT32_MAX = torch.iinfo(torch.int32).max
+_UINT32_MAX = (1 << 32) - 1
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,23 @@ class RowCache:
     Memory: the id -> slot map costs 4 bytes per table row (int32; 8 bytes if the
     capacity reaches 2**31), which buys O(1) vectorized lookups without hashing.
     Each slot costs ``3 * dim`` values (value, pending gradient, pending local
-    delta) plus six int64 counters; ``nbytes()`` gives the exact total.
+    delta) plus six int64 counters; ``nbytes()`` gives that total (the eviction
+    bookkeeping below adds a few int64 per partition and per candidate victim).
 
     Eviction: free slots are used first (lowest slot first), then victims among the
     occupied, unprotected slots of the partition: LRU takes the smallest
     ``last_used`` (ties: smallest ``frequency``, then smallest slot), LFU the
     smallest ``frequency`` (ties: smallest ``last_used``, then smallest slot).
-    Victims are handed out in that eviction order.
+    Victims are handed out in that eviction order. (Keys saturate at 2**31 steps and
+    2**32 uses, where ties fall to the next key.)
+
+    How victims are found without scanning every slot every step: a slot's eviction
+    key never decreases while it holds a row (uses only add). Each partition keeps a
+    small set of candidate slots and a threshold such that every occupied slot outside
+    the set orders after the threshold; candidates that still order before it are
+    exactly the partition's first victims. A partition rescans its slots (one sort,
+    every partition needing it at once) only when too few candidates remain, and rows
+    inserted below the threshold (LFU's fresh rows) join the candidates.
 
     Args:
         num_rows: rows of the table (ids are in ``[0, num_rows)``).
@@ -76,6 +87,9 @@ class RowCache:
         partition_ends: exclusive end id of each partition, ascending to ``num_rows``
             (default: one partition).
     """
+
+    CANDIDATES_PER_VICTIM = 8  # a rescan keeps this many candidates per victim wanted, so rescans are rare
+    MIN_CANDIDATES = 64
 
     def __init__(
         self,
@@ -115,6 +129,16 @@ class RowCache:
         self.slot_ids = torch.full((total,), -1, dtype=torch.int64)
         map_dtype = torch.int32 if total <= _INT32_MAX else torch.int64
         self._slot_of = torch.full((num_rows,), -1, dtype=map_dtype)
+        self._protected = torch.zeros(total, dtype=torch.bool)
+        self._reset_eviction()
+
+    def _reset_eviction(self) -> None:
+        partitions = self.partition_capacity.numel()
+        self._filled = torch.zeros(partitions, dtype=torch.int64)  # slots ever filled since clear: a prefix
+        self._candidates = torch.zeros(0, dtype=torch.int64)
+        # (key, slot) every occupied non-candidate slot orders at or after; (-1, -1): none known yet
+        self._bound_key = torch.full((partitions,), -1, dtype=torch.int64)
+        self._bound_slot = torch.full((partitions,), -1, dtype=torch.int64)
 
     def __len__(self) -> int:
         """Occupied slots."""
@@ -124,57 +148,101 @@ class RowCache:
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_rows):
             raise ValueError(f"ids must be in [0, {self.num_rows}), got range [{int(ids.min())}, {int(ids.max())}]")
 
-    def slots_of(self, ids: torch.Tensor) -> torch.Tensor:
-        """The int64 slot of each id (ids may repeat), -1 where it is not cached."""
-        self._check_ids(ids)
-        return self._slot_of[ids].long()
+    def slots_of(self, ids: torch.Tensor, check: bool = True) -> torch.Tensor:
+        """The int64 slot of each id (ids may repeat), -1 where it is not cached.
+
+        Args:
+            ids: ids in ``[0, num_rows)``.
+            check: raise ValueError for ids out of range (two host syncs); callers that
+                validated their ids pass False.
+        """
+        if check:
+            self._check_ids(ids)
+        return self._slot_of.index_select(0, ids).long()
 
     def partition_of(self, ids: torch.Tensor) -> torch.Tensor:
         """The partition of each id."""
         return torch.bucketize(ids, self.partition_ends, right=True)
 
+    def _partition_of_slot(self, slots: torch.Tensor) -> torch.Tensor:
+        return torch.bucketize(slots, self.slot_starts[1:], right=True)
+
     def touch(self, slots: torch.Tensor, step: int, uses: torch.Tensor | None = None) -> None:
         """Records a use of each (distinct, occupied) slot at ``step``.
 
         Both policies' metadata are kept: ``last_used = step`` and
-        ``frequency += uses`` (default 1 each).
+        ``frequency += uses`` (default 1 each). Steps never go back: a use
+        recorded at an earlier step than the slot's last keeps ``last_used``.
         """
-        self.last_used[slots] = step
+        self.last_used.index_copy_(0, slots, self.last_used.index_select(0, slots).clamp_min(step))
         added = torch.ones_like(slots) if uses is None else uses.to(torch.int64)
         self.frequency.index_add_(0, slots, added)
 
-    def _victims(self, lo: int, hi: int, count: int, eligible: torch.Tensor) -> torch.Tensor:
-        """The ``count`` eligible slots of ``lo:hi`` that go first, in eviction order (exact ties by slot)."""
-        if self.policy == "lru":
-            primary, secondary = self.last_used[lo:hi], self.frequency[lo:hi]
-        else:
-            primary, secondary = self.frequency[lo:hi], self.last_used[lo:hi]
-        chosen = torch.zeros(hi - lo, dtype=torch.bool)
-        candidates = eligible
-        for key in (primary, secondary):
-            # the smallest `count` keys among the candidates; the last kept key may tie
-            masked = torch.where(candidates, key, _INT64_MAX)
-            threshold = torch.topk(masked, count, largest=False, sorted=False).values.max()
-            below = candidates & (masked < threshold)
-            chosen |= below
-            count -= int(below.sum())
-            candidates = candidates & (masked == threshold)  # at least `count` ties remain
-        chosen[candidates.nonzero().flatten()[:count]] = True  # the last tie: smallest slots
-        victims = chosen.nonzero().flatten()  # ascending slot
-        victims = victims[torch.sort(secondary[victims], stable=True).indices]
-        victims = victims[torch.sort(primary[victims], stable=True).indices]
-        return victims + lo
+    # --- eviction order -----------------------------------------------------------------
 
-    def _slots_for(self, partition: int, count: int, protect_mask: torch.Tensor) -> torch.Tensor:
-        """Up to ``count`` slots of a partition: free ones (in slot order), then victims by the policy."""
-        lo, hi = int(self.slot_starts[partition]), int(self.slot_starts[partition + 1])
-        occupied = self.slot_ids[lo:hi] >= 0
-        free = (~occupied).nonzero().flatten()[:count] + lo
-        eligible = occupied & ~protect_mask[lo:hi]
-        missing = min(count - free.numel(), int(eligible.sum()))
-        if missing <= 0:
-            return free
-        return torch.cat([free, self._victims(lo, hi, missing, eligible)])
+    def _keys(self, slots: torch.Tensor) -> torch.Tensor:
+        """One int64 per slot that orders as the policy's (primary, secondary) keys."""
+        last = self.last_used.index_select(0, slots).clamp_max(_INT32_MAX)  # 31 bits
+        uses = self.frequency.index_select(0, slots).clamp_max(_UINT32_MAX)  # 32 bits
+        if self.policy == "lru":
+            return (last << 32) | uses
+        return (uses << 31) | last
+
+    def _before_bound(self, keys: torch.Tensor, slots: torch.Tensor, partitions: torch.Tensor) -> torch.Tensor:
+        bound_key, bound_slot = self._bound_key[partitions], self._bound_slot[partitions]
+        return (keys < bound_key) | ((keys == bound_key) & (slots < bound_slot))
+
+    def _rescan(self, partitions: torch.Tensor, keep: torch.Tensor) -> None:
+        """Rebuilds the candidates of ``partitions`` (bool [P]): their first ``keep[p]`` occupied slots."""
+        counts = torch.where(partitions, self._filled, 0)
+        slots = _ranges(self.slot_starts[:-1], counts)  # ascending: ties stay in slot order
+        part = self._partition_of_slot(slots)
+        order = torch.sort(self._keys(slots), stable=True).indices
+        order = order[torch.sort(part[order], stable=True).indices]
+        slots, part = slots[order], part[order]
+        rank = torch.arange(slots.numel()) - (torch.cumsum(counts, 0) - counts)[part]
+        kept = rank < keep[part]
+        bound = rank == keep[part]  # the first slot left out: every other one orders after it
+        self._bound_key[partitions] = _INT64_MAX
+        self._bound_slot[partitions] = _INT64_MAX
+        self._bound_key[part[bound]] = self._keys(slots[bound])
+        self._bound_slot[part[bound]] = slots[bound]
+        old = self._candidates[~partitions[self._partition_of_slot(self._candidates)]]
+        self._candidates = torch.cat([old, slots[kept]])
+
+    def _victims(self, wanted: torch.Tensor, protected: torch.Tensor, protect_count: torch.Tensor) -> torch.Tensor:
+        """``wanted[p]`` eligible victims of each partition (never a slot marked in the bool mask
+        ``protected``), grouped by partition, in eviction order; they leave the candidates."""
+
+        def usable():
+            cand = self._candidates
+            part = self._partition_of_slot(cand)
+            keys = self._keys(cand)
+            live = self._before_bound(keys, cand, part)
+            self._candidates, part, keys = cand[live], part[live], keys[live]  # the others never order first again
+            ok = (~protected[self._candidates]).nonzero().flatten()
+            return part[ok], keys[ok], ok
+
+        part, keys, ok = usable()
+        found = torch.bincount(part, minlength=wanted.numel())
+        short = found < wanted
+        if bool(short.any()):
+            keep = wanted * self.CANDIDATES_PER_VICTIM + protect_count + self.MIN_CANDIDATES
+            self._rescan(short, keep)
+            part, keys, ok = usable()
+            found = torch.bincount(part, minlength=wanted.numel())
+        order = torch.sort(self._candidates[ok]).indices  # ties of both keys go to the smallest slot
+        order = order[torch.sort(keys[order], stable=True).indices]
+        order = order[torch.sort(part[order], stable=True).indices]
+        rank = torch.arange(order.numel()) - (torch.cumsum(found, 0) - found)[part[order]]
+        chosen = ok[order[rank < wanted[part[order]]]]
+        victims = self._candidates[chosen]
+        left = torch.ones(self._candidates.numel(), dtype=torch.bool)
+        left[chosen] = False
+        self._candidates = self._candidates[left]
+        return victims
+
+    # --- rows in and out ----------------------------------------------------------------
 
     def insert(
         self,
@@ -183,6 +251,7 @@ class RowCache:
         versions: torch.Tensor,
         step: int,
         protect: torch.Tensor | None = None,
+        check: bool = True,
     ) -> tuple[torch.Tensor, PendingRows, torch.Tensor]:
         """Caches new rows, evicting by the policy within each partition (never a slot in ``protect``).
 
@@ -195,6 +264,7 @@ class RowCache:
             versions: ``[n]`` the owner's version of each row.
             step: the current step.
             protect: slots in use this step, which must survive (-1 entries are ignored).
+            check: verify the ids (in range, distinct, not cached; host syncs).
 
         Returns:
             The slot of each id (-1 for ids that found none: within a partition the
@@ -204,67 +274,101 @@ class RowCache:
             number of evictions).
         """
         n = ids.numel()
-        if values.shape != (n, self.dim) or versions.shape != (n,):
-            raise ValueError(f"insert() wants values [{n}, {self.dim}] and versions [{n}], got "
-                             f"{list(values.shape)} and {list(versions.shape)}")
-        if n and bool((self.slots_of(ids) >= 0).any()):
-            raise ValueError("insert() takes ids that are not cached yet")
-        if n != torch.unique(ids).numel():
-            raise ValueError("insert() takes distinct ids")
+        if values.shape != (n, self.dim):
+            raise ValueError(f"insert() wants values [{n}, {self.dim}], got {list(values.shape)}")
+        slots, dirty, evicted = self.reserve(ids, versions, step, protect, check)
+        self.fill(slots, values)
+        return slots, dirty, evicted
+
+    def fill(self, slots: torch.Tensor, values: torch.Tensor) -> None:
+        """Writes the rows of reserved slots (``slots[i] < 0``: ``values[i]`` found no slot)."""
+        kept = (slots >= 0).nonzero().flatten()
+        self.values.index_copy_(0, slots.index_select(0, kept), values.index_select(0, kept).to(self.values.dtype))
+
+    def reserve(
+        self,
+        ids: torch.Tensor,
+        versions: torch.Tensor,
+        step: int,
+        protect: torch.Tensor | None = None,
+        check: bool = True,
+    ) -> tuple[torch.Tensor, PendingRows, torch.Tensor]:
+        """:meth:`insert` without the values: the slots are taken, their rows come with :meth:`fill`.
+
+        Lets a caller evict (and push what the victims held) before the new rows arrive.
+        """
+        n = ids.numel()
+        if versions.shape != (n,):
+            raise ValueError(f"insert() wants versions [{n}], got {list(versions.shape)}")
+        if check:
+            if n and bool((self.slots_of(ids) >= 0).any()):
+                raise ValueError("insert() takes ids that are not cached yet")
+            if n != torch.unique(ids).numel():
+                raise ValueError("insert() takes distinct ids")
         result = torch.full((n,), -1, dtype=torch.int64)
         if n == 0 or self.capacity == 0:
             return result, PendingRows.empty(self.dim, self.values.dtype), ids[:0].to(torch.int64)
-        protect_mask = torch.zeros(self.capacity, dtype=torch.bool)
-        if protect is not None and protect.numel():
-            protect_mask[protect[protect >= 0]] = True
+        partitions = self.partition_capacity.numel()
         partition = self.partition_of(ids)
+        wanted = torch.bincount(partition, minlength=partitions)
+        free = torch.minimum(wanted, self.partition_capacity - self._filled)
+        protect = torch.unique(protect[protect >= 0]) if protect is not None else ids[:0].long()
+        protected = self._protected  # a scratch mask, all False between calls
+        protected[protect] = True
+        protect_count = torch.bincount(self._partition_of_slot(protect), minlength=partitions)
+        evictable = torch.minimum(wanted - free, self._filled - protect_count)
+        try:
+            victims = self._victims(evictable, protected, protect_count)
+        finally:
+            protected[protect] = False
+        free_slots = _ranges(self.slot_starts[:-1] + self._filled, free)
+        self._filled += free
+        # per partition: its free slots (in slot order), then its victims (in eviction order)
+        granted = torch.cat([free_slots, victims])
+        granted = granted[torch.sort(self._partition_of_slot(granted), stable=True).indices]
+        count = free + evictable
         order = torch.sort(partition, stable=True).indices  # ids of a partition keep their order
-        wanted = torch.bincount(partition, minlength=len(self.partition_capacity)).tolist()
-        slot_parts, position_parts, start = [], [], 0
-        for p, count in enumerate(wanted):  # one pass per partition, never per id
-            if count:
-                slots_p = self._slots_for(p, count, protect_mask)
-                slot_parts.append(slots_p)
-                position_parts.append(order[start : start + slots_p.numel()])
-                start += count
-        slots, positions = torch.cat(slot_parts), torch.cat(position_parts)
-        victims = slots[self.slot_ids[slots] >= 0]
-        evicted_ids = self.slot_ids[victims].clone()
+        part = partition[order]
+        rank = torch.arange(n) - (torch.cumsum(wanted, 0) - wanted)[part]
+        gets = rank < count[part]
+        positions = order[gets]
+        slots = granted[(torch.cumsum(count, 0) - count)[part[gets]] + rank[gets]]
+        evicted_ids = self.slot_ids.index_select(0, victims)
         dirty = self._evict(victims)
         result[positions] = slots
-        ids = ids[positions].to(torch.int64)
-        self.slot_ids[slots] = ids
-        self._slot_of[ids] = slots.to(self._slot_of.dtype)
-        self.values[slots] = values[positions].to(self.values.dtype)
-        self.versions[slots] = versions[positions].to(torch.int64)
-        self.validated_step[slots] = step
-        self.last_used[slots] = step
-        self.frequency[slots] = 1
-        self.pending_grad[slots] = 0
-        self.pending_delta[slots] = 0
-        self.pending_count[slots] = 0
+        ids = ids.index_select(0, positions).to(torch.int64)
+        self.slot_ids.index_copy_(0, slots, ids)
+        self._slot_of.index_copy_(0, ids, slots.to(self._slot_of.dtype))
+        self.versions.index_copy_(0, slots, versions.index_select(0, positions).to(torch.int64))
+        for tensor, value in ((self.validated_step, step), (self.last_used, step), (self.frequency, 1),
+                              (self.pending_grad, 0), (self.pending_delta, 0), (self.pending_count, 0)):
+            tensor.index_fill_(0, slots, value)
+        early = self._before_bound(self._keys(slots), slots, self._partition_of_slot(slots))
+        self._candidates = torch.cat([self._candidates, slots[early]])  # e.g. LFU's fresh rows
         return result, dirty, evicted_ids
 
     def _evict(self, slots: torch.Tensor) -> PendingRows:
-        """Frees occupied slots; returns those that held pending updates."""
-        dirty = slots[self.pending_count[slots] > 0]
+        """Frees occupied slots (about to be refilled); returns those that held pending updates."""
+        dirty = slots[self.pending_count.index_select(0, slots) > 0]
         out = PendingRows(
-            self.slot_ids[dirty].clone(), self.pending_grad[dirty].clone(), self.pending_count[dirty].clone()
+            self.slot_ids.index_select(0, dirty),
+            self.pending_grad.index_select(0, dirty),
+            self.pending_count.index_select(0, dirty),
         )
-        self._slot_of[self.slot_ids[slots]] = -1
-        self.slot_ids[slots] = -1
-        self.pending_count[slots] = 0
+        self._slot_of.index_fill_(0, self.slot_ids.index_select(0, slots), -1)
+        self.slot_ids.index_fill_(0, slots, -1)
+        self.pending_count.index_fill_(0, slots, 0)
         return out
 
     def refresh(self, slots: torch.Tensor, values: torch.Tensor, versions: torch.Tensor, step: int) -> None:
         """A newer value from the owner; this rank's unpushed local updates stay applied."""
-        self.values[slots] = values.to(self.values.dtype) + self.pending_delta[slots]
-        self.versions[slots] = versions.to(torch.int64)
-        self.validated_step[slots] = step
+        self.values.index_copy_(0, slots, values.to(self.values.dtype) + self.pending_delta.index_select(0, slots))
+        self.versions.index_copy_(0, slots, versions.to(torch.int64))
+        self.validated_step.index_fill_(0, slots, step)
 
     def mark_validated(self, slots: torch.Tensor, step: int) -> None:
         """The owner confirmed at ``step`` that the cached copy is within the bound."""
-        self.validated_step[slots] = step
+        self.validated_step.index_fill_(0, slots, step)
 
     def accumulate(self, slots: torch.Tensor, grads: torch.Tensor, deltas: torch.Tensor) -> None:
         """Adds a gradient to each (distinct, occupied) slot and applies the local update ``deltas``."""
@@ -274,14 +378,27 @@ class RowCache:
         self.values.index_add_(0, slots, deltas.to(dtype))
         self.pending_delta.index_add_(0, slots, deltas.to(dtype))
 
-    def take_due(self, s_write: int) -> PendingRows:
-        """Rows with more than ``s_write`` pending updates, in ascending id order; their pending is reset."""
-        due = (self.pending_count > s_write).nonzero().flatten()
-        due = due[torch.sort(self.slot_ids[due]).indices]
-        out = PendingRows(self.slot_ids[due].clone(), self.pending_grad[due].clone(), self.pending_count[due].clone())
-        self.pending_grad[due] = 0
-        self.pending_delta[due] = 0
-        self.pending_count[due] = 0
+    def take_due(self, s_write: int, slots: torch.Tensor | None = None) -> PendingRows:
+        """Rows with more than ``s_write`` pending updates, in ascending id order; their pending is reset.
+
+        Args:
+            s_write: the write bound.
+            slots: look only at these (distinct, occupied) slots, e.g. the ones just
+                accumulated into; None looks at every slot.
+        """
+        if slots is None:
+            due = (self.pending_count > s_write).nonzero().flatten()
+        else:
+            due = slots[self.pending_count.index_select(0, slots) > s_write]
+        return self.take(due)
+
+    def take(self, slots: torch.Tensor) -> PendingRows:
+        """The pending updates of these (distinct, occupied) slots, in ascending id order; their pending is reset."""
+        ids, order = torch.sort(self.slot_ids.index_select(0, slots))
+        slots = slots.index_select(0, order)
+        out = PendingRows(ids, self.pending_grad.index_select(0, slots), self.pending_count.index_select(0, slots))
+        for tensor in (self.pending_grad, self.pending_delta, self.pending_count):
+            tensor.index_fill_(0, slots, 0)
         return out
 
     def take_all(self) -> PendingRows:
@@ -297,6 +414,7 @@ class RowCache:
             self.pending_count, self.last_used, self.frequency,
         ):
             tensor.zero_()
+        self._reset_eviction()
 
     def nbytes(self) -> int:
         """Bytes held by the cached rows, their metadata and the id -> slot map."""
@@ -305,3 +423,9 @@ class RowCache:
             self.pending_count, self.last_used, self.frequency, self.slot_ids, self._slot_of,
         )
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _ranges(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``starts[p] + 0 .. counts[p] - 1`` for every p, one after the other."""
+    base = torch.repeat_interleave(starts, counts)
+    return base + torch.arange(base.numel()) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
