@@ -24,7 +24,7 @@ from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
 from torchrec_het.sharding.replicated_bags import PipelinedRowReplicatedSharding, ReplicatedBagLookup
 from torchrec_het.sharding.replicated_lookup import RowReplicatedEmbeddingLookup
 from torchrec_het.sharding.replicated_rw import RowReplicatedPooledEmbeddingSharding
-from torchrec_het.sharding.validate import check_features
+from torchrec_het.sharding.validate import FeatureCheck
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 PLUGIN_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
@@ -101,6 +101,7 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
         self._rows_of_feature = {
             feature: config.num_embeddings for config in self._embedding_bag_configs for feature in config.feature_names
         }
+        self._check_features = FeatureCheck(self._rows_of_feature)
         for sharding, lookup in zip(self._embedding_shardings, self._lookups):
             if isinstance(lookup, HetCachedEmbeddingLookup):
                 lookup.attach_cache(cache, sharding.shards_by_table)
@@ -129,7 +130,7 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
         )
 
     def input_dist(self, ctx, features: KeyedJaggedTensor):
-        check_features(features, self._rows_of_feature)  # before anything is sent or cached
+        self._check_features(features)  # before anything is sent or cached
         return super().input_dist(ctx, features)
 
     def het_lookups(self) -> list[HetCachedEmbeddingLookup]:

@@ -1,9 +1,15 @@
-"""Checks a batch of sparse features before any of it is sent, cached or applied."""
+"""Checks a batch of sparse features before any of it is sent, cached or applied.
 
+A good batch costs one vectorized pass and one host sync (:class:`FeatureCheck`
+keeps the per-key layout between batches); only a bad one is looked at feature by
+feature, to name the culprit.
+"""
+
+import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
-def check_features(features: KeyedJaggedTensor, rows_of_feature: dict[str, int]) -> None:
+class FeatureCheck:
     """Raises ValueError, naming the feature, for a batch the sharded module cannot take.
 
     Checked: unknown or missing feature keys, negative lengths, lengths that do not add
@@ -11,22 +17,60 @@ def check_features(features: KeyedJaggedTensor, rows_of_feature: dict[str, int])
     feature's table.
 
     Args:
+        rows_of_feature: feature name -> rows of its table.
+    """
+
+    def __init__(self, rows_of_feature: dict[str, int]) -> None:
+        self.rows_of_feature = dict(rows_of_feature)
+        self._rows: dict[tuple[str, ...], torch.Tensor] = {}  # key order -> rows of each key's table
+
+    def _rows_by_key(self, keys: list[str]) -> torch.Tensor:
+        order = tuple(keys)
+        rows = self._rows.get(order)
+        if rows is None:
+            unknown = [k for k in keys if k not in self.rows_of_feature]
+            if unknown:
+                raise ValueError(f"unknown feature key(s) {unknown}; this module has {sorted(self.rows_of_feature)}")
+            missing = sorted(set(self.rows_of_feature) - set(keys))
+            if missing:
+                raise ValueError(f"feature key(s) {missing} missing from the batch")
+            rows = torch.tensor([self.rows_of_feature[k] for k in keys], dtype=torch.int64)
+            self._rows[order] = rows
+        return rows
+
+    def __call__(self, features: KeyedJaggedTensor) -> None:
+        keys = features.keys()
+        rows = self._rows_by_key(keys)
+        lengths, values = features.lengths(), features.values()
+        stride = features.stride()
+        if lengths.numel() != len(keys) * stride:
+            raise ValueError(f"lengths hold {lengths.numel()} entries; {len(keys)} features x batch {stride} expected")
+        weights = features.weights_or_none()
+        if weights is not None and weights.numel() != values.numel():
+            raise ValueError(f"{weights.numel()} weights for {values.numel()} ids")
+        per_key = lengths.view(len(keys), stride)
+        totals = per_key.sum(1)
+        key_of_value = torch.repeat_interleave(torch.arange(len(keys)), totals.clamp(min=0))
+        if key_of_value.numel() == values.numel():
+            bad = (per_key < 0).any() | ((values < 0) | (values >= rows.index_select(0, key_of_value))).any()
+            if not bool(bad):  # the one host sync of a good batch
+                return
+        _name_the_problem(keys, per_key, values, self.rows_of_feature)
+        raise ValueError("malformed batch")  # not reached: the search above names the problem
+
+
+def check_features(features: KeyedJaggedTensor, rows_of_feature: dict[str, int]) -> None:
+    """:class:`FeatureCheck` for one batch (a module that checks every batch keeps a ``FeatureCheck``).
+
+    Args:
         features: the batch.
         rows_of_feature: feature name -> rows of its table.
     """
-    keys = features.keys()
-    unknown = [k for k in keys if k not in rows_of_feature]
-    if unknown:
-        raise ValueError(f"unknown feature key(s) {unknown}; this module has {sorted(rows_of_feature)}")
-    missing = sorted(set(rows_of_feature) - set(keys))
-    if missing:
-        raise ValueError(f"feature key(s) {missing} missing from the batch")
-    lengths = features.lengths()
-    stride = features.stride()
-    values = features.values()
-    per_key = lengths.view(len(keys), -1) if lengths.numel() == len(keys) * stride else None
-    if per_key is None:
-        raise ValueError(f"lengths hold {lengths.numel()} entries; {len(keys)} features x batch {stride} expected")
+    FeatureCheck(rows_of_feature)(features)
+
+
+def _name_the_problem(keys: list[str], per_key: torch.Tensor, values: torch.Tensor, rows_of_feature) -> None:
+    """Feature by feature, raises ValueError for the first problem of a batch known to have one."""
     totals = per_key.sum(1).tolist()
     for key, row_lengths in zip(keys, per_key):
         if bool((row_lengths < 0).any()):
@@ -40,9 +84,6 @@ def check_features(features: KeyedJaggedTensor, rows_of_feature: dict[str, int])
         raise ValueError(
             f"feature {key!r}: lengths add up to {sum(totals)} ids but the batch holds {values.numel()} values"
         )
-    weights = features.weights_or_none()
-    if weights is not None and weights.numel() != values.numel():
-        raise ValueError(f"{weights.numel()} weights for {values.numel()} ids")
     for key, ids in zip(keys, values.split(totals)):
         if ids.numel() == 0:
             continue
@@ -53,4 +94,4 @@ def check_features(features: KeyedJaggedTensor, rows_of_feature: dict[str, int])
             raise ValueError(f"feature {key!r}: id {bad} outside its table's rows [0, {rows})")
 
 
-__all__ = ["check_features"]
+__all__ = ["FeatureCheck", "check_features"]
