@@ -25,7 +25,7 @@ weight decay out on CPU while its CUDA kernel applies it).
 """
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
@@ -64,6 +64,18 @@ class _Layout:
     weight_offsets: torch.Tensor  # [T] first element of each table
     state: str | None  # attribute of the flat momentum buffer (None for sgd)
     state_offsets: torch.Tensor | None  # [T] first state element of each table
+    dims: tuple[int, ...] = ()  # width of each table
+    aligned: dict = field(default_factory=dict, compare=False)  # dim -> its tables' rows start at multiples of dim
+
+    def rows_aligned(self, dim: int) -> bool:
+        """Whether every row of the tables of width ``dim`` starts at a multiple of ``dim`` (weights and state)."""
+        if dim not in self.aligned:
+            tables = [t for t, d in enumerate(self.dims) if d == dim]
+            offsets = [int(self.weight_offsets[t]) for t in tables]
+            if self.kind == "adagrad":
+                offsets += [int(self.state_offsets[t]) for t in tables]
+            self.aligned[dim] = all(o % dim == 0 for o in offsets)
+        return self.aligned[dim]
 
 
 _layouts: "weakref.WeakKeyDictionary[SplitTableBatchedEmbeddingBagsCodegen, _Layout | None]" = (
@@ -100,6 +112,7 @@ def _layout(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> _Layout | None:
                 weights[1].to(device),
                 state[0] if state else None,
                 state[1].to(device) if state else None,
+                tuple(spec[1] for spec in tbe.embedding_specs),
             )
     _layouts[tbe] = layout
     return layout
@@ -129,29 +142,55 @@ def apply_rows(
     dim = grads.size(1)
     flat = getattr(tbe, layout.weights).view(-1)
     tables, rows = tables.to(flat.device), rows.to(flat.device)
-    starts, inverse = torch.unique(layout.weight_offsets[tables] + rows * dim, return_inverse=True)
+    starts, inverse = torch.unique(layout.weight_offsets.index_select(0, tables) + rows * dim, return_inverse=True)
     grad = torch.zeros(starts.numel(), dim, dtype=torch.float32, device=flat.device)
     grad.index_add_(0, inverse, grads.to(grad.dtype))
-    index = starts.unsqueeze(1) + torch.arange(dim, device=flat.device)
-    weight = flat[index]
+    aligned = layout.rows_aligned(dim)
+    weights = _Rows(flat, starts, dim, aligned)
+    weight = weights.read()
     lr = tbe.learning_rate_tensor.to(flat.device)
     if layout.kind == "sgd":  # the kernel's fused multiply-add: one rounding (float64 is exact here)
-        flat[index] = (weight.double() - lr.double() * grad.double()).float()
+        weights.write((weight.double() - lr.double() * grad.double()).float())
         return
     state = getattr(tbe, layout.state).view(-1)
     first = torch.empty_like(starts).scatter_(0, inverse, torch.arange(rows.numel(), device=flat.device))
-    state_rows = layout.state_offsets[tables[first]] + rows[first] * (dim if layout.kind == "adagrad" else 1)
+    width = dim if layout.kind == "adagrad" else 1
+    state_starts = layout.state_offsets.index_select(0, tables.index_select(0, first)) + rows.index_select(0, first) * width
     eps = tbe.optimizer_args.eps
     if layout.kind == "adagrad":
-        state_index = state_rows.unsqueeze(1) + torch.arange(dim, device=flat.device)
-        momentum = (state[state_index].double() + grad.double() * grad.double()).float()  # fused multiply-add
-        state[state_index] = momentum
+        states = _Rows(state, state_starts, dim, aligned)
+        momentum = (states.read().double() + grad.double() * grad.double()).float()  # fused multiply-add
+        states.write(momentum)
         step = (lr * grad).double() / (momentum.double().sqrt() + eps)  # the kernel divides in double
-        flat[index] = (weight.double() - step).float()
+        weights.write((weight.double() - step).float())
         return
-    momentum = state[state_rows] + (grad * grad).sum(1) / dim
-    state[state_rows] = momentum
-    flat[index] = weight - grad * (lr / (momentum.sqrt() + eps)).unsqueeze(1)
+    momentum = state.index_select(0, state_starts) + (grad * grad).sum(1) / dim
+    state.index_copy_(0, state_starts, momentum)
+    weights.write(weight - grad * (lr / (momentum.sqrt() + eps)).unsqueeze(1))
 
+
+class _Rows:
+    """Rows of ``dim`` elements starting at ``starts`` of a flat buffer: read and written as rows of a
+    ``[n, dim]`` view when every start is a multiple of ``dim`` (fast), else element by element."""
+
+    def __init__(self, flat: torch.Tensor, starts: torch.Tensor, dim: int, aligned: bool) -> None:
+        self.flat, self.starts, self.dim = flat, starts, dim
+        self.view = None
+        if aligned:
+            self.view = flat[: flat.numel() // dim * dim].view(-1, dim)
+            self.index = starts // dim
+        else:
+            self.index = starts.unsqueeze(1) + torch.arange(dim, device=flat.device)
+
+    def read(self) -> torch.Tensor:
+        if self.view is not None:
+            return self.view.index_select(0, self.index)
+        return self.flat[self.index]
+
+    def write(self, values: torch.Tensor) -> None:
+        if self.view is not None:
+            self.view.index_copy_(0, self.index, values)
+        else:
+            self.flat[self.index] = values
 
 __all__ = ["KINDS", "apply_rows", "optimizer_kind"]
