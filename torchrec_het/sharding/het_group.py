@@ -3,6 +3,10 @@
 They share one fused id space (:mod:`torchrec_het.sharding.id_space`), so every step
 runs one unique, one cache probe and one exchange for all of them. Capacity stays
 per table: the cache is partitioned by table.
+
+Everything a step needs to find its features, tables, kernels and output columns is
+built here once (:meth:`HetGroup.set_layout`, at attach time and again after a load),
+as small index tensors: a step runs no Python loop over tables or features.
 """
 
 import torch
@@ -19,7 +23,11 @@ COUNTERS = (
 
 
 class GroupStats:
-    """Per-table counters of a group (see ``HetCachedEmbeddingLookup.cache_stats``)."""
+    """Per-table counters of a group (see ``HetCachedEmbeddingLookup.cache_stats``).
+
+    Every update is one vectorized op over the step's ids (a ``bincount`` or an
+    ``index_add_``); nothing is read back to the host until :meth:`table` is asked.
+    """
 
     def __init__(self, num_tables: int, dim: int) -> None:
         self.counters = {name: torch.zeros(num_tables, dtype=torch.int64) for name in COUNTERS}
@@ -30,6 +38,10 @@ class GroupStats:
     def add(self, name: str, tables: torch.Tensor, weights: torch.Tensor | None = None) -> None:
         n = self.counters[name].numel()
         self.counters[name] += torch.bincount(tables, weights, minlength=n).to(torch.int64)
+
+    def add_per_table(self, name: str, counts: torch.Tensor) -> None:
+        """Adds ``counts[t]`` (one entry per table) to counter ``name``."""
+        self.counters[name] += counts.to(torch.int64)
 
     def add_staleness(self, tables: torch.Tensor, lags: torch.Tensor) -> None:
         cells = tables * STALENESS_BUCKETS + lags.clamp(0, STALENESS_BUCKETS - 1)
@@ -74,6 +86,40 @@ class HetGroup(FusedIdSpace):
         )
         self.versions = torch.zeros(int(self.local_offsets[-1]), dtype=torch.int64)
         self.stats = GroupStats(len(tables), dim)
+        self.table_module = torch.tensor([t.module_index for t in tables], dtype=torch.int64)
+        self.kernel_table = torch.tensor([t.table_index for t in tables], dtype=torch.int64)
+        self.modules = sorted({t.module_index for t in tables})
+        self.has_mean = any(t.mean for t in tables)
+
+    def set_layout(self, positions: list[int], columns: list[int], num_features: int, width: int) -> None:
+        """Where the group's features sit in the lookup's input and output.
+
+        Args:
+            positions: input position of each of the group's features (ascending, the
+                order of ``self.features``).
+            columns: first output column of each of those features.
+            num_features: features of the lookup's input.
+            width: columns of the lookup's output.
+        """
+        self.positions = torch.tensor(positions, dtype=torch.int64)
+        self.feature_offset = self.offsets[self.feature_table]  # fused id of row 0 of each feature's table
+        self.all_features = positions == list(range(num_features))
+        self.columns = (
+            torch.tensor(columns, dtype=torch.int64).unsqueeze(1) + torch.arange(self.dim)
+        ).view(-1)  # [features * dim] output columns, feature-major
+        self.contiguous = bool(columns) and self.columns.tolist() == list(
+            range(columns[0], columns[0] + len(columns) * self.dim)
+        )
+
+    def local_index_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """Index of each owned id among this rank's owned rows, without the ownership check."""
+        tables = self.table_of(ids)
+        return ids - self.offsets[tables] - self.local_starts[tables] + self.local_offsets[tables]
+
+    def bag_divisors_of(self, lengths: torch.Tensor) -> torch.Tensor:
+        """``[features, batch, 1]`` divisor of every bag: its length for mean pooling, else 1."""
+        mean = self.feature_is_mean.unsqueeze(1).expand_as(lengths)
+        return torch.where(mean, lengths.clamp(min=1), 1).unsqueeze(2).float()
 
     def reset(self) -> None:
         """Forgets the cache and the versions (after a load: every rank does the same)."""

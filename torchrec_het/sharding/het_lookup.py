@@ -11,24 +11,33 @@ forward (read path)
   only on a miss or when it is more than ``s_read`` updates ahead; ``lease``: no
   question at all until ``s_read`` steps after the row was last fetched or
   validated); missing rows are fetched and cached (evicting by LRU or LFU). Bags are
-  pooled here, on the rank that holds the batch: nothing pooled crosses the wire.
+  pooled here, on the rank that holds the batch (one ``embedding_bag`` per group):
+  nothing pooled crosses the wire.
 backward (write path)
   gradients of owned rows, of rows that found no cache slot, of cached rows with more
   than ``s_write`` pending updates, and of dirty rows evicted this step go to their
   owners, which apply the table's fused optimizer (one update per row per step with
-  the summed gradient, as stock row-wise does) and bump the row's version by the
-  number of updates received. Other cached rows keep their gradient pending and get
-  a local SGD step so later reads see this rank's own writes.
+  the summed gradient, as stock row-wise does; :func:`~torchrec_het.sharding.row_optim.apply_rows`)
+  and bump the row's version by the number of updates received. Other cached rows keep
+  their gradient pending and get a local SGD step so later reads see this rank's own writes.
+
+Exchanges per group and step (all-to-alls; the splits of each are read to the host once):
+request counts, requests (id, cached version), owner versions, then the rows, which
+also carry how many gradients each rank will push to each owner in the backward, so
+the backward sends its pushes in a single all-to-all. That needs each forward's
+backward to come before the next forward (a forward without backward, as in eval, is
+fine).
 
 With ``s_read = s_write = 0`` every remote row is fetched fresh and every gradient is
 applied at its owner in the step it is produced: the same training as stock row-wise.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.types import ShardingType
@@ -40,24 +49,30 @@ from torchrec_het.config import HetCacheConfig
 from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
 from torchrec_het.sharding.het_group import HetGroup
 from torchrec_het.sharding.id_space import TableInfo, row_starts_from_shards
-from torchrec_het.sharding.row_apply import accumulates_squares, apply_row_grads
+from torchrec_het.sharding.row_optim import _buffer, apply_rows, optimizer_kind
 
 
 @dataclass
 class _Read:
     """One group's read of one step, kept for the backward of that step."""
 
-    lengths: torch.Tensor  # [F * B] bag lengths, features of the group one after the other
+    step: int
+    lengths: torch.Tensor  # [F, B] bag lengths of the group's features
     weights: torch.Tensor | None  # per-id weights, or None
     uniq: torch.Tensor  # distinct fused ids of the batch, ascending
     inverse: torch.Tensor  # position in uniq of every id
+    by_row: torch.Tensor  # positions of the ids sorted by row (stable): the backward's bags
     uses: torch.Tensor  # occurrences of each distinct id
     tables: torch.Tensor  # group table index of each distinct id
     local: torch.Tensor  # positions in uniq of owned ids
     remote: torch.Tensor  # positions in uniq of ids owned elsewhere
     slots: torch.Tensor  # cache slot of each remote id (-1: none this step)
-    uncached_rows: torch.Tensor | None = None  # fetched rows without a slot, for remote[slots < 0]
     rows: torch.Tensor | None = None  # [len(uniq), dim] values used this step
+    uncached: torch.Tensor | None = None  # positions in uniq of fetched rows that found no slot
+    due: torch.Tensor | None = None  # cache slots whose pending gradients go out in this step's backward
+    outbox: list[PendingRows] = field(default_factory=list)  # evicted dirty rows that go out with them
+    push_counts: torch.Tensor | None = None  # rows this rank pushes to each rank in the backward
+    pull_counts: torch.Tensor | None = None  # rows each rank pushes to this one
 
 
 class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
@@ -65,7 +80,8 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
 
     Args:
         grouped_configs: the local shards, grouped as row-wise groups them.
-        feature_names: input feature order (the sharding's ``feature_names()``).
+        feature_names: input feature order (the sharding's ``feature_names()``; a
+            feature that feeds two tables appears twice).
         pg: the process group of the sharding.
         device: compute device.
         env: sharding environment.
@@ -81,9 +97,10 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         self._features = list(feature_names)
         self._groups: list[HetGroup] = []
         self._outbox: list[list[PendingRows]] = []
-        self._weights: list[list[torch.Tensor]] = []
         self._step = 0
+        self._pending: list[_Read] | None = None  # the last forward's reads while its backward is due
         self._anchor = torch.zeros(1, requires_grad=True)  # lets backward reach the write path
+        self._views: dict[tuple, tuple] = {}  # (module, group) -> (buffer attribute, its data_ptr, (view, first rows))
         self.on_serve: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor, int], None] | None = None
 
     # --- set-up and inspection --------------------------------------------------------
@@ -91,6 +108,8 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
     def attach_cache(self, config: HetCacheConfig, shards_by_table: dict[str, list]) -> None:
         """Creates the per-group state; called once by the sharded module after construction."""
         by_key: dict[tuple, list[TableInfo]] = {}
+        positions: dict[str, list[int]] = {}
+        position = 0
         for module_index, group in enumerate(self.grouped_configs):
             lr = float((group.fused_params or {}).get("learning_rate", 0.01))
             for table_index, table in enumerate(group.embedding_tables):
@@ -105,8 +124,36 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
                     learning_rate=lr,
                 )
                 by_key.setdefault((table.embedding_dim, config.for_table(table.name)), []).append(info)
+                positions[table.name] = list(range(position, position + len(table.feature_names)))
+                for feature, at in zip(table.feature_names, positions[table.name]):
+                    if at >= len(self._features) or self._features[at] != feature:
+                        raise ValueError(f"table {table.name!r}: feature {feature!r} is not input {at} of the lookup")
+                position += len(table.feature_names)
+        if position != len(self._features):
+            raise ValueError(f"the lookup's tables read {position} features, its input has {len(self._features)}")
         self._groups = [HetGroup(tables, dim, settings, self._rank, self._ws) for (dim, settings), tables in by_key.items()]
         self._outbox = [[] for _ in self._groups]
+        self._build_layout(positions)
+        for m in self._emb_modules:
+            optimizer_kind(m.emb_module)  # a clear error now for an optimizer the write path cannot step
+
+    def _build_layout(self, positions: dict[str, list[int]]) -> None:
+        """Static indexes: each group's input positions and output columns, the output's column order."""
+        dims = [0] * len(self._features)
+        for g in self._groups:
+            for t in g.tables:
+                for at in positions[t.name]:
+                    dims[at] = g.dim
+        starts = torch.cumsum(torch.tensor([0] + dims), 0).tolist()
+        self._width = starts[-1]
+        for g in self._groups:
+            at = [a for t in g.tables for a in positions[t.name]]
+            g.set_layout(at, [starts[a] for a in at], len(self._features), self._width)
+        self._single = len(self._groups) == 1 and self._groups[0].all_features
+        self._value_group = torch.full((len(self._features),), -1, dtype=torch.int64)
+        for index, g in enumerate(self._groups):
+            self._value_group[g.positions] = index
+        self._views = {}
 
     @property
     def groups(self) -> list[HetGroup]:
@@ -121,45 +168,102 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         for g in self._groups:
             g.stats = type(g.stats)(len(g.tables), g.dim)
 
+    # --- the local shards, as one [rows, dim] view per kernel -------------------------------
+
+    def _owned_view(self, module_index: int, g: HetGroup) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(``[rows, dim]`` view of a kernel's flat weights, first row there of each of its tables) for
+        the group's tables in that kernel, or None (then they are read table by table)."""
+        tbe = self._emb_modules[module_index].emb_module
+        key = (module_index, id(g))
+        cached = self._views.get(key)
+        if cached is not None:
+            attr, pointer, view = cached
+            if getattr(tbe, attr).data_ptr() == pointer:  # the kernel kept its buffer
+                return view
+        found = _buffer(tbe, "weights")
+        if found is None:
+            return None
+        attr, offsets = found
+        mine = g.kernel_table[g.table_module == module_index]
+        phases = torch.unique(offsets[mine] % g.dim)  # tables of other widths may shift the rows
+        if phases.numel() != 1:
+            return None
+        phase = int(phases)
+        flat = getattr(tbe, attr).detach().view(-1)
+        rows = (flat.numel() - phase) // g.dim
+        view = (flat[phase : phase + rows * g.dim].view(rows, g.dim), (offsets - phase) // g.dim)
+        self._views[key] = (attr, flat.data_ptr(), view)
+        return view
+
+    def _read_owned(self, g: HetGroup, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of owned fused ids from the local shards."""
+        tables = g.table_of(ids)
+        rows = g.local_rows(ids, tables)
+        out = None
+        for module_index in g.modules:
+            view = self._owned_view(module_index, g)
+            if view is None:
+                weights = [m.split_embedding_weights() for m in self._emb_modules]
+                return g.read_owned(ids, [weights[t.module_index][t.table_index] for t in g.tables])
+            shard, first_row = view
+            at = first_row.index_select(0, g.kernel_table.index_select(0, tables)) + rows
+            if len(g.modules) == 1:
+                return shard.index_select(0, at).float()
+            out = torch.empty(ids.numel(), g.dim) if out is None else out
+            mine = (g.table_module.index_select(0, tables) == module_index).nonzero().flatten()
+            out.index_copy_(0, mine, shard.index_select(0, at.index_select(0, mine)).float())
+        return out if out is not None else torch.empty(0, g.dim)
+
     # --- forward: the read path -------------------------------------------------------
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         if sparse_features.variable_stride_per_key():
             raise NotImplementedError("het_cached_row_wise does not support variable batch sizes per feature")
+        if sparse_features.keys() != self._features:
+            raise ValueError(f"het_cached_row_wise lookup expects features {self._features}, got {sparse_features.keys()}")
         step = self._step
         self._step += 1
-        self._weights = [m.split_embedding_weights() for m in self._emb_modules]  # views of the local shards
-        by_feature = sparse_features.to_dict()
+        if self._pending is not None:  # the last forward had no backward (eval): its pushes stay queued
+            for index, read in enumerate(self._pending):
+                self._outbox[index] = read.outbox + self._outbox[index]
+        batch = sparse_features.stride()
+        lengths = sparse_features.lengths().view(len(self._features), batch)
+        values, weights = sparse_features.values(), sparse_features.weights_or_none()
+        per_feature = lengths.sum(1)
+        value_group = None
+        if not self._single and self._groups:
+            value_group = torch.repeat_interleave(self._value_group, per_feature, output_size=values.numel())
+        writes = torch.is_grad_enabled()
         reads = []
-        for g in self._groups:
-            read = self._plan_read(g, by_feature, step)
-            self._fetch(g, read, step)
-            read.rows = self._gather_rows(g, read)
+        for index, g in enumerate(self._groups):
+            if self._single:
+                ids, w, lens, counts = values, weights, lengths, per_feature
+            else:
+                chosen = (value_group == index).nonzero().flatten()
+                ids = values.index_select(0, chosen)
+                w = weights.index_select(0, chosen) if weights is not None else None
+                lens, counts = lengths.index_select(0, g.positions), per_feature.index_select(0, g.positions)
+            read = self._plan_read(g, ids, w, lens, counts, step)
+            self._fetch(index, g, read, step, writes)
             reads.append(read)
-        return _HetPooling.apply(self._anchor, self, reads, sparse_features.stride())
+        self._pending = reads if writes else None
+        return _HetPooling.apply(self._anchor, self, reads, batch)
 
-    def _table_weights(self, g: HetGroup) -> list[torch.Tensor]:
-        return [self._weights[t.module_index][t.table_index] for t in g.tables]
-
-    def _plan_read(self, g: HetGroup, by_feature, step: int) -> _Read:
-        jts = [by_feature[f] for f in g.features]
-        lengths = torch.cat([jt.lengths() for jt in jts]).long()
-        weights = [jt.weights_or_none() for jt in jts]
-        per_feature = torch.tensor([jt.values().numel() for jt in jts], dtype=torch.int64)
-        value_table = torch.repeat_interleave(g.feature_table, per_feature)
-        ids = torch.cat([jt.values() for jt in jts]).long() + g.offsets[value_table]
-        uniq, inverse, uses = torch.unique(ids, return_inverse=True, return_counts=True)
+    def _plan_read(self, g: HetGroup, values, weights, lengths, counts, step: int) -> _Read:
+        ids = values.long() + torch.repeat_interleave(g.feature_offset, counts, output_size=values.numel())
+        sorted_ids, by_row = torch.sort(ids, stable=True)
+        uniq, sorted_inverse, uses = torch.unique_consecutive(sorted_ids, return_inverse=True, return_counts=True)
+        inverse = torch.empty_like(sorted_inverse).index_copy_(0, by_row, sorted_inverse)
         owned = g.owner_of(uniq) == self._rank
         local, remote = owned.nonzero().flatten(), (~owned).nonzero().flatten()
-        uniq_table = g.table_of(uniq)
-        read = _Read(
-            lengths, torch.cat(weights) if weights[0] is not None else None,
-            uniq, inverse, uses, uniq_table, local, remote, g.cache.slots_of(uniq[remote]),
-        )
-        g.stats.add("lookups", value_table)
-        g.stats.add("unique_lookups", uniq_table)
-        g.stats.add("remote_unique", uniq_table[remote])
-        g.stats.add("remote_lookups", uniq_table[remote], uses[remote])
+        tables = g.table_of(uniq)
+        slots = g.cache.slots_of(uniq.index_select(0, remote), check=False)
+        read = _Read(step, lengths, weights, uniq, inverse, by_row, uses, tables, local, remote, slots)
+        remote_tables = tables.index_select(0, remote)
+        g.stats.add_per_table("lookups", torch.zeros(len(g.tables), dtype=torch.int64).index_add_(0, g.feature_table, counts))
+        g.stats.add("unique_lookups", tables)
+        g.stats.add("remote_unique", remote_tables)
+        g.stats.add("remote_lookups", remote_tables, uses.index_select(0, remote))
         return read
 
     def _asked(self, g: HetGroup, read: _Read, step: int) -> torch.Tensor:
@@ -167,120 +271,158 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         if g.settings.protocol == "het":
             return torch.arange(read.remote.numel())
         slots = read.slots
-        leased = (slots >= 0) & (step <= g.cache.validated_step[slots.clamp(min=0)] + g.settings.s_read)
+        validated = g.cache.validated_step.index_select(0, slots.clamp(min=0))
+        leased = (slots >= 0) & (step <= validated + g.settings.s_read)
         return (~leased).nonzero().flatten()
 
     def _read_bound(self, g: HetGroup) -> int:
         # lease: a renewal brings the row whenever the owner has moved on at all
         return g.settings.s_read if g.settings.protocol == "het" else 0
 
-    def _fetch(self, g: HetGroup, read: _Read, step: int) -> None:
+    def _fetch(self, index: int, g: HetGroup, read: _Read, step: int, writes: bool) -> None:
         """Asks owners about the rows the bound does not cover; settles the answers into the cache."""
         ws, dim, cache = self._ws, g.dim, g.cache
         asked = self._asked(g, read, step)
-        ids = read.uniq[read.remote[asked]]
+        ids = read.uniq.index_select(0, read.remote.index_select(0, asked))
         dest = g.owner_of(ids)
         order = torch.sort(dest, stable=True).indices  # exchange order: by owner, then ascending id
-        asked, ids, dest = asked[order], ids[order], dest[order]
-        slots = read.slots[asked]
-        held = torch.where(slots >= 0, cache.versions[slots.clamp(min=0)], -1)
-        g.stats.add("requests", read.tables[read.remote[asked]])
+        asked, ids, dest = asked.index_select(0, order), ids.index_select(0, order), dest.index_select(0, order)
+        slots = read.slots.index_select(0, asked)
+        held = torch.where(slots >= 0, cache.versions.index_select(0, slots.clamp(min=0)), -1)
+        asked_tables = read.tables.index_select(0, read.remote.index_select(0, asked))
+        g.stats.add("requests", asked_tables)
         counts = torch.bincount(dest, minlength=ws)
         recv_counts = exchange_counts(counts.view(ws, 1), self._pg).view(ws)
-        requests = exchange_flat(
-            torch.stack([ids, held], 1).view(-1), (counts * 2).tolist(), (recv_counts * 2).tolist(), self._pg
-        ).view(-1, 2)
-        current = g.versions[g.local_index(requests[:, 0])]
-        replies = exchange_flat(current, recv_counts.tolist(), counts.tolist(), self._pg)
+        send, recv = torch.stack([counts, recv_counts]).tolist()
+        requests = exchange_flat(torch.stack([ids, held], 1).view(-1), [2 * c for c in send], [2 * c for c in recv],
+                                 self._pg).view(-1, 2)
+        current = g.versions.index_select(0, g.local_index_of(requests[:, 0]))
+        replies = exchange_flat(current, recv, send, self._pg)
         # Both sides apply the same rule to (held version, owner version): which requests bring a row.
         bound = self._read_bound(g)
         sends = (requests[:, 1] < 0) | (current - requests[:, 1] > bound)
         brings = (held < 0) | (replies - held > bound)
-        source = torch.repeat_interleave(torch.arange(ws), recv_counts)
+        source = torch.repeat_interleave(torch.arange(ws), recv_counts, output_size=requests.size(0))
         rows_out = torch.bincount(source[sends], minlength=ws)
         rows_in = torch.bincount(dest[brings], minlength=ws)
-        rows = exchange_flat(
-            g.read_owned(requests[sends, 0], self._table_weights(g)).view(-1),
-            (rows_out * dim).tolist(),
-            (rows_in * dim).tolist(),
-            self._pg,
-        ).view(-1, dim)
-        self._settle(g, read, asked, replies, brings, rows, step)
+        # Slots for the missing rows are taken now, so this step's pushes are known before the rows come.
+        missing = (brings & (slots < 0)).nonzero().flatten()
+        new_slots, dirty, evicted = cache.reserve(
+            ids.index_select(0, missing), replies.index_select(0, missing), step,
+            protect=read.slots[read.slots >= 0], check=False,
+        )
+        read.slots.index_copy_(0, asked.index_select(0, missing), new_slots)
+        read.uncached = read.remote.index_select(0, asked.index_select(0, missing[new_slots < 0]))
+        if len(dirty):
+            self._outbox[index].append(dirty)
+            g.stats.add("dirty_evictions", g.table_of(dirty.ids))
+        g.stats.add("evictions", g.table_of(evicted))
+        self._plan_push(index, g, read, writes)
+        header = read.push_counts.to(torch.int32).view(torch.float32)  # one word per rank: pushes it will get
+        payload = _grouped_with_header(self._read_owned(g, requests[sends, 0]), rows_out, header)
+        send_rows, recv_rows = torch.stack([rows_out, rows_in]).tolist()
+        received = exchange_flat(payload, [1 + r * dim for r in send_rows], [1 + r * dim for r in recv_rows], self._pg)
+        read.pull_counts, rows = _split_header(received, rows_in, dim)
+        self._settle(g, read, asked, slots, replies, brings, rows, new_slots, missing, step)
 
-    def _settle(self, g: HetGroup, read: _Read, asked, versions, brings, rows, step: int) -> None:
-        """Requester side: refresh stale copies, cache new rows, renew leases, count."""
+    def _plan_push(self, index: int, g: HetGroup, read: _Read, writes: bool) -> None:
+        """What this step's backward will push to each owner: owned and uncached rows, cached rows
+        that pass the write bound with this step's update, and dirty evicted rows."""
+        if not writes:  # no backward will come: nothing pushed, evicted rows stay queued
+            read.push_counts = torch.zeros(self._ws, dtype=torch.int64)
+            return
+        cached = read.slots[read.slots >= 0]
+        read.due = cached[g.cache.pending_count.index_select(0, cached) + 1 > g.settings.s_write]
+        read.outbox, self._outbox[index] = self._outbox[index], []
+        ids = [
+            read.uniq.index_select(0, read.local),
+            read.uniq.index_select(0, read.uncached),
+            g.cache.slot_ids.index_select(0, read.due),
+            *[p.ids for p in read.outbox],
+        ]
+        read.push_counts = torch.bincount(g.owner_of(torch.cat(ids)), minlength=self._ws)
+
+    def _settle(self, g: HetGroup, read: _Read, asked, held_slots, versions, brings, rows, new_slots, missing,
+                step: int) -> None:
+        """Requester side: refresh stale copies, fill new rows, renew leases, count, and gather the rows."""
         cache, stats = g.cache, g.stats
-        asked_slots = read.slots[asked]
-        asked_tables = read.tables[read.remote[asked]]
+        asked_tables = read.tables.index_select(0, read.remote.index_select(0, asked))
         fresh = ~brings  # the owner kept the row: the cached copy is within the bound
         if g.settings.protocol == "lease":
-            held = asked_slots >= 0  # how far each leased copy fell behind while served unasked
-            stats.add_staleness(asked_tables[held], versions[held] - cache.versions[asked_slots[held]])
-            cache.mark_validated(asked_slots[fresh], step)
+            held = held_slots >= 0  # how far each leased copy fell behind while served unasked
+            stats.add_staleness(asked_tables[held], versions[held] - cache.versions[held_slots[held]])
+            cache.mark_validated(held_slots[fresh], step)
         else:
-            stats.add_staleness(asked_tables[fresh], versions[fresh] - cache.versions[asked_slots[fresh]])
+            stats.add_staleness(asked_tables[fresh], versions[fresh] - cache.versions[held_slots[fresh]])
         row_of = torch.cumsum(brings.long(), 0) - 1  # index into rows of each request that brought one
-        stale = brings & (asked_slots >= 0)
-        cache.refresh(asked_slots[stale], rows[row_of[stale]], versions[stale], step)
-        missing = brings & (asked_slots < 0)
-        in_use = read.slots[read.slots >= 0]
-        new_slots, dirty, evicted = cache.insert(
-            read.uniq[read.remote[asked[missing]]], rows[row_of[missing]], versions[missing], step, protect=in_use
-        )
-        read.slots[asked[missing]] = new_slots
-        read.uncached_rows = rows[row_of[missing]][new_slots < 0]
-        if len(dirty):
-            self._outbox[self._groups.index(g)].append(dirty)
-            stats.add("dirty_evictions", g.table_of(dirty.ids))
+        stale = (brings & (held_slots >= 0)).nonzero().flatten()
+        cache.refresh(held_slots.index_select(0, stale), rows.index_select(0, row_of.index_select(0, stale)),
+                      versions.index_select(0, stale), step)
+        fetched = rows.index_select(0, row_of.index_select(0, missing))
+        cache.fill(new_slots, fetched)
         stats.add("rows_fetched", asked_tables[brings])
-        stats.add("evictions", g.table_of(evicted))
         served = torch.ones(read.remote.numel(), dtype=torch.bool)
         served[asked[brings]] = False
-        remote_tables = read.tables[read.remote]
+        remote_tables = read.tables.index_select(0, read.remote)
         stats.add("hits_unique", remote_tables[served])
-        stats.add("hits_lookups", remote_tables[served], read.uses[read.remote[served]])
-        cached = read.slots >= 0
-        cache.touch(read.slots[cached], step, read.uses[read.remote[cached]])
-        if self.on_serve is not None:
+        stats.add("hits_lookups", remote_tables[served], read.uses.index_select(0, read.remote)[served])
+        cached = (read.slots >= 0).nonzero().flatten()
+        cached_slots = read.slots.index_select(0, cached)
+        cache.touch(cached_slots, step, read.uses.index_select(0, read.remote.index_select(0, cached)))
+        # the rows of this step: owned from the shards, remote from the cache or as fetched
+        out = torch.empty(read.uniq.numel(), g.dim)
+        out.index_copy_(0, read.local, self._read_owned(g, read.uniq.index_select(0, read.local)))
+        out.index_copy_(0, read.remote.index_select(0, cached), cache.values.index_select(0, cached_slots))
+        out.index_copy_(0, read.uncached, fetched[new_slots < 0])
+        read.rows = out
+        if self.on_serve is not None:  # an opt-in hook (tests): one call per table
             hit = read.slots[served]
             ids, tables = read.uniq[read.remote[served]], remote_tables[served]
             for i, t in enumerate(g.tables):
                 mine = tables == i
                 self.on_serve(t.name, ids[mine] - g.offsets[i], cache.versions[hit[mine]], cache.validated_step[hit[mine]], step)
 
-    def _gather_rows(self, g: HetGroup, read: _Read) -> torch.Tensor:
-        rows = torch.empty(read.uniq.numel(), g.dim)
-        rows[read.local] = g.read_owned(read.uniq[read.local], self._table_weights(g))
-        cached = read.slots >= 0
-        rows[read.remote[cached]] = g.cache.values[read.slots[cached]]
-        rows[read.remote[~cached]] = read.uncached_rows
-        return rows
-
     # --- backward: the write path -----------------------------------------------------
 
     def write_back(self, reads: list[_Read], row_grads: list[torch.Tensor]) -> None:
         """Called by the backward of a step with the gradient of every distinct row it read."""
+        if self._pending is not reads:
+            raise RuntimeError(
+                "het_cached_row_wise: a backward must follow its own forward before the next forward runs"
+            )
+        self._pending = None
         scale = 1.0 / self._ws if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
-        for index, (g, read, grad) in enumerate(zip(self._groups, reads, row_grads)):
+        for g, read, grad in zip(self._groups, reads, row_grads):
             grad = grad * scale
             g.stats.add_mass("grad_produced", read.tables, grad)
-            cached = read.slots >= 0
-            slots, cached_grad = read.slots[cached], grad[read.remote[cached]]
-            lr = g.learning_rates[read.tables[read.remote[cached]]].unsqueeze(1)
-            g.cache.accumulate(slots, cached_grad, -lr * cached_grad)
-            uncached = read.remote[~cached]
+            cached = (read.slots >= 0).nonzero().flatten()
+            slots = read.slots.index_select(0, cached)
+            cached_grad = grad.index_select(0, read.remote.index_select(0, cached))
+            lr = self._learning_rates(g).index_select(0, read.tables.index_select(0, read.remote.index_select(0, cached)))
+            g.cache.accumulate(slots, cached_grad, -lr.unsqueeze(1) * cached_grad)
+            due = g.cache.take(read.due)
             parts = [
-                PendingRows(read.uniq[read.local], grad[read.local], torch.ones_like(read.local)),
-                PendingRows(read.uniq[uncached], grad[uncached], torch.ones_like(uncached)),
-                g.cache.take_due(g.settings.s_write),
-                *self._outbox[index],
+                PendingRows(read.uniq.index_select(0, read.local), grad.index_select(0, read.local),
+                            torch.ones_like(read.local)),
+                PendingRows(read.uniq.index_select(0, read.uncached), grad.index_select(0, read.uncached),
+                            torch.ones_like(read.uncached)),
+                due,
+                *read.outbox,
             ]
-            self._outbox[index] = []
-            self._push(g, PendingRows.concat(parts))
+            self._push(g, PendingRows.concat(parts), read.push_counts, read.pull_counts)
+
+    def _learning_rates(self, g: HetGroup) -> torch.Tensor:
+        """Each table's current learning rate (its kernel's, so schedules apply; no host sync)."""
+        rates = torch.stack([m.emb_module.learning_rate_tensor for m in self._emb_modules])
+        return rates.index_select(0, g.table_module)
 
     @torch.no_grad()
     def flush(self) -> None:
         """Pushes every pending gradient to its owner (a collective: every rank calls it)."""
+        if self._pending is not None:  # a forward without backward: its queued evictions go too
+            for index, read in enumerate(self._pending):
+                self._outbox[index] = read.outbox + self._outbox[index]
+            self._pending = None
         for index, g in enumerate(self._groups):
             pending = PendingRows.concat([g.cache.take_all(), *self._outbox[index]])
             self._outbox[index] = []
@@ -292,33 +434,35 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         for index, g in enumerate(self._groups):
             g.reset()
             self._outbox[index] = []
+        self._pending = None
+        self._views = {}
         super().purge()
 
-    def _push(self, g: HetGroup, pending: PendingRows) -> None:
+    def _push(self, g: HetGroup, pending: PendingRows, counts=None, recv_counts=None) -> None:
+        """Sends pending gradients to their owners (one all-to-all when both sides' counts are known)."""
         ws, dim = self._ws, g.dim
         dest = g.owner_of(pending.ids)
         order = torch.sort(dest, stable=True).indices
-        counts = torch.bincount(dest, minlength=ws)
-        recv_counts = exchange_counts(counts.view(ws, 1), self._pg).view(ws)
-        headers = exchange_flat(
-            torch.stack([pending.ids, pending.counts], 1)[order].view(-1),
-            (counts * 2).tolist(),
-            (recv_counts * 2).tolist(),
-            self._pg,
-        ).view(-1, 2)
-        grads = exchange_flat(
-            pending.grads[order].reshape(-1), (counts * dim).tolist(), (recv_counts * dim).tolist(), self._pg
-        ).view(-1, dim)
+        if counts is None:
+            counts = torch.bincount(dest, minlength=ws)
+            recv_counts = exchange_counts(counts.view(ws, 1), self._pg).view(ws)
+        send, recv = torch.stack([counts, recv_counts]).tolist()
+        width = 4 + dim  # id and update count as int64 bit patterns, then the gradient
+        packed = torch.cat(
+            [pending.ids.view(torch.float32).view(-1, 2), pending.counts.view(torch.float32).view(-1, 2),
+             pending.grads.float()], 1
+        ).index_select(0, order)
+        received = exchange_flat(packed.view(-1), [c * width for c in send], [c * width for c in recv], self._pg)
+        received = received.view(-1, width)
+        ids = received[:, :2].contiguous().view(torch.int64).view(-1)
+        updates = received[:, 2:4].contiguous().view(torch.int64).view(-1)
         g.stats.add("rows_pushed", g.table_of(pending.ids[dest != self._rank]))
-        self._apply(g, headers[:, 0], grads, headers[:, 1])
+        self._apply(g, ids, received[:, 4:], updates)
 
     @torch.no_grad()
     def _apply(self, g: HetGroup, ids: torch.Tensor, grads: torch.Tensor, updates: torch.Tensor) -> None:
         """Owner side: one fused-optimizer step per owned row with the summed gradient; versions move on.
 
-        The local shard's fused kernel does the update: every (row, gradient) pair becomes
-        a bag of one row whose pooled output gets that gradient; the kernel sums the
-        gradients of a row and applies the table's optimizer once, as in stock row-wise.
         A pushed sum of k > 1 held-back gradients is scaled by 1/sqrt(k) for Adagrad-family
         optimizers so their squared-gradient state grows as it would over k steps.
         """
@@ -326,66 +470,102 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             return
         tables = g.table_of(ids)
         rows = g.local_rows(ids, tables)
-        for module_index in sorted({t.module_index for t in g.tables}):
-            in_module = torch.tensor([t.module_index == module_index for t in g.tables])[tables]
-            if bool(in_module.any()):
-                step = grads[in_module]
-                if accumulates_squares(self._emb_modules[module_index].emb_module):
-                    # k held-back gradients g_i arrive as their sum. Adagrad-family state adds the
-                    # square of what it is given: the sum would add (sum g_i)^2 ~ k^2 g^2 where k
-                    # separate steps add k g^2, and the row would learn ever slower. Sending
-                    # sum / sqrt(k) adds exactly k g^2 when the parts are equal; k = 1 is unchanged.
-                    step = step / updates[in_module].clamp(min=1).double().sqrt().to(step.dtype).unsqueeze(1)
-                table_index = torch.tensor([t.table_index for t in g.tables])[tables[in_module]]
-                apply_row_grads(self._emb_modules[module_index].emb_module, table_index, rows[in_module], step)
-        g.versions.index_add_(0, g.local_index(ids), updates)
+        for module_index in g.modules:
+            tbe = self._emb_modules[module_index].emb_module
+            step, mine_rows, mine_tables = grads, rows, tables
+            mine_updates = updates
+            if len(g.modules) > 1:
+                mine = (g.table_module.index_select(0, tables) == module_index).nonzero().flatten()
+                step, mine_rows = grads.index_select(0, mine), rows.index_select(0, mine)
+                mine_tables, mine_updates = tables.index_select(0, mine), updates.index_select(0, mine)
+            if optimizer_kind(tbe) != "sgd":
+                # k held-back gradients g_i arrive as their sum. Adagrad-family state adds the
+                # square of what it is given: the sum would add (sum g_i)^2 ~ k^2 g^2 where k
+                # separate steps add k g^2, and the row would learn ever slower. Sending
+                # sum / sqrt(k) adds exactly k g^2 when the parts are equal; k = 1 is unchanged.
+                step = step / mine_updates.clamp(min=1).double().sqrt().to(step.dtype).unsqueeze(1)
+            apply_rows(tbe, g.kernel_table.index_select(0, mine_tables), mine_rows, step)
+        g.versions.index_add_(0, g.local_index_of(ids), updates)
         g.stats.add_mass("grad_applied", tables, grads)
 
 
 class _HetPooling(torch.autograd.Function):
-    """Pools the bags from the rows read this step; its backward runs the write path."""
+    """Pools the bags from the rows read this step (one ``embedding_bag`` per group) into the
+    lookup's output; its backward turns the output's gradient into row gradients (one more
+    ``embedding_bag``, over the bags' gradients) and runs the write path."""
 
     @staticmethod
     def forward(ctx, anchor, lookup, reads, batch):  # noqa: ARG004
         ctx.lookup, ctx.reads, ctx.batch = lookup, reads, batch
-        blocks = {}
+        if lookup._single:
+            return _pool(lookup.groups[0], reads[0], batch)
+        out = torch.empty(batch, lookup._width)
         for g, read in zip(lookup.groups, reads):
-            pooled = _pool(g, read, batch)
-            blocks.update(zip(g.features, pooled.unbind(0)))
-        if not blocks:
-            return torch.empty(batch, 0)
-        return torch.cat([blocks[f] for f in lookup._features], dim=1)
+            out.index_copy_(1, g.columns, _pool(g, read, batch))
+        return out
 
     @staticmethod
     def backward(ctx, grad_output):
-        lookup, reads = ctx.lookup, ctx.reads
-        columns, start = {}, 0
-        dims = {f: g.dim for g in lookup.groups for f in g.features}
-        for feature in lookup._features:
-            columns[feature] = grad_output[:, start : start + dims[feature]]
-            start += dims[feature]
-        row_grads = [
-            _row_grads(g, read, torch.stack([columns[f] for f in g.features])) for g, read in zip(lookup.groups, reads)
-        ]
-        lookup.write_back(reads, row_grads)
+        lookup, reads, batch = ctx.lookup, ctx.reads, ctx.batch
+        grads = []
+        for g, read in zip(lookup.groups, reads):
+            block = grad_output if lookup._single else grad_output.index_select(1, g.columns)
+            grads.append(_row_grads(g, read, block, batch))
+        lookup.write_back(reads, grads)
         return None, None, None, None
 
 
+def _bag_offsets(lengths: torch.Tensor) -> torch.Tensor:
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    torch.cumsum(lengths.reshape(-1), 0, out=offsets[1:])
+    return offsets
+
+
 def _pool(g: HetGroup, read: _Read, batch: int) -> torch.Tensor:
-    """[F, B, dim] pooled bags of the group's features."""
-    bags = torch.repeat_interleave(torch.arange(read.lengths.numel()), read.lengths)
-    values = read.rows[read.inverse]
-    if read.weights is not None:
-        values = values * read.weights.unsqueeze(1)
-    pooled = torch.zeros(read.lengths.numel(), g.dim).index_add_(0, bags, values)
-    return (pooled / g.bag_divisors(read.lengths, batch)).view(len(g.features), batch, g.dim)
+    """``[batch, features * dim]`` pooled bags of the group's features."""
+    pooled = F.embedding_bag(
+        read.inverse, read.rows, _bag_offsets(read.lengths), mode="sum", per_sample_weights=read.weights,
+        include_last_offset=True,
+    ).view(len(g.features), batch, g.dim)
+    if g.has_mean:
+        pooled = pooled / g.bag_divisors_of(read.lengths)
+    return pooled.transpose(0, 1).reshape(batch, -1)
 
 
-def _row_grads(g: HetGroup, read: _Read, grad: torch.Tensor) -> torch.Tensor:
-    """Gradient of every distinct row from the gradient [F, B, dim] of the group's pooled bags."""
-    batch = grad.size(1)
-    bag_grad = grad.reshape(-1, g.dim) / g.bag_divisors(read.lengths, batch)
-    per_value = bag_grad[torch.repeat_interleave(torch.arange(read.lengths.numel()), read.lengths)]
-    if read.weights is not None:
-        per_value = per_value * read.weights.unsqueeze(1)
-    return torch.zeros(read.uniq.numel(), g.dim).index_add_(0, read.inverse, per_value)
+def _row_grads(g: HetGroup, read: _Read, grad: torch.Tensor, batch: int) -> torch.Tensor:
+    """Gradient of every distinct row from the ``[batch, features * dim]`` gradient of the group's
+    pooled bags: each row sums the (weighted) gradients of the bags it was read into."""
+    bag_grads = grad.reshape(batch, len(g.features), g.dim).transpose(0, 1)
+    if g.has_mean:
+        bag_grads = bag_grads / g.bag_divisors_of(read.lengths)
+    bag_grads = bag_grads.reshape(-1, g.dim)
+    lengths = read.lengths.reshape(-1)
+    bag_of_id = torch.repeat_interleave(torch.arange(lengths.numel()), lengths, output_size=read.inverse.numel())
+    weights = read.weights.index_select(0, read.by_row) if read.weights is not None else None
+    return F.embedding_bag(
+        bag_of_id.index_select(0, read.by_row), bag_grads, _bag_offsets(read.uses), mode="sum",
+        per_sample_weights=weights, include_last_offset=True,
+    )
+
+
+def _grouped_with_header(rows: torch.Tensor, per_rank: torch.Tensor, header: torch.Tensor) -> torch.Tensor:
+    """Flat ``[header[0], rows of rank 0..., header[1], rows of rank 1..., ...]`` (rows grouped by rank)."""
+    dim = rows.size(1) if rows.dim() == 2 else 0
+    sizes = 1 + per_rank * dim
+    out = torch.empty(int(rows.numel()) + per_rank.numel(), dtype=torch.float32)
+    starts = torch.cumsum(sizes, 0) - sizes
+    is_header = torch.zeros(out.numel(), dtype=torch.bool)
+    is_header[starts] = True
+    out[starts] = header
+    out[~is_header] = rows.reshape(-1).float()
+    return out
+
+
+def _split_header(received: torch.Tensor, per_rank: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`_grouped_with_header`: (the header word of each rank as int64, ``[rows, dim]``)."""
+    sizes = 1 + per_rank * dim
+    starts = torch.cumsum(sizes, 0) - sizes
+    is_header = torch.zeros(received.numel(), dtype=torch.bool)
+    is_header[starts] = True
+    header = received[starts].view(torch.int32).long()
+    return header, received[~is_header].view(-1, dim)

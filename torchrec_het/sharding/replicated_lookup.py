@@ -179,30 +179,55 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
 
 
 class _ReplicatedPooling(torch.autograd.Function):
-    """Finishes the bags (weights, mean) into the lookup's output; its backward runs the write path."""
+    """Finishes the bags (weights, mean) into the lookup's output; its backward runs the write path.
+
+    Blocks are placed by input position, not by feature name: a feature that feeds two
+    tables appears twice in the lookup's input and output.
+    """
 
     @staticmethod
     def forward(ctx, anchor, lookup, steps, pooled, batch):  # noqa: ARG004
         ctx.lookup, ctx.steps, ctx.batch = lookup, steps, batch
-        blocks = {}
-        for g, step, sums in zip(lookup.groups, steps, pooled):
+        blocks = [None] * len(lookup._features)
+        for g, step, sums, at in zip(lookup.groups, steps, pooled, feature_positions(lookup)):
             out = (sums / g.bag_divisors(step.lengths, batch)).view(len(g.features), batch, g.dim)
-            blocks.update(zip(g.features, out.unbind(0)))
+            for position, block in zip(at, out.unbind(0)):
+                blocks[position] = block
         if not blocks:
             return torch.empty(batch, 0)
-        return torch.cat([blocks[f] for f in lookup._features], dim=1)
+        return torch.cat(blocks, dim=1)
 
     @staticmethod
     def backward(ctx, grad_output):
         lookup, steps, batch = ctx.lookup, ctx.steps, ctx.batch
-        columns, start = {}, 0
-        dims = {f: g.dim for g in lookup.groups for f in g.features}
-        for feature in lookup._features:
-            columns[feature] = grad_output[:, start : start + dims[feature]]
-            start += dims[feature]
+        positions = feature_positions(lookup)
+        dims = [0] * len(lookup._features)
+        for g, at in zip(lookup.groups, positions):
+            for position in at:
+                dims[position] = g.dim
+        columns = grad_output.split(dims, dim=1)
         bag_grads = [
-            torch.stack([columns[f] for f in g.features]).reshape(-1, g.dim) / g.bag_divisors(step.lengths, batch)
-            for g, step in zip(lookup.groups, steps)
+            torch.stack([columns[p] for p in at]).reshape(-1, g.dim) / g.bag_divisors(step.lengths, batch)
+            for g, step, at in zip(lookup.groups, steps, positions)
         ]
         lookup.write_back(steps, bag_grads)
         return None, None, None, None, None
+
+
+def feature_positions(lookup) -> list[list[int]]:
+    """Per group of ``lookup``, the input position of each of its features (in the group's order).
+
+    The input lists the features of the lookup's grouped configs' tables one after the
+    other (the sharding's ``feature_names()``), so a feature shared by two tables has
+    two positions.
+    """
+    cached = getattr(lookup, "_feature_positions", None)
+    if cached is None:
+        at, position = {}, 0
+        for config in lookup.grouped_configs:
+            for table in config.embedding_tables:
+                at[table.name] = list(range(position, position + len(table.feature_names)))
+                position += len(table.feature_names)
+        cached = [[p for t in g.tables for p in at[t.name]] for g in lookup.groups]
+        lookup._feature_positions = cached
+    return cached

@@ -39,6 +39,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
 from torchrec_het.sharding.replica_group import ReplicaGroup
+from torchrec_het.sharding.replicated_lookup import feature_positions
 from torchrec_het.sharding.replica_writes import ReplicaWrites
 
 
@@ -94,7 +95,7 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
             rows.append(self._read(g, step))
         self.stats["steps"] += 1
         self.stats["skipped_steps"] += int(not any(s.exchanged for s in steps))
-        counts = dict(zip(sparse_features.keys(), sparse_features.length_per_key()))
+        counts = sparse_features.length_per_key()  # by input position (a shared feature has two)
         return _SequenceRows.apply(self._anchor, self, steps, rows, counts)
 
     def _plan(self, g: ReplicaGroup, by_feature) -> _Step:
@@ -154,25 +155,33 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
 
 
 class _SequenceRows(torch.autograd.Function):
-    """Lays the groups' rows out in the input's key order (the lookup's output); its backward runs the write path."""
+    """Lays the groups' rows out in the input's key order (the lookup's output); its backward runs the write path.
+
+    Blocks are placed by input position, not by feature name: a feature that feeds two
+    tables appears twice in the lookup's input and output.
+    """
 
     @staticmethod
     def forward(ctx, anchor, lookup, steps, rows, counts):  # noqa: ARG004
         ctx.lookup, ctx.steps, ctx.counts = lookup, steps, counts
-        blocks = {}
-        for g, group_rows in zip(lookup.groups, rows):
-            blocks.update(zip(g.features, group_rows.split([counts[f] for f in g.features])))
+        blocks = [None] * len(counts)
+        for g, group_rows, at in zip(lookup.groups, rows, feature_positions(lookup)):
+            for position, block in zip(at, group_rows.split([counts[p] for p in at])):
+                blocks[position] = block
         if not blocks:
             return torch.empty(0)
-        return torch.cat([blocks[f].reshape(-1) for f in counts])
+        return torch.cat([block.reshape(-1) for block in blocks])
 
     @staticmethod
     def backward(ctx, grad_output):
         lookup, steps, counts = ctx.lookup, ctx.steps, ctx.counts
-        dims = {f: g.dim for g in lookup.groups for f in g.features}
-        parts = grad_output.split([counts[f] * dims[f] for f in counts])
-        by_feature = {f: part.view(-1, dims[f]) for f, part in zip(counts, parts)}
-        position_grads = [torch.cat([by_feature[f] for f in g.features]).float() for g in lookup.groups]
+        positions = feature_positions(lookup)
+        dims = [0] * len(counts)
+        for g, at in zip(lookup.groups, positions):
+            for position in at:
+                dims[position] = g.dim
+        parts = [part.view(-1, dim) for part, dim in zip(grad_output.split([c * d for c, d in zip(counts, dims)]), dims)]
+        position_grads = [torch.cat([parts[p] for p in at]).float() for at in positions]
         lookup.write_back(steps, position_grads)
         return None, None, None, None, None
 
