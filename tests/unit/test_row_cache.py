@@ -321,7 +321,12 @@ def test_random_workload_matches_the_model_and_loses_no_gradient(policy, dtype, 
         missing = ids[~cached]
         rows = torch.randn(missing.numel(), dim, generator=gen, dtype=dtype)
         versions = torch.randint(0, 100, (missing.numel(),), generator=gen)
-        new_slots, dirty, evicted = cache.insert(missing, rows, versions, step, protect=slots[cached])
+        if step % 2:  # as the lookup does it: shortfall read with its own data, slots first, rows later
+            rescan = bool(cache.shortfall(missing, slots[cached]))
+            new_slots, dirty, evicted = cache.reserve(missing, versions, step, slots[cached], check=False, rescan=rescan)
+            cache.fill(new_slots, rows)
+        else:
+            new_slots, dirty, evicted = cache.insert(missing, rows, versions, step, protect=slots[cached])
         want_slots, want_dirty, want_evicted = model.insert(
             missing.tolist(), rows, versions.tolist(), step, set(slots[cached].tolist())
         )

@@ -210,26 +210,29 @@ class RowCache:
         old = self._candidates[~partitions[self._partition_of_slot(self._candidates)]]
         self._candidates = torch.cat([old, slots[kept]])
 
-    def _victims(self, wanted: torch.Tensor, protected: torch.Tensor, protect_count: torch.Tensor) -> torch.Tensor:
+    def _usable(self, protected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(partition, key, position in the candidates) of every candidate that may go now."""
+        cand = self._candidates
+        part = self._partition_of_slot(cand)
+        keys = self._keys(cand)
+        live = self._before_bound(keys, cand, part)
+        self._candidates, part, keys = cand[live], part[live], keys[live]  # the others never order first again
+        ok = (~protected[self._candidates]).nonzero().flatten()
+        return part[ok], keys[ok], ok
+
+    def _victims(
+        self, wanted: torch.Tensor, protected: torch.Tensor, protect_count: torch.Tensor, rescan: bool | None
+    ) -> torch.Tensor:
         """``wanted[p]`` eligible victims of each partition (never a slot marked in the bool mask
-        ``protected``), grouped by partition, in eviction order; they leave the candidates."""
-
-        def usable():
-            cand = self._candidates
-            part = self._partition_of_slot(cand)
-            keys = self._keys(cand)
-            live = self._before_bound(keys, cand, part)
-            self._candidates, part, keys = cand[live], part[live], keys[live]  # the others never order first again
-            ok = (~protected[self._candidates]).nonzero().flatten()
-            return part[ok], keys[ok], ok
-
-        part, keys, ok = usable()
+        ``protected``), grouped by partition, in eviction order; they leave the candidates.
+        ``rescan``: whether some partition has too few candidates (None: find out, a host sync)."""
+        part, keys, ok = self._usable(protected)
         found = torch.bincount(part, minlength=wanted.numel())
         short = found < wanted
-        if bool(short.any()):
+        if bool(short.any()) if rescan is None else rescan:
             keep = wanted * self.CANDIDATES_PER_VICTIM + protect_count + self.MIN_CANDIDATES
             self._rescan(short, keep)
-            part, keys, ok = usable()
+            part, keys, ok = self._usable(protected)
             found = torch.bincount(part, minlength=wanted.numel())
         order = torch.sort(self._candidates[ok]).indices  # ties of both keys go to the smallest slot
         order = order[torch.sort(keys[order], stable=True).indices]
@@ -292,10 +295,13 @@ class RowCache:
         step: int,
         protect: torch.Tensor | None = None,
         check: bool = True,
+        rescan: bool | None = None,
     ) -> tuple[torch.Tensor, PendingRows, torch.Tensor]:
         """:meth:`insert` without the values: the slots are taken, their rows come with :meth:`fill`.
 
         Lets a caller evict (and push what the victims held) before the new rows arrive.
+        ``rescan``: what :meth:`shortfall` said for these ids and ``protect`` (read to the host
+        with the caller's own data); None finds out here, with a host sync.
         """
         n = ids.numel()
         if versions.shape != (n,):
@@ -308,17 +314,11 @@ class RowCache:
         result = torch.full((n,), -1, dtype=torch.int64)
         if n == 0 or self.capacity == 0:
             return result, PendingRows.empty(self.dim, self.values.dtype), ids[:0].to(torch.int64)
-        partitions = self.partition_capacity.numel()
-        partition = self.partition_of(ids)
-        wanted = torch.bincount(partition, minlength=partitions)
-        free = torch.minimum(wanted, self.partition_capacity - self._filled)
-        protect = torch.unique(protect[protect >= 0]) if protect is not None else ids[:0].long()
+        partition, wanted, free, protect, protect_count, evictable = self._demand(ids, protect)
         protected = self._protected  # a scratch mask, all False between calls
         protected[protect] = True
-        protect_count = torch.bincount(self._partition_of_slot(protect), minlength=partitions)
-        evictable = torch.minimum(wanted - free, self._filled - protect_count)
         try:
-            victims = self._victims(evictable, protected, protect_count)
+            victims = self._victims(evictable, protected, protect_count, rescan)
         finally:
             protected[protect] = False
         free_slots = _ranges(self.slot_starts[:-1] + self._filled, free)
@@ -346,6 +346,32 @@ class RowCache:
         early = self._before_bound(self._keys(slots), slots, self._partition_of_slot(slots))
         self._candidates = torch.cat([self._candidates, slots[early]])  # e.g. LFU's fresh rows
         return result, dirty, evicted_ids
+
+    def _demand(self, ids: torch.Tensor, protect: torch.Tensor | None):
+        """(partition of each id, ids wanted, free slots granted, distinct protected slots and their
+        count, victims wanted) per partition."""
+        partitions = self.partition_capacity.numel()
+        partition = self.partition_of(ids)
+        wanted = torch.bincount(partition, minlength=partitions)
+        free = torch.minimum(wanted, self.partition_capacity - self._filled)
+        protect = torch.unique(protect[protect >= 0]) if protect is not None else ids[:0].long()
+        protect_count = torch.bincount(self._partition_of_slot(protect), minlength=partitions)
+        evictable = torch.minimum(wanted - free, self._filled - protect_count)
+        return partition, wanted, free, protect, protect_count, evictable
+
+    def shortfall(self, ids: torch.Tensor, protect: torch.Tensor | None = None) -> torch.Tensor:
+        """Whether caching ``ids`` (never evicting ``protect``) needs a rescan of some partition's
+        slots: a 0-d bool tensor, for callers that read it with their own data (see :meth:`reserve`)."""
+        if ids.numel() == 0 or self.capacity == 0:
+            return torch.zeros((), dtype=torch.bool)
+        _, _, _, protect, _, evictable = self._demand(ids, protect)
+        protected = self._protected
+        protected[protect] = True
+        try:
+            part, _, _ = self._usable(protected)
+        finally:
+            protected[protect] = False
+        return (torch.bincount(part, minlength=evictable.numel()) < evictable).any()
 
     def _evict(self, slots: torch.Tensor) -> PendingRows:
         """Frees occupied slots (about to be refilled); returns those that held pending updates."""

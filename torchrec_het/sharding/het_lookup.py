@@ -307,9 +307,12 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         rows_in = torch.bincount(dest[brings], minlength=ws)
         # Slots for the missing rows are taken now, so this step's pushes are known before the rows come.
         missing = (brings & (slots < 0)).nonzero().flatten()
+        missing_ids, in_use = ids.index_select(0, missing), read.slots[read.slots >= 0]
+        shortfall = cache.shortfall(missing_ids, in_use)
+        *splits, rescan = torch.cat([rows_out, rows_in, shortfall.view(1)]).tolist()  # one host sync
+        send_rows, recv_rows = splits[:ws], splits[ws:]
         new_slots, dirty, evicted = cache.reserve(
-            ids.index_select(0, missing), replies.index_select(0, missing), step,
-            protect=read.slots[read.slots >= 0], check=False,
+            missing_ids, replies.index_select(0, missing), step, protect=in_use, check=False, rescan=bool(rescan)
         )
         read.slots.index_copy_(0, asked.index_select(0, missing), new_slots)
         read.uncached = read.remote.index_select(0, asked.index_select(0, missing[new_slots < 0]))
@@ -320,7 +323,6 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         self._plan_push(index, g, read, writes)
         header = read.push_counts.to(torch.int32).view(torch.float32)  # one word per rank: pushes it will get
         payload = _grouped_with_header(self._read_owned(g, requests[sends, 0]), rows_out, header)
-        send_rows, recv_rows = torch.stack([rows_out, rows_in]).tolist()
         received = exchange_flat(payload, [1 + r * dim for r in send_rows], [1 + r * dim for r in recv_rows], self._pg)
         read.pull_counts, rows = _split_header(received, rows_in, dim)
         self._settle(g, read, asked, slots, replies, brings, rows, new_slots, missing, step)
