@@ -18,7 +18,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders.replicated_module import ReplicatedModule
+from torchrec_het.sharders.het import REPLICATION_KEY, _pipelined, _without_settings
 from torchrec_het.sharding.replicated_sequence import RowReplicatedSequenceEmbeddingSharding, RowReplicatedSequenceLookup
+from torchrec_het.sharding.replicated_sequences import PipelinedRowReplicatedSequenceSharding, ReplicatedSequenceLookup
 from torchrec_het.sharding.validate import check_features
 from torchrec_het.types import HET_ROW_REPLICATED
 
@@ -65,6 +67,7 @@ class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection
             if sharding.sharding_type == HET_ROW_REPLICATED and kernel != EmbeddingComputeKernel.FUSED.value:
                 raise ValueError(f"table {name!r}: het_row_replicated needs the fused kernel, planned {kernel!r}")
         replication.check_tables({t.name: t.num_embeddings for t in module.embedding_configs()})
+        kwargs["fused_params"] = {**(kwargs.get("fused_params") or {}), REPLICATION_KEY: replication}
         super().__init__(*args, **kwargs)
         self._rows_of_feature = {
             feature: config.num_embeddings for config in self._embedding_configs for feature in config.feature_names
@@ -75,6 +78,12 @@ class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection
 
     @classmethod
     def create_embedding_sharding(cls, sharding_type, sharding_infos, env, device=None, qcomm_codecs_registry=None):
+        sharding_infos, replication = _without_settings(sharding_infos)
+        replication = replication if replication is not None else ReplicationConfig()
+        if sharding_type == HET_ROW_REPLICATED and _pipelined(replication, sharding_infos):
+            return PipelinedRowReplicatedSequenceSharding(
+                sharding_infos, env, replication, device, qcomm_codecs_registry=qcomm_codecs_registry
+            )
         if sharding_type == HET_ROW_REPLICATED:
             return RowReplicatedSequenceEmbeddingSharding(
                 sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
@@ -90,8 +99,10 @@ class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection
             check_features(features, self._rows_of_feature)
         return super().input_dist(ctx, features)
 
-    def replicated_lookups(self) -> list[RowReplicatedSequenceLookup]:
-        return [lookup for lookup in self._lookups if isinstance(lookup, RowReplicatedSequenceLookup)]
+    def replicated_lookups(self) -> list:
+        return [
+            lookup for lookup in self._lookups if isinstance(lookup, (RowReplicatedSequenceLookup, ReplicatedSequenceLookup))
+        ]
 
 
 class HetEmbeddingCollectionSharder(EmbeddingCollectionSharder):

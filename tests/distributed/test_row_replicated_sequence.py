@@ -41,6 +41,18 @@ def test_with_hot_rows_matches_unsharded_and_replicas_agree(world: list[dict], c
     assert sum(r[case]["per_host_held"] for r in world) > 0  # one rank per host: held away from their owners
 
 
+@pytest.mark.parametrize("case", [f"{o}/replicated8" for o in sorted(OPTIMIZERS)])
+def test_the_pipelined_lookup_matches_unsharded_and_replicas_agree(world: list[dict], case: str) -> None:
+    for rank, errors in enumerate(world):
+        errors = errors[case]
+        assert errors["out_rep_vs_unsharded"] < TOLERANCE, (rank, errors)
+        assert errors["weights_rep_vs_unsharded"] < TOLERANCE, (rank, errors)
+        assert errors["replica_disagreement"] == 0.0, (rank, errors)
+        assert errors["stats"]["sparse_syncs"] >= 5, (rank, errors["stats"])  # replicated rows combined every step
+        assert errors["fetched"] <= errors["distinct_remote"], (rank, errors)  # replicated rows are read locally
+    assert sum(r[case]["fetched"] for r in world) < sum(r[case]["distinct_remote"] for r in world)
+
+
 def test_a_stock_row_wise_table_in_the_same_ec_trains_exactly_too(world: list[dict]) -> None:
     for rank, results in enumerate(world):
         errors = results["mixed"]

@@ -39,9 +39,9 @@ class Exchange:
 class _Send(torch.autograd.Function):
     @staticmethod
     def forward(ctx, exchange: Exchange, send: torch.Tensor):
-        ctx.exchange, ctx.dtype = exchange, send.dtype
+        ctx.exchange, ctx.dtype, ctx.shape = exchange, send.dtype, send.shape
         exchange.work, exchange.received = exchange._start(
-            send.detach().to(exchange.wire), exchange.send_splits, exchange.recv_splits
+            send.detach().reshape(-1).to(exchange.wire), exchange.send_splits, exchange.recv_splits
         )
         return torch.empty(0, device=send.device, dtype=send.dtype)
 
@@ -50,7 +50,7 @@ class _Send(torch.autograd.Function):
         exchange = ctx.exchange
         if exchange.grad_work is not None:
             exchange.grad_work.wait()
-        return None, exchange.grad_sent.to(ctx.dtype)
+        return None, exchange.grad_sent.to(ctx.dtype).view(ctx.shape)
 
 
 class _Receive(torch.autograd.Function):
@@ -73,7 +73,8 @@ class _Receive(torch.autograd.Function):
 def start_exchange(
     send: torch.Tensor, send_splits: list[int], recv_splits: list[int], pg, wire: torch.dtype, local_only: bool
 ) -> Exchange:
-    """Starts sending ``send`` (1-D, segments by destination); differentiable through ``wait()``."""
+    """Starts sending ``send`` (flattened: segments by destination); ``wait()`` returns a flat
+    tensor and is differentiable."""
     exchange = Exchange(send_splits, recv_splits, pg, wire, local_only, dist.get_rank(pg))
     exchange.dummy = _Send.apply(exchange, send)
     return exchange

@@ -31,16 +31,12 @@ from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSparseFeaturesDist
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import Awaitable, ShardingType
-from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
-from torchrec_het.replication.tiers import hottest_rows
+from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.exchange_async import Exchange, start_exchange
-from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
-from torchrec_het.sharding.replica_group import ReplicaGroup
-from torchrec_het.sharding.replica_store import ReplicaBlock, optimizer_name, owned_rows, pool_hot, state_width, step_rows
-from torchrec_het.sharding.row_optim import _layout as row_layout
+from torchrec_het.sharding.replica_holder import IdLayout, OwnerRows, ReplicaHolder
+from torchrec_het.sharding.replica_store import pool_hot
 
 STEP_ATTR = "_het_replicated_step"  # where the input dist leaves a batch's bookkeeping on its KJT
 
@@ -62,71 +58,6 @@ class _Batch:
     received: torch.Tensor | None = None  # owner: int32 [ids, 2 or 3] (bag, row, weight bits), by source
     hot_pooled: list | None = None
     partials: torch.Tensor | None = None
-
-
-class BagLayout:
-    """Static indexes of a sharding's features, built once: one id space over every table.
-
-    Positions are the sharding's features in order (a feature shared by two tables has two
-    positions). Table t's row r is id ``base[t] + r``; ids of one width are contiguous, so
-    the ids of a :class:`ReplicaGroup` (one width) are ``group_base[g] + its fused ids``.
-    """
-
-    def __init__(self, groups: list[ReplicaGroup], positions: list[tuple[int, int]], dims: list[int], mean: list[bool], world_size: int):
-        self.groups, self.world_size = groups, world_size
-        sizes = torch.tensor([int(g.offsets[-1]) for g in groups], dtype=torch.int64)
-        self.group_base = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(sizes, 0)[:-1]])
-        # per position: its group and fused offset of its table
-        self.position_group = torch.tensor([g for g, _ in positions], dtype=torch.int64)
-        self.position_base = torch.tensor(
-            [int(self.group_base[g]) + int(groups[g].offsets[t]) for g, t in positions], dtype=torch.int64
-        )
-        self.num_positions = len(positions)
-        self.dims = torch.tensor(dims, dtype=torch.int64)
-        self.columns = torch.cumsum(self.dims, 0) - self.dims
-        self.width = int(self.dims.sum())
-        self.uniform_dim = dims[0] if dims and all(d == dims[0] for d in dims) else None
-        self.mean = torch.tensor(mean, dtype=torch.bool)
-        self.has_mean = bool(self.mean.any())
-        self.column_position = torch.repeat_interleave(torch.arange(len(dims)), self.dims)
-        self.owner_ends = torch.cat([self.group_base[i] + g.owner_ends for i, g in enumerate(groups)])
-        self.bucket_start = torch.cat([torch.zeros(1, dtype=torch.int64), self.owner_ends[:-1]])
-        self.total_rows = int(sizes.sum())
-        self.set_hot(groups)
-
-    def to(self, device: torch.device) -> "BagLayout":
-        """Moves every index to ``device`` (where the batches arrive)."""
-        self.device = device
-        for name, value in vars(self).items():
-            if isinstance(value, torch.Tensor):
-                setattr(self, name, value.to(device))
-        return self
-
-    def set_hot(self, groups: list[ReplicaGroup]) -> None:
-        """Takes the hot rows of ``groups`` (same tables and widths; after an online profile)."""
-        self.groups = groups
-        self.hot_version = getattr(self, "hot_version", -1) + 1
-        hot = [self.group_base[i] + g.hot for i, g in enumerate(groups)]
-        self.hot_ids = torch.cat([torch.zeros(0, dtype=torch.int64)] + hot)
-        counts = torch.tensor([h.numel() for h in hot], dtype=torch.int64)
-        self.hot_start = torch.cumsum(counts, 0) - counts
-        self.hot_group_ends = torch.cumsum(counts, 0)
-        if getattr(self, "device", None) is not None:
-            self.to(self.device)
-
-    def route(self, ids: torch.Tensor):
-        """(hot position in ``hot_ids`` or -1, owner rank, row in the owner's shard) of global ids."""
-        is_hot, pos = members(self.hot_ids, ids)
-        bucket = torch.bucketize(ids, self.owner_ends, right=True)
-        return torch.where(is_hot, pos, -1), bucket % self.world_size, ids - self.bucket_start[bucket]
-
-    def elements(self, rows: torch.Tensor, positions: torch.Tensor, row_width: int) -> torch.Tensor:
-        """Flat indexes of the blocks (row, position) in a ``[*, width]`` matrix, for mixed widths."""
-        widths = self.dims[positions]
-        start = rows * row_width + self.columns[positions]
-        first = torch.repeat_interleave(torch.cumsum(widths, 0) - widths, widths)
-        base = torch.repeat_interleave(start, widths)
-        return base + torch.arange(base.numel(), device=base.device) - first
 
 
 class _Splits(Awaitable[Awaitable[KeyedJaggedTensor]]):
@@ -175,7 +106,7 @@ class _Ids(Awaitable[KeyedJaggedTensor]):
 class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
     """Keeps hot ids on the reader and sends every other id to its owner."""
 
-    def __init__(self, layout: BagLayout, feature_names: list[str], pg, device):
+    def __init__(self, layout: IdLayout, feature_names: list[str], pg, device):
         super().__init__()
         self.layout, self.feature_names, self.pg = layout, feature_names, pg
         self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
@@ -240,7 +171,7 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         )
 
 
-class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
+class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
     """The owner pools received ids with its fused kernels; the reader pools hot ids from replicas.
 
     Args:
@@ -255,129 +186,13 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
 
     def __init__(self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None):
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env)
-        self._pg = pg
-        self._rank, self._ws = dist.get_rank(pg), dist.get_world_size(pg)
-        self._config = config
-        self._wire = WIRE_DTYPES[config.wire_dtype]
-        self._features = list(feature_names)
-        self._device = device if device is not None else torch.device("cpu")
-        ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(self._ws))
-        self._sync_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True)
-        self._tables, tiers = self._table_infos(config, shards_by_table)
-        self._groups = self._replica_groups(tiers)
-        if any(g.host.numel() for g in self._groups):
-            raise NotImplementedError("the pipelined het_row_replicated path has no per-host tier")
-        self.layout = self._bag_layout().to(self._device)
-        self._blocks = [self._block(g) for g in self._groups]
-        online = config.tiers is None and config.online_profile_steps > 0
-        self._online_left = config.online_profile_steps if online else 0
-        self._online_counts = torch.zeros(self.layout.total_rows, dtype=torch.int64, device=self._device) if online else None
-        self._owner = OwnerRows.of(self) if self.layout.uniform_dim is not None else None
-        self._needs_refresh = True
-        self._refreshed_version = -1
-        self._anchor = torch.zeros(1, device=self._device, requires_grad=True)
-        self.stats = {"steps": 0, "skipped_steps": 0, "sparse_syncs": 0, "dense_syncs": 0}
+        self.init_holder(pg, feature_names, config, shards_by_table, device)
         self.last_batch: _Batch | None = None
-
-    def _table_infos(self, config: ReplicationConfig, shards_by_table):
-        """Per width: the tables (in the sharding's order) and their tiers; and (width, table) per position."""
-        by_dim: dict[int, list] = {}
-        self._positions: list[tuple[int, str]] = []  # (width, table name) per position
-        for module_index, group in enumerate(self.grouped_configs):
-            for table_index, table in enumerate(group.embedding_tables):
-                info = TableInfo(
-                    name=table.name,
-                    features=tuple(table.feature_names),
-                    num_rows=table.num_embeddings,
-                    row_starts=row_starts_from_shards(shards_by_table[table.name], self._ws, table.name),
-                    module_index=module_index,
-                    table_index=table_index,
-                    mean=table.pooling == PoolingType.MEAN,
-                    learning_rate=0.0,
-                )
-                by_dim.setdefault(table.embedding_dim, []).append(info)
-                self._positions += [(table.embedding_dim, table.name)] * len(table.feature_names)
-        tiers = {t.name: config.table_tiers(t.name, t.num_rows) for infos in by_dim.values() for t in infos}
-        return by_dim, tiers
-
-    def _replica_groups(self, tiers: dict[str, tuple]) -> list[ReplicaGroup]:
-        local_ws = self._config.ranks_per_host(self._ws)
-        return [
-            ReplicaGroup(infos, [tiers[t.name] for t in infos], dim, self._rank, self._ws, local_ws)
-            for dim, infos in self._tables.items()
-        ]
-
-    def _bag_layout(self) -> BagLayout:
-        table_pos = {t.name: (gi, ti) for gi, g in enumerate(self._groups) for ti, t in enumerate(g.tables)}
-        positions = [table_pos[name] for _, name in self._positions]
-        mean = [self._groups[g].tables[t].mean for g, t in positions]
-        return BagLayout(self._groups, positions, [d for d, _ in self._positions], mean, self._ws)
-
-    def observe(self, ids: torch.Tensor) -> None:
-        """From the input dist: moves started replica syncs on (their gradients' all-reduce
-        overlaps this batch's ids); while the online profile runs, counts the ids, and after
-        the last counted batch every rank's counts choose the hot rows (one all-reduce)."""
-        for block in self._blocks:
-            block.advance()
-        if self._online_counts is None:
-            return
-        if self._online_left > 0:
-            self._online_counts.index_add_(0, ids, torch.ones_like(ids))
-            self._online_left -= 1
-            return
-        counts, self._online_counts = self._online_counts, None
-        dist.all_reduce(counts, group=self._pg)
-        config, tiers = self._config, {}
-        steps = config.online_profile_steps
-        empty = torch.zeros(0, dtype=torch.int64)
-        for g, base in zip(self._groups, self.layout.group_base.tolist()):  # once, at the end of the profile
-            for i, t in enumerate(g.tables):
-                reads = counts[base + int(g.offsets[i]) : base + int(g.offsets[i + 1])].double().cpu() / steps
-                tiers[t.name] = (hottest_rows(reads, 1.0 / config.replica_sync_every, config.online_max_hot_fraction), empty)
-        self._groups = self._replica_groups(tiers)
-        self.layout.set_hot(self._groups)
-        self._blocks = [self._block(g) for g in self._groups]
-        # replicas are copied from the owners at the first lookup of a batch routed with these rows:
-        # batches already in flight (pipelined) still update the owners' copies first
-        self.stats["online_hot_rows"] = self.stats.get("online_hot_rows", 0) + sum(g.hot.numel() for g in self._groups)
-
-    def _block(self, g: ReplicaGroup) -> ReplicaBlock:
-        kernels = [m.emb_module for m in self._emb_modules]
-        tables = g.table_of(g.hot)
-        module_of = torch.tensor([t.module_index for t in g.tables], dtype=torch.int64)
-        table_of = torch.tensor([t.table_index for t in g.tables], dtype=torch.int64)
-        names = {optimizer_name(kernels[t.module_index]) for t in g.tables}
-        if len(names) > 1:
-            raise ValueError(f"tables {[t.name for t in g.tables]} of width {g.dim} mix optimizers {sorted(names)}")
-        eps = torch.tensor([float(kernels[t.module_index].optimizer_args.eps) for t in g.tables])[tables]
-        mine = (g.owner_of(g.hot) == self._rank).nonzero().flatten()
-        owned = []
-        for module_index in torch.unique(module_of[tables[mine]]).tolist():  # once, at build
-            part = mine[module_of[tables[mine]] == module_index]
-            rows = g.local_rows(g.hot[part], tables[part])
-            owned.append(owned_rows(kernels[module_index], table_of[tables[part]], rows, part, g.dim))
-        return ReplicaBlock(
-            g.hot, g.dim, names.pop(), kernels, module_of[tables], eps, owned, self._config.replica_sync_every,
-            self._sync_pg, self._device,
-        )
-
-    @property
-    def groups(self) -> list[ReplicaGroup]:
-        return self._groups
-
-    def replica_nbytes(self) -> int:
-        return sum(b.nbytes() for b in self._blocks)
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         step: _Batch = getattr(sparse_features, STEP_ATTR)
-        if self._needs_refresh or step.hot_version > self._refreshed_version:
-            for block in self._blocks:
-                block.refresh()
-            self._needs_refresh = False
-            self._refreshed_version = step.hot_version
-        for block in self._blocks:
-            self.stats["sparse_syncs"] += int(block.wait())  # the previous step's replica sync
-        ws, batch, positions = self._ws, step.batch, self.layout.num_positions
+        self.begin_read(step.hot_version)
+        batch, positions = step.batch, self.layout.num_positions
         if self._owner is not None:  # one width: pool from the kernels' rows, update them in the backward
             step.partials = _OwnerPartials.apply(self._anchor, self._owner, step).reshape(-1)
         else:  # mixed widths: the kernels' own forward and fused backward over every bag
@@ -391,114 +206,16 @@ class ReplicatedBagLookup(GroupedPooledEmbeddingsLookup):
                 pool_hot(self._anchor, block, slots, bags, weights, positions * batch)
                 for block, (slots, bags, weights) in zip(self._blocks, step.hot)
             ]
-        self.stats["steps"] += 1
         self.stats["skipped_steps"] += int(step.local_only)
         self.last_batch = step
         return step.partials
 
-    def samples_read_here(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        """bool ``[batch]``: samples whose ids are all hot or owned here (they need no other rank)."""
-        if features.variable_stride_per_key():
-            raise ValueError("samples_read_here needs one batch size for every feature")
-        batch = features.stride()
-        lengths = features.lengths().long()
-        bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
-        hot_pos, owner, _ = self.layout.route(features.values().long() + self.layout.position_base[bags // batch])
-        remote = (hot_pos < 0) & (owner != self._rank)
-        return torch.bincount(bags[remote] % batch, minlength=batch) == 0
 
-    @torch.no_grad()
-    def flush(self) -> None:
-        """Applies held replica gradients (a collective); shards already hold current hot rows."""
-        for block in self._blocks:
-            self.stats["sparse_syncs"] += block.flush()
-        super().flush()
-
-    def purge(self) -> None:
-        """Replicas are copied from the (loaded) shards again at the next forward."""
-        for block in self._blocks:
-            block.wait()
-            block.pending.zero_()
-            block.steps_held = 0
-        self._needs_refresh = True
-        super().purge()
-
-
-class OwnerRows:
-    """Where the rows of one-width tables live in the owner's kernels, built once.
-
-    Per position: its kernel, the table's index there and the kernel row (of a
-    ``[rows, dim]`` view of the kernel's flat weights) where the table's shard starts.
-    """
-
-    def __init__(self, kernels, views, states, kinds, kernel_of, table_of, first_row, first_state, dim):
-        self.kernels, self.views, self.states, self.kinds, self.dim = kernels, views, states, kinds, dim
-        self.kernel_of, self.table_of, self.first_row, self.first_state = kernel_of, table_of, first_row, first_state
-
-    @classmethod
-    def of(cls, lookup: "ReplicatedBagLookup") -> "OwnerRows | None":
-        """None unless every kernel keeps fp32 rows of one width in one flat buffer, updatable row by row."""
-        dim = lookup.layout.uniform_dim
-        kernels = [m.emb_module for m in lookup._emb_modules]
-        views, states, kinds, kernel_of, table_of, first_row, first_state = [], [], [], [], [], [], []
-        for k, (kernel, config) in enumerate(zip(kernels, lookup.grouped_configs)):
-            layout = row_layout(kernel)
-            if layout is None or float(kernel.optimizer_args.weight_decay) != 0.0:
-                return None
-            flat = getattr(kernel, layout.weights).detach()
-            offsets = torch.tensor(list(kernel.weights_physical_offsets), dtype=torch.int64)
-            if flat.numel() % dim or bool((offsets % dim).any()):
-                return None
-            width = state_width(layout.kind, dim)
-            views.append(flat.view(-1, dim))
-            states.append(getattr(kernel, layout.state).detach().view(-1, width) if width else None)
-            kinds.append(layout.kind)
-            state_offsets = layout.state_offsets.cpu() if width else torch.zeros(len(config.embedding_tables), dtype=torch.int64)
-            for t, table in enumerate(config.embedding_tables):
-                count = len(table.feature_names)
-                kernel_of += [k] * count
-                table_of += [t] * count
-                first_row += [int(offsets[t]) // dim] * count
-                first_state += [int(state_offsets[t]) // max(width, 1)] * count
-        device = views[0].device
-        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
-        return cls(
-            kernels, views, states, kinds, as_tensor(kernel_of), as_tensor(table_of), as_tensor(first_row),
-            as_tensor(first_state), dim,
-        )
-
-    @torch.no_grad()
-    def step(self, k: int, positions: torch.Tensor, rows: torch.Tensor, view_rows: torch.Tensor, grads: torch.Tensor) -> None:
-        """Kernel ``k``'s optimizer step on its rows ``view_rows`` (repeats summed, each row stepped once)."""
-        if rows.numel() == 0:
-            return
-        uniq, inverse = torch.unique(view_rows, return_inverse=True)
-        grad = torch.zeros(uniq.numel(), self.dim, device=grads.device).index_add_(0, inverse, grads)
-        weights = self.views[k][uniq]
-        kernel, kind = self.kernels[k], self.kinds[k]
-        if self.states[k] is None:
-            step_rows(kind, weights, None, grad, kernel.learning_rate_tensor, 0.0)
-        else:
-            first = torch.empty_like(uniq).scatter_(0, inverse, torch.arange(rows.numel(), device=rows.device))
-            state_rows = self.first_state[positions[first]] + rows[first]
-            state = self.states[k][state_rows]
-            step_rows(kind, weights, state, grad, kernel.learning_rate_tensor, kernel.optimizer_args.eps)
-            self.states[k][state_rows] = state
-        self.views[k][uniq] = weights
-
-    def parts(self, step: _Batch):
-        """Per kernel: (positions of its received ids, their tables, their rows in the table's shard)."""
-        received, batch = step.received, step.batch
-        position = received[:, 0].long() // batch
-        rows = received[:, 1].long()
-        kernel = self.kernel_of[position]
-        for k in range(len(self.kernels)):
-            mine = (kernel == k).nonzero().flatten() if len(self.kernels) > 1 else torch.arange(rows.numel(), device=rows.device)
-            yield k, mine, position[mine], rows[mine], self.first_row[position[mine]] + rows[mine]
-
-    def weights_of(self, step: _Batch) -> torch.Tensor | None:
-        received = step.received
-        return received[:, 2].view(torch.float32) if received.size(1) > 2 else None
+def _received(step: _Batch):
+    """The owner's (positions, rows, weights or None) of the ids it received for bags."""
+    received = step.received
+    weights = received[:, 2].view(torch.float32) if received.size(1) > 2 else None
+    return received[:, 0].long() // step.batch, received[:, 1].long(), weights
 
 
 class _OwnerPartials(torch.autograd.Function):
@@ -507,24 +224,19 @@ class _OwnerPartials(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor, owner: OwnerRows, step: _Batch):  # noqa: ARG004
         ctx.owner, ctx.step = owner, step
-        weights = owner.weights_of(step)
-        partials = torch.zeros(step.served_entries.numel(), owner.dim, device=owner.views[0].device)
-        for k, mine, _, _, view_rows in owner.parts(step):
-            values = owner.views[k][view_rows]
-            if weights is not None:
-                values = values * weights[mine].unsqueeze(1)
-            partials.index_add_(0, step.served_inverse[mine], values)
-        return partials
+        position, rows, weights = _received(step)
+        values = owner.read(position, rows)
+        if weights is not None:
+            values = values * weights.unsqueeze(1)
+        partials = torch.zeros(step.served_entries.numel(), owner.dim, device=values.device)
+        return partials.index_add_(0, step.served_inverse, values)
 
     @staticmethod
     def backward(ctx, grad):
         owner, step = ctx.owner, ctx.step
-        weights = owner.weights_of(step)
-        for k, mine, positions, rows, view_rows in owner.parts(step):
-            grads = grad[step.served_inverse[mine]]
-            if weights is not None:
-                grads = grads * weights[mine].unsqueeze(1)
-            owner.step(k, positions, rows, view_rows, grads)
+        position, rows, weights = _received(step)
+        grads = grad[step.served_inverse]
+        owner.apply(position, rows, grads if weights is None else grads * weights.unsqueeze(1))
         return None, None, None
 
 
@@ -548,7 +260,7 @@ class _FinishBags(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, received, anchor, blocks, step: _Batch, layout: BagLayout, place, scale):  # noqa: ARG004
+    def forward(ctx, received, anchor, blocks, step: _Batch, layout: IdLayout, place, scale):  # noqa: ARG004
         batch, positions, dim = step.batch, layout.num_positions, layout.uniform_dim
         out = torch.zeros(batch * positions, dim, device=received.device)
         for block, (slots, bags, weights) in zip(blocks, step.hot):
@@ -638,7 +350,7 @@ class PartialSumsDist(BaseEmbeddingDist):
         return _ScaleGrad.apply(out, scale)
 
 
-def _divisors(layout: BagLayout, step: _Batch, batch: int) -> torch.Tensor:
+def _divisors(layout: IdLayout, step: _Batch, batch: int) -> torch.Tensor:
     """``[batch, positions]``: bag length for mean-pooled positions, else 1."""
     lengths = step.lengths.view(layout.num_positions, batch).t()
     return torch.where(layout.mean.unsqueeze(0), lengths.clamp(min=1), 1).float()
@@ -680,7 +392,7 @@ class PipelinedRowReplicatedSharding(RwPooledEmbeddingSharding):
         )
         return self._lookup
 
-    def _layout(self) -> BagLayout:
+    def _layout(self) -> IdLayout:
         if self._lookup is None:
             self.create_lookup()
         return self._lookup.layout

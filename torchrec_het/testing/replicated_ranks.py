@@ -18,7 +18,7 @@ from torchrec_het.bench.table_init import init_tables_by_row
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders import HetEmbeddingBagCollection, HetEmbeddingBagCollectionSharder
 from torchrec_het.sharding import het_row_replicated
-from torchrec_het.sharding.replicated_bags import ReplicatedBagLookup
+from torchrec_het.sharding.replica_holder import ReplicaHolder
 from torchrec_het.testing.het_ranks import (
     OPTIMIZERS,
     SEED,
@@ -88,7 +88,7 @@ def replica_disagreement(model) -> float:
     """Largest difference between any replica copy and its owner's row (0.0: all copies agree)."""
     worst = 0.0
     for lookup in model.module.replicated_lookups():
-        if isinstance(lookup, ReplicatedBagLookup):  # every rank's replica block against the owners' rows
+        if isinstance(lookup, ReplicaHolder):  # every rank's replica block against the owners' rows
             for g, block in zip(lookup.groups, lookup._blocks):
                 if g.hot.numel():
                     worst = max(worst, float((block.weights - _owner_rows(lookup, g)).abs().max()))
@@ -255,7 +255,7 @@ def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1, hot: int
 
 
 def _refresh(lookup) -> None:
-    if isinstance(lookup, ReplicatedBagLookup):
+    if isinstance(lookup, ReplicaHolder):
         for block in lookup._blocks:
             block.refresh()
         lookup._needs_refresh = False
@@ -265,14 +265,14 @@ def _refresh(lookup) -> None:
 
 def _pending(lookup) -> list[torch.Tensor]:
     """Held gradients (and touch counts) of every group's replicated rows."""
-    if isinstance(lookup, ReplicatedBagLookup):
+    if isinstance(lookup, ReplicaHolder):
         return [block.pending for block in lookup._blocks]
     return lookup._pending
 
 
 def _hot_rows(lookup) -> list[torch.Tensor]:
     """Every group's replicated rows as this rank reads them (its replica block; legacy: owners' shards, others' replicas)."""
-    if isinstance(lookup, ReplicatedBagLookup):
+    if isinstance(lookup, ReplicaHolder):
         return [block.weights.clone() for block in lookup._blocks]
     lookup._weights = [m.split_embedding_weights() for m in lookup._emb_modules]
     views = [r.split_embedding_weights() for r in lookup._replicas]

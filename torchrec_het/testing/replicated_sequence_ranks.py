@@ -30,7 +30,7 @@ from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders import HetEmbeddingCollection, HetEmbeddingCollectionSharder
 from torchrec_het.sharding import het_row_replicated
 from torchrec_het.testing.het_ranks import OPTIMIZERS, SEED, STEPS, _rel_error, _worst
-from torchrec_het.testing.replicated_ranks import _hot_rows, replica_disagreement, tiers
+from torchrec_het.testing.replicated_ranks import _hot_rows, _pending, _refresh, replica_disagreement, tiers
 from torchrec_het.testing.spawn import gloo_rank, write_rank_result
 
 BATCH = 5
@@ -198,12 +198,15 @@ def _distinct_remote(model, batches: dict[str, KeyedJaggedTensor], rank: int) ->
     return count
 
 
-def equivalence(rank: int, world_size: int, optimizer: str, hot: int, local_world_size: int | None = None) -> dict:
+def equivalence(
+    rank: int, world_size: int, optimizer: str, hot: int, local_world_size: int | None = None, per_host: int | None = None
+) -> dict:
     """Largest relative differences over STEPS steps: outputs every step, local shards at the end."""
     configs = table_configs()
     proj = projections(configs)
     # rows 0, 4, 8, ...: the hottest rows, owned by every rank (per-host rows by the last ones)
-    tier_plan = tiers(all_configs(configs), hot=hot, per_host=3 if hot else 0, stride=4)
+    per_host = (3 if hot else 0) if per_host is None else per_host  # a per-host tier takes the earlier lookup
+    tier_plan = tiers(all_configs(configs), hot=hot, per_host=per_host, stride=4)
     config = ReplicationConfig(tiers=tier_plan, local_world_size=local_world_size)
     rep = sharded("rep", configs, optimizer, config, carried=True)
     stock = sharded("row_wise", configs, optimizer) if hot == 0 else None  # the stock comparison: no hot rows
@@ -289,12 +292,12 @@ def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1) -> dict:
     rep = sharded("rep", configs, "sgd", config)
     found = lookups(rep)
     for lookup in found:
-        lookup.refresh()  # replicas take the owners' rows (the first forward would do it)
+        _refresh(lookup)  # replicas take the owners' rows (the first forward would do it)
     before = [_hot_rows(lookup) for lookup in found]
     for step in range(STEPS):
         loss_of(rep(**batch(rank, step, configs)), proj).backward()
     moved = max(float((a - b).abs().max()) for lookup, rows in zip(found, before) for a, b in zip(_hot_rows(lookup), rows))
-    held = [[p.clone() for p in lookup._pending] for lookup in found]
+    held = [[p.clone() for p in _pending(lookup)] for lookup in found]
     for per_lookup in held:
         for p in per_lookup:
             dist.all_reduce(p)
@@ -383,6 +386,8 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
             results[f"{optimizer}/hot0"] = equivalence(rank, world_size, optimizer, hot=0)
             # one rank per host: per-host rows are held on every host and combined over the holder group
             results[f"{optimizer}/hot8"] = equivalence(rank, world_size, optimizer, hot=8, local_world_size=1)
+            # replicated rows only: the pipelined lookup
+            results[f"{optimizer}/replicated8"] = equivalence(rank, world_size, optimizer, hot=8, per_host=0)
         results["mixed"] = mixed(rank, world_size)
         results["all_hot"] = all_hot(rank, world_size)
         results["held"] = held_replica_gradients(rank, world_size)

@@ -1,0 +1,239 @@
+"""``het_row_replicated`` for EmbeddingCollections (sequences), in TorchRec's three stages.
+
+input dist (:class:`SequenceIdsDist`)
+  hot ids stay on the reader; every other **distinct** id goes to its owner once per
+  reader, as (position, row): one all-gather of counts, then one all-to-all.
+lookup (:class:`ReplicatedSequenceLookup`, local compute)
+  the owner reads the rows it was asked for from its fused kernels.
+output dist (:class:`SequenceRowsDist`)
+  the rows go back (one all-to-all) and the reader lays every position's row out in its
+  batch's order: hot ones from its replica block, cold ones from the rows received.
+  Backward: per distinct cold id the gradient summed over its positions goes back to the
+  owner, which steps the row with the fused optimizer's arithmetic; hot gradients are
+  summed over ranks by the replica blocks' syncs (:mod:`~torchrec_het.sharding.replica_store`).
+
+With no hot rows this is row-wise sharding that moves each distinct row once per reader,
+and trains as stock row-wise does.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.comm_ops import get_gradient_division
+from torchrec.distributed.embedding_lookup import GroupedEmbeddingsLookup
+from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSparseFeaturesDist
+from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
+from torchrec.distributed.types import Awaitable
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.sharding.exchange_async import Exchange, start_exchange
+from torchrec_het.sharding.replica_holder import IdLayout, OwnerRows, ReplicaHolder
+from torchrec_het.sharding.replicated_bags import STEP_ATTR, _Splits
+
+__all__ = ["PipelinedRowReplicatedSequenceSharding", "ReplicatedSequenceLookup"]
+
+
+@dataclass
+class _Rows:
+    """One batch's bookkeeping, from the input dist to the output dist."""
+
+    hot_version: int
+    num_values: int
+    hot: list  # per block: (slots, value indexes) of the reader's hot values
+    cold: torch.Tensor  # value indexes of the cold values
+    need_of: torch.Tensor  # distinct cold id (in the order sent) of every cold value
+    send_splits: list[int] = field(default_factory=list)
+    recv_splits: list[int] = field(default_factory=list)
+    local_only: bool = False
+    received: torch.Tensor | None = None  # owner: int32 [ids, 2] (position, row), by source
+    kernel_order: torch.Tensor | None = None  # owner: arrival index of each id in the KJT's order
+    rows: torch.Tensor | None = None  # owner: the rows asked for, in arrival order
+
+
+class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
+    """Keeps hot ids on the reader and asks each owner once for every distinct cold id."""
+
+    def __init__(self, layout: IdLayout, feature_names: list[str], pg):
+        super().__init__()
+        self.layout, self.feature_names, self.pg = layout, feature_names, pg
+        self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
+        self.observe = None  # the lookup's replica syncs and online profile
+
+    def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
+        if sparse_features.variable_stride_per_key():
+            raise NotImplementedError("het_row_replicated does not support variable batch sizes per feature")
+        layout, ws = self.layout, self.world_size
+        batch = sparse_features.stride()
+        lengths = sparse_features.lengths().long()
+        values = sparse_features.values().long()
+        positions = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths) // batch
+        ids = values + layout.position_base[positions]
+        if self.observe is not None:
+            self.observe(ids)
+        hot_pos, owner, row = layout.route(ids)
+        block_of = torch.bucketize(hot_pos, layout.hot_group_ends, right=True)
+        hot = []
+        for index in range(len(layout.groups)):
+            mine = ((hot_pos >= 0) & (block_of == index)).nonzero().flatten()
+            hot.append((hot_pos[mine] - layout.hot_start[index], mine))
+        cold = (hot_pos < 0).nonzero().flatten()
+        key = owner[cold] * layout.total_rows + ids[cold]  # by owner, then id
+        need, need_of = torch.unique(key, return_inverse=True)
+        first = torch.empty_like(need).scatter_(0, need_of, torch.arange(cold.numel(), device=cold.device))
+        payload = torch.stack([positions[cold[first]].to(torch.int32), row[cold[first]].to(torch.int32)], 1)
+        step = _Rows(layout.hot_version, values.numel(), hot, cold, need_of)
+        counts = torch.cat([torch.bincount(need // layout.total_rows, minlength=ws), torch.tensor([batch], device=need.device)])
+        gathered = [torch.empty_like(counts) for _ in range(ws)]
+        work = dist.all_gather(gathered, counts, group=self.pg, async_op=True)
+        return _Splits(self, step, payload, 2, work, gathered)
+
+    def owner_features(self, step: _Rows, received: torch.Tensor) -> KeyedJaggedTensor:
+        """The (position, row) pairs received, as a KJT of one bag per position."""
+        step.received = received
+        position = received[:, 0].long()
+        _, step.kernel_order = torch.sort(position, stable=True)
+        return KeyedJaggedTensor(
+            keys=self.feature_names,
+            values=received[step.kernel_order, 1].long(),
+            lengths=torch.bincount(position, minlength=self.layout.num_positions).int(),
+            stride=1,
+        )
+
+
+class _OwnerRows(torch.autograd.Function):
+    """``[ids, dim]`` rows asked for; the backward steps them with the owners' optimizer."""
+
+    @staticmethod
+    def forward(ctx, anchor, owner: OwnerRows, step: _Rows):  # noqa: ARG004
+        ctx.owner, ctx.step = owner, step
+        return owner.read(step.received[:, 0].long(), step.received[:, 1].long())
+
+    @staticmethod
+    def backward(ctx, grad):
+        step = ctx.step
+        ctx.owner.apply(step.received[:, 0].long(), step.received[:, 1].long(), grad)
+        return None, None, None
+
+
+class ReplicatedSequenceLookup(ReplicaHolder, GroupedEmbeddingsLookup):
+    """The owner reads asked rows from its fused kernels (local compute).
+
+    Args:
+        grouped_configs: the local shards, grouped as row-wise groups them.
+        feature_names: the sharding's features.
+        pg: the sharding's process group.
+        config: replication settings.
+        shards_by_table: each table's shard metadata.
+        device: compute device.
+        env: sharding environment.
+    """
+
+    def __init__(self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None):
+        super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, env=env)
+        self.init_holder(pg, feature_names, config, shards_by_table, device)
+        if self.layout.uniform_dim is None:
+            raise ValueError("het_row_replicated sequences need one embedding dimension for all their tables")
+        self.stats["rows_fetched"] = 0  # distinct rows this rank read from other ranks
+        self.last_batch: _Rows | None = None
+
+    def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+        step: _Rows = getattr(sparse_features, STEP_ATTR)
+        self.begin_read(step.hot_version)
+        if self._owner is not None:
+            step.rows = _OwnerRows.apply(self._anchor, self._owner, step)
+        else:  # the kernels' own forward and fused backward, back in arrival order
+            by_position = super().forward(sparse_features).view(-1, self.layout.uniform_dim)
+            step.rows = torch.empty_like(by_position).index_copy(0, step.kernel_order, by_position)
+        self.stats["skipped_steps"] += int(step.local_only)
+        self.stats["rows_fetched"] += sum(c for r, c in enumerate(step.send_splits) if r != self._rank)
+        self.last_batch = step
+        return step.rows.reshape(-1)
+
+
+class _FinishRows(torch.autograd.Function):
+    """``[values, dim]``: every position's row, hot from the replicas, cold from the rows received."""
+
+    @staticmethod
+    def forward(ctx, received, anchor, blocks, step: _Rows, dim: int, scale: float):  # noqa: ARG004
+        out = torch.empty(step.num_values, dim, device=received.device)
+        for block, (slots, at) in zip(blocks, step.hot):
+            out[at] = block.weights[slots]
+        out[step.cold] = received.view(-1, dim)[step.need_of]
+        ctx.blocks, ctx.step, ctx.dim, ctx.scale, ctx.received = blocks, step, dim, scale, received.numel() // max(dim, 1)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        step, dim = ctx.step, ctx.dim
+        grad = grad.reshape(-1, dim) * ctx.scale  # as TorchRec's row-wise backward scales it
+        for block, (slots, at) in zip(ctx.blocks, step.hot):
+            block.add_grads(slots, grad[at])
+        need = torch.zeros(ctx.received, dim, device=grad.device).index_add_(0, step.need_of, grad[step.cold])
+        return need.view(-1), None, None, None, None, None
+
+
+class _SequenceRows(Awaitable[torch.Tensor]):
+    def __init__(self, dist_: "SequenceRowsDist", step: _Rows, exchange: Exchange):
+        super().__init__()
+        self.dist, self.step, self.exchange = dist_, step, exchange
+
+    def _wait_impl(self) -> torch.Tensor:
+        lookup = self.dist._lookup[0]
+        scale = 1.0 / lookup._ws if get_gradient_division() else 1.0
+        received = self.exchange.wait().float()
+        return _FinishRows.apply(received, lookup._anchor, lookup._blocks, self.step, self.dist.layout.uniform_dim, scale)
+
+
+class SequenceRowsDist(BaseEmbeddingDist):
+    """Sends the asked rows back and lays every position's row out in the reader's order."""
+
+    def __init__(self, lookup: ReplicatedSequenceLookup, pg):
+        super().__init__()
+        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
+        self.pg, self.layout = pg, lookup.layout
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx=None) -> Awaitable[torch.Tensor]:
+        lookup = self._lookup[0]
+        step, dim = lookup.last_batch, self.layout.uniform_dim
+        send, recv = [c * dim for c in step.recv_splits], [c * dim for c in step.send_splits]
+        return _SequenceRows(self, step, start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only))
+
+
+class PipelinedRowReplicatedSequenceSharding(RwSequenceEmbeddingSharding):
+    """``het_row_replicated`` sequences: row-wise shards, hot replicas, distinct rows, in TorchRec's stages.
+
+    Args:
+        sharding_infos: TorchRec's per-table sharding infos.
+        env: sharding environment.
+        config: replication settings for these tables.
+        device: compute device.
+    """
+
+    def __init__(self, sharding_infos, env, config: ReplicationConfig, device=None, **kwargs) -> None:
+        super().__init__(sharding_infos, env, device, **kwargs)
+        self._config = config
+        self.shards_by_table = {
+            info.embedding_config.name: list(info.param_sharding.sharding_spec.shards) for info in sharding_infos
+        }
+        self._lookup: ReplicatedSequenceLookup | None = None
+
+    def create_lookup(self, device=None, fused_params=None, feature_processor=None) -> ReplicatedSequenceLookup:
+        if feature_processor is not None:
+            raise NotImplementedError("het_row_replicated does not support feature processors")
+        if self._lookup is None:  # the dists share the lookup's layout: build it once
+            self._lookup = ReplicatedSequenceLookup(
+                self._grouped_embedding_configs, self.feature_names(), self._pg, self._config, self.shards_by_table,
+                device=device if device is not None else self._device, env=self._env,
+            )
+        return self._lookup
+
+    def create_input_dist(self, device=None) -> SequenceIdsDist:
+        lookup = self.create_lookup()
+        dist_ = SequenceIdsDist(lookup.layout, self.feature_names(), self._pg)
+        dist_.observe = lookup.observe
+        return dist_
+
+    def create_output_dist(self, device=None) -> SequenceRowsDist:
+        return SequenceRowsDist(self.create_lookup(), self._pg)
