@@ -327,3 +327,30 @@ class ReplicaHolder:
         super().purge()
 
 
+
+
+class StagedSharding:
+    """Mixin for a TorchRec row-wise sharding whose dists share its one lookup (``lookup_class``).
+
+    The sharding builds the lookup once (TorchRec asks for lookups before output dists and
+    input dists last) and hands its layout and online profile to the dists.
+    """
+
+    lookup_class: type
+
+    def init_staged(self, sharding_infos, config: ReplicationConfig) -> None:
+        self._config = config
+        self.shards_by_table = {
+            info.embedding_config.name: list(info.param_sharding.sharding_spec.shards) for info in sharding_infos
+        }
+        self._lookup = None
+
+    def create_lookup(self, device=None, fused_params=None, feature_processor=None):
+        if feature_processor is not None:
+            raise NotImplementedError("het_row_replicated does not support feature processors")
+        if self._lookup is None:
+            self._lookup = self.lookup_class(
+                self._grouped_embedding_configs, self.feature_names(), self._pg, self._config, self.shards_by_table,
+                device=device if device is not None else self._device, env=self._env,
+            )
+        return self._lookup

@@ -35,7 +35,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.exchange_async import Exchange, start_exchange
-from torchrec_het.sharding.replica_holder import IdLayout, OwnerRows, ReplicaHolder
+from torchrec_het.sharding.replica_holder import IdLayout, OwnerRows, ReplicaHolder, StagedSharding
 from torchrec_het.sharding.replica_store import pool_hot
 
 STEP_ATTR = "_het_replicated_step"  # where the input dist leaves a batch's bookkeeping on its KJT
@@ -356,7 +356,7 @@ def _divisors(layout: IdLayout, step: _Batch, batch: int) -> torch.Tensor:
     return torch.where(layout.mean.unsqueeze(0), lengths.clamp(min=1), 1).float()
 
 
-class PipelinedRowReplicatedSharding(RwPooledEmbeddingSharding):
+class PipelinedRowReplicatedSharding(StagedSharding, RwPooledEmbeddingSharding):
     """``het_row_replicated`` bags: row-wise shards, hot replicas, partial sums, in TorchRec's stages.
 
     Args:
@@ -366,42 +366,17 @@ class PipelinedRowReplicatedSharding(RwPooledEmbeddingSharding):
         device: compute device.
     """
 
-    sharding_type = "het_row_replicated"
+    lookup_class = ReplicatedBagLookup
 
     def __init__(self, sharding_infos, env, config: ReplicationConfig, device=None, **kwargs) -> None:
         super().__init__(sharding_infos, env, device, **kwargs)
-        self._config = config
-        self.shards_by_table = {
-            info.embedding_config.name: list(info.param_sharding.sharding_spec.shards) for info in sharding_infos
-        }
-        self._lookup: ReplicatedBagLookup | None = None
-
-    def create_lookup(self, device=None, fused_params=None, feature_processor=None) -> ReplicatedBagLookup:
-        if feature_processor is not None:
-            raise NotImplementedError("het_row_replicated does not support feature processors")
-        if self._lookup is not None:  # the dists share the lookup's layout: build it once
-            return self._lookup
-        self._lookup = ReplicatedBagLookup(
-            self._grouped_embedding_configs,
-            self.feature_names(),
-            self._pg,
-            self._config,
-            self.shards_by_table,
-            device=device if device is not None else self._device,
-            env=self._env,
-        )
-        return self._lookup
-
-    def _layout(self) -> IdLayout:
-        if self._lookup is None:
-            self.create_lookup()
-        return self._lookup.layout
+        self.init_staged(sharding_infos, config)
 
     def create_input_dist(self, device=None) -> ColdIdsDist:
-        dist_ = ColdIdsDist(self._layout(), self.feature_names(), self._pg, device or self._device)
-        dist_.observe = self._lookup.observe
+        lookup = self.create_lookup()
+        dist_ = ColdIdsDist(lookup.layout, self.feature_names(), self._pg, device or self._device)
+        dist_.observe = lookup.observe
         return dist_
 
     def create_output_dist(self, device=None) -> PartialSumsDist:
-        self._layout()
-        return PartialSumsDist(self._lookup, self._pg)
+        return PartialSumsDist(self.create_lookup(), self._pg)

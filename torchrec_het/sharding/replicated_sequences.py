@@ -29,7 +29,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.exchange_async import Exchange, start_exchange
-from torchrec_het.sharding.replica_holder import IdLayout, OwnerRows, ReplicaHolder
+from torchrec_het.sharding.replica_holder import IdLayout, OwnerRows, ReplicaHolder, StagedSharding
 from torchrec_het.sharding.replicated_bags import STEP_ATTR, _Splits
 
 __all__ = ["PipelinedRowReplicatedSequenceSharding", "ReplicatedSequenceLookup"]
@@ -201,7 +201,7 @@ class SequenceRowsDist(BaseEmbeddingDist):
         return _SequenceRows(self, step, start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only))
 
 
-class PipelinedRowReplicatedSequenceSharding(RwSequenceEmbeddingSharding):
+class PipelinedRowReplicatedSequenceSharding(StagedSharding, RwSequenceEmbeddingSharding):
     """``het_row_replicated`` sequences: row-wise shards, hot replicas, distinct rows, in TorchRec's stages.
 
     Args:
@@ -211,23 +211,11 @@ class PipelinedRowReplicatedSequenceSharding(RwSequenceEmbeddingSharding):
         device: compute device.
     """
 
+    lookup_class = ReplicatedSequenceLookup
+
     def __init__(self, sharding_infos, env, config: ReplicationConfig, device=None, **kwargs) -> None:
         super().__init__(sharding_infos, env, device, **kwargs)
-        self._config = config
-        self.shards_by_table = {
-            info.embedding_config.name: list(info.param_sharding.sharding_spec.shards) for info in sharding_infos
-        }
-        self._lookup: ReplicatedSequenceLookup | None = None
-
-    def create_lookup(self, device=None, fused_params=None, feature_processor=None) -> ReplicatedSequenceLookup:
-        if feature_processor is not None:
-            raise NotImplementedError("het_row_replicated does not support feature processors")
-        if self._lookup is None:  # the dists share the lookup's layout: build it once
-            self._lookup = ReplicatedSequenceLookup(
-                self._grouped_embedding_configs, self.feature_names(), self._pg, self._config, self.shards_by_table,
-                device=device if device is not None else self._device, env=self._env,
-            )
-        return self._lookup
+        self.init_staged(sharding_infos, config)
 
     def create_input_dist(self, device=None) -> SequenceIdsDist:
         lookup = self.create_lookup()
