@@ -57,12 +57,30 @@ def _tables(sizes: list[int], dim: int) -> list[EmbeddingBagConfig]:
     ]
 
 
-def build(kind: str, sizes: list[int], dim: int, world_size: int) -> tuple[DistributedModelParallel, CombinedOptimizer]:
-    """A DLRM whose tables are all ``kind``, fused row-wise Adagrad on the tables, Adagrad on the rest."""
+class EmbeddingsOnly(torch.nn.Module):
+    """The embedding module alone under a quadratic loss, called like ``DLRMTrain`` (for timing the tables)."""
+
+    def __init__(self, ebc: EmbeddingBagCollection) -> None:
+        super().__init__()
+        self.ebc = ebc
+
+    def forward(self, batch):
+        loss = (self.ebc(batch.sparse_features).values() ** 2).mean()
+        return loss, loss.detach()
+
+
+def build(
+    kind: str, sizes: list[int], dim: int, world_size: int, embeddings_only: bool = False
+) -> tuple[DistributedModelParallel, CombinedOptimizer]:
+    """A DLRM (or the tables alone) whose tables are all ``kind``, fused row-wise Adagrad on the
+    tables, Adagrad on the rest."""
     torch.manual_seed(0)
     tables = _tables(sizes, dim)
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-    model = DLRMTrain(DLRM(ebc, 13, [32, dim], [32, 1], dense_device=torch.device("cpu")))
+    if embeddings_only:
+        model = EmbeddingsOnly(ebc)
+    else:
+        model = DLRMTrain(DLRM(ebc, 13, [32, dim], [32, 1], dense_device=torch.device("cpu")))
     apply_optimizer_in_backward(torchrec.optim.RowWiseAdagrad, ebc.parameters(), {"lr": 0.05})
     settings = KINDS[kind]
     if settings is not None:
@@ -76,30 +94,35 @@ def build(kind: str, sizes: list[int], dim: int, world_size: int) -> tuple[Distr
         per_param[t.name] = table_wise(rank=i % world_size) if kind == "table_wise" else generator()
     plan = construct_module_sharding_plan(ebc, per_param_sharding=per_param, world_size=world_size, device_type="cpu",
                                           sharder=sharder)
-    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=ShardingPlan({"model.sparse_arch.embedding_bag_collection": plan}),
-                                   sharders=[sharder])
+    path = "ebc" if embeddings_only else "model.sparse_arch.embedding_bag_collection"
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=ShardingPlan({path: plan}), sharders=[sharder])
     init_tables_by_row(dmp, tables, 0)
-    dense = KeyedOptimizerWrapper(
-        dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda p: torch.optim.Adagrad(p, lr=0.05)
-    )
+    dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    if not dense_params:
+        return dmp, CombinedOptimizer([dmp.fused_optimizer])
+    dense = KeyedOptimizerWrapper(dense_params, lambda p: torch.optim.Adagrad(p, lr=0.05))
     return dmp, CombinedOptimizer([dmp.fused_optimizer, dense])
 
 
 def _embedding_module(dmp: DistributedModelParallel):
-    return dmp._dmp_wrapped_module.module.model.sparse_arch.embedding_bag_collection
+    module = dmp._dmp_wrapped_module
+    module = getattr(module, "module", module)  # under DDP when there are dense parameters
+    return module.ebc if isinstance(module, EmbeddingsOnly) else module.model.sparse_arch.embedding_bag_collection
 
 
 def step_costs(rank: int, world_size: int, kind: str, sizes: list[int], dim: int, batch_size: int,
-               warmup: int, steps: int, where: bool = False, profile: str | None = None) -> dict:
+               warmup: int, steps: int, where: bool = False, profile: str | None = None,
+               embeddings_only: bool = False) -> dict:
     """Per measured step (after ``warmup`` steps): host syncs, collectives (forward, backward), seconds.
 
     Returns:
         ``{"syncs": [per step], "sync_kinds": {method: count over all steps},
         "fwd_collectives": [...], "bwd_collectives": [...], "fwd_s": [...], "bwd_s": [...],
-        "step_s": [...], "sites": {site: count}}`` (sites only with ``where``).
+        "step_s": [...], "cpu_s": [...] (this process's CPU time of the step), "sites": {site: count}}``
+        (sites only with ``where``).
     """
     data = SyntheticCriteo(DataConfig(table_sizes=tuple(sizes), batch_size=batch_size, seed=1))
-    dmp, optimizer = build(kind, sizes, dim, world_size)
+    dmp, optimizer = build(kind, sizes, dim, world_size, embeddings_only)
     ebc = _embedding_module(dmp)
     timings = {"fwd": 0.0, "bwd": 0.0}
     started = {}
@@ -113,7 +136,7 @@ def step_costs(rank: int, world_size: int, kind: str, sizes: list[int], dim: int
     ebc.register_forward_pre_hook(pre_forward)
     ebc.register_forward_hook(post_forward)
     accountant = CommAccountant()
-    out: dict = {k: [] for k in ("syncs", "fwd_collectives", "bwd_collectives", "fwd_s", "bwd_s", "step_s")}
+    out: dict = {k: [] for k in ("syncs", "fwd_collectives", "bwd_collectives", "fwd_s", "bwd_s", "step_s", "cpu_s")}
     kinds: Counter = Counter()
     sites: Counter = Counter()
     profiler = None
@@ -128,7 +151,7 @@ def step_costs(rank: int, world_size: int, kind: str, sizes: list[int], dim: int
         timings.update(fwd=0.0, bwd=0.0)
         with accountant, count_host_syncs(where=where) as syncs:
             accountant.reset()
-            begin = time.perf_counter()
+            begin, cpu_begin = time.perf_counter(), time.process_time()
             loss, _ = dmp(batch)
             fwd_calls = sum(accountant.totals().calls.values())
             accountant.reset()
@@ -139,6 +162,7 @@ def step_costs(rank: int, world_size: int, kind: str, sizes: list[int], dim: int
             optimizer.zero_grad()
             bwd_calls = sum(accountant.totals().calls.values())
             step_s = time.perf_counter() - begin
+            cpu_s = time.process_time() - cpu_begin
         if measured:
             out["syncs"].append(total(syncs))
             out["fwd_collectives"].append(fwd_calls)
@@ -146,6 +170,7 @@ def step_costs(rank: int, world_size: int, kind: str, sizes: list[int], dim: int
             out["fwd_s"].append(timings["fwd"])
             out["bwd_s"].append(backward_s)
             out["step_s"].append(step_s)
+            out["cpu_s"].append(cpu_s)
             kinds.update({k: n for k, n in syncs.items() if not k.startswith("at:")})
             sites.update({k[3:]: n for k, n in syncs.items() if k.startswith("at:")})
     if profiler is not None:
@@ -162,7 +187,8 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str, cases=None) -
     with gloo_rank(rank, world_size, port, timeout_s=300):
         results = {
             kind: step_costs(rank, world_size, kind, cases["sizes"], cases["dim"], cases["batch"], cases["warmup"],
-                             cases["steps"], where=cases.get("where", False), profile=cases.get("profile"))
+                             cases["steps"], where=cases.get("where", False), profile=cases.get("profile"),
+                             embeddings_only=cases.get("embeddings_only", False))
             for kind in cases["kinds"]
         }
     write_rank_result(out_dir, rank, results)
@@ -189,6 +215,7 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--where", action="store_true", help="print the sites of host syncs")
     parser.add_argument("--profile", help="cProfile rank 0's measured steps into PROFILE.<kind>")
+    parser.add_argument("--embeddings-only", action="store_true", help="time the tables alone (no DLRM dense part)")
     args = parser.parse_args()
     if args.preset == "small":
         sizes, dim, batch = [SMALL_ROWS] * 26, 8, 64
@@ -196,15 +223,16 @@ def main() -> None:
         sizes = list(preset_table_sizes(args.preset))
         dim, batch = (64, 1024) if args.preset == "default" else (16, 256)
     cases = {"kinds": args.kinds.split(","), "sizes": sizes, "dim": dim, "batch": batch, "warmup": args.warmup,
-             "steps": args.steps, "where": args.where, "profile": args.profile}
+             "steps": args.steps, "where": args.where, "profile": args.profile,
+             "embeddings_only": args.embeddings_only}
     with tempfile.TemporaryDirectory() as out:
         ranks = spawn_world(WithCases(cases), args.world_size, out)
     for kind in cases["kinds"]:
         r0 = ranks[0][kind]
-        med = {k: statistics.median(r0[k]) for k in ("fwd_s", "bwd_s", "step_s")}
+        med = {k: statistics.median(r0[k]) for k in ("fwd_s", "bwd_s", "step_s", "cpu_s")}
         print(f"{kind:12s} syncs/step {r0['syncs']} fwd colls {r0['fwd_collectives'][0]} bwd colls "
               f"{r0['bwd_collectives'][0]}  median fwd {med['fwd_s'] * 1e3:.1f} ms bwd {med['bwd_s'] * 1e3:.1f} ms "
-              f"step {med['step_s'] * 1e3:.1f} ms  {r0['sync_kinds']}")
+              f"step {med['step_s'] * 1e3:.1f} ms (cpu {med['cpu_s'] * 1e3:.1f} ms)  {r0['sync_kinds']}")
         if args.where:
             for site, n in list(r0["sites"].items())[:40]:
                 print(f"    {n:5d}  {site}")
