@@ -68,6 +68,9 @@ class _Read:
     remote: torch.Tensor  # positions in uniq of ids owned elsewhere
     slots: torch.Tensor  # cache slot of each remote id (-1: none this step)
     rows: torch.Tensor | None = None  # [len(uniq), dim] values used this step
+    bags: torch.Tensor | None = None  # bag of every id, bags ordered sample by sample
+    by_bag: torch.Tensor | None = None  # the ids in that bag order
+    bag_offsets: torch.Tensor | None = None  # [bags + 1] where each bag starts in that order
     uncached: torch.Tensor | None = None  # positions in uniq of fetched rows that found no slot
     due: torch.Tensor | None = None  # cache slots whose pending gradients go out in this step's backward
     outbox: list[PendingRows] = field(default_factory=list)  # evicted dirty rows that go out with them
@@ -321,11 +324,13 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             g.stats.add("dirty_evictions", g.table_of(dirty.ids))
         g.stats.add("evictions", g.table_of(evicted))
         self._plan_push(index, g, read, writes)
-        header = read.push_counts.to(torch.int32).view(torch.float32)  # one word per rank: pushes it will get
-        payload = _grouped_with_header(self._read_owned(g, requests[sends, 0]), rows_out, header)
-        received = exchange_flat(payload, [1 + r * dim for r in send_rows], [1 + r * dim for r in recv_rows], self._pg)
-        read.pull_counts, rows = _split_header(received, rows_in, dim)
-        self._settle(g, read, asked, slots, replies, brings, rows, new_slots, missing, step)
+        # To each rank: a header row (how many gradients this rank will push to it), then its rows.
+        payload = _with_headers(self._read_owned(g, requests[sends, 0]), rows_out, read.push_counts)
+        received = exchange_flat(
+            payload.view(-1), [(1 + r) * dim for r in send_rows], [(1 + r) * dim for r in recv_rows], self._pg
+        ).view(-1, dim)
+        read.pull_counts = _headers(received, rows_in)
+        self._settle(g, read, asked, slots, replies, brings, dest, received, new_slots, missing, step)
 
     def _plan_push(self, index: int, g: HetGroup, read: _Read, writes: bool) -> None:
         """What this step's backward will push to each owner: owned and uncached rows, cached rows
@@ -344,9 +349,11 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         ]
         read.push_counts = torch.bincount(g.owner_of(torch.cat(ids)), minlength=self._ws)
 
-    def _settle(self, g: HetGroup, read: _Read, asked, held_slots, versions, brings, rows, new_slots, missing,
+    def _settle(self, g: HetGroup, read: _Read, asked, held_slots, versions, brings, dest, rows, new_slots, missing,
                 step: int) -> None:
-        """Requester side: refresh stale copies, fill new rows, renew leases, count, and gather the rows."""
+        """Requester side: refresh stale copies, fill new rows, renew leases, count, and gather the rows.
+
+        ``rows``: what arrived, each source's header row first (see :func:`_with_headers`)."""
         cache, stats = g.cache, g.stats
         asked_tables = read.tables.index_select(0, read.remote.index_select(0, asked))
         fresh = ~brings  # the owner kept the row: the cached copy is within the bound
@@ -356,7 +363,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             cache.mark_validated(held_slots[fresh], step)
         else:
             stats.add_staleness(asked_tables[fresh], versions[fresh] - cache.versions[held_slots[fresh]])
-        row_of = torch.cumsum(brings.long(), 0) - 1  # index into rows of each request that brought one
+        row_of = torch.cumsum(brings.long(), 0) + dest  # row in ``rows`` of each request that brought one
         stale = (brings & (held_slots >= 0)).nonzero().flatten()
         cache.refresh(held_slots.index_select(0, stale), rows.index_select(0, row_of.index_select(0, stale)),
                       versions.index_select(0, stale), step)
@@ -523,51 +530,61 @@ def _bag_offsets(lengths: torch.Tensor) -> torch.Tensor:
     return offsets
 
 
+def _sample_major(read: _Read) -> None:
+    """Orders the bags sample by sample (the output's layout, so pooling writes it in place):
+    ``read.bags`` is each id's bag in that order, ``read.by_bag`` the ids in that order."""
+    features, batch = read.lengths.shape
+    n = read.inverse.numel()
+    lengths = read.lengths.reshape(-1)
+    by_feature = torch.repeat_interleave(torch.arange(lengths.numel()), lengths, output_size=n)  # feature-major bag
+    bags = by_feature % batch * features + by_feature // batch
+    starts = _bag_offsets(read.lengths.t())  # of the sample-major bags
+    position = starts.index_select(0, bags) + torch.arange(n) - _bag_offsets(lengths).index_select(0, by_feature)
+    read.bags = bags
+    read.by_bag = torch.empty_like(position).index_copy_(0, position, torch.arange(n))
+    read.bag_offsets = starts
+
+
 def _pool(g: HetGroup, read: _Read, batch: int) -> torch.Tensor:
     """``[batch, features * dim]`` pooled bags of the group's features."""
+    _sample_major(read)
+    weights = read.weights.index_select(0, read.by_bag) if read.weights is not None else None
     pooled = F.embedding_bag(
-        read.inverse, read.rows, _bag_offsets(read.lengths), mode="sum", per_sample_weights=read.weights,
-        include_last_offset=True,
-    ).view(len(g.features), batch, g.dim)
+        read.inverse.index_select(0, read.by_bag), read.rows, read.bag_offsets, mode="sum",
+        per_sample_weights=weights, include_last_offset=True,
+    )
     if g.has_mean:
-        pooled = pooled / g.bag_divisors_of(read.lengths)
-    return pooled.transpose(0, 1).reshape(batch, -1)
+        pooled = pooled / g.bag_divisors_of(read.lengths).transpose(0, 1).reshape(-1, 1)
+    return pooled.view(batch, -1)
 
 
 def _row_grads(g: HetGroup, read: _Read, grad: torch.Tensor, batch: int) -> torch.Tensor:
     """Gradient of every distinct row from the ``[batch, features * dim]`` gradient of the group's
     pooled bags: each row sums the (weighted) gradients of the bags it was read into."""
-    bag_grads = grad.reshape(batch, len(g.features), g.dim).transpose(0, 1)
+    bag_grads = grad.reshape(-1, g.dim)  # sample-major bags, as pooled
     if g.has_mean:
-        bag_grads = bag_grads / g.bag_divisors_of(read.lengths)
-    bag_grads = bag_grads.reshape(-1, g.dim)
-    lengths = read.lengths.reshape(-1)
-    bag_of_id = torch.repeat_interleave(torch.arange(lengths.numel()), lengths, output_size=read.inverse.numel())
+        bag_grads = bag_grads / g.bag_divisors_of(read.lengths).transpose(0, 1).reshape(-1, 1)
     weights = read.weights.index_select(0, read.by_row) if read.weights is not None else None
     return F.embedding_bag(
-        bag_of_id.index_select(0, read.by_row), bag_grads, _bag_offsets(read.uses), mode="sum",
+        read.bags.index_select(0, read.by_row), bag_grads, _bag_offsets(read.uses), mode="sum",
         per_sample_weights=weights, include_last_offset=True,
     )
 
 
-def _grouped_with_header(rows: torch.Tensor, per_rank: torch.Tensor, header: torch.Tensor) -> torch.Tensor:
-    """Flat ``[header[0], rows of rank 0..., header[1], rows of rank 1..., ...]`` (rows grouped by rank)."""
-    dim = rows.size(1) if rows.dim() == 2 else 0
-    sizes = 1 + per_rank * dim
-    out = torch.empty(int(rows.numel()) + per_rank.numel(), dtype=torch.float32)
-    starts = torch.cumsum(sizes, 0) - sizes
-    is_header = torch.zeros(out.numel(), dtype=torch.bool)
-    is_header[starts] = True
-    out[starts] = header
-    out[~is_header] = rows.reshape(-1).float()
-    return out
+def _with_headers(rows: torch.Tensor, per_rank: torch.Tensor, header: torch.Tensor) -> torch.Tensor:
+    """``[rank 0's header row, its rows..., rank 1's header row, its rows..., ...]``: ``rows`` are
+    grouped by rank; rank r's header row holds ``header[r]`` (int32 bits) in its first column."""
+    ranks, dim = per_rank.numel(), rows.size(1)
+    heads = torch.cumsum(per_rank + 1, 0) - per_rank - 1  # row of each header
+    out = torch.empty(rows.size(0) + ranks, dim)
+    out.index_copy_(0, torch.arange(rows.size(0)) + torch.repeat_interleave(torch.arange(1, ranks + 1), per_rank,
+                                                                           output_size=rows.size(0)), rows.float())
+    head_rows = torch.zeros(ranks, dim)
+    head_rows[:, 0] = header.to(torch.int32).view(torch.float32)
+    return out.index_copy_(0, heads, head_rows)
 
 
-def _split_header(received: torch.Tensor, per_rank: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse of :func:`_grouped_with_header`: (the header word of each rank as int64, ``[rows, dim]``)."""
-    sizes = 1 + per_rank * dim
-    starts = torch.cumsum(sizes, 0) - sizes
-    is_header = torch.zeros(received.numel(), dtype=torch.bool)
-    is_header[starts] = True
-    header = received[starts].view(torch.int32).long()
-    return header, received[~is_header].view(-1, dim)
+def _headers(received: torch.Tensor, per_rank: torch.Tensor) -> torch.Tensor:
+    """The header of each source in what :func:`_with_headers` sent (int64)."""
+    heads = torch.cumsum(per_rank + 1, 0) - per_rank - 1
+    return received.index_select(0, heads)[:, 0].contiguous().view(torch.int32).long()
