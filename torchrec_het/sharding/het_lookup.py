@@ -44,6 +44,7 @@ from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het._compat import lookup_kernels
 from torchrec_het.cache import PendingRows
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
@@ -137,11 +138,11 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         self._groups = [HetGroup(tables, dim, settings, self._rank, self._ws) for (dim, settings), tables in by_key.items()]
         self._outbox = [[] for _ in self._groups]
         self._build_layout(positions)
-        for m in self._emb_modules:
+        for m in lookup_kernels(self):
             optimizer_kind(m.emb_module)  # a clear error now for an optimizer the write path cannot step
 
     def _build_layout(self, positions: dict[str, list[int]]) -> None:
-        """Static indexes: each group's input positions and output columns, the output's column order."""
+        """Static indexes: each group's input positions and output columns, and each input's group."""
         dims = [0] * len(self._features)
         for g in self._groups:
             for t in g.tables:
@@ -176,7 +177,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
     def _owned_view(self, module_index: int, g: HetGroup) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(``[rows, dim]`` view of a kernel's flat weights, first row there of each of its tables) for
         the group's tables in that kernel, or None (then they are read table by table)."""
-        tbe = self._emb_modules[module_index].emb_module
+        tbe = lookup_kernels(self)[module_index].emb_module
         key = (module_index, id(g))
         cached = self._views.get(key)
         if cached is not None:
@@ -206,7 +207,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         for module_index in g.modules:
             view = self._owned_view(module_index, g)
             if view is None:
-                weights = [m.split_embedding_weights() for m in self._emb_modules]
+                weights = [m.split_embedding_weights() for m in lookup_kernels(self)]
                 return g.read_owned(ids, [weights[t.module_index][t.table_index] for t in g.tables])
             shard, first_row = view
             at = first_row.index_select(0, g.kernel_table.index_select(0, tables)) + rows
@@ -422,7 +423,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
 
     def _learning_rates(self, g: HetGroup) -> torch.Tensor:
         """Each table's current learning rate (its kernel's, so schedules apply; no host sync)."""
-        rates = torch.stack([m.emb_module.learning_rate_tensor for m in self._emb_modules])
+        rates = torch.stack([m.emb_module.learning_rate_tensor for m in lookup_kernels(self)])
         return rates.index_select(0, g.table_module)
 
     @torch.no_grad()
@@ -480,7 +481,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         tables = g.table_of(ids)
         rows = g.local_rows(ids, tables)
         for module_index in g.modules:
-            tbe = self._emb_modules[module_index].emb_module
+            tbe = lookup_kernels(self)[module_index].emb_module
             step, mine_rows, mine_tables = grads, rows, tables
             mine_updates = updates
             if len(g.modules) > 1:
