@@ -182,6 +182,9 @@ class ReplicaHolder:
         self._features = list(feature_names)
         self._device = device if device is not None else torch.device("cpu")
         ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(self._ws))
+        # The plugin's exchanges and replica syncs run on groups of their own, so they neither wait
+        # behind nor hold up the model's other collectives (DDP's dense all-reduce) on the default group.
+        self._exchange_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True)
         self._sync_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True)
         self._tables, tiers = self._table_infos(config, shards_by_table)
         self._groups = self._replica_groups(tiers)

@@ -374,9 +374,10 @@ class PipelinedRowReplicatedSharding(StagedSharding, RwPooledEmbeddingSharding):
 
     def create_input_dist(self, device=None) -> ColdIdsDist:
         lookup = self.create_lookup()
-        dist_ = ColdIdsDist(lookup.layout, self.feature_names(), self._pg, device or self._device)
+        dist_ = ColdIdsDist(lookup.layout, self.feature_names(), lookup._exchange_pg, device or self._device)
         dist_.observe = lookup.observe
         return dist_
 
     def create_output_dist(self, device=None) -> PartialSumsDist:
-        return PartialSumsDist(self.create_lookup(), self._pg)
+        lookup = self.create_lookup()
+        return PartialSumsDist(lookup, lookup._exchange_pg)

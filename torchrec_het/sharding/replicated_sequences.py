@@ -219,9 +219,10 @@ class PipelinedRowReplicatedSequenceSharding(StagedSharding, RwSequenceEmbedding
 
     def create_input_dist(self, device=None) -> SequenceIdsDist:
         lookup = self.create_lookup()
-        dist_ = SequenceIdsDist(lookup.layout, self.feature_names(), self._pg)
+        dist_ = SequenceIdsDist(lookup.layout, self.feature_names(), lookup._exchange_pg)
         dist_.observe = lookup.observe
         return dist_
 
     def create_output_dist(self, device=None) -> SequenceRowsDist:
-        return SequenceRowsDist(self.create_lookup(), self._pg)
+        lookup = self.create_lookup()
+        return SequenceRowsDist(lookup, lookup._exchange_pg)
