@@ -35,7 +35,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.exchange_async import Exchange, start_exchange
-from torchrec_het.sharding.replica_holder import IdLayout, OwnerRows, ReplicaHolder, StagedSharding
+from torchrec_het.sharding.replica_holder import IdLayout, ReplicaHolder, StagedSharding
 from torchrec_het.sharding.replica_store import pool_hot
 
 STEP_ATTR = "_het_replicated_step"  # where the input dist leaves a batch's bookkeeping on its KJT
@@ -54,8 +54,7 @@ class _Batch:
     recv_splits: list[int] = field(default_factory=list)
     local_only: bool = False
     served_entries: torch.Tensor | None = None  # owner: (source, position, sample) of bags received
-    served_inverse: torch.Tensor | None = None  # owner: entry of each id received (in arrival order)
-    received: torch.Tensor | None = None  # owner: int32 [ids, 2 or 3] (bag, row, weight bits), by source
+    partial_at: tuple | None = None  # owner: (row, position, rows) of each partial in the kernels' compact output
     hot_pooled: list | None = None
     partials: torch.Tensor | None = None
 
@@ -148,26 +147,31 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         return _Splits(self, step, payload, len(columns), work, gathered)
 
     def owner_features(self, step: _Batch, received: torch.Tensor) -> KeyedJaggedTensor:
-        """The (bag, row) pairs received, as a KJT of ``world_size * batch`` bags per position."""
+        """The (bag, row) pairs received, as a compact KJT: per position, one bag per
+        (source, sample) that sent ids, in that order, padded with empty bags to the position
+        with the most. The owner's kernels pool it in one call per group."""
         ws, batch, positions = self.world_size, step.batch, self.layout.num_positions
         device = received.device
         source = torch.repeat_interleave(torch.arange(ws, device=device), torch.tensor(step.recv_splits, device=device))
         bag = received[:, 0].long()
+        position = bag // batch
         # ids arrive by source, each source's in bag order: (source, position, sample) never decreases
-        step.served_entries, step.served_inverse = torch.unique_consecutive(
-            source * (positions * batch) + bag, return_inverse=True
-        )
-        step.received = received
-        key = (bag // batch) * (ws * batch) + source * batch + bag % batch
-        key, order = torch.sort(key, stable=True)
-        lengths = torch.bincount(key, minlength=positions * ws * batch)
+        step.served_entries = torch.unique_consecutive(source * (positions * batch) + bag)
+        key, order = torch.sort(position * (ws * batch) + source * batch + bag % batch, stable=True)
+        entries, counts = torch.unique_consecutive(key, return_counts=True)  # by (position, source, sample)
+        entry_position = entries // (ws * batch)
+        per_position = torch.bincount(entry_position, minlength=positions)
+        slot = torch.arange(entries.numel(), device=device) - (torch.cumsum(per_position, 0) - per_position)[entry_position]
+        stride = max(int(per_position.max()), 1) if entries.numel() else 1  # the owner's one extra host sync
+        lengths = torch.zeros(positions * stride, dtype=torch.int64, device=device)
+        lengths[entry_position * stride + slot] = counts
+        # where each entry's partial is, in the order the readers expect: (source, position, sample)
+        rest = entries % (ws * batch)
+        by_source = torch.argsort((rest // batch) * (positions * batch) + entry_position * batch + rest % batch)
+        step.partial_at = (slot[by_source], entry_position[by_source], stride)
         weights = received[order, 2].view(torch.float32) if received.size(1) > 2 else None
         return KeyedJaggedTensor(
-            keys=self.feature_names,
-            values=received[order, 1].long(),
-            lengths=lengths.int(),
-            weights=weights,
-            stride=ws * batch,
+            keys=self.feature_names, values=received[order, 1].long(), lengths=lengths.int(), weights=weights, stride=stride
         )
 
 
@@ -193,14 +197,12 @@ class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
         step: _Batch = getattr(sparse_features, STEP_ATTR)
         self.begin_read(step.hot_version)
         batch, positions = step.batch, self.layout.num_positions
-        if self._owner is not None:  # one width: pool from the kernels' rows, update them in the backward
-            step.partials = _OwnerPartials.apply(self._anchor, self._owner, step).reshape(-1)
-        else:  # mixed widths: the kernels' own forward and fused backward over every bag
-            pooled = super().forward(sparse_features)  # [ws * batch, width] partial sums
-            source, rest = step.served_entries // (positions * batch), step.served_entries % (positions * batch)
-            position, sample = rest // batch, rest % batch
-            index = self.layout.elements(source * batch + sample, position, self.layout.width)
-            step.partials = pooled.reshape(-1)[index]
+        pooled = super().forward(sparse_features)  # [compact bags, width]: the kernels' fused forward and backward
+        rows, position, stride = step.partial_at
+        if self.layout.uniform_dim is not None:
+            step.partials = pooled.view(stride, positions, self.layout.uniform_dim)[rows, position].reshape(-1)
+        else:
+            step.partials = pooled.reshape(-1)[self.layout.elements(rows, position, self.layout.width)]
         if self.layout.uniform_dim is None:  # one width: the output dist pools hot rows as it finishes the bags
             step.hot_pooled = [
                 pool_hot(self._anchor, block, slots, bags, weights, positions * batch)
@@ -209,35 +211,6 @@ class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
         self.stats["skipped_steps"] += int(step.local_only)
         self.last_batch = step
         return step.partials
-
-
-def _received(step: _Batch):
-    """The owner's (positions, rows, weights or None) of the ids it received for bags."""
-    received = step.received
-    weights = received[:, 2].view(torch.float32) if received.size(1) > 2 else None
-    return received[:, 0].long() // step.batch, received[:, 1].long(), weights
-
-
-class _OwnerPartials(torch.autograd.Function):
-    """``[entries, dim]`` partial sums of the ids received; the backward steps the owners' optimizer."""
-
-    @staticmethod
-    def forward(ctx, anchor, owner: OwnerRows, step: _Batch):  # noqa: ARG004
-        ctx.owner, ctx.step = owner, step
-        position, rows, weights = _received(step)
-        values = owner.read(position, rows)
-        if weights is not None:
-            values = values * weights.unsqueeze(1)
-        partials = torch.zeros(step.served_entries.numel(), owner.dim, device=values.device)
-        return partials.index_add_(0, step.served_inverse, values)
-
-    @staticmethod
-    def backward(ctx, grad):
-        owner, step = ctx.owner, ctx.step
-        position, rows, weights = _received(step)
-        grads = grad[step.served_inverse]
-        owner.apply(position, rows, grads if weights is None else grads * weights.unsqueeze(1))
-        return None, None, None
 
 
 class _ScaleGrad(torch.autograd.Function):
