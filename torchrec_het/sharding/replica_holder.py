@@ -1,8 +1,7 @@
 """What both pipelined ``het_row_replicated`` lookups (bags and sequences) share.
 
 :class:`IdLayout` is one id space over every table of a sharding (static indexes, built
-once); :class:`OwnerRows` reads and steps rows of the owner's fused kernels as row views;
-:class:`ReplicaHolder` is the lookup mixin that keeps the hot-row replica blocks, their
+once); :class:`ReplicaHolder` is the lookup mixin that keeps the hot-row replica blocks, their
 syncs, the online profile and the checkpoint hooks.
 """
 
@@ -15,8 +14,7 @@ from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.replication.tiers import hottest_rows
 from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
 from torchrec_het.sharding.replica_group import ReplicaGroup
-from torchrec_het.sharding.replica_store import ReplicaBlock, optimizer_name, owned_rows, state_width, step_rows
-from torchrec_het.sharding.row_optim import _layout as row_layout
+from torchrec_het.sharding.replica_store import ReplicaBlock, optimizer_name, owned_rows
 
 
 class IdLayout:
@@ -84,88 +82,6 @@ class IdLayout:
         return base + torch.arange(base.numel(), device=base.device) - first
 
 
-class OwnerRows:
-    """Where the rows of one-width tables live in the owner's kernels, built once.
-
-    Per position: its kernel, the table's index there and the kernel row (of a
-    ``[rows, dim]`` view of the kernel's flat weights) where the table's shard starts.
-    """
-
-    def __init__(self, kernels, views, states, kinds, kernel_of, table_of, first_row, first_state, dim):
-        self.kernels, self.views, self.states, self.kinds, self.dim = kernels, views, states, kinds, dim
-        self.kernel_of, self.table_of, self.first_row, self.first_state = kernel_of, table_of, first_row, first_state
-
-    @classmethod
-    def of(cls, lookup: "ReplicaHolder") -> "OwnerRows | None":
-        """None unless every kernel keeps fp32 rows of one width in one flat buffer, updatable row by row."""
-        dim = lookup.layout.uniform_dim
-        kernels = [m.emb_module for m in lookup._emb_modules]
-        views, states, kinds, kernel_of, table_of, first_row, first_state = [], [], [], [], [], [], []
-        for k, (kernel, config) in enumerate(zip(kernels, lookup.grouped_configs)):
-            layout = row_layout(kernel)
-            if layout is None or float(kernel.optimizer_args.weight_decay) != 0.0:
-                return None
-            flat = getattr(kernel, layout.weights).detach()
-            offsets = torch.tensor(list(kernel.weights_physical_offsets), dtype=torch.int64)
-            if flat.numel() % dim or bool((offsets % dim).any()):
-                return None
-            width = state_width(layout.kind, dim)
-            views.append(flat.view(-1, dim))
-            states.append(getattr(kernel, layout.state).detach().view(-1, width) if width else None)
-            kinds.append(layout.kind)
-            state_offsets = layout.state_offsets.cpu() if width else torch.zeros(len(config.embedding_tables), dtype=torch.int64)
-            for t, table in enumerate(config.embedding_tables):
-                count = len(table.feature_names)
-                kernel_of += [k] * count
-                table_of += [t] * count
-                first_row += [int(offsets[t]) // dim] * count
-                first_state += [int(state_offsets[t]) // max(width, 1)] * count
-        device = views[0].device
-        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
-        return cls(
-            kernels, views, states, kinds, as_tensor(kernel_of), as_tensor(table_of), as_tensor(first_row),
-            as_tensor(first_state), dim,
-        )
-
-    @torch.no_grad()
-    def step(self, k: int, positions: torch.Tensor, rows: torch.Tensor, view_rows: torch.Tensor, grads: torch.Tensor) -> None:
-        """Kernel ``k``'s optimizer step on its rows ``view_rows`` (repeats summed, each row stepped once)."""
-        if rows.numel() == 0:
-            return
-        uniq, inverse = torch.unique(view_rows, return_inverse=True)
-        grad = torch.zeros(uniq.numel(), self.dim, device=grads.device).index_add_(0, inverse, grads)
-        weights = self.views[k][uniq]
-        kernel, kind = self.kernels[k], self.kinds[k]
-        if self.states[k] is None:
-            step_rows(kind, weights, None, grad, kernel.learning_rate_tensor, 0.0)
-        else:
-            first = torch.empty_like(uniq).scatter_(0, inverse, torch.arange(rows.numel(), device=rows.device))
-            state_rows = self.first_state[positions[first]] + rows[first]
-            state = self.states[k][state_rows]
-            step_rows(kind, weights, state, grad, kernel.learning_rate_tensor, kernel.optimizer_args.eps)
-            self.states[k][state_rows] = state
-        self.views[k][uniq] = weights
-
-    def parts(self, position: torch.Tensor, rows: torch.Tensor):
-        """Per kernel k: (k, indexes of its ids, their positions, their rows in the table's shard, their view rows)."""
-        kernel = self.kernel_of[position]
-        for k in range(len(self.kernels)):
-            mine = (kernel == k).nonzero().flatten() if len(self.kernels) > 1 else torch.arange(rows.numel(), device=rows.device)
-            yield k, mine, position[mine], rows[mine], self.first_row[position[mine]] + rows[mine]
-
-    def read(self, position: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``[ids, dim]`` rows of the kernels' tables (no gradient)."""
-        out = torch.empty(rows.numel(), self.dim, device=self.views[0].device)
-        for k, mine, _, _, view_rows in self.parts(position, rows):
-            out[mine] = self.views[k][view_rows]
-        return out
-
-    def apply(self, position: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        """One optimizer step per distinct row, with the sum of its ``grads``."""
-        for k, mine, positions, table_rows, view_rows in self.parts(position, rows):
-            self.step(k, positions, table_rows, view_rows, grads[mine])
-
-
 class ReplicaHolder:
     """Hot-row replicas, the online profile and checkpoint hooks of a pipelined lookup (a mixin).
 
@@ -195,7 +111,6 @@ class ReplicaHolder:
         online = config.tiers is None and config.online_profile_steps > 0
         self._online_left = config.online_profile_steps if online else 0
         self._online_counts = torch.zeros(self.layout.total_rows, dtype=torch.int64, device=self._device) if online else None
-        self._owner = OwnerRows.of(self) if self.layout.uniform_dim is not None else None
         self._needs_refresh = True
         self._refreshed_version = -1
         self._anchor = torch.zeros(1, device=self._device, requires_grad=True)

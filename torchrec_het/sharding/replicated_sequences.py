@@ -4,12 +4,12 @@ input dist (:class:`SequenceIdsDist`)
   hot ids stay on the reader; every other **distinct** id goes to its owner once per
   reader, as (position, row): one all-gather of counts, then one all-to-all.
 lookup (:class:`ReplicatedSequenceLookup`, local compute)
-  the owner reads the rows it was asked for from its fused kernels.
+  the owner's fused kernels read the rows it was asked for (their fused backward steps them).
 output dist (:class:`SequenceRowsDist`)
   the rows go back (one all-to-all) and the reader lays every position's row out in its
   batch's order: hot ones from its replica block, cold ones from the rows received.
   Backward: per distinct cold id the gradient summed over its positions goes back to the
-  owner, which steps the row with the fused optimizer's arithmetic; hot gradients are
+  owner, whose fused kernel steps the row as stock row-wise does; hot gradients are
   summed over ranks by the replica blocks' syncs (:mod:`~torchrec_het.sharding.replica_store`).
 
 With no hot rows this is row-wise sharding that moves each distinct row once per reader,
@@ -29,7 +29,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.exchange_async import Exchange, start_exchange
-from torchrec_het.sharding.replica_holder import IdLayout, OwnerRows, ReplicaHolder, StagedSharding
+from torchrec_het.sharding.replica_holder import IdLayout, ReplicaHolder, StagedSharding
 from torchrec_het.sharding.replicated_bags import STEP_ATTR, _Splits
 
 __all__ = ["PipelinedRowReplicatedSequenceSharding", "ReplicatedSequenceLookup"]
@@ -102,23 +102,8 @@ class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         )
 
 
-class _OwnerRows(torch.autograd.Function):
-    """``[ids, dim]`` rows asked for; the backward steps them with the owners' optimizer."""
-
-    @staticmethod
-    def forward(ctx, anchor, owner: OwnerRows, step: _Rows):  # noqa: ARG004
-        ctx.owner, ctx.step = owner, step
-        return owner.read(step.received[:, 0].long(), step.received[:, 1].long())
-
-    @staticmethod
-    def backward(ctx, grad):
-        step = ctx.step
-        ctx.owner.apply(step.received[:, 0].long(), step.received[:, 1].long(), grad)
-        return None, None, None
-
-
 class ReplicatedSequenceLookup(ReplicaHolder, GroupedEmbeddingsLookup):
-    """The owner reads asked rows from its fused kernels (local compute).
+    """The owner's fused kernels read the asked rows (local compute); their backward steps them.
 
     Args:
         grouped_configs: the local shards, grouped as row-wise groups them.
@@ -141,11 +126,9 @@ class ReplicatedSequenceLookup(ReplicaHolder, GroupedEmbeddingsLookup):
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         step: _Rows = getattr(sparse_features, STEP_ATTR)
         self.begin_read(step.hot_version)
-        if self._owner is not None:
-            step.rows = _OwnerRows.apply(self._anchor, self._owner, step)
-        else:  # the kernels' own forward and fused backward, back in arrival order
-            by_position = super().forward(sparse_features).view(-1, self.layout.uniform_dim)
-            step.rows = torch.empty_like(by_position).index_copy(0, step.kernel_order, by_position)
+        # the kernels' own forward and fused backward, the rows put back in arrival order
+        by_position = super().forward(sparse_features).view(-1, self.layout.uniform_dim)
+        step.rows = torch.empty_like(by_position).index_copy(0, step.kernel_order, by_position)
         self.stats["skipped_steps"] += int(step.local_only)
         self.stats["rows_fetched"] += sum(c for r, c in enumerate(step.send_splits) if r != self._rank)
         self.last_batch = step
