@@ -73,6 +73,24 @@ class IdLayout:
         bucket = torch.bucketize(ids, self.owner_ends, right=True)
         return torch.where(is_hot, pos, -1), bucket % self.world_size, ids - self.bucket_start[bucket]
 
+    def ids_of(self, features: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(bag of every value, as position * batch + sample; its global id) of a batch with one batch size."""
+        if features.variable_stride_per_key():
+            raise NotImplementedError("het_row_replicated does not support variable batch sizes per feature")
+        lengths = features.lengths().long()
+        bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+        return bags, features.values().long() + self.position_base[bags // features.stride()]
+
+    def hot_of(self, hot_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per replica block: (indexes of the values it serves, their rows in the block)."""
+        block_of = torch.bucketize(hot_pos, self.hot_group_ends, right=True)
+        out = []
+        for index in range(len(self.groups)):
+            mine = ((hot_pos >= 0) & (block_of == index)).nonzero().flatten()
+            out.append((mine, hot_pos[mine] - self.hot_start[index]))
+        return out
+
+
     def elements(self, rows: torch.Tensor, positions: torch.Tensor, row_width: int) -> torch.Tensor:
         """Flat indexes of the blocks (row, position) in a ``[*, width]`` matrix, for mixed widths."""
         widths = self.dims[positions]
@@ -80,6 +98,17 @@ class IdLayout:
         first = torch.repeat_interleave(torch.cumsum(widths, 0) - widths, widths)
         base = torch.repeat_interleave(start, widths)
         return base + torch.arange(base.numel(), device=base.device) - first
+
+
+def gather_counts(dest: torch.Tensor, batch: int, pg):
+    """Starts the input dist's one all-gather: every rank's ids per destination and batch size.
+
+    Returns (work, gathered): row s of ``gathered`` is rank s's counts, then its batch size.
+    """
+    world_size = dist.get_world_size(pg)
+    counts = torch.cat([torch.bincount(dest, minlength=world_size), torch.tensor([batch], device=dest.device)])
+    gathered = [torch.empty_like(counts) for _ in range(world_size)]
+    return dist.all_gather(gathered, counts, group=pg, async_op=True), gathered
 
 
 class ReplicaHolder:
@@ -222,9 +251,8 @@ class ReplicaHolder:
         if features.variable_stride_per_key():
             raise ValueError("samples_read_here needs one batch size for every feature")
         batch = features.stride()
-        lengths = features.lengths().long()
-        bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
-        hot_pos, owner, _ = self.layout.route(features.values().long() + self.layout.position_base[bags // batch])
+        bags, ids = self.layout.ids_of(features)
+        hot_pos, owner, _ = self.layout.route(ids)
         remote = (hot_pos < 0) & (owner != self._rank)
         return torch.bincount(bags[remote] % batch, minlength=batch) == 0
 

@@ -2,12 +2,12 @@
 
 A :class:`ReplicaBlock` holds the hot rows of tables of one width as a ``[rows, dim]``
 tensor plus the optimizer state the owners' FBGEMM kernels keep for them. Every rank
-pools its hot ids from it (:func:`pool_hot`); the backward adds the rows' gradients to a
-pending buffer, and every ``sync_every`` steps one all-reduce of that buffer is started
-(an awaitable: nothing waits on it until the next read). :meth:`ReplicaBlock.settle` waits,
-applies the summed gradient with the owners' optimizer arithmetic (:func:`step_rows`) and
-writes the new rows and state through to the owners' shards, so a state dict or checkpoint
-always sees current values.
+reads its hot ids from it; the backward adds the rows' gradients to a pending buffer, and
+every ``sync_every`` steps a sync starts: touch counts are all-reduced at once, the touched
+rows' gradients once those are in (:meth:`ReplicaBlock.advance`). :meth:`ReplicaBlock.wait`
+applies the sums with the owners' optimizer arithmetic (:func:`step_rows`) before the next
+read and writes the new rows and state through to the owners' shards, so a state dict or
+checkpoint always sees current values.
 """
 
 from dataclasses import dataclass
@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
-from torchrec_het.sharding.row_optim import optimizer_kind
+from torchrec_het.sharding.row_optim import _buffer, optimizer_kind
+
 
 def optimizer_name(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
     """``sgd``, ``adagrad`` or ``rowwise_adagrad``; ValueError for a kernel whose update has no row form here."""
@@ -53,13 +54,12 @@ def step_rows(kind: str, weights: torch.Tensor, state: torch.Tensor, grads: torc
     weights.sub_(lr / (state.sqrt() + eps) * grads)
 
 
-def _flat(tbe: SplitTableBatchedEmbeddingBagsCodegen, prefix: str) -> torch.Tensor:
-    """The kernel's flat weights or momentum buffer where its tables live (device, else host)."""
-    for where in ("dev", "host", "uvm"):
-        buffer = getattr(tbe, f"{prefix}_{where}", None)
-        if buffer is not None and buffer.numel():
-            return buffer
-    raise ValueError(f"kernel has no {prefix} storage")
+def _flat(tbe: SplitTableBatchedEmbeddingBagsCodegen, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the kernel's flat weights or momentum buffer, each table's first element in it)."""
+    found = _buffer(tbe, prefix)
+    if found is None:
+        raise ValueError(f"het_row_replicated: the kernel's {prefix} are not in one flat buffer (mixed placements or a cache)")
+    return getattr(tbe, found[0]), found[1]
 
 
 @dataclass
@@ -115,9 +115,9 @@ class ReplicaBlock:
         self.wait()
         block = torch.zeros(self.weights.size(0), self.dim + self.state.size(1), device=self.weights.device)
         for part in self.owned:
-            block[part.slots, : self.dim] = _flat(part.kernel, "weights")[part.weight_index].float()
+            block[part.slots, : self.dim] = _flat(part.kernel, "weights")[0][part.weight_index].float()
             if self.state.size(1):
-                block[part.slots, self.dim :] = _flat(part.kernel, "momentum1")[part.state_index].float()
+                block[part.slots, self.dim :] = _flat(part.kernel, "momentum1")[0][part.state_index].float()
         dist.all_reduce(block, group=self.pg)
         self.weights.copy_(block[:, : self.dim])
         self.state.copy_(block[:, self.dim :])
@@ -191,27 +191,25 @@ class ReplicaBlock:
         for part in self.owned:
             mine = mask[part.slots]
             slots = part.slots[mine]
-            weights = _flat(part.kernel, "weights")
+            weights = _flat(part.kernel, "weights")[0]
             weights[part.weight_index[mine]] = self.weights[slots].to(weights.dtype)
             if self.state.size(1):
-                _flat(part.kernel, "momentum1")[part.state_index[mine]] = self.state[slots]
+                _flat(part.kernel, "momentum1")[0][part.state_index[mine]] = self.state[slots]
 
 
 def owned_rows(kernel, table_index: torch.Tensor, local_rows: torch.Tensor, slots: torch.Tensor, dim: int) -> OwnedRows:
     """Flat positions of rows ``local_rows`` of tables ``table_index`` in ``kernel`` (rows of width ``dim``)."""
     name = optimizer_name(kernel)
-    feature_table = list(kernel.feature_table_map)  # the kernel's offsets are per feature: a table's first one
     table_index, local_rows = table_index.cpu(), local_rows.cpu()
-    first_feature = torch.tensor([feature_table.index(t) for t in range(len(kernel.embedding_specs))])[table_index]
-    weight_start = kernel.weights_offsets.cpu()[first_feature] + local_rows * dim
-    weight_index = weight_start.unsqueeze(1) + torch.arange(dim)  # built on the host, moved below
+    weights, weight_offsets = _flat(kernel, "weights")
+    weight_index = (weight_offsets.cpu()[table_index] + local_rows * dim).unsqueeze(1) + torch.arange(dim)
     width = state_width(name, dim)
     if width:
-        state_start = kernel.momentum1_offsets.cpu()[first_feature] + local_rows * width
-        state_index = state_start.unsqueeze(1) + torch.arange(width)
+        state_offsets = _flat(kernel, "momentum1")[1].cpu()
+        state_index = (state_offsets[table_index] + local_rows * width).unsqueeze(1) + torch.arange(width)
     else:
         state_index = torch.zeros(local_rows.numel(), 0, dtype=torch.int64)
-    device = _flat(kernel, "weights").device
+    device = weights.device
     return OwnedRows(kernel, slots.to(device), weight_index.to(device), state_index.to(device))
 
 

@@ -35,7 +35,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.exchange_async import Exchange, start_exchange
-from torchrec_het.sharding.replica_holder import IdLayout, ReplicaHolder, StagedSharding
+from torchrec_het.sharding.replica_holder import IdLayout, ReplicaHolder, StagedSharding, gather_counts
 from torchrec_het.sharding.replica_store import pool_hot
 
 STEP_ATTR = "_het_replicated_step"  # where the input dist leaves a batch's bookkeeping on its KJT
@@ -55,8 +55,7 @@ class _Batch:
     local_only: bool = False
     served_entries: torch.Tensor | None = None  # owner: (source, position, sample) of bags received
     partial_at: tuple | None = None  # owner: (row, position, rows) of each partial in the kernels' compact output
-    hot_pooled: list | None = None
-    partials: torch.Tensor | None = None
+    hot_pooled: list | None = None  # mixed widths: per block, the hot partials pooled by the lookup
 
 
 class _Splits(Awaitable[Awaitable[KeyedJaggedTensor]]):
@@ -105,46 +104,33 @@ class _Ids(Awaitable[KeyedJaggedTensor]):
 class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
     """Keeps hot ids on the reader and sends every other id to its owner."""
 
-    def __init__(self, layout: IdLayout, feature_names: list[str], pg, device):
+    def __init__(self, layout: IdLayout, feature_names: list[str], pg):
         super().__init__()
         self.layout, self.feature_names, self.pg = layout, feature_names, pg
         self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
-        self.device = device
-        self.observe = None  # the lookup's online profile, while it runs
+        self.observe = None  # the lookup's replica syncs and online profile
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
-        if sparse_features.variable_stride_per_key():
-            raise NotImplementedError("het_row_replicated does not support variable batch sizes per feature")
-        layout, ws = self.layout, self.world_size
-        batch = sparse_features.stride()
-        lengths = sparse_features.lengths().long()
-        values = sparse_features.values().long()
+        layout, batch = self.layout, sparse_features.stride()
+        bags, ids = layout.ids_of(sparse_features)
         weights = sparse_features.weights_or_none()
-        bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
-        ids = values + layout.position_base[bags // batch]
         if self.observe is not None:
             self.observe(ids)  # replica syncs move on; online profile: counts, at its end new hot rows
         hot_pos, owner, row = layout.route(ids)
         hot = []
-        block_of = torch.bucketize(hot_pos, layout.hot_group_ends, right=True)
-        for index in range(len(layout.groups)):
-            mine = (hot_pos >= 0) & (block_of == index)
+        for mine, slots in layout.hot_of(hot_pos):
             by_sample = (bags[mine] % batch) * layout.num_positions + bags[mine] // batch  # output rows are (sample, position)
-            hot.append((hot_pos[mine] - layout.hot_start[index], by_sample, None if weights is None else weights[mine]))
+            hot.append((slots, by_sample, None if weights is None else weights[mine]))
         cold = (hot_pos < 0).nonzero().flatten()
-        order = torch.sort(owner[cold], stable=True).indices
-        cold = cold[order]
+        cold = cold[torch.sort(owner[cold], stable=True).indices]  # by owner, each owner's in bag order
         dest = owner[cold]
         columns = [bags[cold].to(torch.int32), row[cold].to(torch.int32)]
         if weights is not None:
             columns.append(weights[cold].float().view(torch.int32))
-        payload = torch.stack(columns, 1)
-        num_bags = lengths.numel()
-        step = _Batch(batch, layout.hot_version, lengths, hot, torch.unique(dest * num_bags + bags[cold]))
-        counts = torch.cat([torch.bincount(dest, minlength=ws), torch.tensor([batch], device=dest.device)])
-        gathered = [torch.empty_like(counts) for _ in range(ws)]
-        work = dist.all_gather(gathered, counts, group=self.pg, async_op=True)
-        return _Splits(self, step, payload, len(columns), work, gathered)
+        num_bags = batch * layout.num_positions
+        step = _Batch(batch, layout.hot_version, sparse_features.lengths().long(), hot, torch.unique(dest * num_bags + bags[cold]))
+        work, gathered = gather_counts(dest, batch, self.pg)
+        return _Splits(self, step, torch.stack(columns, 1), len(columns), work, gathered)
 
     def owner_features(self, step: _Batch, received: torch.Tensor) -> KeyedJaggedTensor:
         """The (bag, row) pairs received, as a compact KJT: per position, one bag per
@@ -199,18 +185,17 @@ class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
         batch, positions = step.batch, self.layout.num_positions
         pooled = super().forward(sparse_features)  # [compact bags, width]: the kernels' fused forward and backward
         rows, position, stride = step.partial_at
-        if self.layout.uniform_dim is not None:
-            step.partials = pooled.view(stride, positions, self.layout.uniform_dim)[rows, position].reshape(-1)
+        if self.layout.uniform_dim is not None:  # the output dist pools hot rows as it finishes the bags
+            partials = pooled.view(stride, positions, self.layout.uniform_dim)[rows, position].reshape(-1)
         else:
-            step.partials = pooled.reshape(-1)[self.layout.elements(rows, position, self.layout.width)]
-        if self.layout.uniform_dim is None:  # one width: the output dist pools hot rows as it finishes the bags
+            partials = pooled.reshape(-1)[self.layout.elements(rows, position, self.layout.width)]
             step.hot_pooled = [
                 pool_hot(self._anchor, block, slots, bags, weights, positions * batch)
                 for block, (slots, bags, weights) in zip(self._blocks, step.hot)
             ]
         self.stats["skipped_steps"] += int(step.local_only)
         self.last_batch = step
-        return step.partials
+        return partials
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -281,18 +266,17 @@ class PartialSumsDist(BaseEmbeddingDist):
         lookup = self._lookup[0]
         step = lookup.last_batch
         layout = self.layout
-        ws, batch, positions = lookup._ws, step.batch, layout.num_positions
-        served_source = step.served_entries // (positions * batch)
-        send_rows = torch.bincount(served_source, minlength=ws)
-        recv_rows = torch.bincount(step.sent_entries // (positions * batch), minlength=ws)
+        ws, bags = lookup._ws, step.batch * layout.num_positions
+        served_source, sent_dest = step.served_entries // bags, step.sent_entries // bags
         if layout.uniform_dim is not None:
-            splits = torch.cat([send_rows, recv_rows]) * layout.uniform_dim
+            splits = torch.cat([torch.bincount(served_source, minlength=ws), torch.bincount(sent_dest, minlength=ws)])
+            splits = splits * layout.uniform_dim
         else:  # elements: each entry is as wide as its position's table
-            served_pos = (step.served_entries % (positions * batch)) // batch
-            sent_pos = (step.sent_entries % (positions * batch)) // batch
-            send_elements = torch.bincount(served_source, layout.dims[served_pos].double(), minlength=ws)
-            recv_elements = torch.bincount(step.sent_entries // (positions * batch), layout.dims[sent_pos].double(), minlength=ws)
-            splits = torch.cat([send_elements, recv_elements]).long()
+            served_width = layout.dims[(step.served_entries % bags) // step.batch].double()
+            sent_width = layout.dims[(step.sent_entries % bags) // step.batch].double()
+            splits = torch.cat([
+                torch.bincount(served_source, served_width, minlength=ws), torch.bincount(sent_dest, sent_width, minlength=ws)
+            ]).long()
         splits = splits.tolist()  # the output dist's one host sync
         send, recv = splits[:ws], splits[ws:]
         exchange = start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only)
@@ -307,19 +291,17 @@ class PartialSumsDist(BaseEmbeddingDist):
         scale = 1.0 / lookup._ws if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
         if layout.uniform_dim is not None:
             return _FinishBags.apply(received, lookup._anchor, lookup._blocks, step, layout, sample * positions + position, scale)
-        else:
-            out = torch.zeros(batch * layout.width, device=received.device)
-            for block, pooled in zip(self._lookup[0]._blocks, step.hot_pooled):
-                mine = (layout.dims == block.dim).nonzero().flatten()
-                rows = pooled.view(batch, positions, block.dim)[:, mine]  # [batch, mine, dim]
-                index = layout.elements(
-                    torch.arange(batch, device=out.device).repeat_interleave(mine.numel()), mine.repeat(batch), layout.width
-                )
-                out = out.index_add(0, index, rows.reshape(-1))
-            out = out.index_add(0, layout.elements(sample, position, layout.width), received)
-            out = out.view(batch, layout.width)
-            if layout.has_mean:
-                out = out / _divisors(layout, step, batch)[:, layout.column_position]
+        out = torch.zeros(batch * layout.width, device=received.device)
+        for block, pooled in zip(lookup._blocks, step.hot_pooled):
+            mine = (layout.dims == block.dim).nonzero().flatten()
+            rows = pooled.view(batch, positions, block.dim)[:, mine]  # [batch, mine, dim]
+            index = layout.elements(
+                torch.arange(batch, device=out.device).repeat_interleave(mine.numel()), mine.repeat(batch), layout.width
+            )
+            out = out.index_add(0, index, rows.reshape(-1))
+        out = out.index_add(0, layout.elements(sample, position, layout.width), received).view(batch, layout.width)
+        if layout.has_mean:
+            out = out / _divisors(layout, step, batch)[:, layout.column_position]
         return _ScaleGrad.apply(out, scale)
 
 
@@ -347,7 +329,7 @@ class PipelinedRowReplicatedSharding(StagedSharding, RwPooledEmbeddingSharding):
 
     def create_input_dist(self, device=None) -> ColdIdsDist:
         lookup = self.create_lookup()
-        dist_ = ColdIdsDist(lookup.layout, self.feature_names(), lookup._exchange_pg, device or self._device)
+        dist_ = ColdIdsDist(lookup.layout, self.feature_names(), lookup._exchange_pg)
         dist_.observe = lookup.observe
         return dist_
 

@@ -29,7 +29,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.exchange_async import Exchange, start_exchange
-from torchrec_het.sharding.replica_holder import IdLayout, ReplicaHolder, StagedSharding
+from torchrec_het.sharding.replica_holder import IdLayout, ReplicaHolder, StagedSharding, gather_counts
 from torchrec_het.sharding.replicated_bags import STEP_ATTR, _Splits
 
 __all__ = ["PipelinedRowReplicatedSequenceSharding", "ReplicatedSequenceLookup"]
@@ -62,31 +62,20 @@ class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         self.observe = None  # the lookup's replica syncs and online profile
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
-        if sparse_features.variable_stride_per_key():
-            raise NotImplementedError("het_row_replicated does not support variable batch sizes per feature")
-        layout, ws = self.layout, self.world_size
-        batch = sparse_features.stride()
-        lengths = sparse_features.lengths().long()
-        values = sparse_features.values().long()
-        positions = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths) // batch
-        ids = values + layout.position_base[positions]
+        layout = self.layout
+        bags, ids = layout.ids_of(sparse_features)
+        positions = bags // sparse_features.stride()
         if self.observe is not None:
             self.observe(ids)
         hot_pos, owner, row = layout.route(ids)
-        block_of = torch.bucketize(hot_pos, layout.hot_group_ends, right=True)
-        hot = []
-        for index in range(len(layout.groups)):
-            mine = ((hot_pos >= 0) & (block_of == index)).nonzero().flatten()
-            hot.append((hot_pos[mine] - layout.hot_start[index], mine))
+        hot = [(slots, mine) for mine, slots in layout.hot_of(hot_pos)]
         cold = (hot_pos < 0).nonzero().flatten()
         key = owner[cold] * layout.total_rows + ids[cold]  # by owner, then id
         need, need_of = torch.unique(key, return_inverse=True)
         first = torch.empty_like(need).scatter_(0, need_of, torch.arange(cold.numel(), device=cold.device))
         payload = torch.stack([positions[cold[first]].to(torch.int32), row[cold[first]].to(torch.int32)], 1)
-        step = _Rows(layout.hot_version, values.numel(), hot, cold, need_of)
-        counts = torch.cat([torch.bincount(need // layout.total_rows, minlength=ws), torch.tensor([batch], device=need.device)])
-        gathered = [torch.empty_like(counts) for _ in range(ws)]
-        work = dist.all_gather(gathered, counts, group=self.pg, async_op=True)
+        step = _Rows(layout.hot_version, ids.numel(), hot, cold, need_of)
+        work, gathered = gather_counts(need // layout.total_rows, sparse_features.stride(), self.pg)
         return _Splits(self, step, payload, 2, work, gathered)
 
     def owner_features(self, step: _Rows, received: torch.Tensor) -> KeyedJaggedTensor:
