@@ -278,13 +278,17 @@ class ReplicaHolder:
 class StagedSharding:
     """Mixin for a TorchRec row-wise sharding whose dists share its one lookup (``lookup_class``).
 
+    Args (before the row-wise sharding's own): sharding_infos, env, then ``config``, the
+    replication settings for these tables, and device.
+
     The sharding builds the lookup once (TorchRec asks for lookups before output dists and
     input dists last) and hands its layout and online profile to the dists.
     """
 
     lookup_class: type
 
-    def init_staged(self, sharding_infos, config: ReplicationConfig) -> None:
+    def __init__(self, sharding_infos, env, config: ReplicationConfig, device=None, **kwargs) -> None:
+        super().__init__(sharding_infos, env, device, **kwargs)
         self._config = config
         self.shards_by_table = {
             info.embedding_config.name: list(info.param_sharding.sharding_spec.shards) for info in sharding_infos

@@ -16,10 +16,6 @@ write path
   fused-optimizer step: replicated rows' gradients summed over all ranks (sparse or
   dense, or held for ``replica_sync_every`` steps), per-host rows' over the holder
   group, the rest applied at their owners.
-online profile
-  with ``online_profile_steps`` and no tiers, :meth:`observe` counts every group's reads
-  for that many steps; the next :meth:`begin_step` sums the counts over ranks and rebuilds
-  the groups and replica kernels with the rows read often enough (:meth:`_choose_hot_rows`).
 checkpoints
   :meth:`flush` applies held gradients before a state dict; :meth:`purge` drops them and
   refreshes replicas at the next forward (TorchRec calls it when a state dict is loaded).
@@ -29,16 +25,12 @@ all-gather); its backward calls :meth:`settle` once per group, in group order.
 :meth:`samples_read_here` tells a data loader which samples need no other rank (FAE).
 """
 
-import dataclasses
-from types import SimpleNamespace
-
 import torch
 import torch.distributed as dist
 from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
-from torchrec_het.replication.tiers import TableTiers, hottest_rows
 from torchrec_het.sharding.exchange import exchange_flat
 from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
 from torchrec_het.sharding.replica_group import ReplicaGroup
@@ -68,8 +60,6 @@ class ReplicaWrites:
         self._needs_refresh = True
         self._anchor = torch.zeros(1, requires_grad=True)  # lets backward reach the write path
         self.stats = {"steps": 0, "skipped_steps": 0, "sparse_syncs": 0, "dense_syncs": 0}
-        self._online_left = 0  # steps still to count before choosing hot rows online
-        self._online_counts: list[torch.Tensor] = []
 
     # --- set-up ------------------------------------------------------------------------
 
@@ -80,9 +70,6 @@ class ReplicaWrites:
         self._wire = WIRE_DTYPES[config.wire_dtype]
         self._config, self._shards_by_table = config, shards_by_table
         self._build(config)
-        if config.tiers is None and config.online_profile_steps:
-            self._online_left = config.online_profile_steps
-            self._online_counts = [torch.zeros(int(g.offsets[-1]), dtype=torch.int64) for g in self._groups]
         if self._ws // local_ws > 1:  # holder groups of the per-host tier: one rank per host
             for local in range(local_ws):
                 group = dist.new_group(list(range(local, self._ws, local_ws)), backend=dist.get_backend(self._pg))
@@ -120,28 +107,6 @@ class ReplicaWrites:
             for i, m in enumerate(self._emb_modules)
         ]
         self._pending = [torch.zeros(g.hot.numel(), g.dim + 1) for g in self._groups]
-
-    def observe(self, index: int, ids: torch.Tensor) -> None:
-        """Counts group ``index``'s fused ids of this step while the online profile runs."""
-        if self._online_counts:
-            self._online_counts[index] += torch.bincount(ids, minlength=self._online_counts[index].numel())
-
-    def _choose_hot_rows(self) -> None:
-        """Ends the online profile: every rank's counts summed, hot rows chosen per table by
-        :func:`~torchrec_het.replication.tiers.hottest_rows`, groups rebuilt (a collective)."""
-        config, steps = self._config, self._config.online_profile_steps
-        tables = {}
-        for g, counts in zip(self._groups, self._online_counts):
-            dist.all_reduce(counts, group=self._pg)
-            for i, t in enumerate(g.tables):
-                reads = counts[int(g.offsets[i]) : int(g.offsets[i + 1])].double() / steps
-                hot = hottest_rows(reads, 1.0 / config.replica_sync_every, config.online_max_hot_fraction)
-                tables[t.name] = TableTiers(t.name, t.num_rows, hot, torch.zeros(0, dtype=torch.int64))
-        self._online_counts = []
-        self._config = dataclasses.replace(config, tiers=SimpleNamespace(tables=tables))
-        self._build(self._config)
-        self._needs_refresh = True
-        self.stats["online_hot_rows"] = self.stats.get("online_hot_rows", 0) + sum(g.hot.numel() for g in self._groups)
 
     @property
     def groups(self) -> list[ReplicaGroup]:
@@ -209,11 +174,8 @@ class ReplicaWrites:
     # --- forward -------------------------------------------------------------------------
 
     def begin_step(self) -> None:
-        """Ends the online profile if due, refreshes replicas if due, counts the step and takes
+        """Refreshes replicas if due, counts the step and takes
         views of the shard and replica weights."""
-        if self._online_counts and self._online_left == 0:
-            self._choose_hot_rows()
-        self._online_left = max(0, self._online_left - 1)
         if self._needs_refresh:
             self.refresh()
         self._step += 1

@@ -323,10 +323,6 @@ class PipelinedRowReplicatedSharding(StagedSharding, RwPooledEmbeddingSharding):
 
     lookup_class = ReplicatedBagLookup
 
-    def __init__(self, sharding_infos, env, config: ReplicationConfig, device=None, **kwargs) -> None:
-        super().__init__(sharding_infos, env, device, **kwargs)
-        self.init_staged(sharding_infos, config)
-
     def create_input_dist(self, device=None) -> ColdIdsDist:
         lookup = self.create_lookup()
         dist_ = ColdIdsDist(lookup.layout, self.feature_names(), lookup._exchange_pg)

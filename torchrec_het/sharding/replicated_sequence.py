@@ -83,8 +83,6 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
         self.begin_step()
         by_feature = sparse_features.to_dict()
         steps = [self._plan(g, by_feature) for g in self._groups]
-        for index, step in enumerate(steps):
-            self.observe(index, step.ids)
         facts = self.agree(
             [(s.need.numel(), int(g.is_hot(torch.unique(s.ids[s.here])).sum())) for g, s in zip(self._groups, steps)]
         )

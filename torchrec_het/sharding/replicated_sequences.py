@@ -185,10 +185,6 @@ class PipelinedRowReplicatedSequenceSharding(StagedSharding, RwSequenceEmbedding
 
     lookup_class = ReplicatedSequenceLookup
 
-    def __init__(self, sharding_infos, env, config: ReplicationConfig, device=None, **kwargs) -> None:
-        super().__init__(sharding_infos, env, device, **kwargs)
-        self.init_staged(sharding_infos, config)
-
     def create_input_dist(self, device=None) -> SequenceIdsDist:
         lookup = self.create_lookup()
         dist_ = SequenceIdsDist(lookup.layout, self.feature_names(), lookup._exchange_pg)
