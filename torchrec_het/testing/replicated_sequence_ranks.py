@@ -120,11 +120,12 @@ def sharded(
     replication: ReplicationConfig | None = None,
     carried: bool = False,
     stock_tables: tuple[str, ...] = (),
+    device: str = "cpu",
 ):
     """The pair sharded ``rep`` (every table het_row_replicated but ``stock_tables``, which stay
     stock row_wise in the same modules) or ``row_wise`` (stock ``EmbeddingCollectionSharder``),
-    weights set. ``rep`` takes ``replication`` from the modules (HetEmbeddingCollection) if
-    ``carried``, else from the sharder (plain ECs)."""
+    weights set, on ``device``. ``rep`` takes ``replication`` from the modules
+    (HetEmbeddingCollection) if ``carried``, else from the sharder (plain ECs)."""
     pair = _pair(configs, optimizer, "meta", replication if carried else None)
     if kind == "rep" and carried:
         sharder = HetEmbeddingCollectionSharder(module_type=HetEmbeddingCollection)
@@ -138,12 +139,12 @@ def sharded(
             getattr(pair, m),
             per_param_sharding={c.name: (row_wise if c.name in stock_tables else generator)() for c in configs[m]},
             world_size=dist.get_world_size(),
-            device_type="cpu",
+            device_type=torch.device(device).type,
             sharder=sharder,
         )
         for m in MODULES
     }
-    model = DistributedModelParallel(pair, device=torch.device("cpu"), plan=ShardingPlan(plan), sharders=[sharder])
+    model = DistributedModelParallel(pair, device=torch.device(device), plan=ShardingPlan(plan), sharders=[sharder])
     init_tables_by_row(model, all_configs(configs), SEED)
     return model
 
@@ -154,8 +155,8 @@ def _own(config: ReplicationConfig, tables) -> ReplicationConfig:
     return dataclasses.replace(config, tiers=SimpleNamespace(tables=own))
 
 
-def unsharded(configs, optimizer: str) -> Pair:
-    pair = _pair(configs, optimizer, "cpu")
+def unsharded(configs, optimizer: str, device: str = "cpu") -> Pair:
+    pair = _pair(configs, optimizer, device)
     init_tables_by_row(pair, all_configs(configs), SEED)
     return pair
 
