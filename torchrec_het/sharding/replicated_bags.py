@@ -119,16 +119,18 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         hot_pos, owner, row = layout.route(ids)
         hot = []
         for mine, slots in layout.hot_of(hot_pos):
-            by_sample = (bags[mine] % batch) * layout.num_positions + bags[mine] // batch  # output rows are (sample, position)
-            hot.append((slots, by_sample, None if weights is None else weights[mine]))
+            bag = bags.index_select(0, mine)
+            by_sample = (bag % batch) * layout.num_positions + bag // batch  # output rows are (sample, position)
+            hot.append((slots, by_sample, None if weights is None else weights.index_select(0, mine)))
         cold = (hot_pos < 0).nonzero().flatten()
-        cold = cold[torch.sort(owner[cold], stable=True).indices]  # by owner, each owner's in bag order
-        dest = owner[cold]
-        columns = [bags[cold].to(torch.int32), row[cold].to(torch.int32)]
+        dest, by_owner = torch.sort(owner.index_select(0, cold), stable=True)  # by owner, each owner's in bag order
+        cold = cold.index_select(0, by_owner)
+        cold_bags = bags.index_select(0, cold)
+        columns = [cold_bags.to(torch.int32), row.index_select(0, cold).to(torch.int32)]
         if weights is not None:
-            columns.append(weights[cold].float().view(torch.int32))
+            columns.append(weights.index_select(0, cold).float().view(torch.int32))
         num_bags = batch * layout.num_positions
-        step = _Batch(batch, layout.hot_version, sparse_features.lengths().long(), hot, torch.unique(dest * num_bags + bags[cold]))
+        step = _Batch(batch, layout.hot_version, sparse_features.lengths().long(), hot, torch.unique(dest * num_bags + cold_bags))
         work, gathered = gather_counts(dest, batch, self.pg)
         return _Splits(self, step, torch.stack(columns, 1), len(columns), work, gathered)
 
@@ -147,17 +149,19 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         entries, counts = torch.unique_consecutive(key, return_counts=True)  # by (position, source, sample)
         entry_position = entries // (ws * batch)
         per_position = torch.bincount(entry_position, minlength=positions)
-        slot = torch.arange(entries.numel(), device=device) - (torch.cumsum(per_position, 0) - per_position)[entry_position]
+        first = torch.cumsum(per_position, 0) - per_position
+        slot = torch.arange(entries.numel(), device=device) - first.index_select(0, entry_position)
         stride = max(int(per_position.max()), 1) if entries.numel() else 1  # the owner's one extra host sync
         lengths = torch.zeros(positions * stride, dtype=torch.int64, device=device)
         lengths[entry_position * stride + slot] = counts
         # where each entry's partial is, in the order the readers expect: (source, position, sample)
         rest = entries % (ws * batch)
         by_source = torch.argsort((rest // batch) * (positions * batch) + entry_position * batch + rest % batch)
-        step.partial_at = (slot[by_source], entry_position[by_source], stride)
-        weights = received[order, 2].view(torch.float32) if received.size(1) > 2 else None
+        step.partial_at = (slot.index_select(0, by_source), entry_position.index_select(0, by_source), stride)
+        received = received.index_select(0, order)
+        weights = received[:, 2].view(torch.float32) if received.size(1) > 2 else None
         return KeyedJaggedTensor(
-            keys=self.feature_names, values=received[order, 1].long(), lengths=lengths.int(), weights=weights, stride=stride
+            keys=self.feature_names, values=received[:, 1].long(), lengths=lengths.int(), weights=weights, stride=stride
         )
 
 
@@ -186,9 +190,10 @@ class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
         pooled = super().forward(sparse_features)  # [compact bags, width]: the kernels' fused forward and backward
         rows, position, stride = step.partial_at
         if self.layout.uniform_dim is not None:  # the output dist pools hot rows as it finishes the bags
-            partials = pooled.view(stride, positions, self.layout.uniform_dim)[rows, position].reshape(-1)
+            partials = pooled.view(stride * positions, self.layout.uniform_dim).index_select(0, rows * positions + position)
+            partials = partials.reshape(-1)
         else:
-            partials = pooled.reshape(-1)[self.layout.elements(rows, position, self.layout.width)]
+            partials = pooled.reshape(-1).index_select(0, self.layout.elements(rows, position, self.layout.width))
             step.hot_pooled = [
                 pool_hot(self._anchor, block, slots, bags, weights, positions * batch)
                 for block, (slots, bags, weights) in zip(self._blocks, step.hot)
@@ -222,8 +227,8 @@ class _FinishBags(torch.autograd.Function):
         batch, positions, dim = step.batch, layout.num_positions, layout.uniform_dim
         out = torch.zeros(batch * positions, dim, device=received.device)
         for block, (slots, bags, weights) in zip(blocks, step.hot):
-            values = block.weights[slots]
-            out.index_add_(0, bags, values if weights is None else values * weights.unsqueeze(1))
+            values = block.weights.index_select(0, slots)
+            out.index_add_(0, bags, values if weights is None else values.mul_(weights.unsqueeze(1)))
         out.index_add_(0, place, received.view(-1, dim))
         ctx.blocks, ctx.step, ctx.layout, ctx.place, ctx.scale = blocks, step, layout, place, scale
         ctx.divisors = _divisors(layout, step, batch).unsqueeze(2) if layout.has_mean else None
@@ -240,9 +245,9 @@ class _FinishBags(torch.autograd.Function):
             grad = grad / ctx.divisors
         grad = grad.reshape(batch * positions, dim)
         for block, (slots, bags, weights) in zip(ctx.blocks, step.hot):
-            values = grad[bags] * ctx.scale
-            block.add_grads(slots, values if weights is None else values * weights.unsqueeze(1))
-        return (grad[ctx.place] * ctx.scale).view(-1), None, None, None, None, None, None
+            values = grad.index_select(0, bags).mul_(ctx.scale)
+            block.add_grads(slots, values if weights is None else values.mul_(weights.unsqueeze(1)))
+        return grad.index_select(0, ctx.place).mul_(ctx.scale).view(-1), None, None, None, None, None, None
 
 
 class _Bags(Awaitable[torch.Tensor]):

@@ -70,10 +70,11 @@ class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         hot_pos, owner, row = layout.route(ids)
         hot = [(slots, mine) for mine, slots in layout.hot_of(hot_pos)]
         cold = (hot_pos < 0).nonzero().flatten()
-        key = owner[cold] * layout.total_rows + ids[cold]  # by owner, then id
+        key = owner.index_select(0, cold) * layout.total_rows + ids.index_select(0, cold)  # by owner, then id
         need, need_of = torch.unique(key, return_inverse=True)
         first = torch.empty_like(need).scatter_(0, need_of, torch.arange(cold.numel(), device=cold.device))
-        payload = torch.stack([positions[cold[first]].to(torch.int32), row[cold[first]].to(torch.int32)], 1)
+        first = cold.index_select(0, first)
+        payload = torch.stack([positions.index_select(0, first).to(torch.int32), row.index_select(0, first).to(torch.int32)], 1)
         step = _Rows(layout.hot_version, ids.numel(), hot, cold, need_of)
         work, gathered = gather_counts(need // layout.total_rows, sparse_features.stride(), self.pg)
         return _Splits(self, step, payload, 2, work, gathered)
@@ -85,7 +86,7 @@ class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         _, step.kernel_order = torch.sort(position, stable=True)
         return KeyedJaggedTensor(
             keys=self.feature_names,
-            values=received[step.kernel_order, 1].long(),
+            values=received[:, 1].index_select(0, step.kernel_order).long(),
             lengths=torch.bincount(position, minlength=self.layout.num_positions).int(),
             stride=1,
         )
@@ -131,8 +132,8 @@ class _FinishRows(torch.autograd.Function):
     def forward(ctx, received, anchor, blocks, step: _Rows, dim: int, scale: float):  # noqa: ARG004
         out = torch.empty(step.num_values, dim, device=received.device)
         for block, (slots, at) in zip(blocks, step.hot):
-            out[at] = block.weights[slots]
-        out[step.cold] = received.view(-1, dim)[step.need_of]
+            out.index_copy_(0, at, block.weights.index_select(0, slots))
+        out.index_copy_(0, step.cold, received.view(-1, dim).index_select(0, step.need_of))
         ctx.blocks, ctx.step, ctx.dim, ctx.scale, ctx.received = blocks, step, dim, scale, received.numel() // max(dim, 1)
         return out
 
@@ -141,8 +142,9 @@ class _FinishRows(torch.autograd.Function):
         step, dim = ctx.step, ctx.dim
         grad = grad.reshape(-1, dim) * ctx.scale  # as TorchRec's row-wise backward scales it
         for block, (slots, at) in zip(ctx.blocks, step.hot):
-            block.add_grads(slots, grad[at])
-        need = torch.zeros(ctx.received, dim, device=grad.device).index_add_(0, step.need_of, grad[step.cold])
+            block.add_grads(slots, grad.index_select(0, at))
+        cold = grad.index_select(0, step.cold)
+        need = torch.zeros(ctx.received, dim, device=grad.device).index_add_(0, step.need_of, cold)
         return need.view(-1), None, None, None, None, None
 
 
