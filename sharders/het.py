@@ -28,17 +28,18 @@ from torchrec_het.sharding.validate import FeatureCheck
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 PLUGIN_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
-# The replication settings travel to the shardings in the fused params under this key,
-# which is removed before TorchRec groups tables or FBGEMM sees the dict.
+# The replication and HET cache settings travel to the shardings in the fused params under
+# these keys, which are removed before TorchRec groups tables or FBGEMM sees the dict.
 REPLICATION_KEY = "het_replication"
+HET_CACHE_KEY = "het_cache"
 
 
-def _without_settings(sharding_infos) -> tuple[list, ReplicationConfig | None]:
-    """The sharding infos minus the plugin's fused-params key, and the settings it carried."""
+def _without_settings(sharding_infos, key: str = REPLICATION_KEY) -> tuple[list, Any]:
+    """The sharding infos minus the plugin's fused-params ``key``, and the settings it carried."""
     config, cleaned = None, []
     for info in sharding_infos:
         params = dict(info.fused_params or {})
-        config = params.pop(REPLICATION_KEY, config)
+        config = params.pop(key, config)
         cleaned.append(dataclasses.replace(info, fused_params=params))
     return cleaned, config
 
@@ -96,21 +97,22 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
         rows = {t.name: t.num_embeddings for t in module.embedding_bag_configs()}
         cache.check_tables([n for n, p in plan.items() if p.sharding_type == HET_CACHED_ROW_WISE])
         replication.check_tables(rows)
-        kwargs["fused_params"] = {**(kwargs.get("fused_params") or {}), REPLICATION_KEY: replication}
+        kwargs["fused_params"] = {
+            **(kwargs.get("fused_params") or {}), REPLICATION_KEY: replication, HET_CACHE_KEY: cache
+        }
         super().__init__(*args, **kwargs)
         self._rows_of_feature = {
             feature: config.num_embeddings for config in self._embedding_bag_configs for feature in config.feature_names
         }
         self._check_features = FeatureCheck(self._rows_of_feature)
         for sharding, lookup in zip(self._embedding_shardings, self._lookups):
-            if isinstance(lookup, HetCachedEmbeddingLookup):
-                lookup.attach_cache(cache, sharding.shards_by_table)
             if isinstance(lookup, RowReplicatedEmbeddingLookup):
                 lookup.attach(replication, sharding.shards_by_table)
 
     @classmethod
     def create_embedding_bag_sharding(cls, sharding_infos, env, device=None, permute_embeddings=False, qcomm_codecs_registry=None):
         sharding_type = sharding_infos[0].param_sharding.sharding_type
+        sharding_infos, cache = _without_settings(sharding_infos, HET_CACHE_KEY)
         sharding_infos, replication = _without_settings(sharding_infos)
         replication = replication if replication is not None else ReplicationConfig()
         if sharding_type == HET_ROW_REPLICATED and _pipelined(replication, sharding_infos):
@@ -119,7 +121,8 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
             )
         if sharding_type == HET_CACHED_ROW_WISE:
             return HetCachedRwPooledEmbeddingSharding(
-                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+                sharding_infos, env, cache if cache is not None else HetCacheConfig(), device,
+                qcomm_codecs_registry=qcomm_codecs_registry,
             )
         if sharding_type == HET_ROW_REPLICATED:
             return RowReplicatedPooledEmbeddingSharding(

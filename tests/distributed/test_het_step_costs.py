@@ -13,14 +13,17 @@ from torchrec_het.testing.het_step_ranks import SMALL_ROWS, WithCases
 from torchrec_het.testing.spawn import spawn_world
 
 # Host syncs per training step, whole step (forward, backward, optimizer). Measured: 13 for
-# het_cached_row_wise exact and s = 10 (3 of the lookup: one per exchange round whose splits
-# it reads, the rescan decision of the cache riding the rows' splits; 1 of the input check;
-# 9 outside the plugin: 8 torch.optim.Adagrad .item() on the dense parameters, 1 in the
-# KJT's construction). Stock row_wise: 15. Before the vectorized path the HET step took 245.
+# het_cached_row_wise exact and s = 10 (3 of the stages: the input dist's counts all-gather,
+# the rows' splits in the output dist (the cache's rescan decision rides along), the pushes'
+# splits in the backward; 1 of the input check; 9 outside the plugin: 8 torch.optim.Adagrad
+# .item() on the dense parameters, 1 in the KJT's construction). Stock row_wise: 15. Before
+# the vectorized path the HET step took 245.
 HET_SYNCS_PER_STEP = 13
 HET_OWN_SYNCS_PER_STEP = 4  # the share of the syncs issued from torchrec_het's own code
-# All-to-alls per step of one group of tables (the 26 share a width and settings): requests'
-# counts, requests, versions, rows (with the backward's push counts) forward; pushes backward.
+# Collectives per step (all groups of tables travel in the same ones): the input dist's
+# counts all-gather and requests all-to-all, the output dist's versions and rows (with the
+# backward's push counts) all-to-alls forward; the pushes' all-to-all backward (started
+# there, waited at the next lookup).
 # Stock row_wise: 4 forward (the KJT input dist), 1 backward (the pooled gradients).
 HET_COLLECTIVES = {"fwd": 4, "bwd": 1}
 KINDS = ("het_s0", "het_s10", "row_wise")

@@ -31,10 +31,11 @@ class PendingRows:
     counts: torch.Tensor
 
     @staticmethod
-    def empty(dim: int, dtype: torch.dtype = torch.float32) -> "PendingRows":
+    def empty(dim: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> "PendingRows":
         """No rows, with gradients of width ``dim``."""
         return PendingRows(
-            torch.empty(0, dtype=torch.int64), torch.empty(0, dim, dtype=dtype), torch.empty(0, dtype=torch.int64)
+            torch.empty(0, dtype=torch.int64, device=device), torch.empty(0, dim, dtype=dtype, device=device),
+            torch.empty(0, dtype=torch.int64, device=device),
         )
 
     def __len__(self) -> int:
@@ -86,6 +87,7 @@ class RowCache:
         dtype: dtype of values and gradients.
         partition_ends: exclusive end id of each partition, ascending to ``num_rows``
             (default: one partition).
+        device: where every tensor of the cache lives.
     """
 
     CANDIDATES_PER_VICTIM = 8  # a rescan keeps this many candidates per victim wanted, so rescans are rare
@@ -99,6 +101,7 @@ class RowCache:
         policy: str = "lru",
         dtype: torch.dtype = torch.float32,
         partition_ends: list[int] | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
         if num_rows < 1:
             raise ValueError(f"num_rows must be >= 1, got {num_rows}")
@@ -113,32 +116,33 @@ class RowCache:
         if len(ends) != len(capacities) or ends[-1] != num_rows or ends != sorted(ends) or ends[0] < 0:
             raise ValueError(f"partition_ends {ends} must ascend to num_rows={num_rows}, one per capacity {capacities}")
         total = sum(capacities)
+        self.device = device = torch.device(device) if device is not None else torch.device("cpu")
         self.num_rows, self.dim, self.capacity, self.policy = num_rows, dim, total, policy
-        self.partition_ends = torch.tensor(ends, dtype=torch.int64)
-        self.partition_capacity = torch.tensor(capacities, dtype=torch.int64)
+        self.partition_ends = torch.tensor(ends, dtype=torch.int64, device=device)
+        self.partition_capacity = torch.tensor(capacities, dtype=torch.int64, device=device)
         # slots of partition p: [slot_starts[p], slot_starts[p + 1])
-        self.slot_starts = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(self.partition_capacity, 0)])
-        self.values = torch.zeros(total, dim, dtype=dtype)
-        self.pending_grad = torch.zeros(total, dim, dtype=dtype)
-        self.pending_delta = torch.zeros(total, dim, dtype=dtype)
-        self.versions = torch.zeros(total, dtype=torch.int64)
-        self.validated_step = torch.zeros(total, dtype=torch.int64)
-        self.pending_count = torch.zeros(total, dtype=torch.int64)
-        self.last_used = torch.zeros(total, dtype=torch.int64)
-        self.frequency = torch.zeros(total, dtype=torch.int64)
-        self.slot_ids = torch.full((total,), -1, dtype=torch.int64)
+        self.slot_starts = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(self.partition_capacity, 0)])
+        self.values = torch.zeros(total, dim, dtype=dtype, device=device)
+        self.pending_grad = torch.zeros(total, dim, dtype=dtype, device=device)
+        self.pending_delta = torch.zeros(total, dim, dtype=dtype, device=device)
+        self.versions = torch.zeros(total, dtype=torch.int64, device=device)
+        self.validated_step = torch.zeros(total, dtype=torch.int64, device=device)
+        self.pending_count = torch.zeros(total, dtype=torch.int64, device=device)
+        self.last_used = torch.zeros(total, dtype=torch.int64, device=device)
+        self.frequency = torch.zeros(total, dtype=torch.int64, device=device)
+        self.slot_ids = torch.full((total,), -1, dtype=torch.int64, device=device)
         map_dtype = torch.int32 if total <= _INT32_MAX else torch.int64
-        self._slot_of = torch.full((num_rows,), -1, dtype=map_dtype)
-        self._protected = torch.zeros(total, dtype=torch.bool)
+        self._slot_of = torch.full((num_rows,), -1, dtype=map_dtype, device=device)
+        self._protected = torch.zeros(total, dtype=torch.bool, device=device)
         self._reset_eviction()
 
     def _reset_eviction(self) -> None:
         partitions = self.partition_capacity.numel()
-        self._filled = torch.zeros(partitions, dtype=torch.int64)  # slots ever filled since clear: a prefix
-        self._candidates = torch.zeros(0, dtype=torch.int64)
+        self._filled = torch.zeros(partitions, dtype=torch.int64, device=self.device)  # slots ever filled since clear: a prefix
+        self._candidates = torch.zeros(0, dtype=torch.int64, device=self.device)
         # (key, slot) every occupied non-candidate slot orders at or after; (-1, -1): none known yet
-        self._bound_key = torch.full((partitions,), -1, dtype=torch.int64)
-        self._bound_slot = torch.full((partitions,), -1, dtype=torch.int64)
+        self._bound_key = torch.full((partitions,), -1, dtype=torch.int64, device=self.device)
+        self._bound_slot = torch.full((partitions,), -1, dtype=torch.int64, device=self.device)
 
     def __len__(self) -> int:
         """Occupied slots."""
@@ -200,7 +204,7 @@ class RowCache:
         order = torch.sort(self._keys(slots), stable=True).indices
         order = order[torch.sort(part[order], stable=True).indices]
         slots, part = slots[order], part[order]
-        rank = torch.arange(slots.numel()) - (torch.cumsum(counts, 0) - counts)[part]
+        rank = torch.arange(slots.numel(), device=self.device) - (torch.cumsum(counts, 0) - counts)[part]
         kept = rank < keep[part]
         bound = rank == keep[part]  # the first slot left out: every other one orders after it
         self._bound_key[partitions] = _INT64_MAX
@@ -237,10 +241,10 @@ class RowCache:
         order = torch.sort(self._candidates[ok]).indices  # ties of both keys go to the smallest slot
         order = order[torch.sort(keys[order], stable=True).indices]
         order = order[torch.sort(part[order], stable=True).indices]
-        rank = torch.arange(order.numel()) - (torch.cumsum(found, 0) - found)[part[order]]
+        rank = torch.arange(order.numel(), device=self.device) - (torch.cumsum(found, 0) - found)[part[order]]
         chosen = ok[order[rank < wanted[part[order]]]]
         victims = self._candidates[chosen]
-        left = torch.ones(self._candidates.numel(), dtype=torch.bool)
+        left = torch.ones(self._candidates.numel(), dtype=torch.bool, device=self.device)
         left[chosen] = False
         self._candidates = self._candidates[left]
         return victims
@@ -311,9 +315,9 @@ class RowCache:
                 raise ValueError("insert() takes ids that are not cached yet")
             if n != torch.unique(ids).numel():
                 raise ValueError("insert() takes distinct ids")
-        result = torch.full((n,), -1, dtype=torch.int64)
+        result = torch.full((n,), -1, dtype=torch.int64, device=self.device)
         if n == 0 or self.capacity == 0:
-            return result, PendingRows.empty(self.dim, self.values.dtype), ids[:0].to(torch.int64)
+            return result, PendingRows.empty(self.dim, self.values.dtype, self.device), ids[:0].to(torch.int64)
         partition, wanted, free, protect, protect_count, evictable = self._demand(ids, protect)
         protected = self._protected  # a scratch mask, all False between calls
         protected[protect] = True
@@ -329,7 +333,7 @@ class RowCache:
         count = free + evictable
         order = torch.sort(partition, stable=True).indices  # ids of a partition keep their order
         part = partition[order]
-        rank = torch.arange(n) - (torch.cumsum(wanted, 0) - wanted)[part]
+        rank = torch.arange(n, device=self.device) - (torch.cumsum(wanted, 0) - wanted)[part]
         gets = rank < count[part]
         positions = order[gets]
         slots = granted[(torch.cumsum(count, 0) - count)[part[gets]] + rank[gets]]
@@ -363,7 +367,7 @@ class RowCache:
         """Whether caching ``ids`` (never evicting ``protect``) needs a rescan of some partition's
         slots: a 0-d bool tensor, for callers that read it with their own data (see :meth:`reserve`)."""
         if ids.numel() == 0 or self.capacity == 0:
-            return torch.zeros((), dtype=torch.bool)
+            return torch.zeros((), dtype=torch.bool, device=self.device)
         _, _, _, protect, _, evictable = self._demand(ids, protect)
         protected = self._protected
         protected[protect] = True
@@ -454,4 +458,4 @@ class RowCache:
 def _ranges(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """``starts[p] + 0 .. counts[p] - 1`` for every p, one after the other."""
     base = torch.repeat_interleave(starts, counts)
-    return base + torch.arange(base.numel()) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    return base + torch.arange(base.numel(), device=base.device) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)

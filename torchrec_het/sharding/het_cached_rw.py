@@ -1,21 +1,46 @@
 """``het_cached_row_wise``: row-wise owners, a stale-tolerant cache of remote rows on every rank.
 
-In TorchRec's grammar: the input dist is a no-op (each rank keeps its own batch),
-the lookup (:class:`HetCachedEmbeddingLookup`) reads owned rows locally and remote
-rows through the cache, and the output dist is a no-op (bags are pooled where the
-batch lives). Shards, grouping, state dict and fused optimizer are row-wise's own.
+In TorchRec's grammar (:mod:`~torchrec_het.sharding.het_dists`): the input dist sends
+each batch's requests (id, cached version) to the owners; the lookup
+(:class:`HetCachedEmbeddingLookup`) is local compute (the owner's answer); the output
+dist brings versions and rows back, settles the cache and pools the bags where the
+batch lives. Shards, grouping, state dict and fused optimizer are row-wise's own.
+The cache settings come from the plan (the ``het_cache`` fused-params key, taken out
+by the sharded module before TorchRec groups the tables).
 """
 
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
+
+from torchrec_het.sharding.het_dists import HetRequestsDist, HetRowsDist
 from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
-from torchrec_het.sharding.local_rw import LocalBatchRwPooledSharding, row_wise_as
+from torchrec_het.sharding.local_rw import row_wise_as
+from torchrec_het.sharding.replica_holder import StagedSharding
 from torchrec_het.types import HET_CACHED_ROW_WISE
 
 
-class HetCachedRwPooledEmbeddingSharding(LocalBatchRwPooledSharding):
-    """Row-wise shards, read and written through the HET cache."""
+class HetCachedRwPooledEmbeddingSharding(StagedSharding, RwPooledEmbeddingSharding):
+    """Row-wise shards, read and written through the HET cache, in TorchRec's three stages.
+
+    Args:
+        sharding_infos: TorchRec's per-table sharding infos (without the plugin's key).
+        env: sharding environment.
+        config: the HET cache settings (:class:`~torchrec_het.config.HetCacheConfig`).
+        device: compute device.
+    """
 
     lookup_class = HetCachedEmbeddingLookup
     sharding_type = HET_CACHED_ROW_WISE
+
+    def create_lookup(self, device=None, fused_params=None, feature_processor=None) -> HetCachedEmbeddingLookup:
+        if feature_processor is not None:
+            raise NotImplementedError(f"{self.sharding_type} does not support feature processors")
+        return super().create_lookup(device, fused_params)
+
+    def create_input_dist(self, device=None) -> HetRequestsDist:
+        return HetRequestsDist(self.create_lookup())
+
+    def create_output_dist(self, device=None) -> HetRowsDist:
+        return HetRowsDist(self.create_lookup())
 
 
 def het_cached_row_wise():

@@ -29,11 +29,11 @@ class GroupStats:
     ``index_add_``); nothing is read back to the host until :meth:`table` is asked.
     """
 
-    def __init__(self, num_tables: int, dim: int) -> None:
-        self.counters = {name: torch.zeros(num_tables, dtype=torch.int64) for name in COUNTERS}
-        self.staleness = torch.zeros(num_tables, STALENESS_BUCKETS, dtype=torch.int64)
-        self.grad_produced = torch.zeros(num_tables, dim, dtype=torch.float64)
-        self.grad_applied = torch.zeros(num_tables, dim, dtype=torch.float64)
+    def __init__(self, num_tables: int, dim: int, device: torch.device | None = None) -> None:
+        self.counters = {name: torch.zeros(num_tables, dtype=torch.int64, device=device) for name in COUNTERS}
+        self.staleness = torch.zeros(num_tables, STALENESS_BUCKETS, dtype=torch.int64, device=device)
+        self.grad_produced = torch.zeros(num_tables, dim, dtype=torch.float64, device=device)
+        self.grad_applied = torch.zeros(num_tables, dim, dtype=torch.float64, device=device)
 
     def add(self, name: str, tables: torch.Tensor, weights: torch.Tensor | None = None) -> None:
         n = self.counters[name].numel()
@@ -72,24 +72,37 @@ class HetGroup(FusedIdSpace):
         settings: their cache settings.
         rank: this rank.
         world_size: ranks in the sharding's process group.
+        device: where every index, the cache and the counters live.
     """
 
-    def __init__(self, tables: list[TableInfo], dim: int, settings: CacheSettings, rank: int, world_size: int):
+    def __init__(self, tables: list[TableInfo], dim: int, settings: CacheSettings, rank: int, world_size: int,
+                 device: torch.device | None = None):
         super().__init__(tables, dim, rank, world_size)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.settings = settings
         local_rows = self.local_offsets[1:] - self.local_offsets[:-1]
         capacities = [
             min(settings.capacity_rows(t.num_rows), t.num_rows - int(n)) for t, n in zip(tables, local_rows)
         ]
         self.cache = RowCache(
-            int(self.offsets[-1]), dim, capacities, policy=settings.policy, partition_ends=self.offsets[1:].tolist()
+            int(self.offsets[-1]), dim, capacities, policy=settings.policy, partition_ends=self.offsets[1:].tolist(),
+            device=self.device,
         )
         self.versions = torch.zeros(int(self.local_offsets[-1]), dtype=torch.int64)
-        self.stats = GroupStats(len(tables), dim)
+        # per cache slot: batches in flight (input dist done, not settled) that count on the slot's row
+        self.pins = torch.zeros(self.cache.capacity, dtype=torch.int32)
+        self.stats = GroupStats(len(tables), dim, self.device)
         self.table_module = torch.tensor([t.module_index for t in tables], dtype=torch.int64)
         self.kernel_table = torch.tensor([t.table_index for t in tables], dtype=torch.int64)
         self.modules = sorted({t.module_index for t in tables})
         self.has_mean = any(t.mean for t in tables)
+        self._move_indexes()
+
+    def _move_indexes(self) -> None:
+        """Every index tensor of the group to its device (the cache and counters are made there)."""
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.to(self.device))
 
     def set_layout(self, positions: list[int], columns: list[int], num_features: int, width: int) -> None:
         """Where the group's features sit in the lookup's input and output.
@@ -110,6 +123,7 @@ class HetGroup(FusedIdSpace):
         self.contiguous = bool(columns) and self.columns.tolist() == list(
             range(columns[0], columns[0] + len(columns) * self.dim)
         )
+        self._move_indexes()
 
     def local_index_of(self, ids: torch.Tensor) -> torch.Tensor:
         """Index of each owned id among this rank's owned rows, without the ownership check."""
@@ -125,3 +139,4 @@ class HetGroup(FusedIdSpace):
         """Forgets the cache and the versions (after a load: every rank does the same)."""
         self.cache.clear()
         self.versions.zero_()
+        self.pins.zero_()

@@ -2,34 +2,67 @@
 
 Each rank owns a row range of every table (TorchRec's row-wise shard, held by the
 stock fused FBGEMM kernel this class extends) and caches rows of the other ranges.
-A step, for the distinct ids of the local batch (tables of one dim and one cache
-setting are handled together, see :mod:`torchrec_het.sharding.het_group`):
+Tables of one dim and one cache setting share a fused id space and a cache
+(:mod:`torchrec_het.sharding.het_group`); all groups of a lookup travel in the same
+exchanges (a request is a *global* id: the group's base plus its fused id), so the
+number of collectives per step does not grow with the groups.
 
-forward (read path)
-  owned rows come from the local shard; a remote row is served from the cache when
-  the bound allows (``het``: the owner, asked with the cached version, sends the row
-  only on a miss or when it is more than ``s_read`` updates ahead; ``lease``: no
-  question at all until ``s_read`` steps after the row was last fetched or
-  validated); missing rows are fetched and cached (evicting by LRU or LFU). Bags are
-  pooled here, on the rank that holds the batch (one ``embedding_bag`` per group):
-  nothing pooled crosses the wire.
-backward (write path)
+A step in TorchRec's three stages (the dists are in :mod:`torchrec_het.sharding.het_dists`):
+
+input dist (:meth:`plan_requests`, then the requests' two awaitables)
+  the requester dedupes its batch's ids per group and, for the remote ids the bound
+  does not cover without asking (``het``: all of them; ``lease``: those whose lease
+  ran out), sends (id, cached version *now*, -1 if none) to their owners: every rank's
+  counts by one all-gather, then one int64 all-to-all. The cache slots the batch
+  refers to are pinned: no eviction may take them until this batch has settled, or
+  an owner could decide "the requester holds a copy" of a row that is gone.
+lookup (:meth:`forward`, local compute)
+  first the previous backward's gradient pushes are waited for and applied (so the
+  owner's versions and rows include them); then the owner reads the current version
+  of every requested row and decides which rows to send: those the requester does
+  not hold (``held < 0``) or holds more than the bound behind
+  (``current - held > bound``; ``bound`` is ``s_read`` for ``het``, 0 for ``lease``
+  renewals). It reads those rows from its shards; the rows are what it returns.
+output dist (:meth:`finish`, from the output dist's awaitable)
+  the owners' versions go back (one int64 all-to-all, sizes known from the input
+  dist); both sides apply the same rule to (held as sent, current), so the requester
+  knows which rows come and sizes the rows' all-to-all with one host sync (which
+  also carries the cache's rescan decision). Slots for rows it lacks are taken
+  before the rows come, so the gradient pushes of this step's backward are known
+  and travel as a header in the rows' all-to-all. Then the requester settles the
+  cache (refresh stale copies, fill new ones, renew leases, count) and pools its
+  bags locally (one ``embedding_bag`` per group) in an autograd function whose
+  backward produces the row gradients.
+backward (:meth:`write_back`)
   gradients of owned rows, of rows that found no cache slot, of cached rows with more
-  than ``s_write`` pending updates, and of dirty rows evicted this step go to their
-  owners, which apply the table's fused optimizer (one update per row per step with
-  the summed gradient, as stock row-wise does; :func:`~torchrec_het.sharding.row_optim.apply_rows`)
-  and bump the row's version by the number of updates received. Other cached rows keep
-  their gradient pending and get a local SGD step so later reads see this rank's own writes.
+  than ``s_write`` pending updates and of dirty rows evicted this step go to their
+  owners in one all-to-all that is *started* here (its sizes are known from the
+  header) and waited for at the next lookup, at :meth:`flush` (and so before
+  ``state_dict``) or at :meth:`purge`. The owner applies the table's fused optimizer
+  (one update per row with the summed gradient, as stock row-wise does;
+  :func:`~torchrec_het.sharding.row_optim.apply_rows`) and bumps the row's version by
+  the number of updates received. Other cached rows keep their gradient pending and
+  get a local SGD step so later reads see this rank's own writes.
 
-Exchanges per group and step (all-to-alls; the splits of each are read to the host once):
-request counts, requests (id, cached version), owner versions, then the rows, which
-also carry how many gradients each rank will push to each owner in the backward, so
-the backward sends its pushes in a single all-to-all. That needs each forward's
-backward to come before the next forward (a forward without backward, as in eval, is
-fine).
+Why a copy refreshed in between is still within the bound: under
+``TrainPipelineSparseDist`` the input dist of batch i+1 runs before batch i settles,
+so batch i's settle may refresh a copy that batch i+1 reported as ``held`` (a version
+``h``) to ``h' >= h`` (a slot never goes back: versions only grow, and the pin keeps
+the slot from being evicted and refilled). If the owner then keeps the row
+(``current - h <= bound``), the copy batch i+1 is served is at least as new:
+``current - h' <= current - h <= bound``. If the owner sends the row, the copy is
+replaced by the current one. Either way no read is more than the bound behind the
+owner's version at the time the owner answers, which is after every push of every
+earlier backward was applied. The staleness histogram records ``current - h'``.
 
-With ``s_read = s_write = 0`` every remote row is fetched fresh and every gradient is
-applied at its owner in the step it is produced: the same training as stock row-wise.
+Ordering this needs: each forward's backward comes before the next forward's lookup
+(a forward without backward, as in eval, is fine: its planned pushes stay queued).
+TorchRec's pipelines keep it: ``TrainPipelineSparseDist`` runs the input dist of
+i+1 early, but the lookup of i+1 after the backward of i.
+
+With ``s_read = s_write = 0`` every remote row is fetched fresh (the owner read its
+version after applying every earlier push) and every gradient is applied at its owner
+before the next read: the same training as stock row-wise, also under the pipeline.
 """
 
 from collections.abc import Callable
@@ -52,10 +85,13 @@ from torchrec_het.sharding.het_group import HetGroup
 from torchrec_het.sharding.id_space import TableInfo, row_starts_from_shards
 from torchrec_het.sharding.row_optim import _buffer, apply_rows, optimizer_kind
 
+STEP_ATTR = "_het_cached_step"  # where the input dist leaves a batch's bookkeeping on its KJT
+_PUSH_HEAD = 4  # a pushed row: id and update count as int64 bit patterns (two float32 words each), then the gradient
+
 
 @dataclass
 class _Read:
-    """One group's read of one step, kept for the backward of that step."""
+    """One group's read of one batch, from the input dist to that batch's backward."""
 
     step: int
     lengths: torch.Tensor  # [F, B] bag lengths of the group's features
@@ -67,7 +103,9 @@ class _Read:
     tables: torch.Tensor  # group table index of each distinct id
     local: torch.Tensor  # positions in uniq of owned ids
     remote: torch.Tensor  # positions in uniq of ids owned elsewhere
-    slots: torch.Tensor  # cache slot of each remote id (-1: none this step)
+    asked: torch.Tensor | None = None  # positions in remote of the ids asked about (ascending)
+    pinned: torch.Tensor | None = None  # cache slots pinned by the input dist until the settle
+    slots: torch.Tensor | None = None  # cache slot of each remote id at the settle (-1: none)
     rows: torch.Tensor | None = None  # [len(uniq), dim] values used this step
     bags: torch.Tensor | None = None  # bag of every id, bags ordered sample by sample
     by_bag: torch.Tensor | None = None  # the ids in that bag order
@@ -76,41 +114,79 @@ class _Read:
     due: torch.Tensor | None = None  # cache slots whose pending gradients go out in this step's backward
     outbox: list[PendingRows] = field(default_factory=list)  # evicted dirty rows that go out with them
     push_counts: torch.Tensor | None = None  # rows this rank pushes to each rank in the backward
-    pull_counts: torch.Tensor | None = None  # rows each rank pushes to this one
+
+
+@dataclass
+class _Batch:
+    """One batch's bookkeeping, from the input dist to its backward (it rides the KJT, see ``STEP_ATTR``).
+
+    Requests are merged over the groups: ordered by owner, then group, then id.
+    """
+
+    step: int
+    batch: int
+    reads: list[_Read]
+    ids: torch.Tensor  # requester: global id of each request
+    held: torch.Tensor  # requester: the cached version sent with it (-1: none)
+    dest: torch.Tensor  # requester: owner of each request
+    group: torch.Tensor  # requester: group of each request
+    at: torch.Tensor  # requester: position of each request in its group's ``asked``
+    send_splits: list[int] = field(default_factory=list)  # requests to each rank
+    recv_splits: list[int] = field(default_factory=list)  # requests from each rank
+    local_only: bool = False  # no rank asked another one anything
+    received: torch.Tensor | None = None  # owner: [n, 2] (global id, held) asked of this rank, by source
+    current: torch.Tensor | None = None  # owner: the current version of each
+    rows_out: torch.Tensor | None = None  # owner: float32 elements of rows it sends to each rank
+    payload: torch.Tensor | None = None  # owner: those rows, flat, in request order
+    writes: bool = False  # a backward is expected
+    pull_counts: torch.Tensor | None = None  # [ws, groups] rows each rank pushes to this one in the backward
 
 
 class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
     """TorchRec's row-wise fused lookup plus the HET read and write protocol.
+
+    Built complete by the sharding's ``create_lookup`` (settings from the plan).
 
     Args:
         grouped_configs: the local shards, grouped as row-wise groups them.
         feature_names: input feature order (the sharding's ``feature_names()``; a
             feature that feeds two tables appears twice).
         pg: the process group of the sharding.
+        config: the HET cache settings (per table).
+        shards_by_table: each table's shard metadata (row ranges per rank).
         device: compute device.
         env: sharding environment.
     """
 
-    def __init__(self, grouped_configs, feature_names: list[str], pg, device=None, env=None) -> None:
+    def __init__(self, grouped_configs, feature_names: list[str], pg, config: HetCacheConfig, shards_by_table,
+                 device=None, env=None) -> None:
         super().__init__(
             grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
         )
         self._pg = pg
         self._rank = dist.get_rank(pg)
         self._ws = dist.get_world_size(pg)
+        self._device = torch.device(device) if device is not None else torch.device("cpu")
+        ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(self._ws))
+        # the cache's exchanges and pushes run on a group of their own, so they neither wait behind
+        # nor hold up the model's other collectives (DDP's dense all-reduce) on the default group
+        self._exchange_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True)
         self._features = list(feature_names)
-        self._groups: list[HetGroup] = []
-        self._outbox: list[list[PendingRows]] = []
+        self._config = config
         self._step = 0
-        self._pending: list[_Read] | None = None  # the last forward's reads while its backward is due
-        self._anchor = torch.zeros(1, requires_grad=True)  # lets backward reach the write path
+        self._pending: _Batch | None = None  # the last settled batch while its backward is due
+        self._inflight = None  # (work, received, pull counts) of the last backward's pushes
+        self.last_batch: _Batch | None = None  # the batch the output dist finishes next
+        self.prefetched: _Batch | None = None  # the last batch ``prefetch`` prepared
+        self._anchor = torch.zeros(1, device=self._device, requires_grad=True)  # lets backward reach the write path
         self._views: dict[tuple, tuple] = {}  # (module, group) -> (buffer attribute, its data_ptr, (view, first rows))
         self.on_serve: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor, int], None] | None = None
+        self._build_groups(config, shards_by_table)
 
     # --- set-up and inspection --------------------------------------------------------
 
-    def attach_cache(self, config: HetCacheConfig, shards_by_table: dict[str, list]) -> None:
-        """Creates the per-group state; called once by the sharded module after construction."""
+    def _build_groups(self, config: HetCacheConfig, shards_by_table: dict[str, list]) -> None:
+        """Creates the per-group state and the static indexes (once, at construction)."""
         by_key: dict[tuple, list[TableInfo]] = {}
         positions: dict[str, list[int]] = {}
         position = 0
@@ -135,8 +211,20 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
                 position += len(table.feature_names)
         if position != len(self._features):
             raise ValueError(f"the lookup's tables read {position} features, its input has {len(self._features)}")
-        self._groups = [HetGroup(tables, dim, settings, self._rank, self._ws) for (dim, settings), tables in by_key.items()]
-        self._outbox = [[] for _ in self._groups]
+        self._groups = [
+            HetGroup(tables, dim, settings, self._rank, self._ws, self._device) for (dim, settings), tables in by_key.items()
+        ]
+        self._outbox: list[list[PendingRows]] = [[] for _ in self._groups]
+        sizes = [int(g.offsets[-1]) for g in self._groups]
+        device = self._device
+        self._group_base = torch.tensor([sum(sizes[:i]) for i in range(len(sizes))], dtype=torch.int64, device=device)
+        self._group_ends = torch.tensor([sum(sizes[: i + 1]) for i in range(len(sizes))], dtype=torch.int64, device=device)
+        self._dims = torch.tensor([g.dim for g in self._groups], dtype=torch.int64, device=device)
+        # lease: a renewal brings the row whenever the owner has moved on at all
+        self._bounds = torch.tensor(
+            [g.settings.s_read if g.settings.protocol == "het" else 0 for g in self._groups], dtype=torch.int64,
+            device=device,
+        )
         self._build_layout(positions)
         for m in lookup_kernels(self):
             optimizer_kind(m.emb_module)  # a clear error now for an optimizer the write path cannot step
@@ -154,7 +242,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             at = [a for t in g.tables for a in positions[t.name]]
             g.set_layout(at, [starts[a] for a in at], len(self._features), self._width)
         self._single = len(self._groups) == 1 and self._groups[0].all_features
-        self._value_group = torch.full((len(self._features),), -1, dtype=torch.int64)
+        self._value_group = torch.full((len(self._features),), -1, dtype=torch.int64, device=self._device)
         for index, g in enumerate(self._groups):
             self._value_group[g.positions] = index
         self._views = {}
@@ -170,7 +258,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
 
     def reset_cache_stats(self) -> None:
         for g in self._groups:
-            g.stats = type(g.stats)(len(g.tables), g.dim)
+            g.stats = type(g.stats)(len(g.tables), g.dim, self._device)
 
     # --- the local shards, as one [rows, dim] view per kernel -------------------------------
 
@@ -188,6 +276,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         if found is None:
             return None
         attr, offsets = found
+        offsets = offsets.to(self._device)
         mine = g.kernel_table[g.table_module == module_index]
         phases = torch.unique(offsets[mine] % g.dim)  # tables of other widths may shift the rows
         if phases.numel() != 1:
@@ -213,23 +302,21 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             at = first_row.index_select(0, g.kernel_table.index_select(0, tables)) + rows
             if len(g.modules) == 1:
                 return shard.index_select(0, at).float()
-            out = torch.empty(ids.numel(), g.dim) if out is None else out
+            out = torch.empty(ids.numel(), g.dim, device=self._device) if out is None else out
             mine = (g.table_module.index_select(0, tables) == module_index).nonzero().flatten()
             out.index_copy_(0, mine, shard.index_select(0, at.index_select(0, mine)).float())
-        return out if out is not None else torch.empty(0, g.dim)
+        return out if out is not None else torch.empty(0, g.dim, device=self._device)
 
-    # --- forward: the read path -------------------------------------------------------
+    # --- input dist: what to ask the owners ---------------------------------------------
 
-    def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+    def plan_requests(self, sparse_features: KeyedJaggedTensor) -> _Batch:
+        """Requester side of the input dist: the batch's reads, the requests, slots pinned."""
         if sparse_features.variable_stride_per_key():
             raise NotImplementedError("het_cached_row_wise does not support variable batch sizes per feature")
         if sparse_features.keys() != self._features:
             raise ValueError(f"het_cached_row_wise lookup expects features {self._features}, got {sparse_features.keys()}")
         step = self._step
         self._step += 1
-        if self._pending is not None:  # the last forward had no backward (eval): its pushes stay queued
-            for index, read in enumerate(self._pending):
-                self._outbox[index] = read.outbox + self._outbox[index]
         batch = sparse_features.stride()
         lengths = sparse_features.lengths().view(len(self._features), batch)
         values, weights = sparse_features.values(), sparse_features.weights_or_none()
@@ -237,21 +324,34 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         value_group = None
         if not self._single and self._groups:
             value_group = torch.repeat_interleave(self._value_group, per_feature, output_size=values.numel())
-        writes = torch.is_grad_enabled()
-        reads = []
+        reads, ids, held, dest, group, at = [], [], [], [], [], []
         for index, g in enumerate(self._groups):
             if self._single:
-                ids, w, lens, counts = values, weights, lengths, per_feature
+                gids, w, lens, counts = values, weights, lengths, per_feature
             else:
                 chosen = (value_group == index).nonzero().flatten()
-                ids = values.index_select(0, chosen)
+                gids = values.index_select(0, chosen)
                 w = weights.index_select(0, chosen) if weights is not None else None
                 lens, counts = lengths.index_select(0, g.positions), per_feature.index_select(0, g.positions)
-            read = self._plan_read(g, ids, w, lens, counts, step)
-            self._fetch(index, g, read, step, writes)
+            read = self._plan_read(g, gids, w, lens, counts, step)
+            slots = g.cache.slots_of(read.uniq.index_select(0, read.remote), check=False)
+            read.asked = self._asked(g, slots, step)
+            asked_slots = slots.index_select(0, read.asked)
+            read.pinned = slots[slots >= 0]
+            g.pins.index_add_(0, read.pinned, torch.ones_like(read.pinned, dtype=g.pins.dtype))
+            asked_ids = read.uniq.index_select(0, read.remote.index_select(0, read.asked))
+            g.stats.add("requests", read.tables.index_select(0, read.remote.index_select(0, read.asked)))
+            ids.append(asked_ids + self._group_base[index])
+            held.append(torch.where(asked_slots >= 0, g.cache.versions.index_select(0, asked_slots.clamp(min=0)), -1))
+            dest.append(g.owner_of(asked_ids))
+            group.append(torch.full_like(asked_ids, index))
+            at.append(torch.arange(asked_ids.numel(), device=self._device))
             reads.append(read)
-        self._pending = reads if writes else None
-        return _HetPooling.apply(self._anchor, self, reads, batch)
+        empty = torch.zeros(0, dtype=torch.int64, device=self._device)
+        dest_all = torch.cat([empty] + dest)
+        order = torch.sort(dest_all, stable=True).indices  # by owner, then group, then id
+        pick = lambda parts: torch.cat([empty] + parts).index_select(0, order)  # noqa: E731
+        return _Batch(step, batch, reads, pick(ids), pick(held), dest_all.index_select(0, order), pick(group), pick(at))
 
     def _plan_read(self, g: HetGroup, values, weights, lengths, counts, step: int) -> _Read:
         ids = values.long() + torch.repeat_interleave(g.feature_offset, counts, output_size=values.numel())
@@ -261,83 +361,161 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         owned = g.owner_of(uniq) == self._rank
         local, remote = owned.nonzero().flatten(), (~owned).nonzero().flatten()
         tables = g.table_of(uniq)
-        slots = g.cache.slots_of(uniq.index_select(0, remote), check=False)
-        read = _Read(step, lengths, weights, uniq, inverse, by_row, uses, tables, local, remote, slots)
+        read = _Read(step, lengths, weights, uniq, inverse, by_row, uses, tables, local, remote)
         remote_tables = tables.index_select(0, remote)
-        g.stats.add_per_table("lookups", torch.zeros(len(g.tables), dtype=torch.int64).index_add_(0, g.feature_table, counts))
+        g.stats.add_per_table("lookups", torch.zeros(len(g.tables), dtype=torch.int64, device=self._device).index_add_(
+            0, g.feature_table, counts))
         g.stats.add("unique_lookups", tables)
         g.stats.add("remote_unique", remote_tables)
         g.stats.add("remote_lookups", remote_tables, uses.index_select(0, remote))
         return read
 
-    def _asked(self, g: HetGroup, read: _Read, step: int) -> torch.Tensor:
-        """Positions in ``read.remote`` of the ids to ask their owners about."""
+    def _asked(self, g: HetGroup, slots: torch.Tensor, step: int) -> torch.Tensor:
+        """Positions in the remote ids of those to ask their owners about."""
         if g.settings.protocol == "het":
-            return torch.arange(read.remote.numel())
-        slots = read.slots
+            return torch.arange(slots.numel(), device=self._device)
         validated = g.cache.validated_step.index_select(0, slots.clamp(min=0))
         leased = (slots >= 0) & (step <= validated + g.settings.s_read)
         return (~leased).nonzero().flatten()
 
-    def _read_bound(self, g: HetGroup) -> int:
-        # lease: a renewal brings the row whenever the owner has moved on at all
-        return g.settings.s_read if g.settings.protocol == "het" else 0
+    # --- prefetch: batch-static work ahead of the forward ----------------------------------
 
-    def _fetch(self, index: int, g: HetGroup, read: _Read, step: int, writes: bool) -> None:
-        """Asks owners about the rows the bound does not cover; settles the answers into the cache."""
-        ws, dim, cache = self._ws, g.dim, g.cache
-        asked = self._asked(g, read, step)
-        ids = read.uniq.index_select(0, read.remote.index_select(0, asked))
-        dest = g.owner_of(ids)
-        order = torch.sort(dest, stable=True).indices  # exchange order: by owner, then ascending id
-        asked, ids, dest = asked.index_select(0, order), ids.index_select(0, order), dest.index_select(0, order)
-        slots = read.slots.index_select(0, asked)
-        held = torch.where(slots >= 0, cache.versions.index_select(0, slots.clamp(min=0)), -1)
-        asked_tables = read.tables.index_select(0, read.remote.index_select(0, asked))
-        g.stats.add("requests", asked_tables)
-        counts = torch.bincount(dest, minlength=ws)
-        recv_counts = exchange_counts(counts.view(ws, 1), self._pg).view(ws)
-        send, recv = torch.stack([counts, recv_counts]).tolist()
-        requests = exchange_flat(torch.stack([ids, held], 1).view(-1), [2 * c for c in send], [2 * c for c in recv],
-                                 self._pg).view(-1, 2)
-        current = g.versions.index_select(0, g.local_index_of(requests[:, 0]))
-        replies = exchange_flat(current, recv, send, self._pg)
-        # Both sides apply the same rule to (held version, owner version): which requests bring a row.
-        bound = self._read_bound(g)
-        sends = (requests[:, 1] < 0) | (current - requests[:, 1] > bound)
-        brings = (held < 0) | (replies - held > bound)
-        source = torch.repeat_interleave(torch.arange(ws), recv_counts, output_size=requests.size(0))
-        rows_out = torch.bincount(source[sends], minlength=ws)
-        rows_in = torch.bincount(dest[brings], minlength=ws)
-        # Slots for the missing rows are taken now, so this step's pushes are known before the rows come.
-        missing = (brings & (slots < 0)).nonzero().flatten()
-        missing_ids, in_use = ids.index_select(0, missing), read.slots[read.slots >= 0]
-        shortfall = cache.shortfall(missing_ids, in_use)
-        *splits, rescan = torch.cat([rows_out, rows_in, shortfall.view(1)]).tolist()  # one host sync
-        send_rows, recv_rows = splits[:ws], splits[ws:]
-        new_slots, dirty, evicted = cache.reserve(
-            missing_ids, replies.index_select(0, missing), step, protect=in_use, check=False, rescan=bool(rescan)
+    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream=None) -> None:  # noqa: ARG002
+        """What ``PrefetchTrainPipelineSparseDist`` calls for batch i+1 after the forward of batch i
+        and before its backward: the requests have arrived (the input dist's second awaitable was
+        waited), and the bag orders the pooling needs (a pure function of the batch) are built
+        here, off the forward's path. Nothing that batch i's backward changes is read: its pushes
+        move owners' versions and rows, its write path moves pending counts and may not find
+        its slots evicted, so versions, rows and slots are left to the lookup and the output dist.
+        """
+        step = getattr(sparse_features, STEP_ATTR, None)
+        if step is None:
+            return
+        for read in step.reads:
+            if read.bags is None:
+                _sample_major(read)
+        self.prefetched = step
+
+    # --- lookup: the owner's answer (local compute) -----------------------------------------
+
+    def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+        """Owner side: the current version of every requested row, and the rows the rule sends
+        (flat, in request order), which the output dist carries back."""
+        step: _Batch = getattr(sparse_features, STEP_ATTR)
+        self.wait_pushes()  # the previous backward's pushes: versions and rows below include them
+        if self._pending is not None:  # the last batch had no backward (eval): its pushes stay queued
+            self._requeue(self._pending)
+        received = step.received
+        gid, held = received[:, 0], received[:, 1]
+        group = torch.bucketize(gid, self._group_ends, right=True)
+        source = torch.repeat_interleave(
+            torch.arange(self._ws, device=self._device), torch.tensor(step.recv_splits, device=self._device),
+            output_size=gid.numel(),
         )
-        read.slots.index_copy_(0, asked.index_select(0, missing), new_slots)
-        read.uncached = read.remote.index_select(0, asked.index_select(0, missing[new_slots < 0]))
-        if len(dirty):
-            self._outbox[index].append(dirty)
-            g.stats.add("dirty_evictions", g.table_of(dirty.ids))
-        g.stats.add("evictions", g.table_of(evicted))
-        self._plan_push(index, g, read, writes)
-        # To each rank: a header row (how many gradients this rank will push to it), then its rows.
-        payload = _with_headers(self._read_owned(g, requests[sends, 0]), rows_out, read.push_counts)
+        current = torch.empty_like(held)
+        parts = []
+        for index, g in enumerate(self._groups):
+            mine = (group == index).nonzero().flatten()
+            fused = gid.index_select(0, mine) - self._group_base[index]
+            current.index_copy_(0, mine, g.versions.index_select(0, g.local_index_of(fused)))
+            parts.append((mine, fused))
+        sends = (held < 0) | (current - held > self._bounds.index_select(0, group))
+        widths = self._dims.index_select(0, group)
+        step.current = current
+        step.rows_out = torch.bincount(source[sends], widths[sends], minlength=self._ws).long()
+        if len(self._groups) == 1:
+            step.payload = self._read_owned(self._groups[0], parts[0][1][sends]).reshape(-1)
+        else:  # rows of every group, read group by group, then placed in request order
+            sent = sends.nonzero().flatten()
+            sent_group = group.index_select(0, sent)
+            by_group = torch.sort(sent_group, stable=True).indices  # group-major position -> request order
+            rows = [
+                self._read_owned(g, gid.index_select(0, sent[sent_group == index]) - self._group_base[index])
+                for index, g in enumerate(self._groups)
+            ]
+            place = torch.empty_like(by_group).index_copy_(0, by_group, torch.arange(by_group.numel(), device=self._device))
+            step.payload = _flatten_rows(rows, place, widths.index_select(0, sent).index_select(0, by_group))
+        self.last_batch = step
+        return step.payload
+
+    # --- output dist: versions back, rows back, settle, pool -------------------------------
+
+    def finish(self, step: _Batch, replies: torch.Tensor) -> torch.Tensor:
+        """Requester side, once the owners' versions arrived: which rows come, slots for them, the
+        rows' all-to-all (with the backward's push counts as a header), the settle, the pooled bags."""
+        ws, groups, device = self._ws, len(self._groups), self._device
+        brings = (step.held < 0) | (replies - step.held > self._bounds.index_select(0, step.group))
+        widths = self._dims.index_select(0, step.group)
+        rows_in = torch.bincount(step.dest[brings], widths[brings], minlength=ws).long()
+        step.writes = torch.is_grad_enabled()
+        plans, shortfalls = [], []
+        for index, (g, read) in enumerate(zip(self._groups, step.reads)):
+            mine = (step.group == index).nonzero().flatten()
+            asked = read.asked.index_select(0, step.at.index_select(0, mine))  # positions in read.remote
+            read.slots = g.cache.slots_of(read.uniq.index_select(0, read.remote), check=False)
+            held_slots = read.slots.index_select(0, asked)
+            group_brings = brings.index_select(0, mine)
+            missing = (group_brings & (held_slots < 0)).nonzero().flatten()
+            missing_ids = read.uniq.index_select(0, read.remote.index_select(0, asked.index_select(0, missing)))
+            protect = torch.cat([read.slots[read.slots >= 0], (g.pins > 0).nonzero().flatten()])
+            shortfalls.append(g.cache.shortfall(missing_ids, protect).view(1).long())
+            plans.append((mine, asked, held_slots, group_brings, missing, missing_ids, protect))
+        splits = torch.cat([step.rows_out, rows_in] + shortfalls).tolist()  # the output dist's one host sync
+        rows_out, rows_in_list, rescans = splits[:ws], splits[ws : 2 * ws], splits[2 * ws :]
+        push_counts = torch.zeros(ws, max(groups, 1), dtype=torch.int64, device=device)
+        for index, (g, read, plan) in enumerate(zip(self._groups, step.reads, plans)):
+            mine, asked, held_slots, group_brings, missing, missing_ids, protect = plan
+            new_slots, dirty, evicted = g.cache.reserve(
+                missing_ids, step.held.index_select(0, mine.index_select(0, missing)), step.step, protect=protect,
+                check=False, rescan=bool(rescans[index]),
+            )
+            read.slots.index_copy_(0, asked.index_select(0, missing), new_slots)
+            read.uncached = read.remote.index_select(0, asked.index_select(0, missing[new_slots < 0]))
+            if len(dirty):
+                self._outbox[index].append(dirty)
+                g.stats.add("dirty_evictions", g.table_of(dirty.ids))
+            g.stats.add("evictions", g.table_of(evicted))
+            self._plan_push(index, g, read, step.writes)
+            push_counts[:, index] = read.push_counts
+        # to each rank: a header (how many gradients this rank will push to it, per group), then its rows
+        heads = max(groups, 1)
+        header = push_counts.to(torch.int32).view(torch.float32)  # [ws, heads]
+        out_total = step.payload.numel() + heads * ws
+        payload_rank = torch.repeat_interleave(
+            torch.arange(ws, device=device), step.rows_out, output_size=step.payload.numel()
+        )
+        send = torch.empty(out_total, device=device)
+        send.index_copy_(0, torch.arange(step.payload.numel(), device=device) + heads * (payload_rank + 1), step.payload)
+        head_at = (torch.cumsum(step.rows_out + heads, 0) - step.rows_out - heads).unsqueeze(1) + torch.arange(
+            heads, device=device)
+        send.index_copy_(0, head_at.reshape(-1), header.reshape(-1))
         received = exchange_flat(
-            payload.view(-1), [(1 + r) * dim for r in send_rows], [(1 + r) * dim for r in recv_rows], self._pg
-        ).view(-1, dim)
-        read.pull_counts = _headers(received, rows_in)
-        self._settle(g, read, asked, slots, replies, brings, dest, received, new_slots, missing, step)
+            send, [heads + r for r in rows_out], [heads + r for r in rows_in_list], self._exchange_pg
+        )
+        head_in = (torch.cumsum(rows_in + heads, 0) - rows_in - heads).unsqueeze(1) + torch.arange(heads, device=device)
+        pull_counts = received.index_select(0, head_in.reshape(-1)).view(torch.int32).long().view(ws, heads)
+        # where each brought row starts in what arrived
+        brought_width = torch.where(brings, widths, 0)
+        starts = torch.cumsum(brought_width, 0) - brought_width + heads * (step.dest + 1)
+        for index, (g, read, plan) in enumerate(zip(self._groups, step.reads, plans)):
+            mine, asked, held_slots, group_brings, missing, missing_ids, protect = plan
+            brought = mine[group_brings]
+            at = starts.index_select(0, brought).unsqueeze(1) + torch.arange(g.dim, device=device)
+            rows = received.index_select(0, at.reshape(-1)).view(-1, g.dim)
+            self._settle(g, read, asked, held_slots, replies.index_select(0, mine), group_brings, rows, missing,
+                         step.step)
+        step.pull_counts = pull_counts[:, :groups]
+        self._pending = step if step.writes else None
+        if not step.writes:  # no backward will come: evicted dirty rows stay queued
+            for read in step.reads:
+                read.outbox = []
+        return _HetPooling.apply(self._anchor, self, step)
 
     def _plan_push(self, index: int, g: HetGroup, read: _Read, writes: bool) -> None:
-        """What this step's backward will push to each owner: owned and uncached rows, cached rows
+        """What this batch's backward will push to each owner: owned and uncached rows, cached rows
         that pass the write bound with this step's update, and dirty evicted rows."""
         if not writes:  # no backward will come: nothing pushed, evicted rows stay queued
-            read.push_counts = torch.zeros(self._ws, dtype=torch.int64)
+            read.push_counts = torch.zeros(self._ws, dtype=torch.int64, device=self._device)
             return
         cached = read.slots[read.slots >= 0]
         read.due = cached[g.cache.pending_count.index_select(0, cached) + 1 > g.settings.s_write]
@@ -350,12 +528,12 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         ]
         read.push_counts = torch.bincount(g.owner_of(torch.cat(ids)), minlength=self._ws)
 
-    def _settle(self, g: HetGroup, read: _Read, asked, held_slots, versions, brings, dest, rows, new_slots, missing,
-                step: int) -> None:
+    def _settle(self, g: HetGroup, read: _Read, asked, held_slots, versions, brings, rows, missing, step: int) -> None:
         """Requester side: refresh stale copies, fill new rows, renew leases, count, and gather the rows.
 
-        ``rows``: what arrived, each source's header row first (see :func:`_with_headers`)."""
-        cache, stats = g.cache, g.stats
+        ``held_slots``: the slot of each asked id before this settle's reservation; ``rows``: the
+        rows that came, in request order."""
+        cache, stats, device = g.cache, g.stats, self._device
         asked_tables = read.tables.index_select(0, read.remote.index_select(0, asked))
         fresh = ~brings  # the owner kept the row: the cached copy is within the bound
         if g.settings.protocol == "lease":
@@ -364,14 +542,16 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             cache.mark_validated(held_slots[fresh], step)
         else:
             stats.add_staleness(asked_tables[fresh], versions[fresh] - cache.versions[held_slots[fresh]])
-        row_of = torch.cumsum(brings.long(), 0) + dest  # row in ``rows`` of each request that brought one
+        row_of = torch.cumsum(brings.long(), 0) - 1  # row in ``rows`` of each request that brought one
         stale = (brings & (held_slots >= 0)).nonzero().flatten()
         cache.refresh(held_slots.index_select(0, stale), rows.index_select(0, row_of.index_select(0, stale)),
                       versions.index_select(0, stale), step)
+        new_slots = read.slots.index_select(0, asked.index_select(0, missing))
         fetched = rows.index_select(0, row_of.index_select(0, missing))
         cache.fill(new_slots, fetched)
+        cache.versions.index_copy_(0, new_slots[new_slots >= 0], versions.index_select(0, missing)[new_slots >= 0])
         stats.add("rows_fetched", asked_tables[brings])
-        served = torch.ones(read.remote.numel(), dtype=torch.bool)
+        served = torch.ones(read.remote.numel(), dtype=torch.bool, device=device)
         served[asked[brings]] = False
         remote_tables = read.tables.index_select(0, read.remote)
         stats.add("hits_unique", remote_tables[served])
@@ -380,11 +560,13 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         cached_slots = read.slots.index_select(0, cached)
         cache.touch(cached_slots, step, read.uses.index_select(0, read.remote.index_select(0, cached)))
         # the rows of this step: owned from the shards, remote from the cache or as fetched
-        out = torch.empty(read.uniq.numel(), g.dim)
+        out = torch.empty(read.uniq.numel(), g.dim, device=device)
         out.index_copy_(0, read.local, self._read_owned(g, read.uniq.index_select(0, read.local)))
         out.index_copy_(0, read.remote.index_select(0, cached), cache.values.index_select(0, cached_slots))
         out.index_copy_(0, read.uncached, fetched[new_slots < 0])
         read.rows = out
+        g.pins.index_add_(0, read.pinned, torch.full_like(read.pinned, -1, dtype=g.pins.dtype))  # settled
+        read.pinned = read.pinned[:0]
         if self.on_serve is not None:  # an opt-in hook (tests): one call per table
             hit = read.slots[served]
             ids, tables = read.uniq[read.remote[served]], remote_tables[served]
@@ -394,15 +576,18 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
 
     # --- backward: the write path -----------------------------------------------------
 
-    def write_back(self, reads: list[_Read], row_grads: list[torch.Tensor]) -> None:
-        """Called by the backward of a step with the gradient of every distinct row it read."""
-        if self._pending is not reads:
+    def write_back(self, step: _Batch, row_grads: list[torch.Tensor]) -> None:
+        """Called by the backward of a batch with the gradient of every distinct row it read:
+        starts the pushes (one all-to-all), which the next lookup, ``flush`` or ``purge`` waits for."""
+        if self._pending is not step:
             raise RuntimeError(
                 "het_cached_row_wise: a backward must follow its own forward before the next forward runs"
             )
         self._pending = None
         scale = 1.0 / self._ws if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
-        for g, read, grad in zip(self._groups, reads, row_grads):
+        ws = self._ws
+        packed, keys, widths = [], [], []
+        for index, (g, read, grad) in enumerate(zip(self._groups, step.reads, row_grads)):
             grad = grad * scale
             g.stats.add_mass("grad_produced", read.tables, grad)
             cached = (read.slots >= 0).nonzero().flatten()
@@ -411,36 +596,82 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             lr = self._learning_rates(g).index_select(0, read.tables.index_select(0, read.remote.index_select(0, cached)))
             g.cache.accumulate(slots, cached_grad, -lr.unsqueeze(1) * cached_grad)
             due = g.cache.take(read.due)
-            parts = [
+            pending = PendingRows.concat([
                 PendingRows(read.uniq.index_select(0, read.local), grad.index_select(0, read.local),
                             torch.ones_like(read.local)),
                 PendingRows(read.uniq.index_select(0, read.uncached), grad.index_select(0, read.uncached),
                             torch.ones_like(read.uncached)),
                 due,
                 *read.outbox,
-            ]
-            self._push(g, PendingRows.concat(parts), read.push_counts, read.pull_counts)
+            ])
+            dest = g.owner_of(pending.ids)
+            g.stats.add("rows_pushed", g.table_of(pending.ids[dest != self._rank]))
+            packed.append(_pack_push(pending))
+            keys.append(dest * len(self._groups) + index)
+            widths.append(torch.full_like(dest, _PUSH_HEAD + g.dim))
+        key, width = torch.cat(keys), torch.cat(widths)
+        order = torch.sort(key, stable=True).indices  # by owner, then group
+        flat = _flatten_rows(packed, order, width)
+        send = torch.bincount(key // len(self._groups), width, minlength=ws).long()
+        recv = (step.pull_counts * (self._dims + _PUSH_HEAD)).sum(1)
+        send_list, recv_list = torch.stack([send, recv]).tolist()  # the backward's one host sync
+        received = flat.new_empty(sum(recv_list))
+        work = dist.all_to_all_single(received, flat, recv_list, send_list, group=self._exchange_pg, async_op=True)
+        self._inflight = (work, received, step.pull_counts)
+
+    def wait_pushes(self) -> None:
+        """Waits for the last backward's pushes and applies them at their owners (local after the wait)."""
+        if self._inflight is None:
+            return
+        work, received, pull_counts = self._inflight
+        self._inflight = None
+        work.wait()
+        groups = len(self._groups)
+        if groups == 1:
+            self._apply_packed(self._groups[0], received.view(-1, _PUSH_HEAD + self._groups[0].dim))
+            return
+        row_group = torch.repeat_interleave(
+            torch.arange(groups, device=self._device).repeat(self._ws), pull_counts.reshape(-1)
+        )
+        width = self._dims.index_select(0, row_group) + _PUSH_HEAD
+        start = torch.cumsum(width, 0) - width
+        for index, g in enumerate(self._groups):
+            mine = (row_group == index).nonzero().flatten()
+            at = start.index_select(0, mine).unsqueeze(1) + torch.arange(_PUSH_HEAD + g.dim, device=self._device)
+            self._apply_packed(g, received.index_select(0, at.reshape(-1)).view(-1, _PUSH_HEAD + g.dim))
+
+    def _apply_packed(self, g: HetGroup, rows: torch.Tensor) -> None:
+        ids = rows[:, :2].contiguous().view(torch.int64).view(-1)
+        updates = rows[:, 2:4].contiguous().view(torch.int64).view(-1)
+        self._apply(g, ids, rows[:, 4:], updates)
+
+    def _requeue(self, step: _Batch) -> None:
+        """A settled batch got no backward: the dirty rows it was to push wait for the next push."""
+        for index, read in enumerate(step.reads):
+            self._outbox[index] = read.outbox + self._outbox[index]
+            read.outbox = []
+        self._pending = None
 
     def _learning_rates(self, g: HetGroup) -> torch.Tensor:
         """Each table's current learning rate (its kernel's, so schedules apply; no host sync)."""
-        rates = torch.stack([m.emb_module.learning_rate_tensor for m in lookup_kernels(self)])
+        rates = torch.stack([m.emb_module.learning_rate_tensor for m in lookup_kernels(self)]).to(self._device)
         return rates.index_select(0, g.table_module)
 
     @torch.no_grad()
     def flush(self) -> None:
         """Pushes every pending gradient to its owner (a collective: every rank calls it)."""
+        self.wait_pushes()
         if self._pending is not None:  # a forward without backward: its queued evictions go too
-            for index, read in enumerate(self._pending):
-                self._outbox[index] = read.outbox + self._outbox[index]
-            self._pending = None
+            self._requeue(self._pending)
         for index, g in enumerate(self._groups):
             pending = PendingRows.concat([g.cache.take_all(), *self._outbox[index]])
             self._outbox[index] = []
-            self._push(g, pending)
+            self._push_now(g, pending)
         super().flush()
 
     def purge(self) -> None:
         """Forgets cached rows, pending gradients and versions (before a load)."""
+        self.wait_pushes()
         for index, g in enumerate(self._groups):
             g.reset()
             self._outbox[index] = []
@@ -448,26 +679,19 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         self._views = {}
         super().purge()
 
-    def _push(self, g: HetGroup, pending: PendingRows, counts=None, recv_counts=None) -> None:
-        """Sends pending gradients to their owners (one all-to-all when both sides' counts are known)."""
-        ws, dim = self._ws, g.dim
+    def _push_now(self, g: HetGroup, pending: PendingRows) -> None:
+        """Sends pending gradients to their owners and applies them (a counts exchange, then the rows)."""
+        ws, width = self._ws, _PUSH_HEAD + g.dim
         dest = g.owner_of(pending.ids)
         order = torch.sort(dest, stable=True).indices
-        if counts is None:
-            counts = torch.bincount(dest, minlength=ws)
-            recv_counts = exchange_counts(counts.view(ws, 1), self._pg).view(ws)
+        counts = torch.bincount(dest, minlength=ws)
+        recv_counts = exchange_counts(counts.view(ws, 1), self._exchange_pg).view(ws)
         send, recv = torch.stack([counts, recv_counts]).tolist()
-        width = 4 + dim  # id and update count as int64 bit patterns, then the gradient
-        packed = torch.cat(
-            [pending.ids.view(torch.float32).view(-1, 2), pending.counts.view(torch.float32).view(-1, 2),
-             pending.grads.float()], 1
-        ).index_select(0, order)
-        received = exchange_flat(packed.view(-1), [c * width for c in send], [c * width for c in recv], self._pg)
-        received = received.view(-1, width)
-        ids = received[:, :2].contiguous().view(torch.int64).view(-1)
-        updates = received[:, 2:4].contiguous().view(torch.int64).view(-1)
+        packed = _pack_push(pending).index_select(0, order)
+        received = exchange_flat(packed.view(-1), [c * width for c in send], [c * width for c in recv],
+                                 self._exchange_pg)
         g.stats.add("rows_pushed", g.table_of(pending.ids[dest != self._rank]))
-        self._apply(g, ids, received[:, 4:], updates)
+        self._apply_packed(g, received.view(-1, width))
 
     @torch.no_grad()
     def _apply(self, g: HetGroup, ids: torch.Tensor, grads: torch.Tensor, updates: torch.Tensor) -> None:
@@ -499,34 +723,55 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         g.stats.add_mass("grad_applied", tables, grads)
 
 
+def _pack_push(pending: PendingRows) -> torch.Tensor:
+    """``[n, 4 + dim]`` float32 rows: id and update count as int64 bit patterns, then the gradient."""
+    return torch.cat(
+        [pending.ids.view(torch.float32).view(-1, 2), pending.counts.view(torch.float32).view(-1, 2),
+         pending.grads.float()], 1
+    )
+
+
+def _flatten_rows(parts: list[torch.Tensor], order: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+    """The rows of ``parts`` (one after the other; row i has ``width[i]`` values) flattened in ``order``."""
+    if len(parts) == 1:
+        return parts[0].index_select(0, order).reshape(-1)
+    flat = torch.cat([p.reshape(-1) for p in parts])
+    start = torch.cumsum(width, 0) - width  # of each row in ``flat``
+    ordered = width.index_select(0, order)
+    first = torch.repeat_interleave(torch.cumsum(ordered, 0) - ordered, ordered)
+    base = torch.repeat_interleave(start.index_select(0, order), ordered)
+    return flat.index_select(0, base + torch.arange(base.numel(), device=flat.device) - first)
+
+
 class _HetPooling(torch.autograd.Function):
     """Pools the bags from the rows read this step (one ``embedding_bag`` per group) into the
     lookup's output; its backward turns the output's gradient into row gradients (one more
-    ``embedding_bag``, over the bags' gradients) and runs the write path."""
+    ``embedding_bag``, over the bags' gradients) and starts the write path's pushes."""
 
     @staticmethod
-    def forward(ctx, anchor, lookup, reads, batch):  # noqa: ARG004
-        ctx.lookup, ctx.reads, ctx.batch = lookup, reads, batch
+    def forward(ctx, anchor, lookup, step):  # noqa: ARG004
+        ctx.lookup, ctx.step = lookup, step
+        batch = step.batch
         if lookup._single:
-            return _pool(lookup.groups[0], reads[0], batch)
-        out = torch.empty(batch, lookup._width)
-        for g, read in zip(lookup.groups, reads):
+            return _pool(lookup.groups[0], step.reads[0], batch)
+        out = torch.empty(batch, lookup._width, device=anchor.device)
+        for g, read in zip(lookup.groups, step.reads):
             out.index_copy_(1, g.columns, _pool(g, read, batch))
         return out
 
     @staticmethod
     def backward(ctx, grad_output):
-        lookup, reads, batch = ctx.lookup, ctx.reads, ctx.batch
+        lookup, step = ctx.lookup, ctx.step
         grads = []
-        for g, read in zip(lookup.groups, reads):
+        for g, read in zip(lookup.groups, step.reads):
             block = grad_output if lookup._single else grad_output.index_select(1, g.columns)
-            grads.append(_row_grads(g, read, block, batch))
-        lookup.write_back(reads, grads)
-        return None, None, None, None
+            grads.append(_row_grads(g, read, block, step.batch))
+        lookup.write_back(step, grads)
+        return None, None, None
 
 
 def _bag_offsets(lengths: torch.Tensor) -> torch.Tensor:
-    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths.reshape(-1), 0, out=offsets[1:])
     return offsets
 
@@ -536,19 +781,22 @@ def _sample_major(read: _Read) -> None:
     ``read.bags`` is each id's bag in that order, ``read.by_bag`` the ids in that order."""
     features, batch = read.lengths.shape
     n = read.inverse.numel()
+    device = read.inverse.device
     lengths = read.lengths.reshape(-1)
-    by_feature = torch.repeat_interleave(torch.arange(lengths.numel()), lengths, output_size=n)  # feature-major bag
+    by_feature = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths, output_size=n)
     bags = by_feature % batch * features + by_feature // batch
     starts = _bag_offsets(read.lengths.t())  # of the sample-major bags
-    position = starts.index_select(0, bags) + torch.arange(n) - _bag_offsets(lengths).index_select(0, by_feature)
+    position = starts.index_select(0, bags) + torch.arange(n, device=device) - _bag_offsets(lengths).index_select(
+        0, by_feature)
     read.bags = bags
-    read.by_bag = torch.empty_like(position).index_copy_(0, position, torch.arange(n))
+    read.by_bag = torch.empty_like(position).index_copy_(0, position, torch.arange(n, device=device))
     read.bag_offsets = starts
 
 
 def _pool(g: HetGroup, read: _Read, batch: int) -> torch.Tensor:
     """``[batch, features * dim]`` pooled bags of the group's features."""
-    _sample_major(read)
+    if read.bags is None:  # else ``prefetch`` built the bag order
+        _sample_major(read)
     weights = read.weights.index_select(0, read.by_bag) if read.weights is not None else None
     pooled = F.embedding_bag(
         read.inverse.index_select(0, read.by_bag), read.rows, read.bag_offsets, mode="sum",
@@ -570,22 +818,3 @@ def _row_grads(g: HetGroup, read: _Read, grad: torch.Tensor, batch: int) -> torc
         read.bags.index_select(0, read.by_row), bag_grads, _bag_offsets(read.uses), mode="sum",
         per_sample_weights=weights, include_last_offset=True,
     )
-
-
-def _with_headers(rows: torch.Tensor, per_rank: torch.Tensor, header: torch.Tensor) -> torch.Tensor:
-    """``[rank 0's header row, its rows..., rank 1's header row, its rows..., ...]``: ``rows`` are
-    grouped by rank; rank r's header row holds ``header[r]`` (int32 bits) in its first column."""
-    ranks, dim = per_rank.numel(), rows.size(1)
-    heads = torch.cumsum(per_rank + 1, 0) - per_rank - 1  # row of each header
-    out = torch.empty(rows.size(0) + ranks, dim)
-    out.index_copy_(0, torch.arange(rows.size(0)) + torch.repeat_interleave(torch.arange(1, ranks + 1), per_rank,
-                                                                           output_size=rows.size(0)), rows.float())
-    head_rows = torch.zeros(ranks, dim)
-    head_rows[:, 0] = header.to(torch.int32).view(torch.float32)
-    return out.index_copy_(0, heads, head_rows)
-
-
-def _headers(received: torch.Tensor, per_rank: torch.Tensor) -> torch.Tensor:
-    """The header of each source in what :func:`_with_headers` sent (int64)."""
-    heads = torch.cumsum(per_rank + 1, 0) - per_rank - 1
-    return received.index_select(0, heads)[:, 0].contiguous().view(torch.int32).long()

@@ -127,6 +127,13 @@ def _train_step(model: DistributedModelParallel, features: KeyedJaggedTensor, pr
     return float(loss)
 
 
+def _apply_pushes(lookups: list[HetCachedEmbeddingLookup]) -> None:
+    """Applies the pushes of the last backward at their owners (the next lookup would do it first):
+    the owner's weights and versions are read here as that lookup will see them."""
+    for lookup in lookups:
+        lookup.wait_pushes()
+
+
 def _owned_weights(lookups: list[HetCachedEmbeddingLookup], rank: int) -> dict[str, tuple[int, torch.Tensor]]:
     """Per table: (first owned row, a view of this rank's shard of the weights)."""
     out = {}
@@ -288,7 +295,8 @@ def bounds(rank: int, world_size: int) -> dict:
     max_pending = {c.name: 0 for c in configs}
     losses = []
     for step in range(BOUND_STEPS):
-        recorder.truth = _true_versions(lookups, world_size)  # versions only move in backward and flush
+        _apply_pushes(lookups)
+        recorder.truth = _true_versions(lookups, world_size)  # versions move when pushes are applied and at flush
         recorder.step = step
         features = batch(rank, step, configs)
         for name, ids in _ids_by_table(features, configs).items():
@@ -408,6 +416,7 @@ def write_bound(rank: int, world_size: int) -> dict:
             local_updates[name][ids] += 1  # one update per distinct row per step
         _train_step(model, features, proj)
     stats = sharded.cache_stats()
+    _apply_pushes(lookups)
     owned = _owned_weights(lookups, rank)
     before = {name: w.detach().clone() for name, (_, w) in owned.items()}
     out = {

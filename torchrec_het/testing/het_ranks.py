@@ -202,12 +202,17 @@ class _LossModel(torch.nn.Module):
 
 
 def pipelined(rank: int, world_size: int, optimizer: str = "rowwise_adagrad", steps: int = 6) -> float:
-    """Largest relative weight difference: het (s=2) under TrainPipelineSparseDist vs a plain loop."""
+    """Largest relative weight difference: het (s = 0) under TrainPipelineSparseDist vs a plain loop.
+
+    At s > 0 the two legitimately differ: under the pipeline a batch's requests leave before
+    the previous batch settled, so the cached versions it reports (and what the bound lets it
+    keep) differ from the plain loop's; tests/distributed/test_het_pipeline.py checks the bound there.
+    """
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
     from torchrec.optim.keyed import CombinedOptimizer
 
     configs = table_configs(weighted=False)
-    cache = HetCacheConfig(default=CacheSettings(s_read=2, s_write=2, capacity=0.2))
+    cache = HetCacheConfig(default=CacheSettings(s_read=0, s_write=0, capacity=0.2))
     models = []
     for _ in range(2):
         ebc = _ebc(configs, False, optimizer, "meta")

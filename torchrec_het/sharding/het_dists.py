@@ -1,0 +1,104 @@
+"""The input and output dists of ``het_cached_row_wise`` (the protocol is in :mod:`~torchrec_het.sharding.het_lookup`).
+
+input dist (:class:`HetRequestsDist`, two awaitables as TorchRec's row-wise dist)
+  the requester plans its reads and requests (:meth:`HetCachedEmbeddingLookup.plan_requests`).
+  First awaitable: every rank's request counts (and batch size), one all-gather
+  (:func:`~torchrec_het.sharding.replica_holder.gather_counts`). Second: the requests,
+  one int64 all-to-all (none when no rank asks another anything). The batch's own KJT
+  comes out, carrying the bookkeeping (``STEP_ATTR``) to the lookup.
+output dist (:class:`HetRowsDist`)
+  starts the owners' versions on their way back (int64 all-to-all, sizes known from the
+  input dist); its awaitable waits for them, then runs the rows' all-to-all, the settle
+  and the pooling (:meth:`HetCachedEmbeddingLookup.finish`), which returns the
+  ``[batch, width]`` bags with an autograd function whose backward starts the pushes.
+
+Collectives per step, whatever the number of groups: forward 4 (counts all-gather,
+requests, versions, rows), backward 1 (pushes); host syncs 3 (the counts, the rows'
+splits, the pushes' splits).
+"""
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSparseFeaturesDist
+from torchrec.distributed.types import Awaitable
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_het.sharding.exchange_async import Exchange, start_exchange
+from torchrec_het.sharding.het_lookup import STEP_ATTR, HetCachedEmbeddingLookup, _Batch
+from torchrec_het.sharding.replica_holder import gather_counts
+
+
+class _RequestSplits(Awaitable[Awaitable[KeyedJaggedTensor]]):
+    """First stage: every rank's request counts known; starts the requests' all-to-all."""
+
+    def __init__(self, dist_: "HetRequestsDist", features: KeyedJaggedTensor, step: _Batch, work, gathered):
+        super().__init__()
+        self.dist, self.features, self.step, self.work, self.gathered = dist_, features, step, work, gathered
+
+    def _wait_impl(self) -> Awaitable[KeyedJaggedTensor]:
+        self.work.wait()
+        ws, rank = self.dist.world_size, self.dist.rank
+        table = torch.stack(self.gathered).tolist()  # [source][dest counts..., batch size]: the input dist's host sync
+        step = self.step
+        step.send_splits = [table[rank][d] for d in range(ws)]
+        step.recv_splits = [table[s][rank] for s in range(ws)]
+        step.local_only = not any(table[s][d] for s in range(ws) for d in range(ws))  # a requester never asks itself
+        requests = torch.stack([step.ids, step.held], 1).view(-1)
+        exchange = start_exchange(
+            requests, [2 * c for c in step.send_splits], [2 * c for c in step.recv_splits], self.dist.pg, torch.int64,
+            step.local_only,
+        )
+        return _Requests(self.features, step, exchange)
+
+
+class _Requests(Awaitable[KeyedJaggedTensor]):
+    """Second stage: the requests asked of this rank arrived; the batch's KJT carries them on."""
+
+    def __init__(self, features: KeyedJaggedTensor, step: _Batch, exchange: Exchange):
+        super().__init__()
+        self.features, self.step, self.exchange = features, step, exchange
+
+    def _wait_impl(self) -> KeyedJaggedTensor:
+        self.step.received = self.exchange.wait().view(-1, 2)
+        setattr(self.features, STEP_ATTR, self.step)
+        return self.features
+
+
+class HetRequestsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
+    """Keeps the batch on its rank and sends (id, held version) requests to the owners."""
+
+    def __init__(self, lookup: HetCachedEmbeddingLookup):
+        super().__init__()
+        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
+        self.pg = lookup._exchange_pg
+        self.rank, self.world_size = dist.get_rank(self.pg), dist.get_world_size(self.pg)
+
+    def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
+        step = self._lookup[0].plan_requests(sparse_features)
+        work, gathered = gather_counts(step.dest, step.batch, self.pg)
+        return _RequestSplits(self, sparse_features, step, work, gathered)
+
+
+class _Rows(Awaitable[torch.Tensor]):
+    def __init__(self, lookup: HetCachedEmbeddingLookup, step: _Batch, exchange: Exchange):
+        super().__init__()
+        self.lookup, self.step, self.exchange = lookup, step, exchange
+
+    def _wait_impl(self) -> torch.Tensor:
+        return self.lookup.finish(self.step, self.exchange.wait())
+
+
+class HetRowsDist(BaseEmbeddingDist):
+    """Sends the owners' versions back, then (in its awaitable) the rows; returns the pooled bags."""
+
+    def __init__(self, lookup: HetCachedEmbeddingLookup):
+        super().__init__()
+        self._lookup = [lookup]
+        self.pg = lookup._exchange_pg
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx=None) -> Awaitable[torch.Tensor]:  # noqa: ARG002
+        lookup = self._lookup[0]
+        step = lookup.last_batch
+        exchange = start_exchange(step.current, step.recv_splits, step.send_splits, self.pg, torch.int64,
+                                  step.local_only)
+        return _Rows(lookup, step, exchange)
