@@ -21,7 +21,7 @@ from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharders.het import REPLICATION_KEY, _pipelined, _without_settings
 from torchrec_het.sharding.replicated_sequence import RowReplicatedSequenceEmbeddingSharding, RowReplicatedSequenceLookup
 from torchrec_het.sharding.replicated_sequences import PipelinedRowReplicatedSequenceSharding, ReplicatedSequenceLookup
-from torchrec_het.sharding.validate import check_features
+from torchrec_het.sharding.validate import FeatureCheck
 from torchrec_het.types import HET_ROW_REPLICATED
 
 SEQUENCE_PLUGIN_TYPES = (HET_ROW_REPLICATED,)
@@ -72,6 +72,7 @@ class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection
         self._rows_of_feature = {
             feature: config.num_embeddings for config in self._embedding_configs for feature in config.feature_names
         }
+        self._check_features = FeatureCheck(self._rows_of_feature)  # its per-key layout kept between batches
         for sharding, lookup in zip(self._sharding_type_to_sharding.values(), self._lookups):
             if isinstance(lookup, RowReplicatedSequenceLookup):
                 lookup.attach(replication, sharding.shards_by_table)
@@ -96,7 +97,7 @@ class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection
         if isinstance(features, KeyedJaggedTensor):  # before anything is read or sent
             if features.variable_stride_per_key():
                 raise NotImplementedError("het_row_replicated does not support variable batch sizes per feature")
-            check_features(features, self._rows_of_feature)
+            self._check_features(features)
         return super().input_dist(ctx, features)
 
     def replicated_lookups(self) -> list:

@@ -34,7 +34,7 @@ class ReplicatedModule:
     def samples_read_here(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """bool ``[batch]``: samples every row-replicated table of this module can look up on
         this rank (no exchange). Tables of other sharding types are not considered."""
-        here = torch.ones(features.stride(), dtype=torch.bool)
+        here = torch.ones(features.stride(), dtype=torch.bool, device=features.device())
         for lookup in self.replicated_lookups():
-            here &= lookup.samples_read_here(features)
+            here &= lookup.samples_read_here(features).to(here.device)
         return here

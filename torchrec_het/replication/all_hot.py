@@ -17,6 +17,8 @@ import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het.sharding.replica_sync import collective_device
+
 Classifier = Callable[[KeyedJaggedTensor], torch.Tensor]
 
 
@@ -77,7 +79,7 @@ class AllHotBatches:
         """All-hot batches every rank can fill; ValueError on all ranks if their windows differ in length."""
         if not dist.is_initialized():
             return fillable
-        facts = torch.tensor([fillable, batches, -batches], dtype=torch.int64)
+        facts = torch.tensor([fillable, batches, -batches], dtype=torch.int64, device=collective_device(self._group))
         dist.all_reduce(facts, op=dist.ReduceOp.MIN, group=self._group)
         if int(facts[1]) != -int(facts[2]):
             raise ValueError(
@@ -123,7 +125,7 @@ def take_kjt(kjts: list[KeyedJaggedTensor], index: torch.Tensor) -> KeyedJaggedT
         starts = torch.cumsum(key_lengths, 0) - key_lengths
         chosen = key_lengths.index_select(0, index)
         first = starts.index_select(0, index)
-        within = torch.arange(int(chosen.sum())) - torch.repeat_interleave(torch.cumsum(chosen, 0) - chosen, chosen)
+        within = torch.arange(int(chosen.sum()), device=chosen.device) - torch.repeat_interleave(torch.cumsum(chosen, 0) - chosen, chosen)
         positions = torch.repeat_interleave(first, chosen) + within
         lengths.append(chosen)
         values.append(torch.cat([jt.values() for jt in jts]).index_select(0, positions))
@@ -149,9 +151,9 @@ def read_here_of(model: torch.nn.Module) -> Classifier:
         raise ValueError("the model has no module with het_row_replicated tables; nothing to group by")
 
     def read_here(features: KeyedJaggedTensor) -> torch.Tensor:
-        here = torch.ones(features.stride(), dtype=torch.bool)
+        here = torch.ones(features.stride(), dtype=torch.bool, device=features.device())
         for module in modules:
-            here &= module.samples_read_here(features)
+            here &= module.samples_read_here(features).to(here.device)
         return here
 
     return read_here

@@ -59,6 +59,13 @@ class FusedIdSpace:
         self.feature_is_mean = torch.tensor([t.mean for t in tables for _ in t.features])
         self.learning_rates = torch.tensor([t.learning_rate for t in tables])
 
+    def to(self, device: torch.device | str) -> "FusedIdSpace":
+        """Moves every index tensor to ``device`` (where the lookup's ids arrive); returns self."""
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.to(device))
+        return self
+
     def bag_divisors(self, lengths: torch.Tensor, batch: int) -> torch.Tensor:
         """Per bag (the features one after the other, ``batch`` bags each): its length for mean
         pooling, else 1; ``[bags, 1]``."""
@@ -103,7 +110,7 @@ class FusedIdSpace:
             return fused[self.local_index(ids)].float()
         tables = self.table_of(ids)
         rows = self.local_rows(ids, tables)
-        out = torch.empty(ids.numel(), self.dim)
+        out = torch.empty(ids.numel(), self.dim, device=ids.device)
         for i in torch.unique(tables).tolist():
             mine = tables == i
             out[mine] = weights[i][rows[mine]].float()
@@ -131,6 +138,6 @@ def row_starts_from_shards(shards, world_size: int, table: str) -> torch.Tensor:
 def members(sorted_ids: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(is each id in ``sorted_ids``, its position there where it is)."""
     if sorted_ids.numel() == 0:
-        return torch.zeros(ids.shape, dtype=torch.bool), torch.zeros(ids.shape, dtype=torch.int64)
+        return torch.zeros_like(ids, dtype=torch.bool), torch.zeros_like(ids, dtype=torch.int64)
     pos = torch.searchsorted(sorted_ids, ids).clamp(max=sorted_ids.numel() - 1)
     return sorted_ids[pos] == ids, pos

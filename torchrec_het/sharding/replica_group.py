@@ -75,7 +75,7 @@ class ReplicaGroup(FusedIdSpace):
 
     def read(self, ids: torch.Tensor, shards: list[torch.Tensor], replicas: list[torch.Tensor]) -> torch.Tensor:
         """Rows of ids this rank owns or holds (``shards[i]`` / ``replicas[i]``: table i's local copies)."""
-        out = torch.empty(ids.numel(), self.dim)
+        out = torch.empty(ids.numel(), self.dim, device=ids.device)
         owned = self.owner_of(ids) == self.rank
         out[owned] = self.read_owned(ids[owned], shards)
         held = (~owned).nonzero().flatten()

@@ -247,14 +247,15 @@ class ReplicaHolder:
         self.stats["steps"] += 1
 
     def samples_read_here(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        """bool ``[batch]``: samples whose ids are all hot or owned here (they need no other rank)."""
+        """bool ``[batch]``: samples whose ids are all hot or owned here (they need no other rank),
+        on the batch's device (a data loader's batch may still be on the host)."""
         if features.variable_stride_per_key():
             raise ValueError("samples_read_here needs one batch size for every feature")
-        batch = features.stride()
-        bags, ids = self.layout.ids_of(features)
+        batch, device = features.stride(), features.device()
+        bags, ids = self.layout.ids_of(features.to(self._device))
         hot_pos, owner, _ = self.layout.route(ids)
         remote = (hot_pos < 0) & (owner != self._rank)
-        return torch.bincount(bags[remote] % batch, minlength=batch) == 0
+        return (torch.bincount(bags[remote] % batch, minlength=batch) == 0).to(device)
 
     @torch.no_grad()
     def flush(self) -> None:

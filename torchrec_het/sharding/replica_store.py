@@ -94,7 +94,7 @@ class ReplicaBlock:
 
     def __init__(self, hot_ids, dim, optimizer, kernels, kernel_of, eps, owned: list[OwnedRows], sync_every, pg, device) -> None:
         rows = hot_ids.numel()
-        self.hot_ids, self.dim, self.optimizer, self.pg = hot_ids, dim, optimizer, pg
+        self.hot_ids, self.dim, self.optimizer, self.pg = hot_ids.to(device), dim, optimizer, pg
         self.weights = torch.zeros(rows, dim, device=device)
         self.state = torch.zeros(rows, state_width(optimizer, dim), device=device)
         self.kernels, self.kernel_of = kernels, kernel_of.to(device)

@@ -10,11 +10,20 @@ import torch
 import torch.distributed as dist
 
 
+def collective_device(pg: dist.ProcessGroup | None) -> torch.device:
+    """Where a small tensor of host facts must be for a collective on ``pg``: the current CUDA
+    device for NCCL, else the CPU."""
+    if dist.get_backend(pg) == dist.Backend.NCCL:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def gather_counts(count: int, pg: dist.ProcessGroup | None) -> list[int]:
     """Every rank's ``count`` (one small all-gather)."""
-    out = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(pg))]
-    dist.all_gather(out, torch.tensor([count], dtype=torch.int64), group=pg)
-    return [int(c) for c in out]
+    device = collective_device(pg)
+    out = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(pg))]
+    dist.all_gather(out, torch.tensor([count], dtype=torch.int64, device=device), group=pg)
+    return torch.cat(out).tolist()
 
 
 def sparse_bytes(counts: list[int], dim: int) -> int:
@@ -35,9 +44,9 @@ def combine_sparse(
     dim = grads.size(1)
     if width == 0:
         return ids[:0], grads[:0]
-    padded_ids = torch.full((width,), -1, dtype=torch.int64)
+    padded_ids = torch.full((width,), -1, dtype=torch.int64, device=ids.device)
     padded_ids[: ids.numel()] = ids
-    padded = torch.zeros(width, dim)
+    padded = torch.zeros(width, dim, device=grads.device)
     padded[: ids.numel()] = grads
     all_ids = [torch.empty_like(padded_ids) for _ in counts]
     all_grads = [torch.empty_like(padded) for _ in counts]
@@ -46,7 +55,7 @@ def combine_sparse(
     flat_ids, flat = torch.cat(all_ids), torch.cat(all_grads)
     valid = flat_ids >= 0
     uniq, inverse = torch.unique(flat_ids[valid], return_inverse=True)
-    return uniq, torch.zeros(uniq.numel(), dim).index_add_(0, inverse, flat[valid])
+    return uniq, torch.zeros(uniq.numel(), dim, device=flat.device).index_add_(0, inverse, flat[valid])
 
 
 def combine_dense(
@@ -57,7 +66,7 @@ def combine_dense(
     Returns (touched ids, their summed gradients, on how many ranks each was touched).
     """
     dim = grads.size(1)
-    dense = torch.zeros(block.numel(), dim + 1)
+    dense = torch.zeros(block.numel(), dim + 1, device=grads.device)
     pos = torch.searchsorted(block, ids)
     dense[pos, :dim] = grads
     dense[pos, dim] = 1.0

@@ -34,7 +34,14 @@ from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.sharding.exchange import exchange_flat
 from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
 from torchrec_het.sharding.replica_group import ReplicaGroup
-from torchrec_het.sharding.replica_sync import combine_dense, combine_sparse, dense_bytes, gather_counts, sparse_bytes
+from torchrec_het.sharding.replica_sync import (
+    collective_device,
+    combine_dense,
+    combine_sparse,
+    dense_bytes,
+    gather_counts,
+    sparse_bytes,
+)
 from torchrec_het.sharding.row_apply import accumulates_squares, apply_row_grads, check_row_local, replica_kernel, row_state
 
 
@@ -44,8 +51,10 @@ class ReplicaWrites:
     Call :meth:`init_replicas` at the end of the lookup's ``__init__``.
     """
 
-    def init_replicas(self, pg, feature_names: list[str]) -> None:
+    def init_replicas(self, pg, feature_names: list[str], device: torch.device | None = None) -> None:
+        """``device``: where the lookup computes (its kernels', groups' and held gradients' home)."""
         self._pg = pg
+        self._device = torch.device(device) if device is not None else torch.device("cpu")
         self._rank = dist.get_rank(pg)
         self._ws = dist.get_world_size(pg)
         self._features = list(feature_names)
@@ -58,7 +67,7 @@ class ReplicaWrites:
         self._pending: list[torch.Tensor] = []
         self._step = 0
         self._needs_refresh = True
-        self._anchor = torch.zeros(1, requires_grad=True)  # lets backward reach the write path
+        self._anchor = torch.zeros(1, device=self._device, requires_grad=True)  # lets backward reach the write path
         self.stats = {"steps": 0, "skipped_steps": 0, "sparse_syncs": 0, "dense_syncs": 0}
 
     # --- set-up ------------------------------------------------------------------------
@@ -95,7 +104,9 @@ class ReplicaWrites:
                 )
                 by_dim.setdefault(table.embedding_dim, []).append((info, config.table_tiers(table.name, table.num_embeddings)))
         self._groups = [
-            ReplicaGroup([t for t, _ in items], [tiers for _, tiers in items], dim, self._rank, self._ws, local_ws)
+            ReplicaGroup([t for t, _ in items], [tiers for _, tiers in items], dim, self._rank, self._ws, local_ws).to(
+                self._device
+            )
             for dim, items in by_dim.items()
         ]
         rows = [[0] * len(g.embedding_tables) for g in self.grouped_configs]
@@ -106,7 +117,7 @@ class ReplicaWrites:
             replica_kernel(m.emb_module, rows[i], dict(self.grouped_configs[i].fused_params or {}))
             for i, m in enumerate(self._emb_modules)
         ]
-        self._pending = [torch.zeros(g.hot.numel(), g.dim + 1) for g in self._groups]
+        self._pending = [torch.zeros(g.hot.numel(), g.dim + 1, device=self._device) for g in self._groups]
 
     @property
     def groups(self) -> list[ReplicaGroup]:
@@ -138,9 +149,9 @@ class ReplicaWrites:
                 shard = row_state(self._emb_modules[t.module_index].emb_module, t.table_index)
                 replica = row_state(self._replicas[t.module_index], t.table_index)
                 widths = [s.size(1) for s in shard]
-                block = torch.zeros(rows.numel(), sum(widths))
+                block = torch.zeros(rows.numel(), sum(widths), device=rows.device)
                 owned = g.owner_of(rows) == self._rank
-                local = g.local_rows(rows[owned], torch.full((int(owned.sum()),), i))
+                local = g.local_rows(rows[owned], torch.full((int(owned.sum()),), i, device=rows.device))
                 block[owned] = torch.cat([s[local].float() for s in shard], 1)
                 dist.all_reduce(block, group=self._pg)
                 held, pos = members(g.held, rows)
@@ -151,21 +162,22 @@ class ReplicaWrites:
     def samples_read_here(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """bool ``[batch]``: samples whose ids of this lookup's features are all read on this
         rank (owned, replicated, or held for the host), so they need no exchange (FAE's hot
-        samples). Features the lookup does not have are ignored."""
+        samples). Features the lookup does not have are ignored. On the batch's device (a data
+        loader's batch may still be on the host)."""
         if features.variable_stride_per_key():
             raise ValueError("samples_read_here needs one batch size for every feature")
-        stride = features.stride()
-        remote = torch.zeros(stride, dtype=torch.int64)
-        by_feature = features.to_dict()
+        stride, device = features.stride(), features.device()
+        remote = torch.zeros(stride, dtype=torch.int64, device=self._device)
+        by_feature = features.to(self._device).to_dict()
         for g in self._groups:
             for feature, table in zip(g.features, g.feature_table.tolist()):
                 if feature not in by_feature:
                     continue
                 jt = by_feature[feature]
                 ids = jt.values().long() + g.offsets[table]
-                sample = torch.repeat_interleave(torch.arange(stride), jt.lengths().long())
+                sample = torch.repeat_interleave(torch.arange(stride, device=self._device), jt.lengths().long())
                 remote += torch.bincount(sample[g.server_of(ids) != self._rank], minlength=stride)
-        return remote == 0
+        return (remote == 0).to(device)
 
     def exchange_rows(self, values: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
         """``exchange_flat`` of float values (cold partials, rows, gradients) in the wire dtype; float32 back."""
@@ -191,7 +203,7 @@ class ReplicaWrites:
         Returns:
             int64 ``[world_size, groups, 2]``: every rank's facts.
         """
-        mine = torch.tensor(facts, dtype=torch.int64).view(-1)
+        mine = torch.tensor(facts, dtype=torch.int64, device=collective_device(self._pg)).view(-1)
         everyone = [torch.empty_like(mine) for _ in range(self._ws)]
         dist.all_gather(everyone, mine, group=self._pg)
         return torch.stack(everyone).view(self._ws, len(self._groups), 2)
@@ -281,8 +293,8 @@ class ReplicaWrites:
         rows = torch.where(owned, g.local_rows(ids, tables), 0)
         if bool((~owned).any()):
             rows[~owned] = g.replica_rows_of(ids[~owned])
-        module_of = torch.tensor([t.module_index for t in g.tables])[tables]
-        table_index = torch.tensor([t.table_index for t in g.tables])[tables]
+        module_of = torch.tensor([t.module_index for t in g.tables], device=tables.device)[tables]
+        table_index = torch.tensor([t.table_index for t in g.tables], device=tables.device)[tables]
         for module_index in torch.unique(module_of).tolist():
             for kernel, mask in ((self._emb_modules[module_index].emb_module, owned), (self._replicas[module_index], ~owned)):
                 mine = mask & (module_of == module_index)

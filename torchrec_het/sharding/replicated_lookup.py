@@ -73,7 +73,7 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
         super().__init__(
             grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
         )
-        self.init_replicas(pg, feature_names)
+        self.init_replicas(pg, feature_names, device)
 
     # --- forward -------------------------------------------------------------------------
 
@@ -99,9 +99,9 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
         jts = [by_feature[f] for f in g.features]
         lengths = torch.cat([jt.lengths() for jt in jts]).long()
         weights = [jt.weights_or_none() for jt in jts]
-        per_feature = torch.tensor([jt.values().numel() for jt in jts], dtype=torch.int64)
+        per_feature = torch.tensor([jt.values().numel() for jt in jts], dtype=torch.int64, device=lengths.device)
         ids = torch.cat([jt.values() for jt in jts]).long() + g.offsets[torch.repeat_interleave(g.feature_table, per_feature)]
-        bags = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+        bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
         here = (g.server_of(ids) == self._rank).nonzero().flatten()
         return _Step(lengths, torch.cat(weights) if weights[0] is not None else None, ids, bags, here)
 
@@ -111,11 +111,11 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
         values = g.read(step.ids[step.here], shards, replicas)
         if step.weights is not None:
             values = values * step.weights[step.here].unsqueeze(1)
-        pooled = torch.zeros(step.lengths.numel(), g.dim).index_add_(0, step.bags[step.here], values)
+        pooled = torch.zeros(step.lengths.numel(), g.dim, device=values.device).index_add_(0, step.bags[step.here], values)
         if not step.exchanged:
             return pooled
         ws, dim = self._ws, g.dim
-        away = torch.ones(step.ids.numel(), dtype=torch.bool)
+        away = torch.ones(step.ids.numel(), dtype=torch.bool, device=step.ids.device)
         away[step.here] = False
         away = away.nonzero().flatten()
         server = g.server_of(step.ids[away])
@@ -130,13 +130,13 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
         if step.weights is not None:
             step.served_weights = exchange_flat(step.weights[away], send, recv, self._pg)
         # server side: one partial per (reader, bag)
-        reader = torch.repeat_interleave(torch.arange(ws), step.recv_counts)
+        reader = torch.repeat_interleave(torch.arange(ws, device=step.recv_counts.device), step.recv_counts)
         width = int(requests[:, 1].max()) + 1 if requests.numel() else 1
         keys, step.served_partial = torch.unique(reader * width + requests[:, 1], return_inverse=True)
         rows = g.read(step.served_ids, shards, replicas)
         if step.served_weights is not None:
             rows = rows * step.served_weights.unsqueeze(1)
-        partials = torch.zeros(keys.numel(), dim).index_add_(0, step.served_partial, rows)
+        partials = torch.zeros(keys.numel(), dim, device=rows.device).index_add_(0, step.served_partial, rows)
         step.partials_out = torch.bincount(keys // width, minlength=ws)
         # reader side: the partials to expect, in the servers' order (by bag)
         mine = torch.unique(server * step.lengths.numel() + step.bags[away])
@@ -173,7 +173,8 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
             ids.append(step.served_ids)
             per_value.append(served)
         uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
-        return uniq, torch.zeros(uniq.numel(), g.dim).index_add_(0, inverse, torch.cat(per_value))
+        values = torch.cat(per_value)
+        return uniq, torch.zeros(uniq.numel(), g.dim, device=values.device).index_add_(0, inverse, values)
 
 
 class _ReplicatedPooling(torch.autograd.Function):
@@ -192,7 +193,7 @@ class _ReplicatedPooling(torch.autograd.Function):
             for position, block in zip(at, out.unbind(0)):
                 blocks[position] = block
         if not blocks:
-            return torch.empty(batch, 0)
+            return torch.empty(batch, 0, device=anchor.device)
         return torch.cat(blocks, dim=1)
 
     @staticmethod

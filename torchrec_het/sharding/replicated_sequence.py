@@ -72,7 +72,7 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
 
     def __init__(self, grouped_configs, feature_names: list[str], pg, device=None, env=None) -> None:
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, env=env)
-        self.init_replicas(pg, feature_names)
+        self.init_replicas(pg, feature_names, device)
         self.stats["rows_fetched"] = 0  # distinct rows this rank read from other ranks
 
     # --- forward -------------------------------------------------------------------------
@@ -98,7 +98,7 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
 
     def _plan(self, g: ReplicaGroup, by_feature) -> _Step:
         values = [by_feature[f].values() for f in g.features]
-        per_feature = torch.tensor([v.numel() for v in values], dtype=torch.int64)
+        per_feature = torch.tensor([v.numel() for v in values], dtype=torch.int64, device=g.feature_table.device)
         ids = torch.cat(values).long() + g.offsets[torch.repeat_interleave(g.feature_table, per_feature)]
         server = g.server_of(ids)
         local = server == self._rank
@@ -107,14 +107,14 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
         need_server = g.server_of(need)
         order = torch.sort(need_server, stable=True).indices  # by server, then id
         slot = torch.empty_like(order)
-        slot[order] = torch.arange(order.numel())
+        slot[order] = torch.arange(order.numel(), device=order.device)
         send_counts = torch.bincount(need_server, minlength=self._ws)
         return _Step(ids, here, away, need[order], slot[need_of], send_counts)
 
     def _read(self, g: ReplicaGroup, step: _Step) -> torch.Tensor:
         """``[positions, dim]``: local rows here, distinct rows of the rest from their servers."""
         shards, replicas = self._shard_weights(g), self._replica_weights(g)
-        rows = torch.empty(step.ids.numel(), g.dim)
+        rows = torch.empty(step.ids.numel(), g.dim, device=step.ids.device)
         rows[step.here] = g.read(step.ids[step.here], shards, replicas)
         if not step.exchanged:
             return rows
@@ -142,14 +142,15 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
         ids, per_position = [step.ids[step.here]], [grad[step.here]]
         if step.exchanged:
             dim = g.dim
-            need_grads = torch.zeros(step.need.numel(), dim).index_add_(0, step.need_of, grad[step.away])
+            need_grads = torch.zeros(step.need.numel(), dim, device=grad.device).index_add_(0, step.need_of, grad[step.away])
             served = self.exchange_rows(
                 need_grads.view(-1), (step.send_counts * dim).tolist(), (step.recv_counts * dim).tolist()
             ).view(-1, dim)
             ids.append(step.served_ids)
             per_position.append(served)
         uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
-        return uniq, torch.zeros(uniq.numel(), g.dim).index_add_(0, inverse, torch.cat(per_position))
+        values = torch.cat(per_position)
+        return uniq, torch.zeros(uniq.numel(), g.dim, device=values.device).index_add_(0, inverse, values)
 
 
 class _SequenceRows(torch.autograd.Function):
@@ -167,7 +168,7 @@ class _SequenceRows(torch.autograd.Function):
             for position, block in zip(at, group_rows.split([counts[p] for p in at])):
                 blocks[position] = block
         if not blocks:
-            return torch.empty(0)
+            return torch.empty(0, device=anchor.device)
         return torch.cat([block.reshape(-1) for block in blocks])
 
     @staticmethod

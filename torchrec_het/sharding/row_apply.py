@@ -25,27 +25,29 @@ def apply_row_grads(tbe: SplitTableBatchedEmbeddingBagsCodegen, tables: torch.Te
     """
     if rows.numel() == 0:
         return
+    device = tbe.current_device
+    tables, rows, grads = tables.to(device), rows.to(device), grads.to(device)
     feature_table = list(tbe.feature_table_map)
     dims = [spec[1] for spec in tbe.embedding_specs]
-    first_feature = torch.tensor([feature_table.index(t) for t in range(len(dims))])
+    first_feature = torch.tensor([feature_table.index(t) for t in range(len(dims))], device=device)
     feature = first_feature[tables]
     order = torch.sort(feature, stable=True).indices
     feature, rows, grads = feature[order], rows[order], grads[order]
     per_feature = torch.bincount(feature, minlength=len(feature_table))
     batch = int(per_feature.max())
-    lengths = (torch.arange(batch).unsqueeze(0) < per_feature.unsqueeze(1)).long().view(-1)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+    lengths = (torch.arange(batch, device=device).unsqueeze(0) < per_feature.unsqueeze(1)).long().view(-1)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(lengths, 0)])
     if tbe.pooling_mode == PoolingMode.NONE:  # one output row per index, in index (= sorted) order
         with torch.enable_grad():
             rows_out = tbe(rows.long(), offsets)
         rows_out.backward(grads.to(rows_out.dtype))
         return
-    feature_dims = torch.tensor([dims[t] for t in feature_table])
+    feature_dims = torch.tensor([dims[t] for t in feature_table], device=device)
     column = torch.cumsum(feature_dims, 0) - feature_dims
-    position = torch.arange(rows.numel()) - (torch.cumsum(per_feature, 0) - per_feature)[feature]
-    out_grad = torch.zeros(batch, int(feature_dims.sum()))
+    position = torch.arange(rows.numel(), device=device) - (torch.cumsum(per_feature, 0) - per_feature)[feature]
+    out_grad = torch.zeros(batch, sum(dims[t] for t in feature_table), device=device)
     dim = grads.size(1)
-    out_grad[position.unsqueeze(1), column[feature].unsqueeze(1) + torch.arange(dim)] = grads.float()
+    out_grad[position.unsqueeze(1), column[feature].unsqueeze(1) + torch.arange(dim, device=device)] = grads.float()
     with torch.enable_grad():
         pooled = tbe(rows.long(), offsets)
     pooled.backward(out_grad.to(pooled.dtype))
@@ -66,16 +68,22 @@ def check_row_local(tbe: SplitTableBatchedEmbeddingBagsCodegen, what: str) -> No
 def replica_kernel(
     shard: SplitTableBatchedEmbeddingBagsCodegen, rows_per_table: list[int], fused_params: dict
 ) -> SplitTableBatchedEmbeddingBagsCodegen:
-    """A CPU kernel shaped like ``shard`` (same tables, features, optimizer and settings) with
-    ``rows_per_table`` rows per table (at least one: FBGEMM needs non-empty tables)."""
+    """A kernel shaped like ``shard`` (same tables, features, optimizer and settings, on its
+    device: host memory on the CPU, device memory on CUDA) with ``rows_per_table`` rows per
+    table (at least one: FBGEMM needs non-empty tables)."""
     dims = [spec[1] for spec in shard.embedding_specs]
     params = {k: v for k, v in fused_params.items() if k != "enable_raw_embedding_streaming"}
+    device = shard.current_device
+    if device.type == "cpu":
+        location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
+    else:
+        location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
     return SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(max(1, n), d, EmbeddingLocation.HOST, ComputeDevice.CPU) for n, d in zip(rows_per_table, dims)],
+        embedding_specs=[(max(1, n), d, location, compute) for n, d in zip(rows_per_table, dims)],
         feature_table_map=list(shard.feature_table_map),
         pooling_mode=shard.pooling_mode,
         weights_precision=shard.weights_precision,
-        device=torch.device("cpu"),
+        device=device,
         **params,
     )
 

@@ -22,10 +22,10 @@ class FeatureCheck:
 
     def __init__(self, rows_of_feature: dict[str, int]) -> None:
         self.rows_of_feature = dict(rows_of_feature)
-        self._rows: dict[tuple[str, ...], torch.Tensor] = {}  # key order -> rows of each key's table
+        self._rows: dict[tuple, torch.Tensor] = {}  # (key order, device) -> rows of each key's table
 
-    def _rows_by_key(self, keys: list[str]) -> torch.Tensor:
-        order = tuple(keys)
+    def _rows_by_key(self, keys: list[str], device: torch.device) -> torch.Tensor:
+        order = (tuple(keys), device)
         rows = self._rows.get(order)
         if rows is None:
             unknown = [k for k in keys if k not in self.rows_of_feature]
@@ -34,14 +34,14 @@ class FeatureCheck:
             missing = sorted(set(self.rows_of_feature) - set(keys))
             if missing:
                 raise ValueError(f"feature key(s) {missing} missing from the batch")
-            rows = torch.tensor([self.rows_of_feature[k] for k in keys], dtype=torch.int64)
+            rows = torch.tensor([self.rows_of_feature[k] for k in keys], dtype=torch.int64, device=device)
             self._rows[order] = rows
         return rows
 
     def __call__(self, features: KeyedJaggedTensor) -> None:
         keys = features.keys()
-        rows = self._rows_by_key(keys)
         lengths, values = features.lengths(), features.values()
+        rows = self._rows_by_key(keys, values.device)
         stride = features.stride()
         if lengths.numel() != len(keys) * stride:
             raise ValueError(f"lengths hold {lengths.numel()} entries; {len(keys)} features x batch {stride} expected")
@@ -50,7 +50,7 @@ class FeatureCheck:
             raise ValueError(f"{weights.numel()} weights for {values.numel()} ids")
         per_key = lengths.view(len(keys), stride)
         totals = per_key.sum(1)
-        key_of_value = torch.repeat_interleave(torch.arange(len(keys)), totals.clamp(min=0))
+        key_of_value = torch.repeat_interleave(torch.arange(len(keys), device=totals.device), totals.clamp(min=0))
         if key_of_value.numel() == values.numel():
             bad = (per_key < 0).any() | ((values < 0) | (values >= rows.index_select(0, key_of_value))).any()
             if not bool(bad):  # the one host sync of a good batch

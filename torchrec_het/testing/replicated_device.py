@@ -12,6 +12,8 @@ Cases:
     ``het_row_replicated/bags``: the same EBC, its 8 hottest rows per table replicated.
     ``het_row_replicated/sequences``: two EmbeddingCollections (widths 8 and 4, one table
     read by two features), 8 hot rows per table replicated.
+    ``.../bags_per_host``, ``.../sequences_per_host``: the same with a per-host tier of 3 rows
+    per table too, which takes the earlier (unstaged) lookups and their replica kernels.
 """
 
 import tempfile
@@ -46,9 +48,16 @@ from torchrec_het.testing.het_ranks import (
 )
 from torchrec_het.testing.replicated_ranks import tiers
 
-CASES = ("het_cached_row_wise/s0", "het_row_replicated/bags", "het_row_replicated/sequences")
+CASES = (
+    "het_cached_row_wise/s0",
+    "het_row_replicated/bags",
+    "het_row_replicated/sequences",
+    "het_row_replicated/bags_per_host",
+    "het_row_replicated/sequences_per_host",
+)
 DEVICE_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
 HOT = 8
+PER_HOST = 3
 
 
 @contextmanager
@@ -70,14 +79,14 @@ def one_rank_group(device: torch.device, store_dir: str | Path | None = None) ->
             dist.destroy_process_group()
 
 
-def _bag_model(kind: str, configs, optimizer: str, device: torch.device):
+def _bag_model(kind: str, configs, optimizer: str, device: torch.device, per_host: int = 0):
     """The EBC with every table ``kind``, sharded on ``device`` by the plugin's bag sharder, weights set."""
     ebc = _ebc(configs, False, optimizer, "meta")
     if kind == "het_cached_row_wise":
         exact = HetCacheConfig(default=CacheSettings(s_read=0, s_write=0))
         sharder, generator = HetEmbeddingBagCollectionSharder(cache=exact), het_cached_row_wise
     else:
-        replication = ReplicationConfig(tiers=tiers(configs, hot=HOT))
+        replication = ReplicationConfig(tiers=tiers(configs, hot=HOT, per_host=per_host))
         sharder, generator = HetEmbeddingBagCollectionSharder(replication=replication), het_row_replicated
     plan = construct_module_sharding_plan(
         ebc,
@@ -91,12 +100,12 @@ def _bag_model(kind: str, configs, optimizer: str, device: torch.device):
     return model
 
 
-def bag_errors(kind: str, optimizer: str, device: torch.device) -> dict[str, float]:
+def bag_errors(kind: str, optimizer: str, device: torch.device, per_host: int = 0) -> dict[str, float]:
     """Largest relative differences from the unsharded EBC over STEPS steps: ``out/<pooling>``
     every step, ``weights/<pooling>`` at the end; ``replica_syncs`` for het_row_replicated."""
     configs = table_configs(weighted=False)
     proj = {f: p.to(device) for f, p in projections(configs).items()}
-    model = _bag_model(kind, configs, optimizer, device)
+    model = _bag_model(kind, configs, optimizer, device, per_host)
     reference = _ebc(configs, False, optimizer, device.type)
     init_tables_by_row(reference, configs, SEED)
     pooling = {f: _pooling(c) for c in configs for f in c.feature_names}
@@ -119,12 +128,12 @@ def _syncs(stats: dict[str, int]) -> int:
     return stats["sparse_syncs"] + stats["dense_syncs"]
 
 
-def sequence_errors(optimizer: str, device: torch.device) -> dict[str, float]:
+def sequence_errors(optimizer: str, device: torch.device, per_host: int = 0) -> dict[str, float]:
     """Largest relative differences from the unsharded ECs over STEPS steps (``out``, ``weights``),
     and ``replica_syncs``."""
     configs = sequences.table_configs()
     proj = {f: p.to(device) for f, p in sequences.projections(configs).items()}
-    replication = ReplicationConfig(tiers=tiers(sequences.all_configs(configs), hot=HOT))
+    replication = ReplicationConfig(tiers=tiers(sequences.all_configs(configs), hot=HOT, per_host=per_host))
     model = sequences.sharded("rep", configs, optimizer, replication, device=str(device))
     reference = sequences.unsharded(configs, optimizer, device=str(device))
     errors: dict[str, float] = {}
@@ -144,9 +153,11 @@ def sequence_errors(optimizer: str, device: torch.device) -> dict[str, float]:
 
 def case_errors(case: str, optimizer: str, device: torch.device) -> dict[str, float]:
     """One case of :data:`CASES` (a process group of world size 1 must be up)."""
-    if case == "het_row_replicated/sequences":
-        return sequence_errors(optimizer, device)
-    return bag_errors(case.split("/")[0], optimizer, device)
+    kind, what = case.split("/")
+    per_host = PER_HOST if what.endswith("_per_host") else 0
+    if what.startswith("sequences"):
+        return sequence_errors(optimizer, device, per_host)
+    return bag_errors(kind, optimizer, device, per_host)
 
 
 def world_size_one(device: torch.device, cases=CASES, optimizers=DEVICE_OPTIMIZERS, store_dir=None) -> dict:
