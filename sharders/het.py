@@ -16,6 +16,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het._compat import sharded_lookups
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders.replicated_module import ReplicatedModule
@@ -137,7 +138,7 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
         return super().input_dist(ctx, features)
 
     def het_lookups(self) -> list[HetCachedEmbeddingLookup]:
-        return [lookup for lookup in self._lookups if isinstance(lookup, HetCachedEmbeddingLookup)]
+        return [lookup for lookup in sharded_lookups(self) if isinstance(lookup, HetCachedEmbeddingLookup)]
 
     def cache_stats(self) -> dict[str, dict]:
         """Cache counters per het table on this rank (hit rates, rows fetched and pushed, staleness)."""

@@ -39,6 +39,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het._compat import lookup_kernels
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.sharders import HetShardedEmbeddingBagCollection
 from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
@@ -138,7 +139,7 @@ def _owned_weights(lookups: list[HetCachedEmbeddingLookup], rank: int) -> dict[s
     """Per table: (first owned row, a view of this rank's shard of the weights)."""
     out = {}
     for lookup in lookups:
-        weights = [m.split_embedding_weights() for m in lookup._emb_modules]
+        weights = [m.split_embedding_weights() for m in lookup_kernels(lookup)]
         for g in lookup.groups:
             for t in g.tables:
                 out[t.name] = (int(t.row_starts[rank]), weights[t.module_index][t.table_index])
