@@ -3,7 +3,9 @@
 A plain TorchRec trainer, written the way TorchRec's DLRM example is: a ``DLRMTrain``
 with its tables on the meta device, a stock ``EmbeddingShardingPlanner`` with
 ``get_default_sharders()``, ``DistributedModelParallel``, row-wise Adagrad fused into the
-embedding backward and Adagrad on the dense part (one ``CombinedOptimizer``). It uses
+embedding backward and Adagrad on the dense part (one ``CombinedOptimizer``), stepped by
+TorchRec's ``TrainPipelineSparseDist`` (``--pipeline plain``: forward, backward, step, one
+batch at a time). It uses
 nothing of torchrec_het but its data (``torchrec_het.data``) and a plan-independent
 initialization of the tables (``init_tables_by_row``: every plan starts from the same
 weights, so runs compare), so it runs unchanged on stock TorchRec; started through ``python -m torchrec_het.launch`` the same code plans
@@ -19,7 +21,8 @@ once its ``COMPLETE`` marker exists (written last, by rank 0, after every rank s
 
 Output lines (rank 0): ``step <n> loss <x>``, ``checkpoint step <n> saved <dir>``,
 ``loaded checkpoint step <n> <dir>``, ``final step <n> auc <x>``; every rank prints
-``worker rank <r> pid <p> attempt <a>`` first.
+``worker rank <r> pid <p> attempt <a>`` first, and rank 0 prints
+``trained <n> steps in <s> s (<x> it/s)`` when training ends.
 """
 
 import argparse
@@ -28,6 +31,8 @@ import os
 import shutil
 import socket
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +44,7 @@ from torch.distributed.tensor import DTensor
 from iopath.common.file_io import NativePathHandler, PathManager
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
@@ -87,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--print-plan", action="store_true", help="print the sharding plan and planner stats")
     parser.add_argument("--save-weights", default=None, help="rank 0 saves the unsharded weights here (torch.save)")
     parser.add_argument("--log-every", type=int, default=1, help="print the loss every N steps")
+    parser.add_argument(
+        "--pipeline", default="sparse_dist", choices=("sparse_dist", "plain"),
+        help="sparse_dist: TorchRec's TrainPipelineSparseDist (the next batch's input dist overlaps this step); "
+        "plain: forward, backward, optimizer step, one batch at a time",
+    )  # fmt: skip
     return parser
 
 
@@ -210,12 +221,47 @@ def shard(train_model: DLRMTrain, batch_size: int, learning_rate: float, print_p
     return model, CombinedOptimizer([model.fused_optimizer, dense_optimizer])
 
 
-def train_step(model, optimizer, batch) -> float:
-    optimizer.zero_grad()
-    loss, _ = model(batch)
-    loss.backward()
-    optimizer.step()
-    return float(loss.detach())
+class PlainSteps:
+    """Forward, backward and optimizer step, one batch at a time; ``progress`` as a pipeline's."""
+
+    def __init__(self, model, optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def progress(self, batches: Iterator):
+        self.optimizer.zero_grad()
+        loss, output = self.model(next(batches))
+        loss.backward()
+        self.optimizer.step()
+        return output
+
+    def detach(self):
+        return self.model
+
+
+def train(args: argparse.Namespace, model, optimizer, source, step: int) -> int:
+    """Trains from ``step`` to ``args.steps`` (checkpoints, loss lines, timing); returns the step reached."""
+    rank = dist.get_rank()
+    batches = (source.batch(at, rank, "train") for at in range(step, args.steps))
+    if args.pipeline == "sparse_dist":
+        pipeline = TrainPipelineSparseDist(model, optimizer, torch.device("cpu"))
+    else:
+        pipeline = PlainSteps(model, optimizer)
+    first, started, saved_at = step, time.perf_counter(), step
+    while step < args.steps:
+        loss, _logits, _labels = pipeline.progress(batches)
+        step += 1
+        if rank == 0 and (step % args.log_every == 0 or step == args.steps):
+            say(f"step {step} loss {float(loss):.4f}")
+        if args.checkpoint_every and step % args.checkpoint_every == 0:
+            save_checkpoint(args.checkpoint_dir, step, model, optimizer)
+            saved_at = step
+    elapsed = time.perf_counter() - started
+    pipeline.detach()  # the model's own forward again, for evaluation
+    if rank == 0 and step > first:
+        say(f"trained {step - first} steps in {elapsed:.1f} s ({(step - first) / elapsed:.2f} it/s)")
+    if args.checkpoint_path is not None and saved_at != step:
+        save_checkpoint(args.checkpoint_dir, step, model, optimizer)
+    return step
 
 
 @torch.no_grad()
@@ -345,17 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     model, optimizer = shard(train_model, batch_size, args.learning_rate, args.print_plan, args.seed)
 
     step = restore(args, model, optimizer) if args.resume or args.evaluate_only else 0
-    saved_at = step
-    while not args.evaluate_only and step < args.steps:
-        loss = train_step(model, optimizer, source.batch(step, rank, "train"))
-        step += 1
-        if rank == 0 and (step % args.log_every == 0 or step == args.steps):
-            say(f"step {step} loss {loss:.4f}")
-        if args.checkpoint_every and step % args.checkpoint_every == 0:
-            save_checkpoint(args.checkpoint_dir, step, model, optimizer)
-            saved_at = step
-    if args.checkpoint_path is not None and not args.evaluate_only and saved_at != step:
-        save_checkpoint(args.checkpoint_dir, step, model, optimizer)
+    if not args.evaluate_only:
+        step = train(args, model, optimizer, source, step)
 
     auc = evaluate(model, source, args.eval_batches) if args.eval_batches else None
     if args.save_weights:
