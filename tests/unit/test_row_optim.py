@@ -1,4 +1,5 @@
-"""apply_rows updates a kernel's rows as FBGEMM's own fused CPU optimizer does."""
+"""apply_rows updates a kernel's rows as FBGEMM's own fused CPU optimizer does; step_rows, the
+arithmetic under it, steps dense copies of rows (the replica blocks') the same way."""
 
 from types import SimpleNamespace
 
@@ -9,7 +10,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocati
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen
 
 from torchrec_het.sharding.row_apply import apply_row_grads
-from torchrec_het.sharding.row_optim import _layout, apply_rows, optimizer_kind
+from torchrec_het.sharding.row_optim import _layout, apply_rows, optimizer_kind, step_rows
 
 SPECS = [(13, 8), (9, 16), (21, 8)]  # (rows, dim): tables 0 and 2 share a width
 OPTIMIZERS = {
@@ -91,3 +92,36 @@ def test_nothing_to_apply_changes_nothing() -> None:
     none = torch.zeros(0, dtype=torch.int64)
     apply_rows(tbe, none, none, torch.zeros(0, 8))
     assert all(torch.equal(a, b) for a, b in zip(_state(tbe), before))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad"])
+def test_step_rows_on_copies_matches_apply_rows_bit_for_bit(optimizer: str) -> None:
+    """Dense copies of tables 0 and 2 stepped as a replica block steps them (a learning rate and
+    a float64 epsilon per row) end where the kernel's own rows end under apply_rows."""
+    tbe = _kernel(optimizer)
+    kind, eps = optimizer_kind(tbe), OPTIMIZERS[optimizer][1].get("eps", 0.0)
+    tables = [0, 2]
+    weights = torch.cat([tbe.split_embedding_weights()[t] for t in tables]).clone()
+    if kind == "sgd":
+        state = torch.zeros(weights.size(0), 0)
+    else:
+        state = torch.cat([tbe.split_optimizer_states()[t][0].view(SPECS[t][0], -1) for t in tables]).clone()
+    first = torch.tensor([0, SPECS[0][0]])  # each table's first row in the copies
+    for table, rows, grads in _steps(tables):
+        position = table.eq(2).long()
+        copies, inverse = torch.unique(first[position] + rows, return_inverse=True)
+        summed = torch.zeros(copies.numel(), grads.size(1)).index_add_(0, inverse, grads)
+        lr = tbe.learning_rate_tensor.expand(copies.numel()).reshape(-1, 1)
+        per_row_eps = torch.full((copies.numel(), 1), eps, dtype=torch.float64)
+        new_weights, new_state = step_rows(kind, weights[copies], state[copies], summed, lr, per_row_eps)
+        weights[copies], state[copies] = new_weights, new_state
+        apply_rows(tbe, table, rows, grads)
+    assert torch.equal(weights, torch.cat([tbe.split_embedding_weights()[t] for t in tables]))
+    if kind != "sgd":
+        assert torch.equal(state, torch.cat([tbe.split_optimizer_states()[t][0].view(SPECS[t][0], -1) for t in tables]))
+    assert not torch.equal(weights, torch.cat([_kernel(optimizer).split_embedding_weights()[t] for t in tables]))
+
+
+def test_step_rows_names_an_optimizer_it_cannot_step() -> None:
+    with pytest.raises(ValueError, match="adam"):
+        step_rows("adam", torch.zeros(1, 4), torch.zeros(1, 4), torch.zeros(1, 4), torch.ones(()), 1e-8)

@@ -8,6 +8,7 @@ Both plugin lookups (the HET cache and the row-replicated type) build on this.
 from dataclasses import dataclass
 
 import torch
+from torchrec.modules.embedding_configs import PoolingType
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,32 @@ class TableInfo:
     table_index: int
     mean: bool
     learning_rate: float
+
+    @classmethod
+    def of(
+        cls, table, module_index: int, table_index: int, shards, world_size: int, learning_rate: float = 0.0
+    ) -> "TableInfo":
+        """The info of table ``table_index`` of a lookup's grouped config ``module_index``.
+
+        Args:
+            table: the grouped config's table (a ``ShardedEmbeddingTable``: name, features,
+                rows, pooling).
+            module_index: the grouped config's index (its kernel's, in the lookup).
+            table_index: the table's index in that config.
+            shards: the table's shard metadata (a row-wise plan's).
+            world_size: ranks in the sharding's process group.
+            learning_rate: the fused optimizer's step size (for lookups that read it here).
+        """
+        return cls(
+            name=table.name,
+            features=tuple(table.feature_names),
+            num_rows=table.num_embeddings,
+            row_starts=row_starts_from_shards(shards, world_size, table.name),
+            module_index=module_index,
+            table_index=table_index,
+            mean=table.pooling == PoolingType.MEAN,
+            learning_rate=learning_rate,
+        )
 
 
 class FusedIdSpace:

@@ -7,12 +7,11 @@ syncs, the online profile and the checkpoint hooks.
 
 import torch
 import torch.distributed as dist
-from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.replication.tiers import hottest_rows
-from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
+from torchrec_het.sharding.id_space import TableInfo, members
 from torchrec_het.sharding.replica_group import ReplicaGroup
 from torchrec_het.sharding.replica_store import ReplicaBlock, optimizer_name, owned_rows
 
@@ -152,16 +151,7 @@ class ReplicaHolder:
         self._positions: list[tuple[int, str]] = []  # (width, table name) per position
         for module_index, group in enumerate(self.grouped_configs):
             for table_index, table in enumerate(group.embedding_tables):
-                info = TableInfo(
-                    name=table.name,
-                    features=tuple(table.feature_names),
-                    num_rows=table.num_embeddings,
-                    row_starts=row_starts_from_shards(shards_by_table[table.name], self._ws, table.name),
-                    module_index=module_index,
-                    table_index=table_index,
-                    mean=table.pooling == PoolingType.MEAN,
-                    learning_rate=0.0,
-                )
+                info = TableInfo.of(table, module_index, table_index, shards_by_table[table.name], self._ws)
                 by_dim.setdefault(table.embedding_dim, []).append(info)
                 self._positions += [(table.embedding_dim, table.name)] * len(table.feature_names)
         tiers = {t.name: config.table_tiers(t.name, t.num_rows) for infos in by_dim.values() for t in infos}
@@ -216,7 +206,7 @@ class ReplicaHolder:
         names = {optimizer_name(kernels[t.module_index]) for t in g.tables}
         if len(names) > 1:
             raise ValueError(f"tables {[t.name for t in g.tables]} of width {g.dim} mix optimizers {sorted(names)}")
-        eps = torch.tensor([float(kernels[t.module_index].optimizer_args.eps) for t in g.tables])[tables]
+        eps = torch.tensor([float(kernels[t.module_index].optimizer_args.eps) for t in g.tables], dtype=torch.float64)[tables]
         mine = (g.owner_of(g.hot) == self._rank).nonzero().flatten()
         owned = []
         for module_index in torch.unique(module_of[tables[mine]]).tolist():  # once, at build

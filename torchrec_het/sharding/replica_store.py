@@ -5,7 +5,8 @@ tensor plus the optimizer state the owners' FBGEMM kernels keep for them. Every 
 reads its hot ids from it; the backward adds the rows' gradients to a pending buffer, and
 every ``sync_every`` steps a sync starts: touch counts are all-reduced at once, the touched
 rows' gradients once those are in (:meth:`ReplicaBlock.advance`). :meth:`ReplicaBlock.wait`
-applies the sums with the owners' optimizer arithmetic (:func:`step_rows`) before the next
+applies the sums with the owners' optimizer arithmetic (:func:`~torchrec_het.sharding.row_optim.step_rows`,
+the one the owners' row updates use) before the next
 read and writes the new rows and state through to the owners' shards, so a state dict or
 checkpoint always sees current values.
 """
@@ -16,7 +17,7 @@ import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
-from torchrec_het.sharding.row_optim import _buffer, optimizer_kind
+from torchrec_het.sharding.row_optim import _buffer, optimizer_kind, step_rows
 
 
 def optimizer_name(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
@@ -30,28 +31,6 @@ def optimizer_name(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
 def state_width(kind: str, dim: int) -> int:
     """Optimizer-state columns per row: 1 (row-wise Adagrad), ``dim`` (Adagrad), 0 (SGD)."""
     return {"sgd": 0, "adagrad": dim, "rowwise_adagrad": 1}[kind]
-
-
-@torch.no_grad()
-def step_rows(kind: str, weights: torch.Tensor, state: torch.Tensor, grads: torch.Tensor, lr, eps) -> None:
-    """One optimizer step on rows, in place, as FBGEMM's CPU kernels compute it (no weight decay).
-
-    Args:
-        kind: ``sgd``, ``adagrad`` or ``rowwise_adagrad``.
-        weights: ``[n, dim]`` rows.
-        state: ``[n, state_width]`` their optimizer state.
-        grads: ``[n, dim]`` each row's summed gradient of the step.
-        lr: learning rate (a tensor: per row ``[n, 1]`` or one value).
-        eps: epsilon (likewise).
-    """
-    if kind == "sgd":
-        weights.sub_(lr * grads)
-        return
-    if kind == "rowwise_adagrad":  # state += mean(g^2); w -= lr / (sqrt(state) + eps) * g
-        state.add_(grads.pow(2).mean(dim=1, keepdim=True))
-    else:  # adagrad: state += g^2 elementwise
-        state.add_(grads.pow(2))
-    weights.sub_(lr / (state.sqrt() + eps) * grads)
 
 
 def _flat(tbe: SplitTableBatchedEmbeddingBagsCodegen, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +64,7 @@ class ReplicaBlock:
         optimizer: the owners' optimizer kind (all tables of the block share it).
         kernels: the owners' kernels (their learning rates are read at every step).
         kernel_of: ``[rows]`` index in ``kernels`` of each row's table.
-        eps: ``[rows]`` epsilon of each row's table.
+        eps: float64 ``[rows]`` epsilon of each row's table.
         owned: where this rank's own hot rows live in its kernels.
         sync_every: combine gradients every this many steps (1: exactly synchronous).
         pg: the process group.
@@ -98,7 +77,7 @@ class ReplicaBlock:
         self.weights = torch.zeros(rows, dim, device=device)
         self.state = torch.zeros(rows, state_width(optimizer, dim), device=device)
         self.kernels, self.kernel_of = kernels, kernel_of.to(device)
-        self.eps = eps.view(-1, 1).to(device)
+        self.eps = eps.view(-1, 1).to(device=device, dtype=torch.float64)  # Adagrad adds it in double
         self.owned, self.sync_every = owned, sync_every
         self.pending = torch.zeros(rows, dim + 1, device=device)  # summed gradient, touches
         self.steps_held = 0
@@ -177,8 +156,9 @@ class ReplicaBlock:
             # at the steps held) grows Adagrad's squared-gradient state about as k steps would.
             grads = grads / touches.clamp(min=1, max=self.steps_held).sqrt().unsqueeze(1)
         lr = torch.stack([k.learning_rate_tensor for k in self.kernels]).to(grads.device)[self.kernel_of[touched]]
-        weights, state = self.weights[touched], self.state[touched]
-        step_rows(self.optimizer, weights, state, grads, lr.view(-1, 1), self.eps[touched])
+        weights, state = step_rows(
+            self.optimizer, self.weights[touched], self.state[touched], grads, lr.view(-1, 1), self.eps[touched]
+        )
         self.weights[touched], self.state[touched] = weights, state
         self.pending.zero_()
         self.steps_held = 0

@@ -27,12 +27,11 @@ all-gather); its backward calls :meth:`settle` once per group, in group order.
 
 import torch
 import torch.distributed as dist
-from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.sharding.exchange import exchange_flat
-from torchrec_het.sharding.id_space import TableInfo, members, row_starts_from_shards
+from torchrec_het.sharding.id_space import TableInfo, members
 from torchrec_het.sharding.replica_group import ReplicaGroup
 from torchrec_het.sharding.replica_sync import (
     collective_device,
@@ -92,16 +91,7 @@ class ReplicaWrites:
         for module_index, group in enumerate(self.grouped_configs):
             check_row_local(self._emb_modules[module_index].emb_module, f"tables {[t.name for t in group.embedding_tables]}")
             for table_index, table in enumerate(group.embedding_tables):
-                info = TableInfo(
-                    name=table.name,
-                    features=tuple(table.feature_names),
-                    num_rows=table.num_embeddings,
-                    row_starts=row_starts_from_shards(self._shards_by_table[table.name], self._ws, table.name),
-                    module_index=module_index,
-                    table_index=table_index,
-                    mean=table.pooling == PoolingType.MEAN,
-                    learning_rate=0.0,
-                )
+                info = TableInfo.of(table, module_index, table_index, self._shards_by_table[table.name], self._ws)
                 by_dim.setdefault(table.embedding_dim, []).append((info, config.table_tiers(table.name, table.num_embeddings)))
         self._groups = [
             ReplicaGroup([t for t, _ in items], [tiers for _, tiers in items], dim, self._rank, self._ws, local_ws).to(

@@ -1,10 +1,11 @@
-"""Optimizer steps on given rows of an FBGEMM table-batched kernel, as tensor ops on its own state.
+"""Optimizer steps on given rows, as tensor ops: the owner-side arithmetic of every plugin lookup.
 
 The plugin's lookups compute row gradients themselves (after exchanging them). Instead
 of running the kernel's forward and backward on bags of one row to reach its fused
 optimizer (:func:`~torchrec_het.sharding.row_apply.apply_row_grads`), :func:`apply_rows`
-updates the kernel's weight and optimizer-state tensors in place with the formulas of
-FBGEMM's CPU kernels (``split_weight_update_cpu`` of its optimizer templates):
+updates the kernel's weight and optimizer-state tensors in place, and the replica blocks
+of ``het_row_replicated`` step their copies of hot rows; both through :func:`step_rows`,
+the formulas of FBGEMM's CPU kernels (``split_weight_update_cpu`` of its optimizer templates):
 
 ``sgd``
     ``w -= lr * g`` (one fused multiply-add)
@@ -149,24 +150,53 @@ def apply_rows(
     weights = _Rows(flat, starts, dim, aligned)
     weight = weights.read()
     lr = tbe.learning_rate_tensor.to(flat.device)
-    if layout.kind == "sgd":  # the kernel's fused multiply-add: one rounding (float64 is exact here)
-        weights.write((weight.double() - lr.double() * grad.double()).float())
+    if layout.kind == "sgd":
+        weights.write(step_rows("sgd", weight, None, grad, lr, 0.0)[0])
         return
     state = getattr(tbe, layout.state).view(-1)
     first = torch.empty_like(starts).scatter_(0, inverse, torch.arange(rows.numel(), device=flat.device))
     width = dim if layout.kind == "adagrad" else 1
     state_starts = layout.state_offsets.index_select(0, tables.index_select(0, first)) + rows.index_select(0, first) * width
-    eps = tbe.optimizer_args.eps
-    if layout.kind == "adagrad":
-        states = _Rows(state, state_starts, dim, aligned)
-        momentum = (states.read().double() + grad.double() * grad.double()).float()  # fused multiply-add
-        states.write(momentum)
-        step = (lr * grad).double() / (momentum.double().sqrt() + eps)  # the kernel divides in double
-        weights.write((weight.double() - step).float())
-        return
-    momentum = state.index_select(0, state_starts) + (grad * grad).sum(1) / dim
-    state.index_copy_(0, state_starts, momentum)
-    weights.write(weight - grad * (lr / (momentum.sqrt() + eps)).unsqueeze(1))
+    states = _Rows(state, state_starts, width, aligned if layout.kind == "adagrad" else True)
+    weight, momentum = step_rows(layout.kind, weight, states.read(), grad, lr, tbe.optimizer_args.eps)
+    states.write(momentum)
+    weights.write(weight)
+
+
+def _as(value, dtype: torch.dtype):
+    """A tensor in ``dtype``; a Python number as it is (torch rounds it to the tensor's dtype)."""
+    return value.to(dtype) if isinstance(value, torch.Tensor) else value
+
+
+@torch.no_grad()
+def step_rows(
+    kind: str, weight: torch.Tensor, state: torch.Tensor | None, grad: torch.Tensor, lr, eps
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimizer step of dense rows, as FBGEMM's CPU kernels compute it (no weight decay).
+
+    Args:
+        kind: ``sgd``, ``adagrad`` or ``rowwise_adagrad``.
+        weight: float32 ``[n, dim]`` rows.
+        state: float32 optimizer state: ``[n, dim]`` (Adagrad), ``[n, 1]`` (row-wise
+            Adagrad); ignored for SGD.
+        grad: ``[n, dim]`` each row's gradient of the step, repeats already summed.
+        lr: float32 learning rate, a tensor of one value or one per row (``[n, 1]``).
+        eps: epsilon, a Python float or a float64 tensor of one value or one per row
+            (float64: Adagrad adds it in double; a float32 copy would round it first).
+
+    Returns:
+        (new rows, new state); the state is ``state`` itself for SGD.
+    """
+    if kind == "sgd":  # the kernel's fused multiply-add: one rounding (float64 is exact here)
+        return (weight.double() - _as(lr, torch.float64) * grad.double()).float(), state
+    if kind == "adagrad":
+        momentum = (state.double() + grad.double() * grad.double()).float()  # fused multiply-add
+        step = (lr * grad).double() / (momentum.double().sqrt() + _as(eps, torch.float64))  # the kernel divides in double
+        return (weight.double() - step).float(), momentum
+    if kind != "rowwise_adagrad":
+        raise ValueError(f"no row update for optimizer {kind!r}")
+    momentum = state + (grad * grad).sum(1, keepdim=True) / grad.size(1)
+    return weight - grad * (lr / (momentum.sqrt() + _as(eps, torch.float32))), momentum
 
 
 class _Rows:
@@ -193,4 +223,4 @@ class _Rows:
         else:
             self.flat[self.index] = values
 
-__all__ = ["KINDS", "apply_rows", "optimizer_kind"]
+__all__ = ["KINDS", "apply_rows", "optimizer_kind", "step_rows"]
