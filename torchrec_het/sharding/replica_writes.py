@@ -27,6 +27,7 @@ all-gather); its backward calls :meth:`settle` once per group, in group order.
 
 import torch
 import torch.distributed as dist
+from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
@@ -200,6 +201,15 @@ class ReplicaWrites:
 
     # --- backward --------------------------------------------------------------------------
 
+    def write_back(self, steps: list, grads: list[torch.Tensor]) -> None:
+        """Called by the lookup's backward with the gradient of every group's output (bag sums or
+        rows); the lookup's ``_served_grads(g, step, grad)`` turns each into the distinct ids this
+        rank serves and their gradients, which :meth:`settle` applies."""
+        scale = 1.0 / self._ws if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
+        for index, (g, step, grad) in enumerate(zip(self._groups, steps, grads)):
+            ids, summed = self._served_grads(g, step, grad * scale)
+            self.settle(index, g, ids, summed, step.hot_counts)
+
     def settle(self, index: int, g: ReplicaGroup, ids: torch.Tensor, grads: torch.Tensor, hot_counts: list[int]) -> None:
         """Applies the gradients of the distinct ``ids`` this rank serves, combined over their holders.
 
@@ -308,3 +318,10 @@ class ReplicaWrites:
             pending.zero_()
         self._needs_refresh = True
         super().purge()
+
+
+def sum_by_id(ids: list[torch.Tensor], values: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the distinct ids of ``ids``' parts, sorted; each one's ``values`` rows summed)."""
+    uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
+    rows = torch.cat(values)
+    return uniq, torch.zeros(uniq.numel(), rows.size(1), dtype=rows.dtype, device=rows.device).index_add_(0, inverse, rows)

@@ -27,14 +27,13 @@ reduce-scatter, and trains as stock row-wise does.
 from dataclasses import dataclass
 
 import torch
-from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.types import ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
 from torchrec_het.sharding.replica_group import ReplicaGroup
-from torchrec_het.sharding.replica_writes import ReplicaWrites
+from torchrec_het.sharding.replica_writes import ReplicaWrites, sum_by_id
 
 
 @dataclass
@@ -149,15 +148,9 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
 
     # --- backward --------------------------------------------------------------------------
 
-    def write_back(self, steps: list[_Step], bag_grads: list[torch.Tensor]) -> None:
-        """Called by the backward with the gradient [F * B, dim] of every group's bag sums."""
-        scale = 1.0 / self._ws if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
-        for index, (g, step, grad) in enumerate(zip(self._groups, steps, bag_grads)):
-            ids, grads = self._served_grads(g, step, grad * scale)
-            self.settle(index, g, ids, grads, step.hot_counts)
-
     def _served_grads(self, g: ReplicaGroup, step: _Step, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(distinct ids this rank serves, the gradient its readers' bags give each)."""
+        """(distinct ids this rank serves, the gradient its readers' bags give each); ``grad``: ``[F * B, dim]``
+        of the group's bag sums (:meth:`ReplicaWrites.write_back`)."""
         values = grad[step.bags[step.here]]
         if step.weights is not None:
             values = values * step.weights[step.here].unsqueeze(1)
@@ -172,9 +165,7 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
                 served = served * step.served_weights.unsqueeze(1)
             ids.append(step.served_ids)
             per_value.append(served)
-        uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
-        values = torch.cat(per_value)
-        return uniq, torch.zeros(uniq.numel(), g.dim, device=values.device).index_add_(0, inverse, values)
+        return sum_by_id(ids, per_value)
 
 
 class _ReplicatedPooling(torch.autograd.Function):

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.embedding_lookup import GroupedEmbeddingsLookup
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
 from torchrec.distributed.sharding.dp_sequence_sharding import DpSequenceEmbeddingDist
@@ -40,7 +39,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
 from torchrec_het.sharding.replica_group import ReplicaGroup
 from torchrec_het.sharding.replicated_lookup import feature_positions
-from torchrec_het.sharding.replica_writes import ReplicaWrites
+from torchrec_het.sharding.replica_writes import ReplicaWrites, sum_by_id
 
 
 @dataclass
@@ -130,15 +129,9 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
 
     # --- backward --------------------------------------------------------------------------
 
-    def write_back(self, steps: list[_Step], position_grads: list[torch.Tensor]) -> None:
-        """Called by the backward with the gradient ``[positions, dim]`` of every group's rows."""
-        scale = 1.0 / self._ws if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
-        for index, (g, step, grad) in enumerate(zip(self._groups, steps, position_grads)):
-            ids, grads = self._served_grads(g, step, grad * scale)
-            self.settle(index, g, ids, grads, step.hot_counts)
-
     def _served_grads(self, g: ReplicaGroup, step: _Step, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(distinct ids this rank serves, the gradient summed over every position that read each)."""
+        """(distinct ids this rank serves, the gradient summed over every position that read each);
+        ``grad``: ``[positions, dim]`` of the group's rows (:meth:`ReplicaWrites.write_back`)."""
         ids, per_position = [step.ids[step.here]], [grad[step.here]]
         if step.exchanged:
             dim = g.dim
@@ -148,9 +141,7 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
             ).view(-1, dim)
             ids.append(step.served_ids)
             per_position.append(served)
-        uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
-        values = torch.cat(per_position)
-        return uniq, torch.zeros(uniq.numel(), g.dim, device=values.device).index_add_(0, inverse, values)
+        return sum_by_id(ids, per_position)
 
 
 class _SequenceRows(torch.autograd.Function):
