@@ -90,12 +90,18 @@ def _has_sequence(preset: BenchPreset) -> bool:
 CONFIGS: dict[str, BenchConfig] = {}
 
 
+def add_unique(registry: dict, name: str, item, what: str):
+    """Adds ``item`` to ``registry`` under ``name`` and returns it; ValueError naming ``what`` if
+    the name is taken (the benchmark's registries of configurations and pipelines)."""
+    if name in registry:
+        raise ValueError(f"{what} {name!r} is already registered")
+    registry[name] = item
+    return item
+
+
 def register(config: BenchConfig) -> BenchConfig:
     """Adds a configuration to the registry; names are unique."""
-    if config.name in CONFIGS:
-        raise ValueError(f"benchmark configuration {config.name!r} is already registered")
-    CONFIGS[config.name] = config
-    return config
+    return add_unique(CONFIGS, config.name, config, "benchmark configuration")
 
 
 register(

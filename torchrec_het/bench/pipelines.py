@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from torchrec_het.bench.configs import add_unique
 from torchrec_het.bench.model import ShardedModel, train_step
 
 
@@ -132,10 +133,7 @@ PIPELINES: dict[str, PipelineKind] = {}
 
 def register_pipeline(kind: PipelineKind) -> PipelineKind:
     """Adds a kind to :data:`PIPELINES`; names are unique."""
-    if kind.name in PIPELINES:
-        raise ValueError(f"pipeline {kind.name!r} is already registered")
-    PIPELINES[kind.name] = kind
-    return kind
+    return add_unique(PIPELINES, kind.name, kind, "pipeline")
 
 
 register_pipeline(PipelineKind("plain", "forward, backward, optimizer step, one batch at a time", PlainLoop, lookahead=0))
