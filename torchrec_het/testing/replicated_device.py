@@ -23,15 +23,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.sharding_plan import construct_module_sharding_plan
-from torchrec.distributed.types import ShardingPlan
 
 from torchrec_het.bench.table_init import init_tables_by_row
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
-from torchrec_het.sharding import het_cached_row_wise, het_row_replicated
+from torchrec_het.sharding import het_cached_row_wise
 from torchrec_het.testing import replicated_sequence_ranks as sequences
 from torchrec_het.testing.het_ranks import (
     SEED,
@@ -46,7 +43,7 @@ from torchrec_het.testing.het_ranks import (
     projections,
     table_configs,
 )
-from torchrec_het.testing.replicated_ranks import tiers
+from torchrec_het.testing.replicated_ranks import replicated, shard_ebc, tiers
 
 CASES = (
     "het_cached_row_wise/s0",
@@ -81,23 +78,12 @@ def one_rank_group(device: torch.device, store_dir: str | Path | None = None) ->
 
 def _bag_model(kind: str, configs, optimizer: str, device: torch.device, per_host: int = 0):
     """The EBC with every table ``kind``, sharded on ``device`` by the plugin's bag sharder, weights set."""
-    ebc = _ebc(configs, False, optimizer, "meta")
-    if kind == "het_cached_row_wise":
-        exact = HetCacheConfig(default=CacheSettings(s_read=0, s_write=0))
-        sharder, generator = HetEmbeddingBagCollectionSharder(cache=exact), het_cached_row_wise
-    else:
+    if kind == "het_row_replicated":
         replication = ReplicationConfig(tiers=tiers(configs, hot=HOT, per_host=per_host))
-        sharder, generator = HetEmbeddingBagCollectionSharder(replication=replication), het_row_replicated
-    plan = construct_module_sharding_plan(
-        ebc,
-        per_param_sharding={c.name: generator() for c in configs},
-        world_size=1,
-        device_type=device.type,
-        sharder=sharder,
-    )
-    model = DistributedModelParallel(ebc, device=device, plan=ShardingPlan({"": plan}), sharders=[sharder])
-    init_tables_by_row(model, configs, SEED)
-    return model
+        return replicated(configs, False, optimizer, replication, device=str(device))
+    exact = HetCacheConfig(default=CacheSettings(s_read=0, s_write=0))
+    sharder = HetEmbeddingBagCollectionSharder(cache=exact)
+    return shard_ebc(_ebc(configs, False, optimizer, "meta"), configs, sharder, het_cached_row_wise, SEED, str(device))
 
 
 def bag_errors(kind: str, optimizer: str, device: torch.device, per_host: int = 0) -> dict[str, float]:
@@ -129,24 +115,17 @@ def _syncs(stats: dict[str, int]) -> int:
 
 
 def sequence_errors(optimizer: str, device: torch.device, per_host: int = 0) -> dict[str, float]:
-    """Largest relative differences from the unsharded ECs over STEPS steps (``out``, ``weights``),
-    and ``replica_syncs``."""
+    """Largest relative differences from the unsharded ECs over STEPS steps (``out_rep_vs_unsharded``,
+    ``weights_rep_vs_unsharded``), and ``replica_syncs``."""
     configs = sequences.table_configs()
     proj = {f: p.to(device) for f, p in sequences.projections(configs).items()}
     replication = ReplicationConfig(tiers=tiers(sequences.all_configs(configs), hot=HOT, per_host=per_host))
     model = sequences.sharded("rep", configs, optimizer, replication, device=str(device))
     reference = sequences.unsharded(configs, optimizer, device=str(device))
     errors: dict[str, float] = {}
-    for step in range(STEPS):
-        features = {m: kjt.to(device) for m, kjt in sequences.batch(0, step, configs).items()}
-        out, want = model(**features), reference(**features)
-        for f in proj:
-            if not torch.equal(out[f].lengths(), want[f].lengths()):
-                raise AssertionError(f"feature {f!r}: sequence lengths differ from the unsharded EC's")
-            _worst(errors, "out", _rel_error(out[f].values(), want[f].values()))
-        sequences.loss_of(out, proj).backward()
-        sequences.loss_of(want, proj).backward()
-    sequences._local_shard_errors(model, reference, errors, "weights")
+    batches_of = lambda rank, step: sequences.batch(rank, step, configs)  # noqa: E731
+    sequences.train_against_unsharded(model, reference, proj, batches_of, 0, 1, errors, device)
+    sequences._local_shard_errors(model, reference, errors, "weights_rep_vs_unsharded")
     errors["replica_syncs"] = _syncs(sequences.stats(model))
     return errors
 

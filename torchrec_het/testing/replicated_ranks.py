@@ -47,10 +47,31 @@ def tiers(configs, hot: int = 0, per_host: int = 0, stride: int = 1) -> SimpleNa
     return SimpleNamespace(tables=tables)
 
 
+def shard_ebc(ebc, configs, sharder, generator, seed: int = SEED, device: str = "cpu"):
+    """``ebc`` (on the meta device) with every table planned by ``generator`` and sharded by
+    ``sharder`` on ``device`` over the default group, weights set by row."""
+    plan = construct_module_sharding_plan(
+        ebc,
+        per_param_sharding={c.name: generator() for c in configs},
+        world_size=dist.get_world_size(),
+        device_type=torch.device(device).type,
+        sharder=sharder,
+    )
+    model = DistributedModelParallel(ebc, device=torch.device(device), plan=ShardingPlan({"": plan}), sharders=[sharder])
+    init_tables_by_row(model, configs, seed)
+    return model
+
+
 def replicated(
-    configs, weighted: bool, optimizer: str, replication: ReplicationConfig, seed: int = SEED, carried: bool = False
+    configs,
+    weighted: bool,
+    optimizer: str,
+    replication: ReplicationConfig,
+    seed: int = SEED,
+    carried: bool = False,
+    device: str = "cpu",
 ):
-    """The EBC with every table ``het_row_replicated``, weights set.
+    """The EBC with every table ``het_row_replicated``, weights set, on ``device``.
 
     ``carried``: a HetEmbeddingBagCollection carries the config (else the sharder does).
     """
@@ -62,16 +83,7 @@ def replicated(
     else:
         ebc = _ebc(configs, weighted, optimizer, "meta")
         sharder = HetEmbeddingBagCollectionSharder(replication=replication)
-    plan = construct_module_sharding_plan(
-        ebc,
-        per_param_sharding={c.name: het_row_replicated() for c in configs},
-        world_size=dist.get_world_size(),
-        device_type="cpu",
-        sharder=sharder,
-    )
-    model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}), sharders=[sharder])
-    init_tables_by_row(model, configs, seed)
-    return model
+    return shard_ebc(ebc, configs, sharder, het_row_replicated, seed, device)
 
 
 def _owner_rows(lookup, g) -> torch.Tensor:

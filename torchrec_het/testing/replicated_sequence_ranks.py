@@ -240,6 +240,23 @@ def equivalence(
     return errors
 
 
+def train_against_unsharded(rep, reference, proj, batches_of, rank: int, world_size: int, errors: dict, device="cpu") -> None:
+    """STEPS steps: ``rep`` on this rank's batches, the unsharded ``reference`` on every rank's
+    (their mean loss: TorchRec averages gradients over ranks); ``batches_of(rank, step)``: a
+    rank's batch per EC. Records the largest relative output difference as
+    ``out_rep_vs_unsharded`` in ``errors``; AssertionError if sequence lengths differ."""
+    for step in range(STEPS):
+        batches = [{m: kjt.to(device) for m, kjt in batches_of(r, step).items()} for r in range(world_size)]
+        out = rep(**batches[rank])
+        ref_outs = [reference(**b) for b in batches]
+        for f in proj:
+            if not torch.equal(out[f].lengths(), ref_outs[rank][f].lengths()):
+                raise AssertionError(f"feature {f!r}: sequence lengths differ from the unsharded EC's")
+            _worst(errors, "out_rep_vs_unsharded", _rel_error(out[f].values(), ref_outs[rank][f].values()))
+        loss_of(out, proj).backward()
+        (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
+
+
 def mixed(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -> dict:
     """t2 stock row_wise inside the same EC as het_row_replicated t0 (tiers from the sharder, one host:
     per-host rows read from their owners): exact."""
@@ -250,14 +267,7 @@ def mixed(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -> dic
     rep = sharded("rep", configs, optimizer, ReplicationConfig(tiers=plan), stock_tables=("t2",))
     reference = unsharded(configs, optimizer)
     errors: dict = {"sharding_types": sorted(rep.module.ec8._sharding_type_to_sharding)}
-    for step in range(STEPS):
-        batches = [batch(r, step, configs) for r in range(world_size)]
-        out = rep(**batches[rank])
-        ref_outs = [reference(**b) for b in batches]
-        for f in proj:
-            _worst(errors, "out_rep_vs_unsharded", _rel_error(out[f].values(), ref_outs[rank][f].values()))
-        loss_of(out, proj).backward()
-        (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
+    train_against_unsharded(rep, reference, proj, lambda r, step: batch(r, step, configs), rank, world_size, errors)
     _local_shard_errors(rep, reference, errors, "weights_rep_vs_unsharded")
     errors["replica_disagreement"] = disagreement(rep)
     return errors
@@ -270,14 +280,7 @@ def all_hot(rank: int, world_size: int, optimizer: str = "rowwise_adagrad", hot:
     rep = sharded("rep", configs, optimizer, ReplicationConfig(tiers=tiers(all_configs(configs), hot=hot)))
     reference = unsharded(configs, optimizer)
     errors: dict = {}
-    for step in range(STEPS):
-        batches = [batch(r, step, configs, modulo=hot) for r in range(world_size)]
-        out = rep(**batches[rank])
-        ref_outs = [reference(**b) for b in batches]
-        for f in proj:
-            _worst(errors, "out_rep_vs_unsharded", _rel_error(out[f].values(), ref_outs[rank][f].values()))
-        loss_of(out, proj).backward()
-        (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
+    train_against_unsharded(rep, reference, proj, lambda r, step: batch(r, step, configs, modulo=hot), rank, world_size, errors)
     _local_shard_errors(rep, reference, errors, "weights_rep_vs_unsharded")
     errors["replica_disagreement"] = disagreement(rep)
     errors["stats"] = stats(rep)
