@@ -88,10 +88,7 @@ class FusedIdSpace:
 
     def to(self, device: torch.device | str) -> "FusedIdSpace":
         """Moves every index tensor to ``device`` (where the lookup's ids arrive); returns self."""
-        for name, value in vars(self).items():
-            if isinstance(value, torch.Tensor):
-                setattr(self, name, value.to(device))
-        return self
+        return tensors_to(self, device)
 
     def bag_divisors(self, lengths: torch.Tensor, batch: int) -> torch.Tensor:
         """Per bag (the features one after the other, ``batch`` bags each): its length for mean
@@ -142,6 +139,14 @@ class FusedIdSpace:
             mine = tables == i
             out[mine] = weights[i][rows[mine]].float()
         return out
+
+
+def tensors_to(obj, device: torch.device | str):
+    """Moves every tensor attribute of ``obj`` to ``device`` (static indexes built on the host); returns ``obj``."""
+    for name, value in vars(obj).items():
+        if isinstance(value, torch.Tensor):
+            setattr(obj, name, value.to(device))
+    return obj
 
 
 def row_starts_from_shards(shards, world_size: int, table: str) -> torch.Tensor:

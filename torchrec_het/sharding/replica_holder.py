@@ -11,7 +11,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.replication.tiers import hottest_rows
-from torchrec_het.sharding.id_space import TableInfo, members
+from torchrec_het.sharding.id_space import TableInfo, members, tensors_to
 from torchrec_het.sharding.replica_group import ReplicaGroup
 from torchrec_het.sharding.replica_store import ReplicaBlock, optimizer_name, owned_rows
 
@@ -49,10 +49,7 @@ class IdLayout:
     def to(self, device: torch.device) -> "IdLayout":
         """Moves every index to ``device`` (where the batches arrive)."""
         self.device = device
-        for name, value in vars(self).items():
-            if isinstance(value, torch.Tensor):
-                setattr(self, name, value.to(device))
-        return self
+        return tensors_to(self, device)
 
     def set_hot(self, groups: list[ReplicaGroup]) -> None:
         """Takes the hot rows of ``groups`` (same tables and widths; after an online profile)."""
@@ -273,10 +270,14 @@ class StagedSharding:
     replication settings for these tables, and device.
 
     The sharding builds the lookup once (TorchRec asks for lookups before output dists and
-    input dists last) and hands its layout and online profile to the dists.
+    input dists last) and hands its layout and online profile to the input dist
+    (``input_dist_class(layout, feature_names, pg)``), and itself to the output dist
+    (``output_dist_class(lookup, pg)``); both run on the lookup's exchange group.
     """
 
     lookup_class: type
+    input_dist_class: type
+    output_dist_class: type
 
     def __init__(self, sharding_infos, env, config: ReplicationConfig, device=None, **kwargs) -> None:
         super().__init__(sharding_infos, env, device, **kwargs)
@@ -295,3 +296,13 @@ class StagedSharding:
                 device=device if device is not None else self._device, env=self._env,
             )
         return self._lookup
+
+    def create_input_dist(self, device=None):
+        lookup = self.create_lookup()
+        dist_ = self.input_dist_class(lookup.layout, self.feature_names(), lookup._exchange_pg)
+        dist_.observe = lookup.observe
+        return dist_
+
+    def create_output_dist(self, device=None):
+        lookup = self.create_lookup()
+        return self.output_dist_class(lookup, lookup._exchange_pg)

@@ -327,13 +327,5 @@ class PipelinedRowReplicatedSharding(StagedSharding, RwPooledEmbeddingSharding):
     """
 
     lookup_class = ReplicatedBagLookup
-
-    def create_input_dist(self, device=None) -> ColdIdsDist:
-        lookup = self.create_lookup()
-        dist_ = ColdIdsDist(lookup.layout, self.feature_names(), lookup._exchange_pg)
-        dist_.observe = lookup.observe
-        return dist_
-
-    def create_output_dist(self, device=None) -> PartialSumsDist:
-        lookup = self.create_lookup()
-        return PartialSumsDist(lookup, lookup._exchange_pg)
+    input_dist_class = ColdIdsDist
+    output_dist_class = PartialSumsDist

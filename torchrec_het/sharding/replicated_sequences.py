@@ -186,13 +186,5 @@ class PipelinedRowReplicatedSequenceSharding(StagedSharding, RwSequenceEmbedding
     """
 
     lookup_class = ReplicatedSequenceLookup
-
-    def create_input_dist(self, device=None) -> SequenceIdsDist:
-        lookup = self.create_lookup()
-        dist_ = SequenceIdsDist(lookup.layout, self.feature_names(), lookup._exchange_pg)
-        dist_.observe = lookup.observe
-        return dist_
-
-    def create_output_dist(self, device=None) -> SequenceRowsDist:
-        lookup = self.create_lookup()
-        return SequenceRowsDist(lookup, lookup._exchange_pg)
+    input_dist_class = SequenceIdsDist
+    output_dist_class = SequenceRowsDist
