@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from torchrec_het.testing.het_behaviour_ranks import BOUND_CASES, case_name
-from torchrec_het.testing.het_pipeline_ranks import run_world
+from torchrec_het.testing.het_pipeline_ranks import AHEAD_CASES, run_world
 from torchrec_het.testing.het_ranks import OPTIMIZERS
 from torchrec_het.testing.spawn import spawn_world
 
 TOLERANCE = 1e-5
 CASES = {case_name(settings): settings for settings in BOUND_CASES}
+AHEAD = {case_name(settings): settings for settings in AHEAD_CASES}
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda ws: f"ws{ws}")
@@ -76,3 +77,38 @@ def test_prefetch_as_the_prefetch_pipeline_calls_it(world) -> None:
         r = results["prefetch"]
         assert r["prefetched"] > 0, (rank, r)
         assert r["weights"] == 0.0, (rank, r)  # the same training with and without prefetch()
+
+
+@pytest.mark.parametrize("loop", ["pipeline", "plain"])
+@pytest.mark.parametrize("case", sorted(AHEAD))
+def test_fetch_ahead_keeps_the_read_bound(world, loop: str, case: str) -> None:
+    settings = AHEAD[case]
+    results = [r[f"ahead/{loop}"] for r in world]
+    for r in results:
+        assert r["ahead"], r  # one step of lag fits every bound: the lookup fetches in the input dist
+        if loop == "pipeline":
+            assert r["forward_collectives"] == 0, r  # the forward exchanges nothing
+    records = [r["tables"][f"{case}_{t}"] for r in results for t in ("a", "b")]
+    for record in records:
+        assert record["wrong_step"] == 0 and record["not_remote"] == 0, record
+        assert record["min_lag"] >= 0, record
+        if settings.protocol == "het":
+            assert record["max_lag"] <= settings.s_read, record
+        else:
+            assert record["max_age"] <= settings.s_read, record
+    assert sum(r["rows_fetched"] for r in records) > 0, records
+    for table in results[0]["mass"]:
+        produced = np.sum([r["mass"][table]["produced"] for r in results], axis=0)
+        applied = np.sum([r["mass"][table]["applied"] for r in results], axis=0)
+        np.testing.assert_allclose(applied, produced, rtol=1e-5, atol=1e-7, err_msg=table)
+
+
+@pytest.mark.parametrize("loop", ["pipeline", "plain"])
+def test_fetch_ahead_serves_cached_copies(world, loop: str) -> None:
+    results = [r[f"ahead/{loop}"] for r in world]
+    records = {case: [r["tables"][f"{case}_{t}"] for r in results for t in ("a", "b")] for case in AHEAD}
+    assert sum(r["served"] for rs in records.values() for r in rs) > 0, records
+    if loop == "pipeline" and len(world) == 2:
+        # het s_read = 3 on 2 ranks keeps copies up to 3 - 2 versions behind at the answer: the lag shows
+        het = [r for case, rs in records.items() if AHEAD[case].protocol == "het" for r in rs]
+        assert max(r["max_lag"] for r in het) >= 1, het

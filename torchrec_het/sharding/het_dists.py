@@ -15,6 +15,15 @@ output dist (:class:`HetRowsDist`)
 Collectives per step, whatever the number of groups: forward 4 (counts all-gather,
 requests, versions, rows), backward 1 (pushes); host syncs 3 (the counts, the rows'
 splits, the pushes' splits).
+
+Fetching ahead (``lookup.ahead``: one step of lag fits every group's read bound, see
+:meth:`HetCachedEmbeddingLookup.fetch_ahead`) the first awaitable also waits for the
+requests, has the owners answer (versions all-to-all) and starts the rows' all-to-all; the
+second waits for the rows. Under ``TrainPipelineSparseDist`` all of it runs between the
+previous batch's forward and backward, and the forward exchanges nothing. The push counts
+then go out in the backward: collectives 4 in the input dist, 0 in the forward, 2 in the
+backward; host syncs 4 (the counts, the rows' splits, the cache's rescan decision, the
+pushes' splits).
 """
 
 import torch
@@ -48,7 +57,26 @@ class _RequestSplits(Awaitable[Awaitable[KeyedJaggedTensor]]):
             requests, [2 * c for c in step.send_splits], [2 * c for c in step.recv_splits], self.dist.pg, torch.int64,
             step.local_only,
         )
+        lookup = self.dist._lookup[0]
+        if lookup.ahead:  # the owners answer now; the rows' all-to-all runs while the caller goes on
+            step.received = exchange.wait().view(-1, 2)
+            lookup.fetch_ahead(step)
+            return _RowsAhead(self.features, step)
         return _Requests(self.features, step, exchange)
+
+
+class _RowsAhead(Awaitable[KeyedJaggedTensor]):
+    """Second stage when fetching ahead: the rows arrived; the batch's KJT carries them on."""
+
+    def __init__(self, features: KeyedJaggedTensor, step: _Batch):
+        super().__init__()
+        self.features, self.step = features, step
+
+    def _wait_impl(self) -> KeyedJaggedTensor:
+        if self.step.rows_work is not None:
+            self.step.rows_work.wait()
+        setattr(self.features, STEP_ATTR, self.step)
+        return self.features
 
 
 class _Requests(Awaitable[KeyedJaggedTensor]):
@@ -88,6 +116,15 @@ class _Rows(Awaitable[torch.Tensor]):
         return self.lookup.finish(self.step, self.exchange.wait())
 
 
+class _Settled(Awaitable[torch.Tensor]):
+    def __init__(self, lookup: HetCachedEmbeddingLookup, step: _Batch):
+        super().__init__()
+        self.lookup, self.step = lookup, step
+
+    def _wait_impl(self) -> torch.Tensor:
+        return self.lookup.finish_ahead(self.step)
+
+
 class HetRowsDist(BaseEmbeddingDist):
     """Sends the owners' versions back, then (in its awaitable) the rows; returns the pooled bags."""
 
@@ -99,6 +136,8 @@ class HetRowsDist(BaseEmbeddingDist):
     def forward(self, local_embs: torch.Tensor, sharding_ctx=None) -> Awaitable[torch.Tensor]:  # noqa: ARG002
         lookup = self._lookup[0]
         step = lookup.last_batch
+        if lookup.ahead:  # fetched in the input dist: only local work is left
+            return _Settled(lookup, step)
         exchange = start_exchange(step.current, step.recv_splits, step.send_splits, self.pg, torch.int64,
                                   step.local_only)
         return _Rows(lookup, step, exchange)

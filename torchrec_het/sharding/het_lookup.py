@@ -140,6 +140,11 @@ class _Batch:
     payload: torch.Tensor | None = None  # owner: those rows, flat, in request order
     writes: bool = False  # a backward is expected
     pull_counts: torch.Tensor | None = None  # [ws, groups] rows each rank pushes to this one in the backward
+    push_counts: torch.Tensor | None = None  # [ws, groups] rows this rank pushes to each rank in the backward
+    replies: torch.Tensor | None = None  # fetched ahead: the owners' versions
+    brings: torch.Tensor | None = None  # fetched ahead: which requests brought a row
+    rows_received: torch.Tensor | None = None  # fetched ahead: the rows, flat, by source
+    rows_work: object = None  # fetched ahead: the rows' all-to-all in flight
 
 
 class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
@@ -224,6 +229,19 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         self._bounds = torch.tensor(
             [g.settings.s_read if g.settings.protocol == "het" else 0 for g in self._groups], dtype=torch.int64,
             device=device,
+        )
+        # Fetching ahead (the whole exchange in the input dist, values one step old) where one step
+        # of lag fits every group's bound. A version counts updates: in one step each rank pushes a
+        # row at most once, with at most s_write + 1 updates (its pending count passes s_write, or
+        # fewer at an eviction or flush), so one step adds at most margin = ws * (s_write + 1). het:
+        # the owner keeps a copy when current - held <= s_read - margin, so at the read it is at
+        # most s_read behind; a row it sends is at most margin behind. lease (bound in steps): the
+        # owner's answer counts as given at the step before, so a lease never outlives s_read.
+        margins = [self._ws * (g.settings.s_write + 1) if g.settings.protocol == "het" else 1 for g in self._groups]
+        self.ahead = bool(self._groups) and all(g.settings.s_read >= m for g, m in zip(self._groups, margins))
+        self._bounds_ahead = torch.tensor(
+            [g.settings.s_read - m if g.settings.protocol == "het" else 0 for g, m in zip(self._groups, margins)],
+            dtype=torch.int64, device=device,
         )
         self._build_layout(positions)
         for m in lookup_kernels(self):
@@ -400,11 +418,20 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         """Owner side: the current version of every requested row, and the rows the rule sends
-        (flat, in request order), which the output dist carries back."""
+        (flat, in request order), which the output dist carries back. Fetching ahead, the input
+        dist has done all of it: nothing is left here but the previous backward's pushes."""
         step: _Batch = getattr(sparse_features, STEP_ATTR)
         self.wait_pushes()  # the previous backward's pushes: versions and rows below include them
         if self._pending is not None:  # the last batch had no backward (eval): its pushes stay queued
             self._requeue(self._pending)
+        if not self.ahead:
+            self._answer(step, self._bounds)
+        self.last_batch = step
+        return step.payload
+
+    def _answer(self, step: _Batch, bounds: torch.Tensor) -> None:
+        """Owner side: ``step.current`` (version of each request), ``step.payload`` (the rows the
+        rule sends, flat, in request order) and ``step.rows_out`` (their elements per requester)."""
         received = step.received
         gid, held = received[:, 0], received[:, 1]
         group = torch.bucketize(gid, self._group_ends, right=True)
@@ -419,7 +446,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             fused = gid.index_select(0, mine) - self._group_base[index]
             current.index_copy_(0, mine, g.versions.index_select(0, g.local_index_of(fused)))
             parts.append((mine, fused))
-        sends = (held < 0) | (current - held > self._bounds.index_select(0, group))
+        sends = (held < 0) | (current - held > bounds.index_select(0, group))
         widths = self._dims.index_select(0, group)
         step.current = current
         step.rows_out = torch.bincount(source[sends], widths[sends], minlength=self._ws).long()
@@ -435,8 +462,105 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             ]
             place = torch.empty_like(by_group).index_copy_(0, by_group, torch.arange(by_group.numel(), device=self._device))
             step.payload = _flatten_rows(rows, place, widths.index_select(0, sent).index_select(0, by_group))
-        self.last_batch = step
-        return step.payload
+
+    # --- fetching ahead: the whole exchange in the input dist ------------------------------
+
+    def fetch_ahead(self, step: _Batch) -> None:
+        """From the input dist's first awaitable, once the requests arrived: the owners answer
+        with the margin rule (:data:`ahead`), versions come back, and the rows' all-to-all is
+        started (``step.rows_work``; the second awaitable waits for it).
+
+        Under ``TrainPipelineSparseDist`` this runs after the forward of the previous batch and
+        before its backward, so the owner's versions and rows miss that backward's pushes: the
+        values served are one step old, and the margin covers what one step can add.
+        """
+        self.wait_pushes()  # a plain loop: the previous backward's pushes (pipelined: already applied)
+        ws = self._ws
+        self._answer(step, self._bounds_ahead)
+        widths = self._dims.index_select(0, step.group)
+        if step.local_only:
+            replies = step.held.new_empty(0)
+        else:
+            replies = exchange_flat(step.current, step.recv_splits, step.send_splits, self._exchange_pg)
+        brings = (step.held < 0) | (replies - step.held > self._bounds_ahead.index_select(0, step.group))
+        rows_in = torch.bincount(step.dest[brings], widths[brings], minlength=ws).long()
+        send, recv = torch.stack([step.rows_out, rows_in]).tolist()  # the fetch's second host sync
+        received = step.payload.new_empty(sum(recv))
+        step.rows_work = None
+        if any(send) or any(recv):
+            step.rows_work = dist.all_to_all_single(
+                received, step.payload, recv, send, group=self._exchange_pg, async_op=True
+            )
+        step.replies, step.brings, step.rows_received = replies, brings, received
+        step.payload = step.payload.new_empty(0)  # nothing left for the output dist to carry
+
+    def finish_ahead(self, step: _Batch) -> torch.Tensor:
+        """Requester side of a batch fetched ahead: slots for the rows it lacks, the settle, the
+        pooled bags (no exchange; the backward's push counts go out with the pushes)."""
+        groups, device = len(self._groups), self._device
+        step.writes = torch.is_grad_enabled()
+        brings, replies = step.brings, step.replies
+        plans = self._plan_slots(step, brings)
+        rescans = torch.cat([plan[-1] for plan in plans]).tolist() if plans else []  # the settle's host sync
+        step.push_counts = self._reserve(step, plans, rescans)
+        widths = torch.where(brings, self._dims.index_select(0, step.group), 0)
+        starts = torch.cumsum(widths, 0) - widths
+        validated = step.step - 1  # the owners answered before the previous backward's pushes
+        for g, read, plan in zip(self._groups, step.reads, plans):
+            mine, asked, held_slots, group_brings, missing, missing_ids, protect, _ = plan
+            at = starts.index_select(0, mine[group_brings]).unsqueeze(1) + torch.arange(g.dim, device=device)
+            rows = step.rows_received.index_select(0, at.reshape(-1)).view(-1, g.dim)
+            self._settle(g, read, asked, held_slots, replies.index_select(0, mine), group_brings, rows, missing,
+                         step.step, validated)
+        step.pull_counts = None  # exchanged with the pushes
+        step.rows_received = None
+        return self._pooled(step, groups)
+
+    # --- output dist: versions back, rows back, settle, pool -------------------------------
+
+    def _plan_slots(self, step: _Batch, brings: torch.Tensor) -> list[tuple]:
+        """Per group: where its requests are, their slots now, which lack a slot, what to protect,
+        and whether the cache must rescan to find room (a 1-element tensor, read with other data)."""
+        plans = []
+        for index, (g, read) in enumerate(zip(self._groups, step.reads)):
+            mine = (step.group == index).nonzero().flatten()
+            asked = read.asked.index_select(0, step.at.index_select(0, mine))  # positions in read.remote
+            read.slots = g.cache.slots_of(read.uniq.index_select(0, read.remote), check=False)
+            held_slots = read.slots.index_select(0, asked)
+            group_brings = brings.index_select(0, mine)
+            missing = (group_brings & (held_slots < 0)).nonzero().flatten()
+            missing_ids = read.uniq.index_select(0, read.remote.index_select(0, asked.index_select(0, missing)))
+            protect = torch.cat([read.slots[read.slots >= 0], (g.pins > 0).nonzero().flatten()])
+            shortfall = g.cache.shortfall(missing_ids, protect).view(1).long()
+            plans.append((mine, asked, held_slots, group_brings, missing, missing_ids, protect, shortfall))
+        return plans
+
+    def _reserve(self, step: _Batch, plans: list[tuple], rescans: list[int]) -> torch.Tensor:
+        """Slots for the rows each group lacks (evicting by the policy), and the backward's plan:
+        returns ``[ws, groups]`` rows this rank will push to each rank."""
+        push_counts = torch.zeros(self._ws, max(len(self._groups), 1), dtype=torch.int64, device=self._device)
+        for index, (g, read, plan) in enumerate(zip(self._groups, step.reads, plans)):
+            mine, asked, held_slots, group_brings, missing, missing_ids, protect, _ = plan
+            new_slots, dirty, evicted = g.cache.reserve(
+                missing_ids, step.held.index_select(0, mine.index_select(0, missing)),
+                step.step - (1 if self.ahead else 0), protect=protect, check=False, rescan=bool(rescans[index]),
+            )
+            read.slots.index_copy_(0, asked.index_select(0, missing), new_slots)
+            read.uncached = read.remote.index_select(0, asked.index_select(0, missing[new_slots < 0]))
+            if len(dirty):
+                self._outbox[index].append(dirty)
+                g.stats.add("dirty_evictions", g.table_of(dirty.ids))
+            g.stats.add("evictions", g.table_of(evicted))
+            self._plan_push(index, g, read, step.writes)
+            push_counts[:, index] = read.push_counts
+        return push_counts
+
+    def _pooled(self, step: _Batch, groups: int) -> torch.Tensor:
+        self._pending = step if step.writes else None
+        if not step.writes:  # no backward will come: evicted dirty rows stay queued
+            for read in step.reads:
+                read.outbox = []
+        return _HetPooling.apply(self._anchor, self, step)
 
     # --- output dist: versions back, rows back, settle, pool -------------------------------
 
@@ -448,35 +572,10 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         widths = self._dims.index_select(0, step.group)
         rows_in = torch.bincount(step.dest[brings], widths[brings], minlength=ws).long()
         step.writes = torch.is_grad_enabled()
-        plans, shortfalls = [], []
-        for index, (g, read) in enumerate(zip(self._groups, step.reads)):
-            mine = (step.group == index).nonzero().flatten()
-            asked = read.asked.index_select(0, step.at.index_select(0, mine))  # positions in read.remote
-            read.slots = g.cache.slots_of(read.uniq.index_select(0, read.remote), check=False)
-            held_slots = read.slots.index_select(0, asked)
-            group_brings = brings.index_select(0, mine)
-            missing = (group_brings & (held_slots < 0)).nonzero().flatten()
-            missing_ids = read.uniq.index_select(0, read.remote.index_select(0, asked.index_select(0, missing)))
-            protect = torch.cat([read.slots[read.slots >= 0], (g.pins > 0).nonzero().flatten()])
-            shortfalls.append(g.cache.shortfall(missing_ids, protect).view(1).long())
-            plans.append((mine, asked, held_slots, group_brings, missing, missing_ids, protect))
-        splits = torch.cat([step.rows_out, rows_in] + shortfalls).tolist()  # the output dist's one host sync
+        plans = self._plan_slots(step, brings)
+        splits = torch.cat([step.rows_out, rows_in] + [plan[-1] for plan in plans]).tolist()  # the output dist's one host sync
         rows_out, rows_in_list, rescans = splits[:ws], splits[ws : 2 * ws], splits[2 * ws :]
-        push_counts = torch.zeros(ws, max(groups, 1), dtype=torch.int64, device=device)
-        for index, (g, read, plan) in enumerate(zip(self._groups, step.reads, plans)):
-            mine, asked, held_slots, group_brings, missing, missing_ids, protect = plan
-            new_slots, dirty, evicted = g.cache.reserve(
-                missing_ids, step.held.index_select(0, mine.index_select(0, missing)), step.step, protect=protect,
-                check=False, rescan=bool(rescans[index]),
-            )
-            read.slots.index_copy_(0, asked.index_select(0, missing), new_slots)
-            read.uncached = read.remote.index_select(0, asked.index_select(0, missing[new_slots < 0]))
-            if len(dirty):
-                self._outbox[index].append(dirty)
-                g.stats.add("dirty_evictions", g.table_of(dirty.ids))
-            g.stats.add("evictions", g.table_of(evicted))
-            self._plan_push(index, g, read, step.writes)
-            push_counts[:, index] = read.push_counts
+        push_counts = self._reserve(step, plans, rescans)
         # to each rank: a header (how many gradients this rank will push to it, per group), then its rows
         heads = max(groups, 1)
         header = push_counts.to(torch.int32).view(torch.float32)  # [ws, heads]
@@ -497,19 +596,15 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         # where each brought row starts in what arrived
         brought_width = torch.where(brings, widths, 0)
         starts = torch.cumsum(brought_width, 0) - brought_width + heads * (step.dest + 1)
-        for index, (g, read, plan) in enumerate(zip(self._groups, step.reads, plans)):
-            mine, asked, held_slots, group_brings, missing, missing_ids, protect = plan
+        for g, read, plan in zip(self._groups, step.reads, plans):
+            mine, asked, held_slots, group_brings, missing, missing_ids, protect, _ = plan
             brought = mine[group_brings]
             at = starts.index_select(0, brought).unsqueeze(1) + torch.arange(g.dim, device=device)
             rows = received.index_select(0, at.reshape(-1)).view(-1, g.dim)
             self._settle(g, read, asked, held_slots, replies.index_select(0, mine), group_brings, rows, missing,
-                         step.step)
+                         step.step, step.step)
         step.pull_counts = pull_counts[:, :groups]
-        self._pending = step if step.writes else None
-        if not step.writes:  # no backward will come: evicted dirty rows stay queued
-            for read in step.reads:
-                read.outbox = []
-        return _HetPooling.apply(self._anchor, self, step)
+        return self._pooled(step, groups)
 
     def _plan_push(self, index: int, g: HetGroup, read: _Read, writes: bool) -> None:
         """What this batch's backward will push to each owner: owned and uncached rows, cached rows
@@ -528,24 +623,26 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         ]
         read.push_counts = torch.bincount(g.owner_of(torch.cat(ids)), minlength=self._ws)
 
-    def _settle(self, g: HetGroup, read: _Read, asked, held_slots, versions, brings, rows, missing, step: int) -> None:
+    def _settle(self, g: HetGroup, read: _Read, asked, held_slots, versions, brings, rows, missing, step: int,
+                validated: int) -> None:
         """Requester side: refresh stale copies, fill new rows, renew leases, count, and gather the rows.
 
         ``held_slots``: the slot of each asked id before this settle's reservation; ``rows``: the
-        rows that came, in request order."""
+        rows that came, in request order; ``validated``: the step the owners' answer counts as
+        (the batch's own, or the one before when fetched ahead)."""
         cache, stats, device = g.cache, g.stats, self._device
         asked_tables = read.tables.index_select(0, read.remote.index_select(0, asked))
         fresh = ~brings  # the owner kept the row: the cached copy is within the bound
         if g.settings.protocol == "lease":
             held = held_slots >= 0  # how far each leased copy fell behind while served unasked
             stats.add_staleness(asked_tables[held], versions[held] - cache.versions[held_slots[held]])
-            cache.mark_validated(held_slots[fresh], step)
+            cache.mark_validated(held_slots[fresh], validated)
         else:
             stats.add_staleness(asked_tables[fresh], versions[fresh] - cache.versions[held_slots[fresh]])
         row_of = torch.cumsum(brings.long(), 0) - 1  # row in ``rows`` of each request that brought one
         stale = (brings & (held_slots >= 0)).nonzero().flatten()
         cache.refresh(held_slots.index_select(0, stale), rows.index_select(0, row_of.index_select(0, stale)),
-                      versions.index_select(0, stale), step)
+                      versions.index_select(0, stale), validated)
         new_slots = read.slots.index_select(0, asked.index_select(0, missing))
         fetched = rows.index_select(0, row_of.index_select(0, missing))
         cache.fill(new_slots, fetched)
@@ -613,6 +710,8 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         order = torch.sort(key, stable=True).indices  # by owner, then group
         flat = _flatten_rows(packed, order, width)
         send = torch.bincount(key // len(self._groups), width, minlength=ws).long()
+        if step.pull_counts is None:  # fetched ahead: the push counts go out now
+            step.pull_counts = exchange_counts(step.push_counts[:, : len(self._groups)], self._exchange_pg)
         recv = (step.pull_counts * (self._dims + _PUSH_HEAD)).sum(1)
         send_list, recv_list = torch.stack([send, recv]).tolist()  # the backward's one host sync
         received = flat.new_empty(sum(recv_list))

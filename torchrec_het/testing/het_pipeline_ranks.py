@@ -15,6 +15,11 @@
     lookup would do it first) and the owners' versions all-gathered; the lookup's
     ``on_serve`` hook measures how far each copy served lags behind. Then
     ``flush_cache()``: gradient mass produced equals mass applied.
+``ahead``
+    Tables whose read bound allows one step of lag (het ``s_read >= ws * (s_write + 1)``,
+    lease ``s_read >= 1``), under the pipeline and in a plain loop: the lookup fetches in
+    the input dist, the model's forward issues no collective (under the pipeline), and the
+    read bound and gradient mass hold as above.
 ``prefetch``
     ``prefetch()`` called on the sharded module the way ``PrefetchTrainPipelineSparseDist``
     calls it (after the input dist of the next batch, before its forward): a model trained
@@ -199,6 +204,84 @@ def bounds(rank: int, world_size: int) -> dict:
     return {"tables": tables, "mass": mass}
 
 
+# One step of lag fits each bound (het: s_read >= ws * (s_write + 1) on 2 and 3 ranks; lease:
+# s_read >= 1). Under the pipeline a fetched-ahead lease is checked two steps after the answer it
+# rests on (the answer for batch i+1 comes before batch i's backward, and the requests of i+2
+# leave before batch i+1 settles), so leases serve from s_read = 3 on.
+AHEAD_CASES = [
+    CacheSettings(s_read=3, s_write=0, capacity=1.0),
+    CacheSettings(s_read=3, s_write=0, capacity=behaviour.PRESSURE_ROWS),
+    CacheSettings(s_read=3, s_write=0, capacity=1.0, protocol="lease"),
+    CacheSettings(s_read=4, s_write=2, capacity=behaviour.PRESSURE_ROWS, protocol="lease", policy="lfu"),
+]
+
+
+class _Collectives:
+    """Counts the collectives issued while the model's forward runs (input dists run outside it)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.inside, self.calls = False, 0
+        module.register_forward_pre_hook(lambda *_: setattr(self, "inside", True))
+        module.register_forward_hook(lambda *_: setattr(self, "inside", False))
+        self._originals = {name: getattr(dist, name) for name in ("all_to_all_single", "all_gather")}
+        for name, original in self._originals.items():
+            setattr(dist, name, self._counted(original))
+
+    def _counted(self, original):
+        def call(*args, **kwargs):
+            self.calls += int(self.inside)
+            return original(*args, **kwargs)
+
+        return call
+
+    def close(self) -> None:
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+
+
+def ahead(rank: int, world_size: int, pipelined: bool) -> dict:
+    """Tables whose bound allows fetching ahead, under the pipeline or in a plain loop: the read
+    bound per table, collectives in the forward, and gradient mass after a flush."""
+    configs, per_table = [], {}
+    for settings in AHEAD_CASES:
+        name = case_name = behaviour.case_name(settings)
+        configs.append(EmbeddingBagConfig(name=f"{name}_a", feature_names=[f"{name}_a"], embedding_dim=4, num_embeddings=40))
+        configs.append(EmbeddingBagConfig(name=f"{name}_b", feature_names=[f"{name}_b0", f"{name}_b1"], embedding_dim=4,
+                                          num_embeddings=70))
+        per_table[f"{case_name}_a"] = per_table[f"{case_name}_b"] = settings
+    cache = HetCacheConfig(default=AHEAD_CASES[0], per_table=per_table)
+    model = _model("het", configs, False, "sgd", cache, lr=behaviour.LR)
+    sharded = model.module.ebc
+    lookups = sharded.het_lookups()
+    row_starts = {t.name: t.row_starts for lookup in lookups for g in lookup.groups for t in g.tables}
+    recorder = behaviour._ServeRecorder(rank, row_starts)
+    for lookup in lookups:
+        lookup.on_serve = recorder
+    counter = _Collectives(model.module)
+    batches = [behaviour.batch(rank, step, configs) for step in range(behaviour.BOUND_STEPS)]
+    pipeline, iterator = (_pipeline(model), iter(batches)) if pipelined else (None, None)
+    try:
+        for step in range(behaviour.BOUND_STEPS):
+            behaviour._apply_pushes(lookups)  # the lookup of this step applies them before serving
+            recorder.truth = behaviour._true_versions(lookups, world_size)
+            recorder.step = step
+            if pipelined:
+                pipeline.progress(iterator)
+            else:
+                loss, _ = model(batches[step])
+                loss.backward()
+    finally:
+        counter.close()
+    stats = sharded.cache_stats()
+    sharded.flush_cache()
+    tables = {
+        name: {**record, "hits_unique": stats[name]["hits_unique"], "rows_fetched": stats[name]["rows_fetched"]}
+        for name, record in recorder.records.items()
+    }
+    return {"ahead": all(lookup.ahead for lookup in lookups), "tables": tables, "mass": behaviour._mass(sharded),
+            "forward_collectives": counter.calls}
+
+
 def prefetch(rank: int, world_size: int) -> dict:
     """Two s = 0 models on the same batches, one with ``prefetch()`` called as the prefetch pipeline calls it."""
     configs = table_configs(False)
@@ -235,5 +318,7 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
             for weighted in (False, True)
         }
         results["bounds"] = bounds(rank, world_size)
+        results["ahead/pipeline"] = ahead(rank, world_size, pipelined=True)
+        results["ahead/plain"] = ahead(rank, world_size, pipelined=False)
         results["prefetch"] = prefetch(rank, world_size)
     write_rank_result(out_dir, rank, results)
