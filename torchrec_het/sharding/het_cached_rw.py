@@ -4,7 +4,8 @@ In TorchRec's grammar (:mod:`~torchrec_het.sharding.het_dists`): the input dist 
 each batch's requests (id, cached version) to the owners; the lookup
 (:class:`HetCachedEmbeddingLookup`) is local compute (the owner's answer); the output
 dist brings versions and rows back, settles the cache and pools the bags where the
-batch lives. Shards, grouping, state dict and fused optimizer are row-wise's own.
+batch lives; where the read bound allows one step of lag, the whole fetch rides the input
+dist instead. Shards, grouping, state dict and fused optimizer are row-wise's own.
 The cache settings come from the plan (the ``het_cache`` fused-params key, taken out
 by the sharded module before TorchRec groups the tables).
 """

@@ -44,6 +44,17 @@ backward (:meth:`write_back`)
   the number of updates received. Other cached rows keep their gradient pending and
   get a local SGD step so later reads see this rank's own writes.
 
+Fetching ahead (``ahead``, where one step of lag fits every group's read bound; see
+:meth:`fetch_ahead` and the margin rule in ``_build_groups``): the owners answer in the input
+dist's first awaitable (under ``TrainPipelineSparseDist``, between the previous batch's
+forward and backward) with the bound less the margin, versions and rows come back there,
+and the forward only settles and pools. The backward's push counts then travel in a small
+all-to-all of their own before the pushes.
+
+``prefetch`` (called by ``PrefetchTrainPipelineSparseDist`` after the previous batch's
+forward, before its backward) builds the pooling's bag order ahead; it reads nothing that
+backward changes.
+
 Why a copy refreshed in between is still within the bound: under
 ``TrainPipelineSparseDist`` the input dist of batch i+1 runs before batch i settles,
 so batch i's settle may refresh a copy that batch i+1 reported as ``held`` (a version
