@@ -255,8 +255,7 @@ class ReplicaHolder:
         """Replicas are copied from the (loaded) shards again at the next forward."""
         for block in self._blocks:
             block.wait()
-            block.pending.zero_()
-            block.steps_held = 0
+            block.drop_held()
         self._needs_refresh = True
         super().purge()
 

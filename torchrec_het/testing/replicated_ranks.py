@@ -278,7 +278,7 @@ def _refresh(lookup) -> None:
 def _pending(lookup) -> list[torch.Tensor]:
     """Held gradients (and touch counts) of every group's replicated rows."""
     if isinstance(lookup, ReplicaHolder):
-        return [block.pending for block in lookup._blocks]
+        return [torch.cat([block.pending, block.touches.unsqueeze(1)], 1) for block in lookup._blocks]
     return lookup._pending
 
 
