@@ -20,8 +20,10 @@ checkpoints
   :meth:`flush` applies held gradients before a state dict; :meth:`purge` drops them and
   refreshes replicas at the next forward (TorchRec calls it when a state dict is loaded).
 
-The lookup's forward calls :meth:`begin_step` and :meth:`agree` (the step's one small
-all-gather); its backward calls :meth:`settle` once per group, in group order.
+The lookup's forward calls :meth:`read_groups` (which calls :meth:`begin_step`, the
+lookup's ``_plan``, ``_facts`` and ``_read``, and :meth:`agree`, the step's one small
+all-gather); its backward calls :meth:`write_back`, which calls :meth:`settle` once per
+group, in group order.
 :meth:`samples_read_here` tells a data loader which samples need no other rank (FAE).
 """
 
@@ -184,6 +186,26 @@ class ReplicaWrites:
         self._step += 1
         self._weights = [m.split_embedding_weights() for m in self._emb_modules]
         self._replica_views = [r.split_embedding_weights() for r in self._replicas]
+
+    def read_groups(self, features: KeyedJaggedTensor) -> tuple[list, list[torch.Tensor]]:
+        """One forward over every group: the lookup's ``_plan(g, by_feature)`` per group, the step's
+        one all-gather of each plan's ``_facts(g, step)`` (ids this rank reads from other ranks,
+        distinct replicated rows it touched), then ``_read(g, step)`` with the cold exchange skipped
+        when no rank reads from another (FAE's all-hot step). Returns (the plans, the reads)."""
+        if features.variable_stride_per_key():
+            raise NotImplementedError("het_row_replicated does not support variable batch sizes per feature")
+        self.begin_step()
+        by_feature = features.to_dict()
+        steps = [self._plan(g, by_feature) for g in self._groups]
+        facts = self.agree([self._facts(g, step) for g, step in zip(self._groups, steps)])
+        reads = []
+        for index, (g, step) in enumerate(zip(self._groups, steps)):
+            step.exchanged = not (self._skip_all_hot and int(facts[:, index, 0].sum()) == 0)
+            step.hot_counts = facts[:, index, 1].tolist()
+            reads.append(self._read(g, step))
+        self.stats["steps"] += 1
+        self.stats["skipped_steps"] += int(not any(step.exchanged for step in steps))
+        return steps, reads
 
     def agree(self, facts: list[tuple[int, int]]) -> torch.Tensor:
         """The step's one small all-gather.

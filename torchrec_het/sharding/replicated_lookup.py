@@ -77,22 +77,11 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
     # --- forward -------------------------------------------------------------------------
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
-        if sparse_features.variable_stride_per_key():
-            raise NotImplementedError("het_row_replicated does not support variable batch sizes per feature")
-        self.begin_step()
-        by_feature = sparse_features.to_dict()
-        steps = [self._plan(g, by_feature) for g in self._groups]
-        facts = self.agree(
-            [(s.ids.numel() - s.here.numel(), int(g.is_hot(torch.unique(s.ids)).sum())) for g, s in zip(self._groups, steps)]
-        )
-        pooled = []
-        for index, (g, step) in enumerate(zip(self._groups, steps)):
-            step.exchanged = not (self._skip_all_hot and int(facts[:, index, 0].sum()) == 0)
-            step.hot_counts = facts[:, index, 1].tolist()
-            pooled.append(self._pool(g, step))
-        self.stats["steps"] += 1
-        self.stats["skipped_steps"] += int(not any(s.exchanged for s in steps))
+        steps, pooled = self.read_groups(sparse_features)
         return _ReplicatedPooling.apply(self._anchor, self, steps, pooled, sparse_features.stride())
+
+    def _facts(self, g: ReplicaGroup, step: _Step) -> tuple[int, int]:
+        return step.ids.numel() - step.here.numel(), int(g.is_hot(torch.unique(step.ids)).sum())
 
     def _plan(self, g: ReplicaGroup, by_feature) -> _Step:
         jts = [by_feature[f] for f in g.features]
@@ -104,7 +93,7 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
         here = (g.server_of(ids) == self._rank).nonzero().flatten()
         return _Step(lengths, torch.cat(weights) if weights[0] is not None else None, ids, bags, here)
 
-    def _pool(self, g: ReplicaGroup, step: _Step) -> torch.Tensor:
+    def _read(self, g: ReplicaGroup, step: _Step) -> torch.Tensor:
         """[F * B, dim] bag sums: local rows here, partial sums of the rest from their servers."""
         shards, replicas = self._shard_weights(g), self._replica_weights(g)
         values = g.read(step.ids[step.here], shards, replicas)

@@ -77,23 +77,12 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
     # --- forward -------------------------------------------------------------------------
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
-        if sparse_features.variable_stride_per_key():
-            raise NotImplementedError("het_row_replicated does not support variable batch sizes per feature")
-        self.begin_step()
-        by_feature = sparse_features.to_dict()
-        steps = [self._plan(g, by_feature) for g in self._groups]
-        facts = self.agree(
-            [(s.need.numel(), int(g.is_hot(torch.unique(s.ids[s.here])).sum())) for g, s in zip(self._groups, steps)]
-        )
-        rows = []
-        for index, (g, step) in enumerate(zip(self._groups, steps)):
-            step.exchanged = not (self._skip_all_hot and int(facts[:, index, 0].sum()) == 0)
-            step.hot_counts = facts[:, index, 1].tolist()
-            rows.append(self._read(g, step))
-        self.stats["steps"] += 1
-        self.stats["skipped_steps"] += int(not any(s.exchanged for s in steps))
+        steps, rows = self.read_groups(sparse_features)
         counts = sparse_features.length_per_key()  # by input position (a shared feature has two)
         return _SequenceRows.apply(self._anchor, self, steps, rows, counts)
+
+    def _facts(self, g: ReplicaGroup, step: _Step) -> tuple[int, int]:
+        return step.need.numel(), int(g.is_hot(torch.unique(step.ids[step.here])).sum())
 
     def _plan(self, g: ReplicaGroup, by_feature) -> _Step:
         values = [by_feature[f].values() for f in g.features]
