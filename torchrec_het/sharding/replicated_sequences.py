@@ -130,21 +130,25 @@ class _FinishRows(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, received, anchor, blocks, step: _Rows, dim: int, scale: float):  # noqa: ARG004
-        out = torch.empty(step.num_values, dim, device=received.device)
+        # one gather from [every block's rows; the rows received]: index_copy_ of rows is slow on CPU
+        source_row = torch.empty(step.num_values, dtype=torch.int64, device=received.device)
+        base = 0
         for block, (slots, at) in zip(blocks, step.hot):
-            out.index_copy_(0, at, block.weights.index_select(0, slots))
-        out.index_copy_(0, step.cold, received.view(-1, dim).index_select(0, step.need_of))
+            source_row.index_copy_(0, at, slots + base)
+            base += block.weights.size(0)
+        source_row.index_copy_(0, step.cold, step.need_of + base)
+        out = torch.cat([block.weights for block in blocks] + [received.view(-1, dim)]).index_select(0, source_row)
         ctx.blocks, ctx.step, ctx.dim, ctx.scale, ctx.received = blocks, step, dim, scale, received.numel() // max(dim, 1)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         step, dim = ctx.step, ctx.dim
-        grad = grad.reshape(-1, dim) * ctx.scale  # as TorchRec's row-wise backward scales it
+        grad = grad.reshape(-1, dim)  # scaled as TorchRec's row-wise backward scales it, piece by piece
         for block, (slots, at) in zip(ctx.blocks, step.hot):
-            block.add_grads(slots, grad.index_select(0, at))
+            block.add_grads(slots, grad.index_select(0, at).mul_(ctx.scale))
         cold = grad.index_select(0, step.cold)
-        need = torch.zeros(ctx.received, dim, device=grad.device).index_add_(0, step.need_of, cold)
+        need = torch.zeros(ctx.received, dim, device=grad.device).index_add_(0, step.need_of, cold).mul_(ctx.scale)
         return need.view(-1), None, None, None, None, None
 
 
