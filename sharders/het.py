@@ -16,7 +16,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het._compat import sharded_lookups
+from torchrec_het._compat import sharded_embedding_shardings, sharded_lookups, sharded_table_configs
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders.replicated_module import ReplicatedModule
@@ -103,10 +103,10 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
         }
         super().__init__(*args, **kwargs)
         self._rows_of_feature = {
-            feature: config.num_embeddings for config in self._embedding_bag_configs for feature in config.feature_names
+            feature: config.num_embeddings for config in sharded_table_configs(self) for feature in config.feature_names
         }
         self._check_features = FeatureCheck(self._rows_of_feature)
-        for sharding, lookup in zip(self._embedding_shardings, self._lookups):
+        for sharding, lookup in zip(sharded_embedding_shardings(self), sharded_lookups(self)):
             if isinstance(lookup, RowReplicatedEmbeddingLookup):
                 lookup.attach(replication, sharding.shards_by_table)
 
@@ -152,7 +152,7 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
             lookup.reset_cache_stats()
 
     def replicated_lookups(self) -> list:
-        return [lookup for lookup in self._lookups if isinstance(lookup, (RowReplicatedEmbeddingLookup, ReplicatedBagLookup))]
+        return [lookup for lookup in sharded_lookups(self) if isinstance(lookup, (RowReplicatedEmbeddingLookup, ReplicatedBagLookup))]
 
     def flush_cache(self) -> None:
         """Pushes every pending gradient to its owner; a collective, every rank calls it."""

@@ -16,6 +16,7 @@ from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het._compat import sharded_embedding_shardings, sharded_lookups, sharded_table_configs, uses_index_dedup
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharders.het import REPLICATION_KEY, _pipelined, _without_settings
@@ -70,10 +71,10 @@ class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection
         kwargs["fused_params"] = {**(kwargs.get("fused_params") or {}), REPLICATION_KEY: replication}
         super().__init__(*args, **kwargs)
         self._rows_of_feature = {
-            feature: config.num_embeddings for config in self._embedding_configs for feature in config.feature_names
+            feature: config.num_embeddings for config in sharded_table_configs(self) for feature in config.feature_names
         }
         self._check_features = FeatureCheck(self._rows_of_feature)  # its per-key layout kept between batches
-        for sharding, lookup in zip(self._sharding_type_to_sharding.values(), self._lookups):
+        for sharding, lookup in zip(sharded_embedding_shardings(self), sharded_lookups(self)):
             if isinstance(lookup, RowReplicatedSequenceLookup):
                 lookup.attach(replication, sharding.shards_by_table)
 
@@ -102,7 +103,7 @@ class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection
 
     def replicated_lookups(self) -> list:
         return [
-            lookup for lookup in self._lookups if isinstance(lookup, (RowReplicatedSequenceLookup, ReplicatedSequenceLookup))
+            lookup for lookup in sharded_lookups(self) if isinstance(lookup, (RowReplicatedSequenceLookup, ReplicatedSequenceLookup))
         ]
 
 
@@ -167,7 +168,7 @@ class HetEmbeddingCollectionSharder(EmbeddingCollectionSharder):
             fused_params=self.fused_params,
             device=device,
             qcomm_codecs_registry=self.qcomm_codecs_registry,
-            use_index_dedup=self._use_index_dedup,
+            use_index_dedup=uses_index_dedup(self),
             module_fqn=module_fqn,
             replication=replication,
         )

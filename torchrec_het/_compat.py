@@ -6,9 +6,10 @@ objects) is the one place to change. The plugin is written against the pinned To
 (:data:`PINNED_TORCHREC`, as ``pyproject.toml`` pins it): importing this module warns when
 another version is installed.
 
-Not every function is used yet: the sharded modules and lookups (``torchrec_het.sharding``,
-``torchrec_het.sharders.het*``) are to route their accesses through the accessors marked
-"for the sharded modules".
+The sharded modules, shardings and lookups (``torchrec_het.sharding``,
+``torchrec_het.sharders``) reach TorchRec's sharded-module internals only through the
+accessors marked "for the sharded modules"; ``tests/unit/test_compat.py`` scans the runtime
+package for any other use.
 """
 
 import copy

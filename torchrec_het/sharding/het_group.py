@@ -13,7 +13,7 @@ import torch
 
 from torchrec_het.cache import RowCache
 from torchrec_het.config import CacheSettings
-from torchrec_het.sharding.id_space import FusedIdSpace, TableInfo
+from torchrec_het.sharding.id_space import FusedIdSpace, TableInfo, tensors_to
 
 STALENESS_BUCKETS = 65  # observed staleness 0..63, and 64 for "64 or more"
 COUNTERS = (
@@ -100,13 +100,7 @@ class HetGroup(FusedIdSpace):
         self.kernel_table = torch.tensor([t.table_index for t in tables], dtype=torch.int64)
         self.modules = sorted({t.module_index for t in tables})
         self.has_mean = any(t.mean for t in tables)
-        self._move_indexes()
-
-    def _move_indexes(self) -> None:
-        """Every index tensor of the group to its device (the cache and counters are made there)."""
-        for name, value in vars(self).items():
-            if isinstance(value, torch.Tensor):
-                setattr(self, name, value.to(self.device))
+        tensors_to(self, self.device)  # the static indexes, built on the host (the cache and counters are made there)
 
     def set_layout(self, positions: list[int], columns: list[int], num_features: int, width: int) -> None:
         """Where the group's features sit in the lookup's input and output.
@@ -127,7 +121,7 @@ class HetGroup(FusedIdSpace):
         self.contiguous = bool(columns) and self.columns.tolist() == list(
             range(columns[0], columns[0] + len(columns) * self.dim)
         )
-        self._move_indexes()
+        tensors_to(self, self.device)
 
     def local_index_of(self, ids: torch.Tensor) -> torch.Tensor:
         """Index of each owned id among this rank's owned rows, without the ownership check."""

@@ -85,7 +85,6 @@ import torch.nn.functional as F
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.types import ShardingType
-from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het._compat import lookup_kernels
@@ -93,7 +92,7 @@ from torchrec_het.cache import PendingRows
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
 from torchrec_het.sharding.het_group import HetGroup
-from torchrec_het.sharding.id_space import TableInfo, row_starts_from_shards
+from torchrec_het.sharding.id_space import TableInfo
 from torchrec_het.sharding.row_optim import _buffer, apply_rows, optimizer_kind
 
 STEP_ATTR = "_het_cached_step"  # where the input dist leaves a batch's bookkeeping on its KJT
@@ -182,7 +181,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         self._pg = pg
         self._rank = dist.get_rank(pg)
         self._ws = dist.get_world_size(pg)
-        self._device = torch.device(device) if device is not None else torch.device("cpu")
+        self._compute_device = torch.device(device) if device is not None else torch.device("cpu")
         ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(self._ws))
         # the cache's exchanges and pushes run on a group of their own, so they neither wait behind
         # nor hold up the model's other collectives (DDP's dense all-reduce) on the default group
@@ -194,7 +193,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         self._inflight = None  # (work, received, pull counts) of the last backward's pushes
         self.last_batch: _Batch | None = None  # the batch the output dist finishes next
         self.prefetched: _Batch | None = None  # the last batch ``prefetch`` prepared
-        self._anchor = torch.zeros(1, device=self._device, requires_grad=True)  # lets backward reach the write path
+        self._anchor = torch.zeros(1, device=self._compute_device, requires_grad=True)  # lets backward reach the write path
         self._views: dict[tuple, tuple] = {}  # (module, group) -> (buffer attribute, its data_ptr, (view, first rows))
         self.on_serve: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor, int], None] | None = None
         self._build_groups(config, shards_by_table)
@@ -209,16 +208,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         for module_index, group in enumerate(self.grouped_configs):
             lr = float((group.fused_params or {}).get("learning_rate", 0.01))
             for table_index, table in enumerate(group.embedding_tables):
-                info = TableInfo(
-                    name=table.name,
-                    features=tuple(table.feature_names),
-                    num_rows=table.num_embeddings,
-                    row_starts=row_starts_from_shards(shards_by_table[table.name], self._ws, table.name),
-                    module_index=module_index,
-                    table_index=table_index,
-                    mean=table.pooling == PoolingType.MEAN,
-                    learning_rate=lr,
-                )
+                info = TableInfo.of(table, module_index, table_index, shards_by_table[table.name], self._ws, lr)
                 by_key.setdefault((table.embedding_dim, config.for_table(table.name)), []).append(info)
                 positions[table.name] = list(range(position, position + len(table.feature_names)))
                 for feature, at in zip(table.feature_names, positions[table.name]):
@@ -228,11 +218,11 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         if position != len(self._features):
             raise ValueError(f"the lookup's tables read {position} features, its input has {len(self._features)}")
         self._groups = [
-            HetGroup(tables, dim, settings, self._rank, self._ws, self._device) for (dim, settings), tables in by_key.items()
+            HetGroup(tables, dim, settings, self._rank, self._ws, self._compute_device) for (dim, settings), tables in by_key.items()
         ]
         self._outbox: list[list[PendingRows]] = [[] for _ in self._groups]
         sizes = [int(g.offsets[-1]) for g in self._groups]
-        device = self._device
+        device = self._compute_device
         self._group_base = torch.tensor([sum(sizes[:i]) for i in range(len(sizes))], dtype=torch.int64, device=device)
         self._group_ends = torch.tensor([sum(sizes[: i + 1]) for i in range(len(sizes))], dtype=torch.int64, device=device)
         self._dims = torch.tensor([g.dim for g in self._groups], dtype=torch.int64, device=device)
@@ -271,7 +261,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             at = [a for t in g.tables for a in positions[t.name]]
             g.set_layout(at, [starts[a] for a in at], len(self._features), self._width)
         self._single = len(self._groups) == 1 and self._groups[0].all_features
-        self._value_group = torch.full((len(self._features),), -1, dtype=torch.int64, device=self._device)
+        self._value_group = torch.full((len(self._features),), -1, dtype=torch.int64, device=self._compute_device)
         for index, g in enumerate(self._groups):
             self._value_group[g.positions] = index
         self._views = {}
@@ -287,7 +277,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
 
     def reset_cache_stats(self) -> None:
         for g in self._groups:
-            g.stats = type(g.stats)(len(g.tables), g.dim, self._device)
+            g.stats = type(g.stats)(len(g.tables), g.dim, self._compute_device)
 
     # --- the local shards, as one [rows, dim] view per kernel -------------------------------
 
@@ -305,7 +295,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         if found is None:
             return None
         attr, offsets = found
-        offsets = offsets.to(self._device)
+        offsets = offsets.to(self._compute_device)
         mine = g.kernel_table[g.table_module == module_index]
         phases = torch.unique(offsets[mine] % g.dim)  # tables of other widths may shift the rows
         if phases.numel() != 1:
@@ -331,10 +321,10 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             at = first_row.index_select(0, g.kernel_table.index_select(0, tables)) + rows
             if len(g.modules) == 1:
                 return shard.index_select(0, at).float()
-            out = torch.empty(ids.numel(), g.dim, device=self._device) if out is None else out
+            out = torch.empty(ids.numel(), g.dim, device=self._compute_device) if out is None else out
             mine = (g.table_module.index_select(0, tables) == module_index).nonzero().flatten()
             out.index_copy_(0, mine, shard.index_select(0, at.index_select(0, mine)).float())
-        return out if out is not None else torch.empty(0, g.dim, device=self._device)
+        return out if out is not None else torch.empty(0, g.dim, device=self._compute_device)
 
     # --- input dist: what to ask the owners ---------------------------------------------
 
@@ -374,9 +364,9 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             held.append(torch.where(asked_slots >= 0, g.cache.versions.index_select(0, asked_slots.clamp(min=0)), -1))
             dest.append(g.owner_of(asked_ids))
             group.append(torch.full_like(asked_ids, index))
-            at.append(torch.arange(asked_ids.numel(), device=self._device))
+            at.append(torch.arange(asked_ids.numel(), device=self._compute_device))
             reads.append(read)
-        empty = torch.zeros(0, dtype=torch.int64, device=self._device)
+        empty = torch.zeros(0, dtype=torch.int64, device=self._compute_device)
         dest_all = torch.cat([empty] + dest)
         order = torch.sort(dest_all, stable=True).indices  # by owner, then group, then id
         pick = lambda parts: torch.cat([empty] + parts).index_select(0, order)  # noqa: E731
@@ -392,7 +382,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         tables = g.table_of(uniq)
         read = _Read(step, lengths, weights, uniq, inverse, by_row, uses, tables, local, remote)
         remote_tables = tables.index_select(0, remote)
-        g.stats.add_per_table("lookups", torch.zeros(len(g.tables), dtype=torch.int64, device=self._device).index_add_(
+        g.stats.add_per_table("lookups", torch.zeros(len(g.tables), dtype=torch.int64, device=self._compute_device).index_add_(
             0, g.feature_table, counts))
         g.stats.add("unique_lookups", tables)
         g.stats.add("remote_unique", remote_tables)
@@ -402,7 +392,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
     def _asked(self, g: HetGroup, slots: torch.Tensor, step: int) -> torch.Tensor:
         """Positions in the remote ids of those to ask their owners about."""
         if g.settings.protocol == "het":
-            return torch.arange(slots.numel(), device=self._device)
+            return torch.arange(slots.numel(), device=self._compute_device)
         validated = g.cache.validated_step.index_select(0, slots.clamp(min=0))
         leased = (slots >= 0) & (step <= validated + g.settings.s_read)
         return (~leased).nonzero().flatten()
@@ -447,7 +437,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         gid, held = received[:, 0], received[:, 1]
         group = torch.bucketize(gid, self._group_ends, right=True)
         source = torch.repeat_interleave(
-            torch.arange(self._ws, device=self._device), torch.tensor(step.recv_splits, device=self._device),
+            torch.arange(self._ws, device=self._compute_device), torch.tensor(step.recv_splits, device=self._compute_device),
             output_size=gid.numel(),
         )
         current = torch.empty_like(held)
@@ -471,7 +461,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
                 self._read_owned(g, gid.index_select(0, sent[sent_group == index]) - self._group_base[index])
                 for index, g in enumerate(self._groups)
             ]
-            place = torch.empty_like(by_group).index_copy_(0, by_group, torch.arange(by_group.numel(), device=self._device))
+            place = torch.empty_like(by_group).index_copy_(0, by_group, torch.arange(by_group.numel(), device=self._compute_device))
             step.payload = _flatten_rows(rows, place, widths.index_select(0, sent).index_select(0, by_group))
 
     # --- fetching ahead: the whole exchange in the input dist ------------------------------
@@ -508,7 +498,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
     def finish_ahead(self, step: _Batch) -> torch.Tensor:
         """Requester side of a batch fetched ahead: slots for the rows it lacks, the settle, the
         pooled bags (no exchange; the backward's push counts go out with the pushes)."""
-        groups, device = len(self._groups), self._device
+        groups, device = len(self._groups), self._compute_device
         step.writes = torch.is_grad_enabled()
         brings, replies = step.brings, step.replies
         plans = self._plan_slots(step, brings)
@@ -549,7 +539,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
     def _reserve(self, step: _Batch, plans: list[tuple], rescans: list[int]) -> torch.Tensor:
         """Slots for the rows each group lacks (evicting by the policy), and the backward's plan:
         returns ``[ws, groups]`` rows this rank will push to each rank."""
-        push_counts = torch.zeros(self._ws, max(len(self._groups), 1), dtype=torch.int64, device=self._device)
+        push_counts = torch.zeros(self._ws, max(len(self._groups), 1), dtype=torch.int64, device=self._compute_device)
         for index, (g, read, plan) in enumerate(zip(self._groups, step.reads, plans)):
             mine, asked, held_slots, group_brings, missing, missing_ids, protect, _ = plan
             new_slots, dirty, evicted = g.cache.reserve(
@@ -578,7 +568,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
     def finish(self, step: _Batch, replies: torch.Tensor) -> torch.Tensor:
         """Requester side, once the owners' versions arrived: which rows come, slots for them, the
         rows' all-to-all (with the backward's push counts as a header), the settle, the pooled bags."""
-        ws, groups, device = self._ws, len(self._groups), self._device
+        ws, groups, device = self._ws, len(self._groups), self._compute_device
         brings = (step.held < 0) | (replies - step.held > self._bounds.index_select(0, step.group))
         widths = self._dims.index_select(0, step.group)
         rows_in = torch.bincount(step.dest[brings], widths[brings], minlength=ws).long()
@@ -621,7 +611,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         """What this batch's backward will push to each owner: owned and uncached rows, cached rows
         that pass the write bound with this step's update, and dirty evicted rows."""
         if not writes:  # no backward will come: nothing pushed, evicted rows stay queued
-            read.push_counts = torch.zeros(self._ws, dtype=torch.int64, device=self._device)
+            read.push_counts = torch.zeros(self._ws, dtype=torch.int64, device=self._compute_device)
             return
         cached = read.slots[read.slots >= 0]
         read.due = cached[g.cache.pending_count.index_select(0, cached) + 1 > g.settings.s_write]
@@ -641,7 +631,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         ``held_slots``: the slot of each asked id before this settle's reservation; ``rows``: the
         rows that came, in request order; ``validated``: the step the owners' answer counts as
         (the batch's own, or the one before when fetched ahead)."""
-        cache, stats, device = g.cache, g.stats, self._device
+        cache, stats, device = g.cache, g.stats, self._compute_device
         asked_tables = read.tables.index_select(0, read.remote.index_select(0, asked))
         fresh = ~brings  # the owner kept the row: the cached copy is within the bound
         if g.settings.protocol == "lease":
@@ -741,13 +731,13 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             self._apply_packed(self._groups[0], received.view(-1, _PUSH_HEAD + self._groups[0].dim))
             return
         row_group = torch.repeat_interleave(
-            torch.arange(groups, device=self._device).repeat(self._ws), pull_counts.reshape(-1)
+            torch.arange(groups, device=self._compute_device).repeat(self._ws), pull_counts.reshape(-1)
         )
         width = self._dims.index_select(0, row_group) + _PUSH_HEAD
         start = torch.cumsum(width, 0) - width
         for index, g in enumerate(self._groups):
             mine = (row_group == index).nonzero().flatten()
-            at = start.index_select(0, mine).unsqueeze(1) + torch.arange(_PUSH_HEAD + g.dim, device=self._device)
+            at = start.index_select(0, mine).unsqueeze(1) + torch.arange(_PUSH_HEAD + g.dim, device=self._compute_device)
             self._apply_packed(g, received.index_select(0, at.reshape(-1)).view(-1, _PUSH_HEAD + g.dim))
 
     def _apply_packed(self, g: HetGroup, rows: torch.Tensor) -> None:
@@ -764,7 +754,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
 
     def _learning_rates(self, g: HetGroup) -> torch.Tensor:
         """Each table's current learning rate (its kernel's, so schedules apply; no host sync)."""
-        rates = torch.stack([m.emb_module.learning_rate_tensor for m in lookup_kernels(self)]).to(self._device)
+        rates = torch.stack([m.emb_module.learning_rate_tensor for m in lookup_kernels(self)]).to(self._compute_device)
         return rates.index_select(0, g.table_module)
 
     @torch.no_grad()

@@ -14,6 +14,8 @@ from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.sharding_plan import row_wise
 from torchrec.distributed.types import ParameterSharding, ShardingEnv
 
+from torchrec_het._compat import sharding_lookup_arguments
+
 
 class LocalBatchRwPooledSharding(RwPooledEmbeddingSharding):
     """Row-wise shards read by ``lookup_class`` (set by subclasses, with ``sharding_type``)."""
@@ -33,13 +35,10 @@ class LocalBatchRwPooledSharding(RwPooledEmbeddingSharding):
     def create_lookup(self, device=None, fused_params=None, feature_processor=None):
         if feature_processor is not None:
             raise NotImplementedError(f"{self.sharding_type} does not support feature processors")
-        return self.lookup_class(
-            self._grouped_embedding_configs,
-            self.feature_names(),
-            pg=self._pg,
-            device=device if device is not None else self._device,
-            env=self._env,
-        )
+        arguments = sharding_lookup_arguments(self)
+        if device is not None:
+            arguments["device"] = device
+        return self.lookup_class(feature_names=self.feature_names(), **arguments)
 
     def create_output_dist(self, device: torch.device | None = None) -> DpPooledEmbeddingDist:
         return DpPooledEmbeddingDist()

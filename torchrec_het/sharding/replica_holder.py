@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het._compat import lookup_kernels, sharding_lookup_arguments
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.replication.tiers import hottest_rows
 from torchrec_het.sharding.id_space import TableInfo, members, tensors_to
@@ -196,7 +197,7 @@ class ReplicaHolder:
         self.stats["online_hot_rows"] = self.stats.get("online_hot_rows", 0) + sum(g.hot.numel() for g in self._groups)
 
     def _block(self, g: ReplicaGroup) -> ReplicaBlock:
-        kernels = [m.emb_module for m in self._emb_modules]
+        kernels = [m.emb_module for m in lookup_kernels(self)]
         tables = g.table_of(g.hot)
         module_of = torch.tensor([t.module_index for t in g.tables], dtype=torch.int64)
         table_of = torch.tensor([t.table_index for t in g.tables], dtype=torch.int64)
@@ -290,9 +291,11 @@ class StagedSharding:
         if feature_processor is not None:
             raise NotImplementedError("het_row_replicated does not support feature processors")
         if self._lookup is None:
+            arguments = sharding_lookup_arguments(self)
+            if device is not None:
+                arguments["device"] = device
             self._lookup = self.lookup_class(
-                self._grouped_embedding_configs, self.feature_names(), self._pg, self._config, self.shards_by_table,
-                device=device if device is not None else self._device, env=self._env,
+                feature_names=self.feature_names(), config=self._config, shards_by_table=self.shards_by_table, **arguments
             )
         return self._lookup
 

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het._compat import lookup_kernels
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.sharding.exchange import exchange_flat
 from torchrec_het.sharding.id_space import TableInfo, members
@@ -92,7 +93,7 @@ class ReplicaWrites:
         local_ws = config.ranks_per_host(self._ws)
         by_dim: dict[int, list[tuple[TableInfo, tuple]]] = {}
         for module_index, group in enumerate(self.grouped_configs):
-            check_row_local(self._emb_modules[module_index].emb_module, f"tables {[t.name for t in group.embedding_tables]}")
+            check_row_local(lookup_kernels(self)[module_index].emb_module, f"tables {[t.name for t in group.embedding_tables]}")
             for table_index, table in enumerate(group.embedding_tables):
                 info = TableInfo.of(table, module_index, table_index, self._shards_by_table[table.name], self._ws)
                 by_dim.setdefault(table.embedding_dim, []).append((info, config.table_tiers(table.name, table.num_embeddings)))
@@ -108,7 +109,7 @@ class ReplicaWrites:
                 rows[t.module_index][t.table_index] = n
         self._replicas = [
             replica_kernel(m.emb_module, rows[i], dict(self.grouped_configs[i].fused_params or {}))
-            for i, m in enumerate(self._emb_modules)
+            for i, m in enumerate(lookup_kernels(self))
         ]
         self._pending = [torch.zeros(g.hot.numel(), g.dim + 1, device=self._device) for g in self._groups]
 
@@ -139,7 +140,7 @@ class ReplicaWrites:
                 rows = torch.sort(rows[g.table_of(rows) == i]).values
                 if rows.numel() == 0:
                     continue
-                shard = row_state(self._emb_modules[t.module_index].emb_module, t.table_index)
+                shard = row_state(lookup_kernels(self)[t.module_index].emb_module, t.table_index)
                 replica = row_state(self._replicas[t.module_index], t.table_index)
                 widths = [s.size(1) for s in shard]
                 block = torch.zeros(rows.numel(), sum(widths), device=rows.device)
@@ -184,7 +185,7 @@ class ReplicaWrites:
         if self._needs_refresh:
             self.refresh()
         self._step += 1
-        self._weights = [m.split_embedding_weights() for m in self._emb_modules]
+        self._weights = [m.split_embedding_weights() for m in lookup_kernels(self)]
         self._replica_views = [r.split_embedding_weights() for r in self._replicas]
 
     def read_groups(self, features: KeyedJaggedTensor) -> tuple[list, list[torch.Tensor]]:
@@ -318,7 +319,7 @@ class ReplicaWrites:
         module_of = torch.tensor([t.module_index for t in g.tables], device=tables.device)[tables]
         table_index = torch.tensor([t.table_index for t in g.tables], device=tables.device)[tables]
         for module_index in torch.unique(module_of).tolist():
-            for kernel, mask in ((self._emb_modules[module_index].emb_module, owned), (self._replicas[module_index], ~owned)):
+            for kernel, mask in ((lookup_kernels(self)[module_index].emb_module, owned), (self._replicas[module_index], ~owned)):
                 mine = mask & (module_of == module_index)
                 if bool(mine.any()):
                     apply_row_grads(kernel, table_index[mine], rows[mine], grads[mine])

@@ -36,6 +36,7 @@ from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddi
 from torchrec.distributed.types import ShardingEnv
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het._compat import sharding_lookup_arguments
 from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
 from torchrec_het.sharding.replica_group import ReplicaGroup
 from torchrec_het.sharding.replicated_lookup import feature_positions
@@ -186,13 +187,10 @@ class RowReplicatedSequenceEmbeddingSharding(RwSequenceEmbeddingSharding):
     def create_lookup(self, device=None, fused_params=None, feature_processor=None) -> RowReplicatedSequenceLookup:
         if feature_processor is not None:
             raise NotImplementedError("het_row_replicated does not support feature processors")
-        return RowReplicatedSequenceLookup(
-            self._grouped_embedding_configs,
-            self.feature_names(),
-            pg=self._pg,
-            device=device if device is not None else self._device,
-            env=self._env,
-        )
+        arguments = sharding_lookup_arguments(self)
+        if device is not None:
+            arguments["device"] = device
+        return RowReplicatedSequenceLookup(feature_names=self.feature_names(), **arguments)
 
     def create_output_dist(self, device: torch.device | None = None) -> DpSequenceEmbeddingDist:
         return DpSequenceEmbeddingDist()
