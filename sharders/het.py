@@ -19,6 +19,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het._compat import sharded_embedding_shardings, sharded_lookups, sharded_table_configs
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.sharders.plugin_sharder import PluginSharder
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.het_cached_rw import HetCachedRwPooledEmbeddingSharding
 from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
@@ -160,7 +161,7 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
             lookup.flush()
 
 
-class HetEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
+class HetEmbeddingBagCollectionSharder(PluginSharder, EmbeddingBagCollectionSharder):
     """``EmbeddingBagCollectionSharder`` that also offers the plugin's types (and row_wise on CPU).
 
     Args:
@@ -175,6 +176,9 @@ class HetEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         **kwargs: passed on to ``EmbeddingBagCollectionSharder``.
     """
 
+    plugin_types = PLUGIN_TYPES
+    module_base = EmbeddingBagCollection
+
     def __init__(
         self,
         cache: HetCacheConfig | None = None,
@@ -184,26 +188,15 @@ class HetEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         **kwargs: Any,
     ) -> None:
         super().__init__(fused_params=fused_params, **kwargs)
-        if not (isinstance(module_type, type) and issubclass(module_type, EmbeddingBagCollection)):
-            raise ValueError(f"module_type must be EmbeddingBagCollection or a subclass, got {module_type!r}")
+        self._set_module_type(module_type)
         self._cache = cache if cache is not None else HetCacheConfig()
         self._replication = replication if replication is not None else ReplicationConfig()
-        self._module_type = module_type
-
-    @property
-    def module_type(self) -> type[EmbeddingBagCollection]:
-        return self._module_type
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         types = list(super().sharding_types(compute_device_type))
         if ShardingType.ROW_WISE.value not in types:
             types.append(ShardingType.ROW_WISE.value)
         return types + list(PLUGIN_TYPES)
-
-    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
-        if sharding_type in PLUGIN_TYPES:
-            return super().compute_kernels(ShardingType.ROW_WISE.value, compute_device_type)[:1]  # fused
-        return super().compute_kernels(sharding_type, compute_device_type)
 
     def shard(
         self,

@@ -11,13 +11,14 @@ from typing import Any
 import torch
 from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
+from torchrec.distributed.types import ParameterSharding, ShardingEnv
 from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het._compat import sharded_embedding_shardings, sharded_lookups, sharded_table_configs, uses_index_dedup
 from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.sharders.plugin_sharder import PluginSharder
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharders.het import REPLICATION_KEY, _pipelined, _without_settings
 from torchrec_het.sharding.replicated_sequence import RowReplicatedSequenceEmbeddingSharding, RowReplicatedSequenceLookup
@@ -107,7 +108,7 @@ class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection
         ]
 
 
-class HetEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+class HetEmbeddingCollectionSharder(PluginSharder, EmbeddingCollectionSharder):
     """``EmbeddingCollectionSharder`` that also offers ``het_row_replicated`` (fused kernel).
 
     DistributedModelParallel and the planner pick a sharder by the module's *exact*
@@ -123,6 +124,9 @@ class HetEmbeddingCollectionSharder(EmbeddingCollectionSharder):
         **kwargs: passed on to ``EmbeddingCollectionSharder``.
     """
 
+    plugin_types = SEQUENCE_PLUGIN_TYPES
+    module_base = EmbeddingCollection
+
     def __init__(
         self,
         replication: ReplicationConfig | None = None,
@@ -131,22 +135,11 @@ class HetEmbeddingCollectionSharder(EmbeddingCollectionSharder):
         **kwargs: Any,
     ) -> None:
         super().__init__(fused_params=fused_params, **kwargs)
-        if not (isinstance(module_type, type) and issubclass(module_type, EmbeddingCollection)):
-            raise ValueError(f"module_type must be EmbeddingCollection or a subclass, got {module_type!r}")
+        self._set_module_type(module_type)
         self._replication = replication if replication is not None else ReplicationConfig()
-        self._module_type = module_type
-
-    @property
-    def module_type(self) -> type[EmbeddingCollection]:
-        return self._module_type
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         return list(super().sharding_types(compute_device_type)) + list(SEQUENCE_PLUGIN_TYPES)
-
-    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
-        if sharding_type in SEQUENCE_PLUGIN_TYPES:
-            return super().compute_kernels(ShardingType.ROW_WISE.value, compute_device_type)[:1]  # fused
-        return super().compute_kernels(sharding_type, compute_device_type)
 
     def shard(
         self,
