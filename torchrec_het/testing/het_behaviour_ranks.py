@@ -241,6 +241,15 @@ class _ServeRecorder:
             for name in row_starts
         }
 
+    @classmethod
+    def attach(cls, lookups: list, rank: int) -> "_ServeRecorder":
+        """A recorder for every table of ``lookups``, set as their ``on_serve`` hook."""
+        row_starts = {t.name: t.row_starts for lookup in lookups for g in lookup.groups for t in g.tables}
+        recorder = cls(rank, row_starts)
+        for lookup in lookups:
+            lookup.on_serve = recorder
+        return recorder
+
     def __call__(
         self, table: str, ids: torch.Tensor, versions: torch.Tensor, validated: torch.Tensor, step: int
     ) -> None:
@@ -263,16 +272,17 @@ class _ServeRecorder:
         record["min_age"] = min(record["min_age"], int(age.min()))
 
 
-def _bound_configs() -> tuple[list[EmbeddingBagConfig], HetCacheConfig]:
+def _bound_configs(cases: tuple = BOUND_CASES) -> tuple[list[EmbeddingBagConfig], HetCacheConfig]:
+    """Two tables per cache setting (one feature, two features) and the cache config that gives them it."""
     configs, per_table = [], {}
-    for settings in BOUND_CASES:
+    for settings in cases:
         name = case_name(settings)
         configs.append(EmbeddingBagConfig(name=f"{name}_a", feature_names=[f"{name}_a"], embedding_dim=4,
                                           num_embeddings=40))
         configs.append(EmbeddingBagConfig(name=f"{name}_b", feature_names=[f"{name}_b0", f"{name}_b1"],
                                           embedding_dim=4, num_embeddings=70))
         per_table[f"{name}_a"] = per_table[f"{name}_b"] = settings
-    return configs, HetCacheConfig(default=BOUND_CASES[0], per_table=per_table)
+    return configs, HetCacheConfig(default=cases[0], per_table=per_table)
 
 
 def bounds(rank: int, world_size: int) -> dict:
@@ -287,10 +297,7 @@ def bounds(rank: int, world_size: int) -> dict:
     sharded = _sharded(model)
     lookups = sharded.het_lookups()
     proj = projections(configs)
-    row_starts = {t.name: t.row_starts for lookup in lookups for g in lookup.groups for t in g.tables}
-    recorder = _ServeRecorder(rank, row_starts)
-    for lookup in lookups:
-        lookup.on_serve = recorder
+    recorder = _ServeRecorder.attach(lookups, rank)
     min_remote = {c.name: 1 << 30 for c in configs}
     max_remote = {c.name: 0 for c in configs}
     max_pending = {c.name: 0 for c in configs}
@@ -301,7 +308,7 @@ def bounds(rank: int, world_size: int) -> dict:
         recorder.step = step
         features = batch(rank, step, configs)
         for name, ids in _ids_by_table(features, configs).items():
-            starts = row_starts[name]
+            starts = recorder.row_starts[name]
             remote = (ids < starts[rank]) | (ids >= starts[rank + 1])
             min_remote[name] = min(min_remote[name], int(remote.sum()))
             max_remote[name] = max(max_remote[name], int(remote.sum()))

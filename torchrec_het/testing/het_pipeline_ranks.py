@@ -183,10 +183,7 @@ def bounds(rank: int, world_size: int) -> dict:
     model = _model("het", configs, False, "sgd", cache, lr=behaviour.LR)
     sharded = model.module.ebc
     lookups = sharded.het_lookups()
-    row_starts = {t.name: t.row_starts for lookup in lookups for g in lookup.groups for t in g.tables}
-    recorder = behaviour._ServeRecorder(rank, row_starts)
-    for lookup in lookups:
-        lookup.on_serve = recorder
+    recorder = behaviour._ServeRecorder.attach(lookups, rank)
     pipeline = _pipeline(model)
     iterator = iter([behaviour.batch(rank, step, configs) for step in range(behaviour.BOUND_STEPS)])
     for step in range(behaviour.BOUND_STEPS):
@@ -242,21 +239,11 @@ class _Collectives:
 def ahead(rank: int, world_size: int, pipelined: bool) -> dict:
     """Tables whose bound allows fetching ahead, under the pipeline or in a plain loop: the read
     bound per table, collectives in the forward, and gradient mass after a flush."""
-    configs, per_table = [], {}
-    for settings in AHEAD_CASES:
-        name = case_name = behaviour.case_name(settings)
-        configs.append(EmbeddingBagConfig(name=f"{name}_a", feature_names=[f"{name}_a"], embedding_dim=4, num_embeddings=40))
-        configs.append(EmbeddingBagConfig(name=f"{name}_b", feature_names=[f"{name}_b0", f"{name}_b1"], embedding_dim=4,
-                                          num_embeddings=70))
-        per_table[f"{case_name}_a"] = per_table[f"{case_name}_b"] = settings
-    cache = HetCacheConfig(default=AHEAD_CASES[0], per_table=per_table)
+    configs, cache = behaviour._bound_configs(AHEAD_CASES)
     model = _model("het", configs, False, "sgd", cache, lr=behaviour.LR)
     sharded = model.module.ebc
     lookups = sharded.het_lookups()
-    row_starts = {t.name: t.row_starts for lookup in lookups for g in lookup.groups for t in g.tables}
-    recorder = behaviour._ServeRecorder(rank, row_starts)
-    for lookup in lookups:
-        lookup.on_serve = recorder
+    recorder = behaviour._ServeRecorder.attach(lookups, rank)
     counter = _Collectives(model.module)
     batches = [behaviour.batch(rank, step, configs) for step in range(behaviour.BOUND_STEPS)]
     pipeline, iterator = (_pipeline(model), iter(batches)) if pipelined else (None, None)
