@@ -44,6 +44,7 @@ from torchrec_het.sharders import CpuRowWiseEmbeddingBagCollectionSharder, HetEm
 from torchrec_het.sharding import het_cached_row_wise
 from torchrec_het.testing import het_behaviour_ranks as behaviour
 from torchrec_het.testing.het_ranks import OPTIMIZERS, _ebc, _rel_error
+from torchrec_het.testing.shared_feature_ranks import skewed_bags
 from torchrec_het.testing.spawn import gloo_rank, write_rank_result
 
 SEED = 7
@@ -68,19 +69,7 @@ def table_configs(weighted: bool) -> list[EmbeddingBagConfig]:
 
 def batch(rank: int, step: int, weighted: bool, configs: list[EmbeddingBagConfig]) -> KeyedJaggedTensor:
     """Skewed multi-hot bags (empty ones included); a shared feature's ids fit every table it feeds."""
-    generator = torch.Generator().manual_seed(1_000 * rank + step)
-    rows: dict[str, int] = {}
-    for c in configs:
-        for f in c.feature_names:
-            rows[f] = min(rows.get(f, c.num_embeddings), c.num_embeddings)
-    keys, lengths, values = list(rows), [], []
-    for key in keys:
-        n = torch.randint(0, 4, (BATCH,), generator=generator)
-        lengths.append(n)
-        values.append((torch.rand(int(n.sum()), generator=generator) ** 3 * rows[key]).long())
-    ids = torch.cat(values)
-    weights = torch.rand(ids.numel(), generator=generator) + 0.5 if weighted else None
-    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=ids, lengths=torch.cat(lengths), weights=weights)
+    return skewed_bags(configs, torch.Generator().manual_seed(1_000 * rank + step), BATCH, 3, weighted)
 
 
 class LossModel(torch.nn.Module):

@@ -83,15 +83,23 @@ class TwoCollections(nn.Module):
 def _batch(rank: int, step: int, configs: list[EmbeddingBagConfig], weighted: bool) -> KeyedJaggedTensor:
     """Multi-hot skewed bags (empty ones included); a shared feature's ids fit both its tables."""
     generator = torch.Generator().manual_seed(1000 * rank + 10 * step + int(weighted))
+    return skewed_bags(configs, generator, BATCH, 2, weighted)
+
+
+def skewed_bags(
+    configs: list[EmbeddingBagConfig], generator: torch.Generator, batch: int, power: int, weighted: bool
+) -> KeyedJaggedTensor:
+    """0..3 ids per bag (empty bags included), row ``rand ** power * rows`` (skewed to small rows);
+    a feature that feeds several tables draws ids that fit all of them."""
     rows: dict[str, int] = {}
     for c in configs:
         for f in c.feature_names:
             rows[f] = min(rows.get(f, c.num_embeddings), c.num_embeddings)
     keys, lengths, values = list(rows), [], []
     for key in keys:
-        n = torch.randint(0, 4, (BATCH,), generator=generator)
+        n = torch.randint(0, 4, (batch,), generator=generator)
         lengths.append(n)
-        values.append((torch.rand(int(n.sum()), generator=generator) ** 2 * rows[key]).long())
+        values.append((torch.rand(int(n.sum()), generator=generator) ** power * rows[key]).long())
     ids = torch.cat(values)
     weights = torch.rand(ids.numel(), generator=generator) + 0.5 if weighted else None
     return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=ids, lengths=torch.cat(lengths), weights=weights)
