@@ -18,7 +18,6 @@ import time
 from collections import Counter
 
 import torch
-import torch.distributed as dist
 import torchrec.optim
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
