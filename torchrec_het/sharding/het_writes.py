@@ -1,0 +1,199 @@
+"""The write path of ``het_cached_row_wise``: pushing gradients to their owners and applying them there.
+
+A mixin of :class:`~torchrec_het.sharding.het_lookup.HetCachedEmbeddingLookup`. The backward
+of a batch calls :meth:`HetWrites.write_back` with every distinct row's gradient: cached
+rows take a local SGD step and keep their gradient pending until the write bound is due;
+owned rows, rows that found no cache slot, due rows and dirty evictions go to their owners
+in one asynchronous all-to-all, which the next lookup, ``flush`` or ``purge`` waits for
+(:meth:`HetWrites.wait_pushes`). Owners apply the table's fused optimizer once per row
+with the summed gradient and move the row's version on.
+"""
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.comm_ops import get_gradient_division
+
+from torchrec_het._compat import lookup_kernels
+from torchrec_het.cache import PendingRows
+from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
+from torchrec_het.sharding.het_group import HetGroup
+from torchrec_het.sharding.row_optim import apply_rows, optimizer_kind
+
+if TYPE_CHECKING:
+    from torchrec_het.sharding.het_lookup import _Batch
+
+_PUSH_HEAD = 4  # a pushed row: id and update count as int64 bit patterns (two float32 words each), then the gradient
+
+
+class HetWrites:
+    """Pushes and owner-side updates; uses the lookup's groups, process groups and step state."""
+
+    def write_back(self, step: "_Batch", row_grads: list[torch.Tensor]) -> None:
+        """Called by the backward of a batch with the gradient of every distinct row it read:
+        starts the pushes (one all-to-all), which the next lookup, ``flush`` or ``purge`` waits for."""
+        if self._pending is not step:
+            raise RuntimeError(
+                "het_cached_row_wise: a backward must follow its own forward before the next forward runs"
+            )
+        self._pending = None
+        scale = 1.0 / self._ws if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
+        ws = self._ws
+        packed, keys, widths = [], [], []
+        for index, (g, read, grad) in enumerate(zip(self._groups, step.reads, row_grads)):
+            grad = grad * scale
+            g.stats.add_mass("grad_produced", read.tables, grad)
+            cached = (read.slots >= 0).nonzero().flatten()
+            slots = read.slots.index_select(0, cached)
+            cached_grad = grad.index_select(0, read.remote.index_select(0, cached))
+            lr = self._learning_rates(g).index_select(0, read.tables.index_select(0, read.remote.index_select(0, cached)))
+            g.cache.accumulate(slots, cached_grad, -lr.unsqueeze(1) * cached_grad)
+            due = g.cache.take(read.due)
+            pending = PendingRows.concat([
+                PendingRows(read.uniq.index_select(0, read.local), grad.index_select(0, read.local),
+                            torch.ones_like(read.local)),
+                PendingRows(read.uniq.index_select(0, read.uncached), grad.index_select(0, read.uncached),
+                            torch.ones_like(read.uncached)),
+                due,
+                *read.outbox,
+            ])
+            dest = g.owner_of(pending.ids)
+            g.stats.add("rows_pushed", g.table_of(pending.ids[dest != self._rank]))
+            packed.append(_pack_push(pending))
+            keys.append(dest * len(self._groups) + index)
+            widths.append(torch.full_like(dest, _PUSH_HEAD + g.dim))
+        key, width = torch.cat(keys), torch.cat(widths)
+        order = torch.sort(key, stable=True).indices  # by owner, then group
+        flat = _flatten_rows(packed, order, width)
+        send = torch.bincount(key // len(self._groups), width, minlength=ws).long()
+        if step.pull_counts is None:  # fetched ahead: the push counts go out now
+            step.pull_counts = exchange_counts(step.push_counts[:, : len(self._groups)], self._exchange_pg)
+        recv = (step.pull_counts * (self._dims + _PUSH_HEAD)).sum(1)
+        send_list, recv_list = torch.stack([send, recv]).tolist()  # the backward's one host sync
+        received = flat.new_empty(sum(recv_list))
+        work = dist.all_to_all_single(received, flat, recv_list, send_list, group=self._exchange_pg, async_op=True)
+        self._inflight = (work, received, step.pull_counts)
+
+    def wait_pushes(self) -> None:
+        """Waits for the last backward's pushes and applies them at their owners (local after the wait)."""
+        if self._inflight is None:
+            return
+        work, received, pull_counts = self._inflight
+        self._inflight = None
+        work.wait()
+        groups = len(self._groups)
+        if groups == 1:
+            self._apply_packed(self._groups[0], received.view(-1, _PUSH_HEAD + self._groups[0].dim))
+            return
+        row_group = torch.repeat_interleave(
+            torch.arange(groups, device=self._compute_device).repeat(self._ws), pull_counts.reshape(-1)
+        )
+        width = self._dims.index_select(0, row_group) + _PUSH_HEAD
+        start = torch.cumsum(width, 0) - width
+        for index, g in enumerate(self._groups):
+            mine = (row_group == index).nonzero().flatten()
+            at = start.index_select(0, mine).unsqueeze(1) + torch.arange(_PUSH_HEAD + g.dim, device=self._compute_device)
+            self._apply_packed(g, received.index_select(0, at.reshape(-1)).view(-1, _PUSH_HEAD + g.dim))
+
+    def _apply_packed(self, g: HetGroup, rows: torch.Tensor) -> None:
+        ids = rows[:, :2].contiguous().view(torch.int64).view(-1)
+        updates = rows[:, 2:4].contiguous().view(torch.int64).view(-1)
+        self._apply(g, ids, rows[:, 4:], updates)
+
+    def _requeue(self, step: "_Batch") -> None:
+        """A settled batch got no backward: the dirty rows it was to push wait for the next push."""
+        for index, read in enumerate(step.reads):
+            self._outbox[index] = read.outbox + self._outbox[index]
+            read.outbox = []
+        self._pending = None
+
+    def _learning_rates(self, g: HetGroup) -> torch.Tensor:
+        """Each table's current learning rate (its kernel's, so schedules apply; no host sync)."""
+        rates = torch.stack([m.emb_module.learning_rate_tensor for m in lookup_kernels(self)]).to(self._compute_device)
+        return rates.index_select(0, g.table_module)
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Pushes every pending gradient to its owner (a collective: every rank calls it)."""
+        self.wait_pushes()
+        if self._pending is not None:  # a forward without backward: its queued evictions go too
+            self._requeue(self._pending)
+        for index, g in enumerate(self._groups):
+            pending = PendingRows.concat([g.cache.take_all(), *self._outbox[index]])
+            self._outbox[index] = []
+            self._push_now(g, pending)
+        super().flush()
+
+    def purge(self) -> None:
+        """Forgets cached rows, pending gradients and versions (before a load)."""
+        self.wait_pushes()
+        for index, g in enumerate(self._groups):
+            g.reset()
+            self._outbox[index] = []
+        self._pending = None
+        self._views = {}
+        super().purge()
+
+    def _push_now(self, g: HetGroup, pending: PendingRows) -> None:
+        """Sends pending gradients to their owners and applies them (a counts exchange, then the rows)."""
+        ws, width = self._ws, _PUSH_HEAD + g.dim
+        dest = g.owner_of(pending.ids)
+        order = torch.sort(dest, stable=True).indices
+        counts = torch.bincount(dest, minlength=ws)
+        recv_counts = exchange_counts(counts.view(ws, 1), self._exchange_pg).view(ws)
+        send, recv = torch.stack([counts, recv_counts]).tolist()
+        packed = _pack_push(pending).index_select(0, order)
+        received = exchange_flat(packed.view(-1), [c * width for c in send], [c * width for c in recv],
+                                 self._exchange_pg)
+        g.stats.add("rows_pushed", g.table_of(pending.ids[dest != self._rank]))
+        self._apply_packed(g, received.view(-1, width))
+
+    @torch.no_grad()
+    def _apply(self, g: HetGroup, ids: torch.Tensor, grads: torch.Tensor, updates: torch.Tensor) -> None:
+        """Owner side: one fused-optimizer step per owned row with the summed gradient; versions move on.
+
+        A pushed sum of k > 1 held-back gradients is scaled by 1/sqrt(k) for Adagrad-family
+        optimizers so their squared-gradient state grows as it would over k steps.
+        """
+        if ids.numel() == 0:
+            return
+        tables = g.table_of(ids)
+        rows = g.local_rows(ids, tables)
+        for module_index in g.modules:
+            tbe = lookup_kernels(self)[module_index].emb_module
+            step, mine_rows, mine_tables = grads, rows, tables
+            mine_updates = updates
+            if len(g.modules) > 1:
+                mine = (g.table_module.index_select(0, tables) == module_index).nonzero().flatten()
+                step, mine_rows = grads.index_select(0, mine), rows.index_select(0, mine)
+                mine_tables, mine_updates = tables.index_select(0, mine), updates.index_select(0, mine)
+            if optimizer_kind(tbe) != "sgd":
+                # k held-back gradients g_i arrive as their sum. Adagrad-family state adds the
+                # square of what it is given: the sum would add (sum g_i)^2 ~ k^2 g^2 where k
+                # separate steps add k g^2, and the row would learn ever slower. Sending
+                # sum / sqrt(k) adds exactly k g^2 when the parts are equal; k = 1 is unchanged.
+                step = step / mine_updates.clamp(min=1).double().sqrt().to(step.dtype).unsqueeze(1)
+            apply_rows(tbe, g.kernel_table.index_select(0, mine_tables), mine_rows, step)
+        g.versions.index_add_(0, g.local_index_of(ids), updates)
+        g.stats.add_mass("grad_applied", tables, grads)
+
+
+def _pack_push(pending: PendingRows) -> torch.Tensor:
+    """``[n, 4 + dim]`` float32 rows: id and update count as int64 bit patterns, then the gradient."""
+    return torch.cat(
+        [pending.ids.view(torch.float32).view(-1, 2), pending.counts.view(torch.float32).view(-1, 2),
+         pending.grads.float()], 1
+    )
+
+
+def _flatten_rows(parts: list[torch.Tensor], order: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+    """The rows of ``parts`` (one after the other; row i has ``width[i]`` values) flattened in ``order``."""
+    if len(parts) == 1:
+        return parts[0].index_select(0, order).reshape(-1)
+    flat = torch.cat([p.reshape(-1) for p in parts])
+    start = torch.cumsum(width, 0) - width  # of each row in ``flat``
+    ordered = width.index_select(0, order)
+    first = torch.repeat_interleave(torch.cumsum(ordered, 0) - ordered, ordered)
+    base = torch.repeat_interleave(start.index_select(0, order), ordered)
+    return flat.index_select(0, base + torch.arange(base.numel(), device=flat.device) - first)
