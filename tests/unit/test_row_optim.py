@@ -125,3 +125,65 @@ def test_step_rows_on_copies_matches_apply_rows_bit_for_bit(optimizer: str) -> N
 def test_step_rows_names_an_optimizer_it_cannot_step() -> None:
     with pytest.raises(ValueError, match="adam"):
         step_rows("adam", torch.zeros(1, 4), torch.zeros(1, 4), torch.zeros(1, 4), torch.ones(()), 1e-8)
+
+
+# ---- held gradients (a stale replica's sync, a HET push of k updates) against k synchronous steps ----
+
+
+def _k_steps(kind: str, weight, state, grads, lr, eps):
+    for g in grads:
+        weight, state = step_rows(kind, weight, state, g, lr, eps)
+    return weight, state
+
+
+def _held(kind: str, weight, state, grads, lr, eps):
+    from torchrec_het.sharding.row_optim import squares_of, step_rows_held
+
+    squares = sum(squares_of(kind, g) for g in grads) if kind != "sgd" else None
+    return step_rows_held(kind, weight, state, sum(grads), squares, lr, eps)
+
+
+@pytest.mark.parametrize("kind", ["adagrad", "rowwise_adagrad"])
+@pytest.mark.parametrize("k", [1, 2, 5, 10])
+def test_held_gradients_grow_the_state_as_k_steps_do(kind: str, k: int) -> None:
+    generator = torch.Generator().manual_seed(k)
+    dim = 8
+    weight = torch.randn(1, dim, generator=generator)
+    state = torch.rand(1, dim if kind == "adagrad" else 1, generator=generator)
+    grads = [torch.randn(1, dim, generator=generator) for _ in range(k)]
+    lr, eps = torch.tensor(0.1), 1e-8
+    sync_weight, sync_state = _k_steps(kind, weight, state, grads, lr, eps)
+    held_weight, held_state = _held(kind, weight, state, grads, lr, eps)
+    torch.testing.assert_close(held_state, sync_state, rtol=1e-6, atol=1e-7)
+    square_of_sum = step_rows(kind, weight, state, sum(grads), lr, eps)[1]
+    if k > 1:  # the rule it replaces: the square of the sum
+        assert not torch.allclose(square_of_sum, sync_state, rtol=1e-3)
+    if k == 1:
+        torch.testing.assert_close(held_weight, sync_weight, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["adagrad", "rowwise_adagrad"])
+@pytest.mark.parametrize("k", [2, 5, 10])
+def test_held_step_is_bounded_by_the_k_steps_for_gradients_of_one_sign(kind: str, k: int) -> None:
+    generator = torch.Generator().manual_seed(100 + k)
+    dim = 8
+    weight = torch.randn(1, dim, generator=generator)
+    state = torch.rand(1, dim if kind == "adagrad" else 1, generator=generator) + 0.5
+    grads = [torch.rand(1, dim, generator=generator) + 0.1 for _ in range(k)]  # positive
+    lr, eps = torch.tensor(0.1), 1e-8
+    sync_weight, sync_state = _k_steps(kind, weight, state, grads, lr, eps)
+    held_weight, _ = _held(kind, weight, state, grads, lr, eps)
+    sync_step, held_step = (weight - sync_weight).double(), (weight - held_weight).double()
+    first_state = step_rows(kind, weight, state, grads[0], lr, eps)[1].double()
+    ratio = (first_state / sync_state.double()).sqrt()  # state after the first step / after the last
+    assert bool((held_step <= sync_step * (1 + 1e-5)).all())
+    assert bool((held_step >= sync_step * ratio * (1 - 1e-5)).all())
+
+
+def test_held_sgd_is_the_sum_of_the_k_steps() -> None:
+    generator = torch.Generator().manual_seed(7)
+    weight = torch.randn(1, 8, generator=generator)
+    grads = [torch.randn(1, 8, generator=generator) for _ in range(6)]
+    sync_weight, _ = _k_steps("sgd", weight, None, grads, torch.tensor(0.1), 0.0)
+    held_weight, _ = _held("sgd", weight, None, grads, torch.tensor(0.1), 0.0)
+    torch.testing.assert_close(held_weight, sync_weight, rtol=1e-6, atol=1e-6)
