@@ -156,6 +156,16 @@ def default_sharders_homes() -> tuple[ModuleType, ...]:
     return _sharding_plan, _model_parallel, _shard, _planners
 
 
+def train_pipeline_homes() -> tuple[ModuleType, ...]:
+    """Where TorchRec exports ``TrainPipelineSparseDist`` (its defining module first). Not a home:
+    ``train_pipeline.experimental_pipelines``, which imports it only to subclass it."""
+    import torchrec.distributed as distributed
+    from torchrec.distributed import train_pipeline
+    from torchrec.distributed.train_pipeline import train_pipelines
+
+    return (train_pipelines, train_pipeline, distributed)
+
+
 def planner_homes() -> tuple[ModuleType, ...]:
     """Modules that bind ``EmbeddingShardingPlanner`` by name (``torchrec.distributed.planner`` and its importers)."""
     return _planner_package, _planners, _model_parallel, _shard
@@ -222,3 +232,104 @@ def tbe_optimizer_name(tbe: nn.Module) -> str:
     """FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen.optimizer`` (an ``EmbOptimType``) as its lowercase name."""
     return str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
 
+
+
+# ---- for the train pipelines (torchrec_het.pipeline) ----------------------------------------
+
+
+def pipeline_attach_if_detached(pipeline: Any) -> None:
+    """What ``TrainPipelineSparseDist.progress`` does first: re-attach a model the user detached."""
+    if not pipeline._model_attached:
+        pipeline.attach(pipeline._model)
+
+
+def pipeline_model(pipeline: Any) -> nn.Module:
+    """``TrainPipelineSparseDist._model``: the model the pipeline trains (rewritten on its first step)."""
+    return pipeline._model
+
+
+def pipeline_optimizer(pipeline: Any) -> Any:
+    """``TrainPipelineSparseDist._optimizer``."""
+    return pipeline._optimizer
+
+
+def pipeline_model_forward(pipeline: Any, batch: Any) -> Any:
+    """``TrainPipelineSparseDist._model_fwd(batch)``: the model (or the user's ``custom_model_fwd``) on a batch."""
+    return pipeline._model_fwd(batch)
+
+
+def pipelined_modules(pipeline: Any) -> list[nn.Module]:
+    """``TrainPipelineSparseDist._pipelined_modules``: the sharded modules whose forward the pipeline swapped."""
+    return pipeline._pipelined_modules
+
+
+def init_pipelined_modules(pipeline: Any, batch: Any, context: Any, forward_type: type) -> None:
+    """``TrainPipelineSparseDist._init_pipelined_modules``: on the first batch, fx-trace the model and swap
+    each top-level sharded module's forward for ``forward_type``; then start ``batch``'s input dist."""
+    pipeline._init_pipelined_modules(batch, context, forward_type)
+
+
+def sync_embeddings(pipeline: Any, context: Any) -> None:
+    """``TrainPipelineSparseDist.sync_embeddings`` with the pipeline's own 2D-sharding interval."""
+    pipeline.sync_embeddings(pipeline._model, pipeline._dmp_collection_sync_interval_batches, context)
+
+
+def pipeline_data_dist_stream(pipeline: Any) -> Any:
+    """``TrainPipelineSparseDist._data_dist_stream``: where input dists run on CUDA (None on CPU)."""
+    return pipeline._data_dist_stream
+
+
+def cpu_semi_sync_class() -> type:
+    """TorchRec's ``TrainPipelineSemiSync`` made to run on CPU: the smallest adapter that works.
+
+    TorchRec 1.8's semi-sync pipeline calls ``record_stream`` on the batch, the input dist's
+    KJT and the pooled embeddings, with the current stream of the batch's device, even on
+    CPU, where ``record_stream`` rejects CPU tensors ("unknown parameter type"). The adapter
+    changes exactly that, and only on CPU (the stream bookkeeping is meaningless there: one
+    stream, no caching allocator):
+
+    - ``_mlp_forward`` and ``start_embedding_lookup`` wait the batch's events but pass no
+      stream to record;
+    - its pipelined forward detaches the pooled embeddings as TorchRec's does, without
+      ``KeyedTensor.record_stream``.
+
+    Everything else (batch i's embeddings looked up before batch i-1's update, embedding
+    backward after the dense backward, ``start_batch``) is TorchRec's own.
+    """
+    from torchrec.distributed.train_pipeline import train_pipelines, utils
+    from torchrec.distributed.train_pipeline.runtime_forwards import EmbeddingPipelinedForward
+    from torchrec.sparse.jagged_tensor import KeyedTensor
+
+    class CpuEmbeddingPipelinedForward(EmbeddingPipelinedForward):
+        def detach_embeddings(self, embeddings, cur_stream) -> None:
+            if not isinstance(embeddings, KeyedTensor) or embeddings.values().is_cuda:
+                return super().detach_embeddings(embeddings, cur_stream)
+            tensor = embeddings.values()
+            detached = tensor.detach().requires_grad_()
+            detached.retain_grad()
+            embeddings._values = detached
+            self._context.embedding_tensors.append([tensor])
+            self._context.embedding_features.append([list(embeddings.keys())])
+            self._context.detached_embedding_tensors.append([detached])
+            return None
+
+    class CpuTrainPipelineSemiSync(train_pipelines.TrainPipelineSemiSync):
+        _pipelined_forward_type = CpuEmbeddingPipelinedForward
+
+        def _mlp_forward(self, batch, context):
+            if self._device.type != "cpu":
+                return super()._mlp_forward(batch, context)
+            utils._wait_for_events(batch, context, None)
+            return self._model_fwd(batch)
+
+        def start_embedding_lookup(self, batch, context) -> None:
+            if self._device.type != "cpu":
+                return super().start_embedding_lookup(batch, context)
+            if batch is None:
+                return None
+            utils._wait_for_events(batch, context, None)
+            for module in self._pipelined_modules:
+                utils._start_embedding_lookup(module, context, None, None, self._stream_context)
+            return None
+
+    return CpuTrainPipelineSemiSync

@@ -384,6 +384,7 @@ def test_registration_homes_bind_the_names_install_replaces() -> None:
     for name, homes in (
         ("get_default_sharders", _compat.default_sharders_homes()),
         ("EmbeddingShardingPlanner", _compat.planner_homes()),
+        ("TrainPipelineSparseDist", _compat.train_pipeline_homes()),
     ):
         stock = getattr(homes[0], name)
         assert all(getattr(home, name) is stock for home in homes), name
@@ -395,7 +396,8 @@ def test_registration_homes_bind_the_names_install_replaces() -> None:
             if not re.search(r"test|benchmark", str(p.relative_to(source)))
             and re.search(rf"^from torchrec\S* import[^\n]*\b{name}\b|^\s+{name},$", p.read_text(), re.M)
         }
-        assert binders <= {h.__name__ for h in homes}, (name, binders)
+        subclassing_only = {"torchrec.distributed.train_pipeline.experimental_pipelines"}  # imports it to subclass
+        assert binders - subclassing_only <= {h.__name__ for h in homes}, (name, binders)
 
 
 def test_plan_and_state_dict_accessors() -> None:
@@ -443,3 +445,19 @@ def test_sharded_module_accessors(one_rank_env) -> None:
     weights = bag.state_dict()
     assert all(_compat.is_sharded_tensor(weights[f"embedding_bags.{n}.weight"]) for n in "ab")
     assert not _compat.is_sharded_tensor(torch.zeros(2))
+
+
+def test_train_pipeline_accessors(one_rank_env) -> None:
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    model, optimizer = torch.nn.Linear(2, 1), torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    pipeline = TrainPipelineSparseDist(model, optimizer, torch.device("cpu"))
+    assert _compat.pipeline_model(pipeline) is model and _compat.pipeline_optimizer(pipeline) is optimizer
+    assert _compat.pipelined_modules(pipeline) == [] and _compat.pipeline_data_dist_stream(pipeline) is None
+    _compat.pipeline_attach_if_detached(pipeline)  # attached: nothing to do
+    assert _compat.pipeline_model_forward(pipeline, torch.ones(1, 2)).shape == (1, 1)
+    assert callable(pipeline._init_pipelined_modules) and hasattr(pipeline, "_dmp_collection_sync_interval_batches")
+    semi_sync = _compat.cpu_semi_sync_class()
+    for name in ("_mlp_forward", "start_embedding_lookup", "_pipelined_forward_type"):
+        assert name in vars(semi_sync), name  # each override replaces a member TorchRec's class has
+        assert hasattr(semi_sync.__mro__[1], name), name

@@ -34,11 +34,14 @@ def state_width(kind: str, dim: int) -> int:
 
 
 def _flat(tbe: SplitTableBatchedEmbeddingBagsCodegen, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the kernel's flat weights or momentum buffer, each table's first element in it)."""
+    """(the kernel's flat weights or momentum buffer, each table's first element in it).
+
+    As ``.data``: writing a synced row is an optimizer write (see :func:`~torchrec_het.sharding.row_optim.apply_rows`),
+    which must not bump the version of weights a forward still in flight saved."""
     found = _buffer(tbe, prefix)
     if found is None:
         raise ValueError(f"het_row_replicated: the kernel's {prefix} are not in one flat buffer (mixed placements or a cache)")
-    return getattr(tbe, found[0]), found[1]
+    return getattr(tbe, found[0]).data, found[1]
 
 
 @dataclass

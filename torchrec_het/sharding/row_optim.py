@@ -141,7 +141,11 @@ def apply_rows(
         apply_row_grads(tbe, tables, rows, grads)
         return
     dim = grads.size(1)
-    flat = getattr(tbe, layout.weights).view(-1)
+    # ``.data``: an optimizer write, as the kernel's own fused update inside its backward is, so it
+    # leaves the version counter alone. A forward still in flight saved these weights (a pipeline
+    # that looks batches up ahead), and its backward does not read them: an embedding's gradient
+    # does not depend on the weights.
+    flat = getattr(tbe, layout.weights).data.view(-1)
     tables, rows = tables.to(flat.device), rows.to(flat.device)
     starts, inverse = torch.unique(layout.weight_offsets.index_select(0, tables) + rows * dim, return_inverse=True)
     grad = torch.zeros(starts.numel(), dim, dtype=torch.float32, device=flat.device)
@@ -153,7 +157,7 @@ def apply_rows(
     if layout.kind == "sgd":
         weights.write(step_rows("sgd", weight, None, grad, lr, 0.0)[0])
         return
-    state = getattr(tbe, layout.state).view(-1)
+    state = getattr(tbe, layout.state).data.view(-1)
     first = torch.empty_like(starts).scatter_(0, inverse, torch.arange(rows.numel(), device=flat.device))
     width = dim if layout.kind == "adagrad" else 1
     state_starts = layout.state_offsets.index_select(0, tables.index_select(0, first)) + rows.index_select(0, first) * width
@@ -199,6 +203,56 @@ def step_rows(
     return weight - grad * (lr / (momentum.sqrt() + _as(eps, torch.float32))), momentum
 
 
+def squares_of(kind: str, grad: torch.Tensor) -> torch.Tensor | None:
+    """What one step's gradient adds to the optimizer's squared-gradient state: ``grad²`` for
+    Adagrad (per element), its mean over the row for row-wise Adagrad (``[n, 1]``), None for SGD."""
+    if kind == "adagrad":  # in float64, as the kernel squares (so one held step is the step itself)
+        return grad.double() * grad.double()
+    if kind == "rowwise_adagrad":
+        return (grad * grad).sum(1, keepdim=True) / grad.size(1)
+    return None
+
+
+@torch.no_grad()
+def step_rows_held(
+    kind: str, weight: torch.Tensor, state: torch.Tensor | None, grad_sum: torch.Tensor, squares: torch.Tensor | None,
+    lr, eps,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The step of gradients held back over several steps (a stale replica's sync, a HET push of k updates).
+
+    The rule, per row, with ``G`` the held gradients' sum and ``Q`` what their steps add to the
+    squared-gradient state (:func:`squares_of` of each step's gradient, summed):
+
+    - the state grows by ``Q``: exactly as the k synchronous steps would grow it (not by the
+      square of the sum, which counts k equal gradients k times too much);
+    - the weight moves by ``lr * G / (sqrt(new state) + eps)``: every held gradient is scaled
+      by the window's final denominator, where the k steps would use a denominator growing
+      toward it. For gradients of one sign the step is therefore at most the k steps' and at
+      least ``sqrt(state after the first) / sqrt(state after the last)`` of it; for k = 1 it is
+      the step itself.
+    - SGD has no state: ``lr * G`` is the k steps' sum exactly.
+
+    Args:
+        kind: ``sgd``, ``adagrad`` or ``rowwise_adagrad``.
+        weight: float32 ``[n, dim]`` rows.
+        state: the optimizer state, as :func:`step_rows` takes it.
+        grad_sum: ``[n, dim]`` the held gradients' sum.
+        squares: the held steps' summed :func:`squares_of` (``[n, dim]`` or ``[n, 1]``).
+        lr: learning rate (a tensor of one value or one per row, ``[n, 1]``).
+        eps: epsilon, as :func:`step_rows` takes it.
+    """
+    if kind == "sgd":
+        return step_rows(kind, weight, state, grad_sum, lr, eps)
+    if kind not in ("adagrad", "rowwise_adagrad"):
+        raise ValueError(f"no row update for optimizer {kind!r}")
+    if kind == "adagrad":  # the arithmetic of :func:`step_rows`, with the squares given
+        momentum = (state.double() + squares.double()).float()
+        step = (lr * grad_sum).double() / (momentum.double().sqrt() + _as(eps, torch.float64))
+        return (weight.double() - step).float(), momentum
+    momentum = state + squares.float()
+    return weight - grad_sum * (lr / (momentum.sqrt() + _as(eps, torch.float32))), momentum
+
+
 class _Rows:
     """Rows of ``dim`` elements starting at ``starts`` of a flat buffer: read and written as rows of a
     ``[n, dim]`` view when every start is a multiple of ``dim`` (fast), else element by element."""
@@ -223,4 +277,4 @@ class _Rows:
         else:
             self.flat[self.index] = values
 
-__all__ = ["KINDS", "apply_rows", "optimizer_kind", "step_rows"]
+__all__ = ["KINDS", "apply_rows", "optimizer_kind", "squares_of", "step_rows", "step_rows_held"]

@@ -1,0 +1,45 @@
+"""The hybrid pipeline (Persia): k = 0 is TrainPipelineSparseDist, k >= 1 keeps its staleness bound and
+loses no gradient, on 2 and 3 gloo ranks, over stock and plugin sharding types."""
+
+import pytest
+
+from torchrec_het.testing.hybrid_ranks import run_world
+from torchrec_het.testing.spawn import spawn_world
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda ws: f"ws{ws}")
+def world(request, tmp_path_factory) -> list[dict]:
+    return spawn_world(run_world, request.param, tmp_path_factory.mktemp(f"hybrid_ws{request.param}"))
+
+
+def test_k0_trains_exactly_as_train_pipeline_sparse_dist(world: list[dict]) -> None:
+    for rank, results in enumerate(world):
+        assert len(results["exact"]) == 8, results["exact"].keys()
+        for case, r in results["exact"].items():
+            assert r["weights"] <= 1e-6 and r["losses"] <= 1e-5, (rank, case, r)
+
+
+def test_staleness_stays_within_k_and_reaches_it(world: list[dict]) -> None:
+    for rank, results in enumerate(world):
+        for case, r in results["stale"].items():
+            if r["gauge"] is None:
+                continue
+            k = int(case.split("/k")[1])
+            assert r["gauge"]["max"] == k, (rank, case, r["gauge"])
+            assert r["finite"], (rank, case, r)
+
+
+def test_gradient_mass_is_conserved_through_the_drain(world: list[dict]) -> None:
+    for rank, results in enumerate(world):
+        assert {c.split("/")[0] for c in results["stale"]} == {"table_wise", "row_wise", "replicated"}
+        for case, r in results["stale"].items():
+            assert r["batches"] == 7, (rank, case, r)  # every batch trained
+            assert r["mass_error"] <= 1e-4, (rank, case, r)
+
+
+def test_bad_settings_raise_clear_errors(world: list[dict]) -> None:
+    errors = world[0]["errors"]
+    for bad in ("k=-1", "k=1.5", "k=True"):
+        assert "embedding_staleness must be an int >= 0" in errors[bad], errors
+    assert "no sharded embedding module" in errors["no_embeddings"], errors
+    assert "het_cached_row_wise" in errors["het_k1"] and "'ebc'" in errors["het_k1"], errors
