@@ -26,6 +26,7 @@ from torchrec_het.replication.profile import AccessProfile, load_profile
 # settings ``install()`` reads when not given (the launcher passes them this way)
 ENV_PROFILE, ENV_ALPHA, ENV_SYNC = "TORCHREC_HET_PROFILE", "TORCHREC_HET_ALPHA", "TORCHREC_HET_REPLICA_SYNC_EVERY"
 ENV_ONLINE = "TORCHREC_HET_ONLINE_PROFILE_STEPS"
+ENV_STALENESS = "TORCHREC_HET_EMBEDDING_STALENESS"
 
 
 @dataclass
@@ -51,6 +52,7 @@ def install(
     replica_sync_every: int | None = None,
     max_hot_fraction: float = 0.5,
     online_profile_steps: int | None = None,
+    embedding_staleness: int | None = None,
 ) -> None:
     """Registers the plugin with TorchRec until :func:`uninstall` (calling it again re-installs).
 
@@ -70,6 +72,11 @@ def install(
             reads during this many first steps and then replicate the hot rows (default
             ``$TORCHREC_HET_ONLINE_PROFILE_STEPS`` or 0: off); the planner then offers row
             replication for every table, priced from the stated skew.
+        embedding_staleness: k >= 0 makes TorchRec's ``TrainPipelineSparseDist`` (as a script
+            imports it after this call) the hybrid pipeline with that bound
+            (:class:`~torchrec_het.pipeline.HybridTrainPipeline`); default
+            ``$TORCHREC_HET_EMBEDDING_STALENESS`` or unset: TorchRec's own. A model with
+            ``het_cached_row_wise`` tables runs it at k = 0 (it says so on stderr).
     """
     global _state
     uninstall()
@@ -81,6 +88,15 @@ def install(
     sync = int(os.environ.get(ENV_SYNC, 1)) if replica_sync_every is None else replica_sync_every
     online = int(os.environ.get(ENV_ONLINE, 0)) if online_profile_steps is None else online_profile_steps
     online = 0 if profile is not None else online
+    if embedding_staleness is None and os.environ.get(ENV_STALENESS, "") != "":
+        text = os.environ[ENV_STALENESS]
+        if not text.strip().isdigit():
+            raise ValueError(f"{ENV_STALENESS} must be an int >= 0, got {text!r}")
+        embedding_staleness = int(text)
+    if embedding_staleness is not None and (
+        isinstance(embedding_staleness, bool) or not isinstance(embedding_staleness, int) or embedding_staleness < 0
+    ):
+        raise ValueError(f"embedding_staleness must be an int >= 0, got {embedding_staleness!r}")
     cache = cache or HetCacheConfig()
     pricing = PluginPricing(AccessModel(profile, alpha), cache, sync, max_hot_fraction, online)
     tiers = ProfileTiers(profile, None, sync, max_hot_fraction) if profile is not None else None
@@ -96,6 +112,10 @@ def install(
 
     for home in _compat.planner_homes():
         _replace(state, home, "EmbeddingShardingPlanner", HetEmbeddingShardingPlanner)
+    if embedding_staleness is not None:
+        hybrid = _hybrid_sparse_dist(embedding_staleness)
+        for home in _compat.train_pipeline_homes():
+            _replace(state, home, "TrainPipelineSparseDist", hybrid)
     _state = state
 
 
@@ -128,3 +148,24 @@ def _plugin_default_sharders(stock: Callable[[], list], state: _Installed) -> Ca
         return get_het_sharders(state.cache, state.replication, stock=stock)
 
     return get_default_sharders
+
+
+def _hybrid_sparse_dist(k: int) -> type:
+    """``TrainPipelineSparseDist``'s constructor, building the hybrid pipeline with bound ``k``."""
+    import sys
+
+    import torch.distributed as dist
+
+    from torchrec_het.pipeline import HybridTrainPipeline
+
+    class TrainPipelineSparseDist(HybridTrainPipeline):
+        """TorchRec's ``TrainPipelineSparseDist`` as torchrec_het installed it: the hybrid pipeline."""
+
+        def __init__(self, model, optimizer, device, execute_all_batches: bool = True, apply_jit: bool = False, **kwargs):
+            super().__init__(model, optimizer, device, embedding_staleness=k, execute_all_batches=execute_all_batches,
+                             apply_jit=apply_jit, lower_for_het=True, **kwargs)
+            if not dist.is_initialized() or dist.get_rank() == 0:
+                print(f"torchrec_het: TrainPipelineSparseDist runs as the hybrid pipeline, embedding_staleness={k} "
+                      f"(${ENV_STALENESS})", file=sys.stderr, flush=True)
+
+    return TrainPipelineSparseDist

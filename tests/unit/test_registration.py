@@ -103,3 +103,28 @@ def test_get_het_sharders_is_the_one_line_swap_without_installing() -> None:
     assert [type(s) for s in het] == [swapped.get(type(s), type(s)) for s in stock]
     assert [s.module_type for s in het] == [s.module_type for s in stock]  # DMP matches sharders by module type
     assert planner_package.EmbeddingShardingPlanner is STOCK_PLANNER  # nothing installed
+
+
+def test_embedding_staleness_makes_sparse_dist_the_hybrid_pipeline_until_uninstall(monkeypatch) -> None:
+    import torchrec.distributed as distributed
+    import torchrec.distributed.train_pipeline as train_pipeline
+
+    from torchrec_het.pipeline import HybridTrainPipeline
+
+    stock = train_pipeline.TrainPipelineSparseDist
+    torchrec_het.install()
+    assert train_pipeline.TrainPipelineSparseDist is stock  # not asked for: TorchRec's own
+    monkeypatch.setenv("TORCHREC_HET_EMBEDDING_STALENESS", "2")  # how the launcher passes it
+    torchrec_het.install()
+    installed = train_pipeline.TrainPipelineSparseDist
+    assert issubclass(installed, HybridTrainPipeline) and distributed.TrainPipelineSparseDist is installed
+    torchrec_het.uninstall()
+    assert train_pipeline.TrainPipelineSparseDist is stock and distributed.TrainPipelineSparseDist is stock
+
+
+@pytest.mark.parametrize("value", ["-1", "two", "1.5"])
+def test_a_bad_embedding_staleness_names_the_variable_and_changes_nothing(monkeypatch, value: str) -> None:
+    monkeypatch.setenv("TORCHREC_HET_EMBEDDING_STALENESS", value)
+    with pytest.raises(ValueError, match="TORCHREC_HET_EMBEDDING_STALENESS"):
+        torchrec_het.install()
+    assert sharding_plan.get_default_sharders is STOCK_DEFAULTS and planner_package.EmbeddingShardingPlanner is STOCK_PLANNER
