@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
-from torchrec_het.sharding.row_optim import _buffer, optimizer_kind, step_rows
+from torchrec_het.sharding.row_optim import _buffer, optimizer_kind, squares_of, step_rows, step_rows_held
 
 
 def optimizer_name(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
@@ -83,6 +83,10 @@ class ReplicaBlock:
         self.eps = eps.view(-1, 1).to(device=device, dtype=torch.float64)  # Adagrad adds it in double
         self.owned, self.sync_every = owned, sync_every
         self.pending = torch.zeros(rows, dim, device=device)  # summed gradients held
+        # syncing every k > 1 steps with an Adagrad-family optimizer: what each held step adds to the state
+        self.holds_squares = optimizer != "sgd" and sync_every > 1
+        width = dim if optimizer == "adagrad" else 1
+        self.squares = torch.zeros(rows, width if self.holds_squares else 0, device=device)
         self.touches = torch.zeros(rows, device=device)  # how many bags read each row since the last sync
         self.steps_held = 0
         self._touches = None  # the started all-reduce of touch counts, and its buffer
@@ -109,6 +113,7 @@ class ReplicaBlock:
     def drop_held(self) -> None:
         """Forgets the gradients held since the last sync."""
         self.pending.zero_()
+        self.squares.zero_()
         self.touches.zero_()
         self.steps_held = 0
 
@@ -116,7 +121,13 @@ class ReplicaBlock:
         """Backward: this rank's gradients of rows ``slots`` (repeats summed); starts the sync when due."""
         if self.weights.size(0) == 0:  # no hot rows: nothing to keep in sync (the same on every rank)
             return
-        self.pending.index_add_(0, slots, grads)  # contiguous: a strided target takes a 7x slower path
+        if self.holds_squares:  # the step's gradient of each row (repeats summed) is squared on its own
+            rows, inverse = torch.unique(slots, return_inverse=True)
+            step = torch.zeros(rows.numel(), self.dim, device=grads.device).index_add_(0, inverse, grads)
+            self.pending.index_add_(0, rows, step)
+            self.squares.index_add_(0, rows, squares_of(self.optimizer, step).float())
+        else:
+            self.pending.index_add_(0, slots, grads)  # contiguous: a strided target takes a 7x slower path
         self.touches.index_add_(0, slots, torch.ones_like(slots, dtype=self.touches.dtype))
         self.steps_held += 1
         if self.steps_held >= self.sync_every:
@@ -136,6 +147,9 @@ class ReplicaBlock:
         work.wait()
         touched = (touches > 0).nonzero().flatten()
         grads = self.pending.index_select(0, touched)  # only rows some rank touched travel
+        if self.holds_squares:  # and this rank's squares beyond its own sum's (see ``_apply``)
+            beyond = self.squares.index_select(0, touched) - squares_of(self.optimizer, grads).float()
+            grads = torch.cat([grads, beyond], 1)
         self._grads = (dist.all_reduce(grads, group=self.pg, async_op=True), touched, grads, touches.index_select(0, touched))
 
     def wait(self) -> bool:
@@ -159,21 +173,28 @@ class ReplicaBlock:
         return synced
 
     @torch.no_grad()
-    def _apply(self, touched: torch.Tensor, grads: torch.Tensor, touches: torch.Tensor) -> None:
-        if self.steps_held > 1 and self.optimizer != "sgd":
-            # k held steps arrive as one sum; dividing by sqrt(k) (k: touches over ranks, capped
-            # at the steps held) grows Adagrad's squared-gradient state about as k steps would.
-            grads = grads / touches.clamp(min=1, max=self.steps_held).sqrt().unsqueeze(1)
-        rates = torch.stack([k.learning_rate_tensor for k in self.kernels]).to(grads.device)
-        lr = rates.index_select(0, self.kernel_of.index_select(0, touched))
-        weights, state = step_rows(
-            self.optimizer,
-            self.weights.index_select(0, touched),
-            self.state.index_select(0, touched),
-            grads,
-            lr.view(-1, 1),
-            self.eps.index_select(0, touched),
-        )
+    def _apply(self, touched: torch.Tensor, summed: torch.Tensor, touches: torch.Tensor) -> None:  # noqa: ARG002
+        """Steps the touched rows with the gradients summed over ranks (and the held steps).
+
+        Synced every step, this is the synchronous step. Held over k > 1 steps (Adagrad
+        family), the squared-gradient state must grow by the squares of the k synchronous
+        gradients, each a sum over ranks. Each rank knows its own steps exactly (``Q_r``, the
+        sum of its steps' squares, and ``S_r``, its sum); the sync sums ``S = sum S_r`` and
+        ``sum (Q_r - S_r**2)`` and the state grows by ``S**2 + sum (Q_r - S_r**2)`` (at least 0):
+        exactly the k steps' squares when one rank touched the row, and the synchronous step's
+        when k = 1; in between, the cross-rank products of different steps stand in for those
+        of the same step. The step is :func:`~torchrec_het.sharding.row_optim.step_rows_held`.
+        """
+        rates = torch.stack([k.learning_rate_tensor for k in self.kernels]).to(summed.device)
+        lr = rates.index_select(0, self.kernel_of.index_select(0, touched)).view(-1, 1)
+        weight, state = self.weights.index_select(0, touched), self.state.index_select(0, touched)
+        eps = self.eps.index_select(0, touched)
+        if self.holds_squares:
+            grads, beyond = summed[:, : self.dim], summed[:, self.dim :]
+            squares = (squares_of(self.optimizer, grads) + beyond).clamp(min=0)
+            weights, state = step_rows_held(self.optimizer, weight, state, grads, squares, lr, eps)
+        else:
+            weights, state = step_rows(self.optimizer, weight, state, summed, lr, eps)
         self.weights.index_copy_(0, touched, weights)
         self.state.index_copy_(0, touched, state)
         self.drop_held()

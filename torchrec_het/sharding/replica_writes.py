@@ -45,7 +45,8 @@ from torchrec_het.sharding.replica_sync import (
     gather_counts,
     sparse_bytes,
 )
-from torchrec_het.sharding.row_apply import accumulates_squares, apply_row_grads, check_row_local, replica_kernel, row_state
+from torchrec_het.sharding.row_apply import apply_row_grads, check_row_local, replica_kernel, row_state
+from torchrec_het.sharding.row_optim import apply_rows, optimizer_kind, squares_of
 
 
 class ReplicaWrites:
@@ -111,7 +112,12 @@ class ReplicaWrites:
             replica_kernel(m.emb_module, rows[i], dict(self.grouped_configs[i].fused_params or {}))
             for i, m in enumerate(lookup_kernels(self))
         ]
-        self._pending = [torch.zeros(g.hot.numel(), g.dim + 1, device=self._device) for g in self._groups]
+        # per group: held gradients, then (Adagrad family) what each held step adds to the state, then touches
+        self._held_kinds = [self._held_kind(g) for g in self._groups]
+        self._pending = [
+            torch.zeros(g.hot.numel(), g.dim + _square_width(kind, g.dim) + 1, device=self._device)
+            for g, kind in zip(self._groups, self._held_kinds)
+        ]
 
     @property
     def groups(self) -> list[ReplicaGroup]:
@@ -248,9 +254,12 @@ class ReplicaWrites:
         hot = g.is_hot(ids)
         host = g.is_host(ids)
         apply_ids, apply_grads = [ids[~hot & ~host]], [grads[~hot & ~host]]
-        hot_ids, hot_grads = self._combine_hot(index, g, ids[hot], grads[hot], hot_counts)
-        apply_ids.append(hot_ids)
-        apply_grads.append(hot_grads)
+        hot_ids, hot_grads, squares = self._combine_hot(index, g, ids[hot], grads[hot], hot_counts)
+        if squares is None:
+            apply_ids.append(hot_ids)
+            apply_grads.append(hot_grads)
+        else:
+            self._apply(g, hot_ids, hot_grads, squares)
         if self._host_pg is None:  # one host: per-host rows are read from their owners
             apply_ids.append(ids[host])
             apply_grads.append(grads[host])
@@ -263,52 +272,67 @@ class ReplicaWrites:
         self._apply(g, torch.cat(apply_ids), torch.cat(apply_grads))
 
     def _combine_hot(self, index: int, g: ReplicaGroup, ids, grads, counts: list[int]):
-        """Replicated rows: the gradient summed over ranks (now, or every ``replica_sync_every`` steps)."""
+        """Replicated rows: (ids, the gradient summed over ranks, held squares or None), now or every
+        ``replica_sync_every`` steps (nothing in between)."""
         if self._sync_every > 1:
             pending = self._pending[index]
             pos = torch.searchsorted(g.hot, ids)
             pending[pos, : g.dim] += grads
-            pending[pos, g.dim] += 1.0
+            kind = self._held_kinds[index]
+            if kind is not None:  # ids are distinct: each row's gradient of this step
+                pending[pos, g.dim : -1] += squares_of(kind, grads).float()
+            pending[pos, -1] += 1.0
             if self._step % self._sync_every:
-                return ids[:0], grads[:0]
+                return ids[:0], grads[:0], None
             return self._release_pending(index, g)
         if sum(counts) == 0:
-            return ids[:0], grads[:0]
+            return ids[:0], grads[:0], None
         if sparse_bytes(counts, g.dim) <= dense_bytes(g.hot.numel(), g.dim, self._ws):
             self.stats["sparse_syncs"] += 1
-            return combine_sparse(ids, grads, counts, self._pg)
+            return (*combine_sparse(ids, grads, counts, self._pg), None)
         self.stats["dense_syncs"] += 1
         ids, grads, _ = combine_dense(ids, grads, g.hot, self._pg)
-        return ids, grads
+        return ids, grads, None
 
     def _release_pending(self, index: int, g: ReplicaGroup):
         """Sums the held gradients of replicated rows over ranks (sparse over the rows touched
-        since the last sync, or dense over the block, whichever moves fewer bytes) and empties the hold."""
-        pending = self._pending[index]
-        touched_here = (pending[:, g.dim] > 0).nonzero().flatten()
+        since the last sync, or dense over the block, whichever moves fewer bytes) and empties the hold.
+
+        Adagrad family: the state grows by the held steps' squares, as
+        :meth:`~torchrec_het.sharding.replica_store.ReplicaBlock._apply` explains (each rank
+        sends its squares beyond its own sum's; the sum over ranks is added to the square of the
+        summed gradient). Returns (ids, summed gradients, the squares or None).
+        """
+        pending, kind = self._pending[index], self._held_kinds[index]
+        if kind is not None:
+            pending[:, g.dim : -1] -= squares_of(kind, pending[:, : g.dim]).float()
+        touched_here = (pending[:, -1] > 0).nonzero().flatten()
         counts = gather_counts(touched_here.numel(), self._pg)
-        if sparse_bytes(counts, g.dim + 1) <= dense_bytes(g.hot.numel(), g.dim, self._ws):
+        if sparse_bytes(counts, pending.size(1)) <= dense_bytes(g.hot.numel(), pending.size(1) - 1, self._ws):
             self.stats["sparse_syncs"] += 1
             ids, summed = combine_sparse(g.hot[touched_here], pending[touched_here], counts, self._pg)
-            grads, touches = summed[:, : g.dim], summed[:, g.dim]
         else:
             self.stats["dense_syncs"] += 1
             dist.all_reduce(pending, group=self._pg)
-            touched = pending[:, g.dim] > 0
-            ids, grads, touches = g.hot[touched], pending[touched, : g.dim].clone(), pending[touched, g.dim]
+            touched = pending[:, -1] > 0
+            ids, summed = g.hot[touched], pending[touched].clone()
         pending.zero_()
-        if self._accumulates_squares():
-            # k held steps arrive as one sum; 1/sqrt(k) keeps Adagrad's squared-gradient state growing
-            # as over k steps (k counted as touches over ranks, capped at the steps held).
-            grads = grads / touches.clamp(min=1, max=self._sync_every).sqrt().unsqueeze(1)
-        return ids, grads
+        grads = summed[:, : g.dim]
+        if kind is None:
+            return ids, grads, None
+        return ids, grads, (squares_of(kind, grads) + summed[:, g.dim : -1]).clamp(min=0)
 
-    def _accumulates_squares(self) -> bool:
-        return any(accumulates_squares(r) for r in self._replicas)
+    def _held_kind(self, g: ReplicaGroup) -> str | None:
+        """The group's optimizer kind when held gradients carry squares (Adagrad family, synced every k > 1)."""
+        if self._sync_every <= 1:
+            return None
+        kind = optimizer_kind(lookup_kernels(self)[g.tables[0].module_index].emb_module)
+        return kind if kind in ("adagrad", "rowwise_adagrad") else None
 
     @torch.no_grad()
-    def _apply(self, g: ReplicaGroup, ids: torch.Tensor, grads: torch.Tensor) -> None:
-        """One fused-optimizer step per row this rank owns (its shard) or holds (its replica)."""
+    def _apply(self, g: ReplicaGroup, ids: torch.Tensor, grads: torch.Tensor, squares: torch.Tensor | None = None) -> None:
+        """One fused-optimizer step per row this rank owns (its shard) or holds (its replica);
+        with ``squares``, the held-gradient step (:func:`~torchrec_het.sharding.row_optim.apply_rows`)."""
         if ids.numel() == 0:
             return
         tables = g.table_of(ids)
@@ -321,7 +345,9 @@ class ReplicaWrites:
         for module_index in torch.unique(module_of).tolist():
             for kernel, mask in ((lookup_kernels(self)[module_index].emb_module, owned), (self._replicas[module_index], ~owned)):
                 mine = mask & (module_of == module_index)
-                if bool(mine.any()):
+                if bool(mine.any()) and squares is not None:
+                    apply_rows(kernel, table_index[mine], rows[mine], grads[mine], squares[mine])
+                elif bool(mine.any()):
                     apply_row_grads(kernel, table_index[mine], rows[mine], grads[mine])
 
     # --- checkpoints -------------------------------------------------------------------------
@@ -331,8 +357,7 @@ class ReplicaWrites:
         """Applies held gradients of replicated rows (a collective; before a state dict is taken)."""
         if self._sync_every > 1:
             for index, g in enumerate(self._groups):
-                ids, grads = self._release_pending(index, g)
-                self._apply(g, ids, grads)
+                self._apply(g, *self._release_pending(index, g))
         super().flush()
 
     def purge(self) -> None:
@@ -348,3 +373,8 @@ def sum_by_id(ids: list[torch.Tensor], values: list[torch.Tensor]) -> tuple[torc
     uniq, inverse = torch.unique(torch.cat(ids), return_inverse=True)
     rows = torch.cat(values)
     return uniq, torch.zeros(uniq.numel(), rows.size(1), dtype=rows.dtype, device=rows.device).index_add_(0, inverse, rows)
+
+
+def _square_width(kind: str | None, dim: int) -> int:
+    """Columns the held squares of a row take: ``dim`` (Adagrad), 1 (row-wise Adagrad), 0 (none held)."""
+    return {"adagrad": dim, "rowwise_adagrad": 1}.get(kind, 0)

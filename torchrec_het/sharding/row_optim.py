@@ -121,7 +121,8 @@ def _layout(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> _Layout | None:
 
 @torch.no_grad()
 def apply_rows(
-    tbe: SplitTableBatchedEmbeddingBagsCodegen, tables: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor
+    tbe: SplitTableBatchedEmbeddingBagsCodegen, tables: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor,
+    squares: torch.Tensor | None = None,
 ) -> None:
     """One optimizer step of ``tbe``: row ``rows[i]`` of its table ``tables[i]`` gets ``grads[i]``.
 
@@ -133,6 +134,10 @@ def apply_rows(
         tables: int64 ``[n]`` table index within the kernel of each row.
         rows: int64 ``[n]`` row within its table.
         grads: ``[n, dim]`` gradients.
+        squares: held gradients (Adagrad family): what their steps add to the state
+            (:func:`squares_of`, summed; a row's repeats are summed too), stepped by
+            :func:`step_rows_held`. Kernels this module cannot update directly take the sum as
+            one step.
     """
     if rows.numel() == 0:
         return
@@ -162,7 +167,12 @@ def apply_rows(
     width = dim if layout.kind == "adagrad" else 1
     state_starts = layout.state_offsets.index_select(0, tables.index_select(0, first)) + rows.index_select(0, first) * width
     states = _Rows(state, state_starts, width, aligned if layout.kind == "adagrad" else True)
-    weight, momentum = step_rows(layout.kind, weight, states.read(), grad, lr, tbe.optimizer_args.eps)
+    if squares is None:
+        weight, momentum = step_rows(layout.kind, weight, states.read(), grad, lr, tbe.optimizer_args.eps)
+    else:
+        held = torch.zeros(starts.numel(), squares.size(1), dtype=squares.dtype, device=flat.device)
+        held.index_add_(0, inverse, squares)
+        weight, momentum = step_rows_held(layout.kind, weight, states.read(), grad, held, lr, tbe.optimizer_args.eps)
     states.write(momentum)
     weights.write(weight)
 
