@@ -92,7 +92,7 @@ from torchrec_het.config import HetCacheConfig
 from torchrec_het.sharding.exchange import exchange_flat
 from torchrec_het.sharding.het_group import HetGroup
 from torchrec_het.sharding.het_writes import HetWrites, _flatten_rows
-from torchrec_het.sharding.id_space import TableInfo
+from torchrec_het.sharding.id_space import TableInfo, flatten_batch
 from torchrec_het.sharding.row_optim import _buffer, optimizer_kind
 
 STEP_ATTR = "_het_cached_step"  # where the input dist leaves a batch's bookkeeping on its KJT
@@ -105,6 +105,7 @@ class _Read:
     step: int
     lengths: torch.Tensor  # [F, B] bag lengths of the group's features
     weights: torch.Tensor | None  # per-id weights, or None
+    value_bags: torch.Tensor  # bag of every id, the group's features one after the other (f * batch + sample)
     uniq: torch.Tensor  # distinct fused ids of the batch, ascending
     inverse: torch.Tensor  # position in uniq of every id
     by_row: torch.Tensor  # positions of the ids sorted by row (stable): the backward's bags
@@ -260,9 +261,14 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
             at = [a for t in g.tables for a in positions[t.name]]
             g.set_layout(at, [starts[a] for a in at], len(self._features), self._width)
         self._single = len(self._groups) == 1 and self._groups[0].all_features
-        self._value_group = torch.full((len(self._features),), -1, dtype=torch.int64, device=self._compute_device)
+        device = self._compute_device
+        self._value_group = torch.full((len(self._features),), -1, dtype=torch.int64, device=device)
+        self._position_base = torch.zeros(len(self._features), dtype=torch.int64, device=device)  # in its group
+        self._position_local = torch.zeros(len(self._features), dtype=torch.int64, device=device)  # feature of its group
         for index, g in enumerate(self._groups):
             self._value_group[g.positions] = index
+            self._position_base[g.positions] = g.feature_offset
+            self._position_local[g.positions] = torch.arange(g.positions.numel(), device=device)
         self._views = {}
 
     @property
@@ -329,15 +335,15 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
 
     def plan_requests(self, sparse_features: KeyedJaggedTensor) -> _Batch:
         """Requester side of the input dist: the batch's reads, the requests, slots pinned."""
-        if sparse_features.variable_stride_per_key():
-            raise NotImplementedError("het_cached_row_wise does not support variable batch sizes per feature")
         if sparse_features.keys() != self._features:
             raise ValueError(f"het_cached_row_wise lookup expects features {self._features}, got {sparse_features.keys()}")
+        # every group's fused ids at once (each position's base is its table's in its group)
+        bags, values = flatten_batch(sparse_features, self._position_base, "het_cached_row_wise")
         step = self._step
         self._step += 1
         batch = sparse_features.stride()
         lengths = sparse_features.lengths().view(len(self._features), batch)
-        values, weights = sparse_features.values(), sparse_features.weights_or_none()
+        weights = sparse_features.weights_or_none()
         per_feature = lengths.sum(1)
         value_group = None
         if not self._single and self._groups:
@@ -345,13 +351,14 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         reads, ids, held, dest, group, at = [], [], [], [], [], []
         for index, g in enumerate(self._groups):
             if self._single:
-                gids, w, lens, counts = values, weights, lengths, per_feature
+                gids, gbags, w, lens, counts = values, bags, weights, lengths, per_feature
             else:
                 chosen = (value_group == index).nonzero().flatten()
-                gids = values.index_select(0, chosen)
+                gids, gbags = values.index_select(0, chosen), bags.index_select(0, chosen)
+                gbags = self._position_local.index_select(0, gbags // batch) * batch + gbags % batch
                 w = weights.index_select(0, chosen) if weights is not None else None
                 lens, counts = lengths.index_select(0, g.positions), per_feature.index_select(0, g.positions)
-            read = self._plan_read(g, gids, w, lens, counts, step)
+            read = self._plan_read(g, gids, gbags, w, lens, counts, step)
             slots = g.cache.slots_of(read.uniq.index_select(0, read.remote), check=False)
             read.asked = self._asked(g, slots, step)
             asked_slots = slots.index_select(0, read.asked)
@@ -371,15 +378,14 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         pick = lambda parts: torch.cat([empty] + parts).index_select(0, order)  # noqa: E731
         return _Batch(step, batch, reads, pick(ids), pick(held), dest_all.index_select(0, order), pick(group), pick(at))
 
-    def _plan_read(self, g: HetGroup, values, weights, lengths, counts, step: int) -> _Read:
-        ids = values.long() + torch.repeat_interleave(g.feature_offset, counts, output_size=values.numel())
+    def _plan_read(self, g: HetGroup, ids, bags, weights, lengths, counts, step: int) -> _Read:
         sorted_ids, by_row = torch.sort(ids, stable=True)
         uniq, sorted_inverse, uses = torch.unique_consecutive(sorted_ids, return_inverse=True, return_counts=True)
         inverse = torch.empty_like(sorted_inverse).index_copy_(0, by_row, sorted_inverse)
         owned = g.owner_of(uniq) == self._rank
         local, remote = owned.nonzero().flatten(), (~owned).nonzero().flatten()
         tables = g.table_of(uniq)
-        read = _Read(step, lengths, weights, uniq, inverse, by_row, uses, tables, local, remote)
+        read = _Read(step, lengths, weights, bags, uniq, inverse, by_row, uses, tables, local, remote)
         remote_tables = tables.index_select(0, remote)
         g.stats.add_per_table("lookups", torch.zeros(len(g.tables), dtype=torch.int64, device=self._compute_device).index_add_(
             0, g.feature_table, counts))
@@ -713,7 +719,7 @@ def _sample_major(read: _Read) -> None:
     n = read.inverse.numel()
     device = read.inverse.device
     lengths = read.lengths.reshape(-1)
-    by_feature = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths, output_size=n)
+    by_feature = read.value_bags
     bags = by_feature % batch * features + by_feature // batch
     starts = _bag_offsets(read.lengths.t())  # of the sample-major bags
     position = starts.index_select(0, bags) + torch.arange(n, device=device) - _bag_offsets(lengths).index_select(

@@ -2,13 +2,15 @@
 
 Fusing tables that share a dimension (table t's row r is id ``offsets[t] + r``) lets a
 lookup run one unique, one bucketing and one exchange per step for all of them.
-Both plugin lookups (the HET cache and the row-replicated type) build on this.
+Both plugin lookups (the HET cache and the row-replicated type) build on this, and
+their input dists turn a batch into (bag, fused id) per value with :func:`flatten_batch`.
 """
 
 from dataclasses import dataclass
 
 import torch
 from torchrec.modules.embedding_configs import PoolingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,20 @@ class FusedIdSpace:
             mine = tables == i
             out[mine] = weights[i][rows[mine]].float()
         return out
+
+
+def flatten_batch(
+    features: KeyedJaggedTensor, position_base: torch.Tensor, type_name: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bag of every value, as ``position * batch + sample``; its id, the value plus
+    ``position_base[position]``) of a batch with one batch size; positions are the KJT's keys
+    in order. NotImplementedError naming ``type_name`` for variable batch sizes per feature."""
+    if features.variable_stride_per_key():
+        raise NotImplementedError(f"{type_name} does not support variable batch sizes per feature")
+    lengths, values, n = features.lengths(), features.values(), features.values().numel()
+    bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=n)
+    per_position = lengths.view(len(features.keys()), features.stride()).sum(1)  # cheaper than indexing by bags // batch
+    return bags, values.long() + torch.repeat_interleave(position_base, per_position, output_size=n)
 
 
 def tensors_to(obj, device: torch.device | str):

@@ -12,7 +12,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het._compat import lookup_kernels, sharding_lookup_arguments
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.replication.tiers import hottest_rows
-from torchrec_het.sharding.id_space import TableInfo, members, tensors_to
+from torchrec_het.sharding.id_space import TableInfo, flatten_batch, members, tensors_to
 from torchrec_het.sharding.replica_group import ReplicaGroup
 from torchrec_het.sharding.replica_store import ReplicaBlock, optimizer_name, owned_rows
 
@@ -70,13 +70,9 @@ class IdLayout:
         bucket = torch.bucketize(ids, self.owner_ends, right=True)
         return torch.where(is_hot, pos, -1), bucket % self.world_size, ids - self.bucket_start[bucket]
 
-    def ids_of(self, features: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(bag of every value, as position * batch + sample; its global id) of a batch with one batch size."""
-        if features.variable_stride_per_key():
-            raise NotImplementedError("het_row_replicated does not support variable batch sizes per feature")
-        lengths = features.lengths().long()
-        bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
-        return bags, features.values().long() + self.position_base[bags // features.stride()]
+    def flatten(self, features: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(bag of every value, as position * batch + sample; its global id): :func:`flatten_batch`."""
+        return flatten_batch(features, self.position_base, "het_row_replicated")
 
     def hot_of(self, hot_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per replica block: (indexes of the values it serves, their rows in the block)."""
@@ -240,7 +236,7 @@ class ReplicaHolder:
         if features.variable_stride_per_key():
             raise ValueError("samples_read_here needs one batch size for every feature")
         batch, device = features.stride(), features.device()
-        bags, ids = self.layout.ids_of(features.to(self._device))
+        bags, ids = self.layout.flatten(features.to(self._device))
         hot_pos, owner, _ = self.layout.route(ids)
         remote = (hot_pos < 0) & (owner != self._rank)
         return (torch.bincount(bags[remote] % batch, minlength=batch) == 0).to(device)

@@ -112,7 +112,7 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         layout, batch = self.layout, sparse_features.stride()
-        bags, ids = layout.ids_of(sparse_features)
+        bags, ids = layout.flatten(sparse_features)
         weights = sparse_features.weights_or_none()
         if self.observe is not None:
             self.observe(ids)  # replica syncs move on; online profile: counts, at its end new hot rows

@@ -63,7 +63,7 @@ class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         layout = self.layout
-        bags, ids = layout.ids_of(sparse_features)
+        bags, ids = layout.flatten(sparse_features)
         positions = bags // sparse_features.stride()
         if self.observe is not None:
             self.observe(ids)
