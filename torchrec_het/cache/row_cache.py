@@ -24,11 +24,14 @@ class PendingRows:
         ids: int64 ``[n]`` row ids in the table's global id space.
         grads: ``[n, dim]`` sum of the gradients accumulated since the last push.
         counts: int64 ``[n]`` updates (``accumulate`` calls) folded into ``grads``.
+        squares: what those updates add to an Adagrad-family state (their gradients' squares,
+            summed: ``[n, width]``), where the cache holds squares; else None.
     """
 
     ids: torch.Tensor
     grads: torch.Tensor
     counts: torch.Tensor
+    squares: torch.Tensor | None = None
 
     @staticmethod
     def empty(dim: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> "PendingRows":
@@ -46,8 +49,14 @@ class PendingRows:
         """All parts, one after the other (the parts share one dim; at least one part)."""
         if not parts:
             raise ValueError("PendingRows.concat needs at least one part (use PendingRows.empty)")
+        with_squares = [p for p in parts if p.squares is not None]
+        squares = None
+        if with_squares:  # a part without squares holds one update per row: its square is its gradient's
+            width = with_squares[0].squares.size(1)
+            squares = torch.cat([p.squares if p.squares is not None else _one_update_squares(p.grads, width) for p in parts])
         return PendingRows(
-            torch.cat([p.ids for p in parts]), torch.cat([p.grads for p in parts]), torch.cat([p.counts for p in parts])
+            torch.cat([p.ids for p in parts]), torch.cat([p.grads for p in parts]), torch.cat([p.counts for p in parts]),
+            squares,
         )
 
 
@@ -128,6 +137,7 @@ class RowCache:
         self.versions = torch.zeros(total, dtype=torch.int64, device=device)
         self.validated_step = torch.zeros(total, dtype=torch.int64, device=device)
         self.pending_count = torch.zeros(total, dtype=torch.int64, device=device)
+        self.pending_squares = torch.zeros(total, 0, dtype=dtype, device=device)  # see :meth:`hold_squares`
         self.last_used = torch.zeros(total, dtype=torch.int64, device=device)
         self.frequency = torch.zeros(total, dtype=torch.int64, device=device)
         self.slot_ids = torch.full((total,), -1, dtype=torch.int64, device=device)
@@ -135,6 +145,15 @@ class RowCache:
         self._slot_of = torch.full((num_rows,), -1, dtype=map_dtype, device=device)
         self._protected = torch.zeros(total, dtype=torch.bool, device=device)
         self._reset_eviction()
+
+    def hold_squares(self, width: int) -> None:
+        """Keeps, per slot, the summed squares of its pending gradients (``width``: ``dim`` for
+        Adagrad, 1 for row-wise Adagrad), so a push of k updates can grow the owner's state as
+        k steps would. Call before the first :meth:`accumulate`."""
+        if self.pending_squares.size(1) != width:
+            if bool(self.pending_count.any()):
+                raise RuntimeError("hold_squares() must come before the first accumulate()")
+            self.pending_squares = torch.zeros(self.capacity, width, dtype=self.values.dtype, device=self.device)
 
     def _reset_eviction(self) -> None:
         partitions = self.partition_capacity.numel()
@@ -345,7 +364,8 @@ class RowCache:
         self._slot_of.index_copy_(0, ids, slots.to(self._slot_of.dtype))
         self.versions.index_copy_(0, slots, versions.index_select(0, positions).to(torch.int64))
         for tensor, value in ((self.validated_step, step), (self.last_used, step), (self.frequency, 1),
-                              (self.pending_grad, 0), (self.pending_delta, 0), (self.pending_count, 0)):
+                              (self.pending_grad, 0), (self.pending_delta, 0), (self.pending_count, 0),
+                              (self.pending_squares, 0)):
             tensor.index_fill_(0, slots, value)
         early = self._before_bound(self._keys(slots), slots, self._partition_of_slot(slots))
         self._candidates = torch.cat([self._candidates, slots[early]])  # e.g. LFU's fresh rows
@@ -384,6 +404,7 @@ class RowCache:
             self.slot_ids.index_select(0, dirty),
             self.pending_grad.index_select(0, dirty),
             self.pending_count.index_select(0, dirty),
+            self._squares_of_slots(dirty),
         )
         self._slot_of.index_fill_(0, self.slot_ids.index_select(0, slots), -1)
         self.slot_ids.index_fill_(0, slots, -1)
@@ -400,9 +421,15 @@ class RowCache:
         """The owner confirmed at ``step`` that the cached copy is within the bound."""
         self.validated_step.index_fill_(0, slots, step)
 
-    def accumulate(self, slots: torch.Tensor, grads: torch.Tensor, deltas: torch.Tensor) -> None:
-        """Adds a gradient to each (distinct, occupied) slot and applies the local update ``deltas``."""
+    def accumulate(self, slots: torch.Tensor, grads: torch.Tensor, deltas: torch.Tensor,
+                   squares: torch.Tensor | None = None) -> None:
+        """Adds a gradient to each (distinct, occupied) slot and applies the local update ``deltas``
+        (``squares``: the gradients' squares, where the cache holds them)."""
         dtype = self.values.dtype
+        if self.pending_squares.size(1):
+            if squares is None:
+                raise ValueError("this cache holds squares: accumulate() needs them")
+            self.pending_squares.index_add_(0, slots, squares.to(dtype))
         self.pending_grad.index_add_(0, slots, grads.to(dtype))
         self.pending_count.index_add_(0, slots, torch.ones_like(slots, dtype=torch.int64))
         self.values.index_add_(0, slots, deltas.to(dtype))
@@ -426,10 +453,16 @@ class RowCache:
         """The pending updates of these (distinct, occupied) slots, in ascending id order; their pending is reset."""
         ids, order = torch.sort(self.slot_ids.index_select(0, slots))
         slots = slots.index_select(0, order)
-        out = PendingRows(ids, self.pending_grad.index_select(0, slots), self.pending_count.index_select(0, slots))
-        for tensor in (self.pending_grad, self.pending_delta, self.pending_count):
+        out = PendingRows(
+            ids, self.pending_grad.index_select(0, slots), self.pending_count.index_select(0, slots),
+            self._squares_of_slots(slots),
+        )
+        for tensor in (self.pending_grad, self.pending_delta, self.pending_count, self.pending_squares):
             tensor.index_fill_(0, slots, 0)
         return out
+
+    def _squares_of_slots(self, slots: torch.Tensor) -> torch.Tensor | None:
+        return self.pending_squares.index_select(0, slots) if self.pending_squares.size(1) else None
 
     def take_all(self) -> PendingRows:
         """Every row with pending updates (a flush)."""
@@ -441,7 +474,7 @@ class RowCache:
         self.slot_ids.fill_(-1)
         for tensor in (
             self.values, self.pending_grad, self.pending_delta, self.versions, self.validated_step,
-            self.pending_count, self.last_used, self.frequency,
+            self.pending_count, self.last_used, self.frequency, self.pending_squares,
         ):
             tensor.zero_()
         self._reset_eviction()
@@ -450,9 +483,15 @@ class RowCache:
         """Bytes held by the cached rows, their metadata and the id -> slot map."""
         tensors = (
             self.values, self.pending_grad, self.pending_delta, self.versions, self.validated_step,
-            self.pending_count, self.last_used, self.frequency, self.slot_ids, self._slot_of,
+            self.pending_count, self.last_used, self.frequency, self.slot_ids, self._slot_of, self.pending_squares,
         )
         return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _one_update_squares(grads: torch.Tensor, width: int) -> torch.Tensor:
+    """Squares of rows that hold one update each (their gradient is that update's)."""
+    squares = grads * grads
+    return squares if width == grads.size(1) else squares.sum(1, keepdim=True) / grads.size(1)
 
 
 def _ranges(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from torchrec_het._compat import lookup_kernels
 from torchrec_het.cache import PendingRows
 from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
 from torchrec_het.sharding.het_group import HetGroup
-from torchrec_het.sharding.row_optim import apply_rows, optimizer_kind
+from torchrec_het.sharding.row_optim import apply_rows, optimizer_kind, square_width, squares_of
 
 if TYPE_CHECKING:
     from torchrec_het.sharding.het_lookup import _Batch
@@ -48,7 +48,9 @@ class HetWrites:
             slots = read.slots.index_select(0, cached)
             cached_grad = grad.index_select(0, read.remote.index_select(0, cached))
             lr = self._learning_rates(g).index_select(0, read.tables.index_select(0, read.remote.index_select(0, cached)))
-            g.cache.accumulate(slots, cached_grad, -lr.unsqueeze(1) * cached_grad)
+            kind = self._held_kind(g)
+            squares = squares_of(kind, cached_grad) if kind is not None else None
+            g.cache.accumulate(slots, cached_grad, -lr.unsqueeze(1) * cached_grad, squares)
             due = g.cache.take(read.due)
             pending = PendingRows.concat([
                 PendingRows(read.uniq.index_select(0, read.local), grad.index_select(0, read.local),
@@ -60,16 +62,16 @@ class HetWrites:
             ])
             dest = g.owner_of(pending.ids)
             g.stats.add("rows_pushed", g.table_of(pending.ids[dest != self._rank]))
-            packed.append(_pack_push(pending))
+            packed.append(_pack_push(pending, self._held_kind(g)))
             keys.append(dest * len(self._groups) + index)
-            widths.append(torch.full_like(dest, _PUSH_HEAD + g.dim))
+            widths.append(torch.full_like(dest, self._push_width(g)))
         key, width = torch.cat(keys), torch.cat(widths)
         order = torch.sort(key, stable=True).indices  # by owner, then group
         flat = _flatten_rows(packed, order, width)
         send = torch.bincount(key // len(self._groups), width, minlength=ws).long()
         if step.pull_counts is None:  # fetched ahead: the push counts go out now
             step.pull_counts = exchange_counts(step.push_counts[:, : len(self._groups)], self._exchange_pg)
-        recv = (step.pull_counts * (self._dims + _PUSH_HEAD)).sum(1)
+        recv = (step.pull_counts * self._push_widths()).sum(1)
         send_list, recv_list = torch.stack([send, recv]).tolist()  # the backward's one host sync
         received = flat.new_empty(sum(recv_list))
         work = dist.all_to_all_single(received, flat, recv_list, send_list, group=self._exchange_pg, async_op=True)
@@ -84,22 +86,47 @@ class HetWrites:
         work.wait()
         groups = len(self._groups)
         if groups == 1:
-            self._apply_packed(self._groups[0], received.view(-1, _PUSH_HEAD + self._groups[0].dim))
+            self._apply_packed(self._groups[0], received.view(-1, self._push_width(self._groups[0])))
             return
         row_group = torch.repeat_interleave(
             torch.arange(groups, device=self._compute_device).repeat(self._ws), pull_counts.reshape(-1)
         )
-        width = self._dims.index_select(0, row_group) + _PUSH_HEAD
+        width = self._push_widths().index_select(0, row_group)
         start = torch.cumsum(width, 0) - width
         for index, g in enumerate(self._groups):
             mine = (row_group == index).nonzero().flatten()
-            at = start.index_select(0, mine).unsqueeze(1) + torch.arange(_PUSH_HEAD + g.dim, device=self._compute_device)
-            self._apply_packed(g, received.index_select(0, at.reshape(-1)).view(-1, _PUSH_HEAD + g.dim))
+            at = start.index_select(0, mine).unsqueeze(1) + torch.arange(self._push_width(g), device=self._compute_device)
+            self._apply_packed(g, received.index_select(0, at.reshape(-1)).view(-1, self._push_width(g)))
 
     def _apply_packed(self, g: HetGroup, rows: torch.Tensor) -> None:
-        ids = rows[:, :2].contiguous().view(torch.int64).view(-1)
-        updates = rows[:, 2:4].contiguous().view(torch.int64).view(-1)
-        self._apply(g, ids, rows[:, 4:], updates)
+        # fresh contiguous copies: a row of odd width (row-wise Adagrad's one square) has an odd stride
+        ids = rows[:, :2].clone(memory_format=torch.contiguous_format).view(torch.int64).view(-1)
+        updates = rows[:, 2:4].clone(memory_format=torch.contiguous_format).view(torch.int64).view(-1)
+        grads, beyond = rows[:, _PUSH_HEAD : _PUSH_HEAD + g.dim], rows[:, _PUSH_HEAD + g.dim :]
+        self._apply(g, ids, grads, updates, beyond if beyond.size(1) else None)
+
+    def _held_kind(self, g: HetGroup) -> str | None:
+        """The group's optimizer kind when its pushes carry squares (the Adagrad family), else None.
+
+        The first call makes the group's cache keep its pending gradients' squares."""
+        kinds = getattr(self, "_held_kinds", None)
+        if kinds is None:
+            kinds = self._held_kinds = {}
+        index = self._groups.index(g)
+        if index not in kinds:
+            found = {optimizer_kind(lookup_kernels(self)[m].emb_module) for m in g.modules}
+            kind = found.pop() if len(found) == 1 else None
+            kinds[index] = kind if kind in ("adagrad", "rowwise_adagrad") else None
+            if kinds[index] is not None:
+                g.cache.hold_squares(square_width(kinds[index], g.dim))
+        return kinds[index]
+
+    def _push_width(self, g: HetGroup) -> int:
+        """Floats of one pushed row of the group: the head, the gradient, its held squares (Adagrad family)."""
+        return _PUSH_HEAD + g.dim + square_width(self._held_kind(g), g.dim)
+
+    def _push_widths(self) -> torch.Tensor:
+        return torch.tensor([self._push_width(g) for g in self._groups], device=self._compute_device)
 
     def _requeue(self, step: "_Batch") -> None:
         """A settled batch got no backward: the dirty rows it was to push wait for the next push."""
@@ -137,24 +164,27 @@ class HetWrites:
 
     def _push_now(self, g: HetGroup, pending: PendingRows) -> None:
         """Sends pending gradients to their owners and applies them (a counts exchange, then the rows)."""
-        ws, width = self._ws, _PUSH_HEAD + g.dim
+        ws, width = self._ws, self._push_width(g)
         dest = g.owner_of(pending.ids)
         order = torch.sort(dest, stable=True).indices
         counts = torch.bincount(dest, minlength=ws)
         recv_counts = exchange_counts(counts.view(ws, 1), self._exchange_pg).view(ws)
         send, recv = torch.stack([counts, recv_counts]).tolist()
-        packed = _pack_push(pending).index_select(0, order)
+        packed = _pack_push(pending, self._held_kind(g)).index_select(0, order)
         received = exchange_flat(packed.view(-1), [c * width for c in send], [c * width for c in recv],
                                  self._exchange_pg)
         g.stats.add("rows_pushed", g.table_of(pending.ids[dest != self._rank]))
         self._apply_packed(g, received.view(-1, width))
 
     @torch.no_grad()
-    def _apply(self, g: HetGroup, ids: torch.Tensor, grads: torch.Tensor, updates: torch.Tensor) -> None:
+    def _apply(self, g: HetGroup, ids: torch.Tensor, grads: torch.Tensor, updates: torch.Tensor,
+               beyond: torch.Tensor | None = None) -> None:
         """Owner side: one fused-optimizer step per owned row with the summed gradient; versions move on.
 
-        A pushed sum of k > 1 held-back gradients is scaled by 1/sqrt(k) for Adagrad-family
-        optimizers so their squared-gradient state grows as it would over k steps.
+        Adagrad family: a push of k held updates carries their squares beyond the square of
+        their sum (``beyond``), so the row's state grows as the k steps would have grown it
+        (pushes of one update each, from several ranks in one step, add up to the synchronous
+        step): :func:`~torchrec_het.sharding.row_optim.apply_rows`.
         """
         if ids.numel() == 0:
             return
@@ -162,29 +192,28 @@ class HetWrites:
         rows = g.local_rows(ids, tables)
         for module_index in g.modules:
             tbe = lookup_kernels(self)[module_index].emb_module
-            step, mine_rows, mine_tables = grads, rows, tables
-            mine_updates = updates
+            step, mine_rows, mine_tables, mine_beyond = grads, rows, tables, beyond
             if len(g.modules) > 1:
                 mine = (g.table_module.index_select(0, tables) == module_index).nonzero().flatten()
                 step, mine_rows = grads.index_select(0, mine), rows.index_select(0, mine)
-                mine_tables, mine_updates = tables.index_select(0, mine), updates.index_select(0, mine)
-            if optimizer_kind(tbe) != "sgd":
-                # k held-back gradients g_i arrive as their sum. Adagrad-family state adds the
-                # square of what it is given: the sum would add (sum g_i)^2 ~ k^2 g^2 where k
-                # separate steps add k g^2, and the row would learn ever slower. Sending
-                # sum / sqrt(k) adds exactly k g^2 when the parts are equal; k = 1 is unchanged.
-                step = step / mine_updates.clamp(min=1).double().sqrt().to(step.dtype).unsqueeze(1)
-            apply_rows(tbe, g.kernel_table.index_select(0, mine_tables), mine_rows, step)
+                mine_tables = tables.index_select(0, mine)
+                mine_beyond = beyond.index_select(0, mine) if beyond is not None else None
+            apply_rows(tbe, g.kernel_table.index_select(0, mine_tables), mine_rows, step, mine_beyond)
         g.versions.index_add_(0, g.local_index_of(ids), updates)
         g.stats.add_mass("grad_applied", tables, grads)
 
 
-def _pack_push(pending: PendingRows) -> torch.Tensor:
-    """``[n, 4 + dim]`` float32 rows: id and update count as int64 bit patterns, then the gradient."""
-    return torch.cat(
-        [pending.ids.view(torch.float32).view(-1, 2), pending.counts.view(torch.float32).view(-1, 2),
-         pending.grads.float()], 1
-    )
+def _pack_push(pending: PendingRows, kind: str | None = None) -> torch.Tensor:
+    """``[n, 4 + dim (+ w)]`` float32 rows: id and update count as int64 bit patterns, the gradient,
+    and (Adagrad family, ``kind``) its updates' squares beyond the square of their sum (``w`` wide)."""
+    parts = [pending.ids.view(torch.float32).view(-1, 2), pending.counts.view(torch.float32).view(-1, 2),
+             pending.grads.float()]
+    if kind is not None:  # a row of one update has none beyond (exactly: the synchronous step stays bit-exact)
+        squares = pending.squares if pending.squares is not None else squares_of(kind, pending.grads)
+        beyond = (squares.double() - squares_of(kind, pending.grads).double()).float()
+        parts.append(torch.where(pending.counts.unsqueeze(1) > 1, beyond, 0.0))
+    return torch.cat(parts, 1)
+
 
 
 def _flatten_rows(parts: list[torch.Tensor], order: torch.Tensor, width: torch.Tensor) -> torch.Tensor:

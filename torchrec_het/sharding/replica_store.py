@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
-from torchrec_het.sharding.row_optim import _buffer, optimizer_kind, squares_of, step_rows, step_rows_held
+from torchrec_het.sharding.row_optim import _buffer, optimizer_kind, square_width, squares_of, step_rows, step_rows_held
 
 
 def optimizer_name(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
@@ -85,8 +85,7 @@ class ReplicaBlock:
         self.pending = torch.zeros(rows, dim, device=device)  # summed gradients held
         # syncing every k > 1 steps with an Adagrad-family optimizer: what each held step adds to the state
         self.holds_squares = optimizer != "sgd" and sync_every > 1
-        width = dim if optimizer == "adagrad" else 1
-        self.squares = torch.zeros(rows, width if self.holds_squares else 0, device=device)
+        self.squares = torch.zeros(rows, square_width(optimizer, dim) if self.holds_squares else 0, device=device)
         self.touches = torch.zeros(rows, device=device)  # how many bags read each row since the last sync
         self.steps_held = 0
         self._touches = None  # the started all-reduce of touch counts, and its buffer

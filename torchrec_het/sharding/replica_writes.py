@@ -46,7 +46,7 @@ from torchrec_het.sharding.replica_sync import (
     sparse_bytes,
 )
 from torchrec_het.sharding.row_apply import apply_row_grads, check_row_local, replica_kernel, row_state
-from torchrec_het.sharding.row_optim import apply_rows, optimizer_kind, squares_of
+from torchrec_het.sharding.row_optim import apply_rows, optimizer_kind, square_width, squares_of
 
 
 class ReplicaWrites:
@@ -115,7 +115,7 @@ class ReplicaWrites:
         # per group: held gradients, then (Adagrad family) what each held step adds to the state, then touches
         self._held_kinds = [self._held_kind(g) for g in self._groups]
         self._pending = [
-            torch.zeros(g.hot.numel(), g.dim + _square_width(kind, g.dim) + 1, device=self._device)
+            torch.zeros(g.hot.numel(), g.dim + square_width(kind, g.dim) + 1, device=self._device)
             for g, kind in zip(self._groups, self._held_kinds)
         ]
 
@@ -254,12 +254,12 @@ class ReplicaWrites:
         hot = g.is_hot(ids)
         host = g.is_host(ids)
         apply_ids, apply_grads = [ids[~hot & ~host]], [grads[~hot & ~host]]
-        hot_ids, hot_grads, squares = self._combine_hot(index, g, ids[hot], grads[hot], hot_counts)
-        if squares is None:
+        hot_ids, hot_grads, beyond = self._combine_hot(index, g, ids[hot], grads[hot], hot_counts)
+        if beyond is None:
             apply_ids.append(hot_ids)
             apply_grads.append(hot_grads)
         else:
-            self._apply(g, hot_ids, hot_grads, squares)
+            self._apply(g, hot_ids, hot_grads, beyond)
         if self._host_pg is None:  # one host: per-host rows are read from their owners
             apply_ids.append(ids[host])
             apply_grads.append(grads[host])
@@ -272,7 +272,7 @@ class ReplicaWrites:
         self._apply(g, torch.cat(apply_ids), torch.cat(apply_grads))
 
     def _combine_hot(self, index: int, g: ReplicaGroup, ids, grads, counts: list[int]):
-        """Replicated rows: (ids, the gradient summed over ranks, held squares or None), now or every
+        """Replicated rows: (ids, the gradient summed over ranks, held squares beyond its square or None), now or every
         ``replica_sync_every`` steps (nothing in between)."""
         if self._sync_every > 1:
             pending = self._pending[index]
@@ -301,7 +301,7 @@ class ReplicaWrites:
         Adagrad family: the state grows by the held steps' squares, as
         :meth:`~torchrec_het.sharding.replica_store.ReplicaBlock._apply` explains (each rank
         sends its squares beyond its own sum's; the sum over ranks is added to the square of the
-        summed gradient). Returns (ids, summed gradients, the squares or None).
+        summed gradient). Returns (ids, summed gradients, their squares beyond the square of the sum, or None).
         """
         pending, kind = self._pending[index], self._held_kinds[index]
         if kind is not None:
@@ -318,9 +318,7 @@ class ReplicaWrites:
             ids, summed = g.hot[touched], pending[touched].clone()
         pending.zero_()
         grads = summed[:, : g.dim]
-        if kind is None:
-            return ids, grads, None
-        return ids, grads, (squares_of(kind, grads) + summed[:, g.dim : -1]).clamp(min=0)
+        return ids, grads, (summed[:, g.dim : -1] if kind is not None else None)
 
     def _held_kind(self, g: ReplicaGroup) -> str | None:
         """The group's optimizer kind when held gradients carry squares (Adagrad family, synced every k > 1)."""
@@ -330,9 +328,9 @@ class ReplicaWrites:
         return kind if kind in ("adagrad", "rowwise_adagrad") else None
 
     @torch.no_grad()
-    def _apply(self, g: ReplicaGroup, ids: torch.Tensor, grads: torch.Tensor, squares: torch.Tensor | None = None) -> None:
+    def _apply(self, g: ReplicaGroup, ids: torch.Tensor, grads: torch.Tensor, beyond: torch.Tensor | None = None) -> None:
         """One fused-optimizer step per row this rank owns (its shard) or holds (its replica);
-        with ``squares``, the held-gradient step (:func:`~torchrec_het.sharding.row_optim.apply_rows`)."""
+        with ``beyond``, the held-gradient step (:func:`~torchrec_het.sharding.row_optim.apply_rows`)."""
         if ids.numel() == 0:
             return
         tables = g.table_of(ids)
@@ -345,8 +343,8 @@ class ReplicaWrites:
         for module_index in torch.unique(module_of).tolist():
             for kernel, mask in ((lookup_kernels(self)[module_index].emb_module, owned), (self._replicas[module_index], ~owned)):
                 mine = mask & (module_of == module_index)
-                if bool(mine.any()) and squares is not None:
-                    apply_rows(kernel, table_index[mine], rows[mine], grads[mine], squares[mine])
+                if bool(mine.any()) and beyond is not None:
+                    apply_rows(kernel, table_index[mine], rows[mine], grads[mine], beyond[mine])
                 elif bool(mine.any()):
                     apply_row_grads(kernel, table_index[mine], rows[mine], grads[mine])
 
@@ -374,7 +372,3 @@ def sum_by_id(ids: list[torch.Tensor], values: list[torch.Tensor]) -> tuple[torc
     rows = torch.cat(values)
     return uniq, torch.zeros(uniq.numel(), rows.size(1), dtype=rows.dtype, device=rows.device).index_add_(0, inverse, rows)
 
-
-def _square_width(kind: str | None, dim: int) -> int:
-    """Columns the held squares of a row take: ``dim`` (Adagrad), 1 (row-wise Adagrad), 0 (none held)."""
-    return {"adagrad": dim, "rowwise_adagrad": 1}.get(kind, 0)

@@ -122,7 +122,7 @@ def _layout(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> _Layout | None:
 @torch.no_grad()
 def apply_rows(
     tbe: SplitTableBatchedEmbeddingBagsCodegen, tables: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor,
-    squares: torch.Tensor | None = None,
+    beyond: torch.Tensor | None = None,
 ) -> None:
     """One optimizer step of ``tbe``: row ``rows[i]`` of its table ``tables[i]`` gets ``grads[i]``.
 
@@ -134,10 +134,12 @@ def apply_rows(
         tables: int64 ``[n]`` table index within the kernel of each row.
         rows: int64 ``[n]`` row within its table.
         grads: ``[n, dim]`` gradients.
-        squares: held gradients (Adagrad family): what their steps add to the state
-            (:func:`squares_of`, summed; a row's repeats are summed too), stepped by
-            :func:`step_rows_held`. Kernels this module cannot update directly take the sum as
-            one step.
+        beyond: held gradients (Adagrad family): per entry, its steps' summed squares minus the
+            square of its sum (:func:`squares_of`; 0 for one step). A row's state then grows by
+            the square of its summed gradient plus its entries' ``beyond`` (at least 0), and it
+            is stepped by :func:`step_rows_held`: held updates from one holder count as the
+            steps they were, entries from several holders as one synchronous step. Kernels this
+            module cannot update directly take the sum as one step.
     """
     if rows.numel() == 0:
         return
@@ -167,11 +169,11 @@ def apply_rows(
     width = dim if layout.kind == "adagrad" else 1
     state_starts = layout.state_offsets.index_select(0, tables.index_select(0, first)) + rows.index_select(0, first) * width
     states = _Rows(state, state_starts, width, aligned if layout.kind == "adagrad" else True)
-    if squares is None:
+    if beyond is None:
         weight, momentum = step_rows(layout.kind, weight, states.read(), grad, lr, tbe.optimizer_args.eps)
     else:
-        held = torch.zeros(starts.numel(), squares.size(1), dtype=squares.dtype, device=flat.device)
-        held.index_add_(0, inverse, squares)
+        held = torch.zeros(starts.numel(), beyond.size(1), dtype=torch.float64, device=flat.device)
+        held = (held.index_add_(0, inverse, beyond.double()) + squares_of(layout.kind, grad)).clamp(min=0)
         weight, momentum = step_rows_held(layout.kind, weight, states.read(), grad, held, lr, tbe.optimizer_args.eps)
     states.write(momentum)
     weights.write(weight)
@@ -211,6 +213,11 @@ def step_rows(
         raise ValueError(f"no row update for optimizer {kind!r}")
     momentum = state + (grad * grad).sum(1, keepdim=True) / grad.size(1)
     return weight - grad * (lr / (momentum.sqrt() + _as(eps, torch.float32))), momentum
+
+
+def square_width(kind: str | None, dim: int) -> int:
+    """Floats of a row's squared-gradient state: ``dim`` (Adagrad), 1 (row-wise Adagrad), 0 (SGD, None)."""
+    return {"adagrad": dim, "rowwise_adagrad": 1}.get(kind, 0)
 
 
 def squares_of(kind: str, grad: torch.Tensor) -> torch.Tensor | None:
@@ -287,4 +294,4 @@ class _Rows:
         else:
             self.flat[self.index] = values
 
-__all__ = ["KINDS", "apply_rows", "optimizer_kind", "squares_of", "step_rows", "step_rows_held"]
+__all__ = ["KINDS", "apply_rows", "optimizer_kind", "square_width", "squares_of", "step_rows", "step_rows_held"]

@@ -1,0 +1,18 @@
+"""HET pushes of k held updates keep Adagrad honest: the owner's state grows as k steps would."""
+
+import pytest
+
+from torchrec_het.testing.het_held_ranks import run_world
+from torchrec_het.testing.spawn import spawn_world
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> list[dict]:
+    return spawn_world(run_world, 2, tmp_path_factory.mktemp("het_held"))
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "rowwise_adagrad"])
+def test_a_push_of_k_held_updates_grows_the_owner_state_as_k_steps(world: list[dict], optimizer: str) -> None:
+    r = world[0][optimizer]
+    assert r["state_vs_steps"] < 1e-5, r
+    assert r["square_of_sum_vs_steps"] > 1e-2, r  # the rule it replaces is measurably off here
