@@ -128,11 +128,6 @@ class HetGroup(FusedIdSpace):
         tables = self.table_of(ids)
         return ids - self.offsets[tables] - self.local_starts[tables] + self.local_offsets[tables]
 
-    def bag_divisors_of(self, lengths: torch.Tensor) -> torch.Tensor:
-        """``[features, batch, 1]`` divisor of every bag: its length for mean pooling, else 1."""
-        mean = self.feature_is_mean.unsqueeze(1).expand_as(lengths)
-        return torch.where(mean, lengths.clamp(min=1), 1).unsqueeze(2).float()
-
     def reset(self) -> None:
         """Forgets the cache and the versions (after a load: every rank does the same)."""
         self.cache.clear()

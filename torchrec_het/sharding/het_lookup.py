@@ -31,8 +31,8 @@ output dist (:meth:`finish`, from the output dist's awaitable)
   before the rows come, so the gradient pushes of this step's backward are known
   and travel as a header in the rows' all-to-all. Then the requester settles the
   cache (refresh stale copies, fill new ones, renew leases, count) and pools its
-  bags locally (one ``embedding_bag`` per group) in an autograd function whose
-  backward produces the row gradients.
+  bags locally (one ``embedding_bag`` per group) with the shared output layout
+  (:mod:`~torchrec_het.sharding.output_layout`), whose backward produces the row gradients.
 backward (:meth:`write_back`, in :mod:`torchrec_het.sharding.het_writes`)
   gradients of owned rows, of rows that found no cache slot, of cached rows with more
   than ``s_write`` pending updates and of dirty rows evicted this step go to their
@@ -81,7 +81,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.types import ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -92,7 +91,8 @@ from torchrec_het.config import HetCacheConfig
 from torchrec_het.sharding.exchange import exchange_flat
 from torchrec_het.sharding.het_group import HetGroup
 from torchrec_het.sharding.het_writes import HetWrites, _flatten_rows
-from torchrec_het.sharding.id_space import TableInfo, flatten_batch
+from torchrec_het.sharding.id_space import TableInfo, bag_divisors, flatten_batch
+from torchrec_het.sharding.output_layout import OutputPlan, Part, Source, bag_offsets, output_layout
 from torchrec_het.sharding.row_optim import _buffer, optimizer_kind
 
 STEP_ATTR = "_het_cached_step"  # where the input dist leaves a batch's bookkeeping on its KJT
@@ -566,7 +566,25 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         if not step.writes:  # no backward will come: evicted dirty rows stay queued
             for read in step.reads:
                 read.outbox = []
-        return _HetPooling.apply(self._anchor, self, step)
+        return output_layout(self._output_plan(step), self._anchor)
+
+    def _output_plan(self, step: _Batch) -> OutputPlan:
+        """The ``[batch, width]`` output: per group, its bags pooled from the rows read this step
+        (one ``embedding_bag``, columns ``g.columns``); the backward's row gradients (one more)
+        go to the write path (:meth:`write_back`, which scales them)."""
+        grads: list = [None] * len(self._groups)
+        parts = []
+        for index, (g, read) in enumerate(zip(self._groups, step.reads)):
+            if read.bags is None:  # else ``prefetch`` built the bag order
+                _sample_major(read)
+            source = Source(
+                read.rows, read.bags, read.inverse, read.weights, sink=lambda _, grad, i=index: grads.__setitem__(i, grad),
+                bag_order=(read.by_bag, read.bag_offsets), row_order=(read.by_row, bag_offsets(read.uses)),
+            )
+            divisors = bag_divisors(read.lengths, g.feature_is_mean).t().reshape(-1, 1) if g.has_mean else None
+            columns = None if self._single else g.columns
+            parts.append(Part([source], read.lengths.numel(), g.dim, divisors, columns))
+        return OutputPlan(parts, (step.batch, self._width), after_backward=lambda: self.write_back(step, grads))
 
     # --- output dist: versions back, rows back, settle, pool -------------------------------
 
@@ -677,40 +695,6 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
                 mine = tables == i
                 self.on_serve(t.name, ids[mine] - g.offsets[i], cache.versions[hit[mine]], cache.validated_step[hit[mine]], step)
 
-    # --- backward: the write path -----------------------------------------------------
-
-class _HetPooling(torch.autograd.Function):
-    """Pools the bags from the rows read this step (one ``embedding_bag`` per group) into the
-    lookup's output; its backward turns the output's gradient into row gradients (one more
-    ``embedding_bag``, over the bags' gradients) and starts the write path's pushes."""
-
-    @staticmethod
-    def forward(ctx, anchor, lookup, step):  # noqa: ARG004
-        ctx.lookup, ctx.step = lookup, step
-        batch = step.batch
-        if lookup._single:
-            return _pool(lookup.groups[0], step.reads[0], batch)
-        out = torch.empty(batch, lookup._width, device=anchor.device)
-        for g, read in zip(lookup.groups, step.reads):
-            out.index_copy_(1, g.columns, _pool(g, read, batch))
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        lookup, step = ctx.lookup, ctx.step
-        grads = []
-        for g, read in zip(lookup.groups, step.reads):
-            block = grad_output if lookup._single else grad_output.index_select(1, g.columns)
-            grads.append(_row_grads(g, read, block, step.batch))
-        lookup.write_back(step, grads)
-        return None, None, None
-
-
-def _bag_offsets(lengths: torch.Tensor) -> torch.Tensor:
-    offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
-    torch.cumsum(lengths.reshape(-1), 0, out=offsets[1:])
-    return offsets
-
 
 def _sample_major(read: _Read) -> None:
     """Orders the bags sample by sample (the output's layout, so pooling writes it in place):
@@ -718,39 +702,11 @@ def _sample_major(read: _Read) -> None:
     features, batch = read.lengths.shape
     n = read.inverse.numel()
     device = read.inverse.device
-    lengths = read.lengths.reshape(-1)
     by_feature = read.value_bags
     bags = by_feature % batch * features + by_feature // batch
-    starts = _bag_offsets(read.lengths.t())  # of the sample-major bags
-    position = starts.index_select(0, bags) + torch.arange(n, device=device) - _bag_offsets(lengths).index_select(
+    starts = bag_offsets(read.lengths.t())  # of the sample-major bags
+    position = starts.index_select(0, bags) + torch.arange(n, device=device) - bag_offsets(read.lengths).index_select(
         0, by_feature)
     read.bags = bags
     read.by_bag = torch.empty_like(position).index_copy_(0, position, torch.arange(n, device=device))
     read.bag_offsets = starts
-
-
-def _pool(g: HetGroup, read: _Read, batch: int) -> torch.Tensor:
-    """``[batch, features * dim]`` pooled bags of the group's features."""
-    if read.bags is None:  # else ``prefetch`` built the bag order
-        _sample_major(read)
-    weights = read.weights.index_select(0, read.by_bag) if read.weights is not None else None
-    pooled = F.embedding_bag(
-        read.inverse.index_select(0, read.by_bag), read.rows, read.bag_offsets, mode="sum",
-        per_sample_weights=weights, include_last_offset=True,
-    )
-    if g.has_mean:
-        pooled = pooled / g.bag_divisors_of(read.lengths).transpose(0, 1).reshape(-1, 1)
-    return pooled.view(batch, -1)
-
-
-def _row_grads(g: HetGroup, read: _Read, grad: torch.Tensor, batch: int) -> torch.Tensor:
-    """Gradient of every distinct row from the ``[batch, features * dim]`` gradient of the group's
-    pooled bags: each row sums the (weighted) gradients of the bags it was read into."""
-    bag_grads = grad.reshape(-1, g.dim)  # sample-major bags, as pooled
-    if g.has_mean:
-        bag_grads = bag_grads / g.bag_divisors_of(read.lengths).transpose(0, 1).reshape(-1, 1)
-    weights = read.weights.index_select(0, read.by_row) if read.weights is not None else None
-    return F.embedding_bag(
-        read.bags.index_select(0, read.by_row), bag_grads, _bag_offsets(read.uses), mode="sum",
-        per_sample_weights=weights, include_last_offset=True,
-    )

@@ -95,8 +95,7 @@ class FusedIdSpace:
     def bag_divisors(self, lengths: torch.Tensor, batch: int) -> torch.Tensor:
         """Per bag (the features one after the other, ``batch`` bags each): its length for mean
         pooling, else 1; ``[bags, 1]``."""
-        mean = torch.repeat_interleave(self.feature_is_mean, batch)
-        return torch.where(mean, lengths.clamp(min=1), 1).unsqueeze(1).float()
+        return bag_divisors(lengths.view(self.feature_is_mean.numel(), batch), self.feature_is_mean).view(-1, 1)
 
     def table_of(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.bucketize(ids, self.offsets[1:], right=True)
@@ -155,6 +154,11 @@ def flatten_batch(
     bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=n)
     per_position = lengths.view(len(features.keys()), features.stride()).sum(1)  # cheaper than indexing by bags // batch
     return bags, values.long() + torch.repeat_interleave(position_base, per_position, output_size=n)
+
+
+def bag_divisors(lengths: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """float ``[positions, batch]``: each bag's length where its position pools by mean, else 1."""
+    return torch.where(mean.unsqueeze(1), lengths.clamp(min=1), 1).float()
 
 
 def tensors_to(obj, device: torch.device | str):

@@ -23,6 +23,7 @@ class IdLayout:
     Positions are the sharding's features in order (a feature shared by two tables has two
     positions). Table t's row r is id ``base[t] + r``; ids of one width are contiguous, so
     the ids of a :class:`ReplicaGroup` (one width) are ``group_base[g] + its fused ids``.
+    The output's bags of one group are one part of it (:meth:`group_part`, :meth:`group_bags`).
     """
 
     def __init__(self, groups: list[ReplicaGroup], positions: list[tuple[int, int]], dims: list[int], mean: list[bool], world_size: int):
@@ -41,7 +42,19 @@ class IdLayout:
         self.uniform_dim = dims[0] if dims and all(d == dims[0] for d in dims) else None
         self.mean = torch.tensor(mean, dtype=torch.bool)
         self.has_mean = bool(self.mean.any())
-        self.column_position = torch.repeat_interleave(torch.arange(len(dims)), self.dims)
+        # per group (one width): its positions and output columns, one group after the other
+        at = [[p for p, (g, _) in enumerate(positions) if g == i] for i in range(len(groups))]
+        starts = self.columns.tolist()
+        self.group_sizes = [len(ps) for ps in at]
+        self.group_positions = torch.tensor([p for ps in at for p in ps], dtype=torch.int64)
+        self.group_columns = torch.tensor([c for ps in at for p in ps for c in range(starts[p], starts[p] + dims[p])], dtype=torch.int64)
+        local = {p: i for ps in at for i, p in enumerate(ps)}
+        self.position_local = torch.tensor([local[p] for p in range(len(positions))], dtype=torch.int64)
+        self.group_spans, first, column = [], 0, 0  # per group: its ranges in group_positions and group_columns
+        for ps in at:
+            width = sum(dims[p] for p in ps)
+            self.group_spans.append((first, first + len(ps), column, column + width))
+            first, column = first + len(ps), column + width
         self.owner_ends = torch.cat([self.group_base[i] + g.owner_ends for i, g in enumerate(groups)])
         self.bucket_start = torch.cat([torch.zeros(1, dtype=torch.int64), self.owner_ends[:-1]])
         self.total_rows = int(sizes.sum())
@@ -83,6 +96,17 @@ class IdLayout:
             out.append((mine, hot_pos[mine] - self.hot_start[index]))
         return out
 
+    def group_part(self, group: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the group's positions, its output columns; None when it is the only group)."""
+        start, end, first, last = self.group_spans[group]
+        return self.group_positions[start:end], None if len(self.group_sizes) == 1 else self.group_columns[first:last]
+
+    def group_bags(self, bags: torch.Tensor, batch: int, group: int) -> torch.Tensor:
+        """Bags (``position * batch + sample``) of ``group``'s positions as bags of its output part,
+        sample by sample: ``sample * its positions + the position's index among them``."""
+        if len(self.group_sizes) == 1:
+            return bags % batch * self.num_positions + bags // batch
+        return bags % batch * self.group_sizes[group] + self.position_local.index_select(0, bags // batch)
 
     def elements(self, rows: torch.Tensor, positions: torch.Tensor, row_width: int) -> torch.Tensor:
         """Flat indexes of the blocks (row, position) in a ``[*, width]`` matrix, for mixed widths."""

@@ -9,11 +9,11 @@ input dist (:class:`ColdIdsDist`, two awaitables as TorchRec's row-wise dist)
   ids, one all-to-all (none when no rank reads a row owned elsewhere: FAE's all-hot step).
 lookup (:class:`ReplicatedBagLookup`, local compute)
   the owner pools what it received with its fused kernel, as stock row-wise does, and
-  keeps only the partial sums of bags that had ids (DES); the reader pools its hot ids
-  from the replica block.
+  keeps only the partial sums of bags that had ids (DES).
 output dist (:class:`PartialSumsDist`)
   partial sums back to their readers (one all-to-all, sparse: no empty bags), added to
-  the hot partials, mean pooling applied. Backward: partial gradients go back the same
+  the reader's hot rows from its replica blocks, mean pooling applied (the shared
+  :mod:`~torchrec_het.sharding.output_layout`). Backward: partial gradients go back the same
   way into the owners' fused kernels (their optimizer steps as in stock row-wise); hot
   gradients are summed over ranks by one asynchronous all-reduce (every
   ``replica_sync_every`` steps) applied before the next read.
@@ -35,8 +35,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.exchange_async import Exchange, start_exchange
+from torchrec_het.sharding.id_space import bag_divisors
+from torchrec_het.sharding.output_layout import OutputPlan, Part, Source, output_layout
 from torchrec_het.sharding.replica_holder import IdLayout, ReplicaHolder, StagedSharding, gather_counts
-from torchrec_het.sharding.replica_store import pool_hot
 
 STEP_ATTR = "_het_replicated_step"  # where the input dist leaves a batch's bookkeeping on its KJT
 
@@ -48,14 +49,13 @@ class _Batch:
     batch: int
     hot_version: int  # the layout's hot rows this batch was routed with
     lengths: torch.Tensor  # [F * B] reader's bag lengths (mean pooling)
-    hot: list  # per block: (slots, bags, weights) of the reader's hot values
+    hot: list  # per block: (slots, bags of its output part, weights) of the reader's hot values
     sent_entries: torch.Tensor  # reader: distinct (dest, position, sample) keys of cold values sent
     send_splits: list[int] = field(default_factory=list)
     recv_splits: list[int] = field(default_factory=list)
     local_only: bool = False
     served_entries: torch.Tensor | None = None  # owner: (source, position, sample) of bags received
     partial_at: tuple | None = None  # owner: (row, position, rows) of each partial in the kernels' compact output
-    hot_pooled: list | None = None  # mixed widths: per block, the hot partials pooled by the lookup
 
 
 class _Splits(Awaitable[Awaitable[KeyedJaggedTensor]]):
@@ -118,10 +118,9 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
             self.observe(ids)  # replica syncs move on; online profile: counts, at its end new hot rows
         hot_pos, owner, row = layout.route(ids)
         hot = []
-        for mine, slots in layout.hot_of(hot_pos):
-            bag = bags.index_select(0, mine)
-            by_sample = (bag % batch) * layout.num_positions + bag // batch  # output rows are (sample, position)
-            hot.append((slots, by_sample, None if weights is None else weights.index_select(0, mine)))
+        for index, (mine, slots) in enumerate(layout.hot_of(hot_pos)):
+            bag = layout.group_bags(bags.index_select(0, mine), batch, index)  # output rows are (sample, position)
+            hot.append((slots, bag, None if weights is None else weights.index_select(0, mine)))
         cold = (hot_pos < 0).nonzero().flatten()
         dest, by_owner = torch.sort(owner.index_select(0, cold), stable=True)  # by owner, each owner's in bag order
         cold = cold.index_select(0, by_owner)
@@ -186,7 +185,7 @@ class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         step: _Batch = getattr(sparse_features, STEP_ATTR)
         self.begin_read(step.hot_version)
-        batch, positions = step.batch, self.layout.num_positions
+        positions = self.layout.num_positions
         pooled = super().forward(sparse_features)  # [compact bags, width]: the kernels' fused forward and backward
         rows, position, stride = step.partial_at
         if self.layout.uniform_dim is not None:  # the output dist pools hot rows as it finishes the bags
@@ -194,60 +193,9 @@ class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
             partials = partials.reshape(-1)
         else:
             partials = pooled.reshape(-1).index_select(0, self.layout.elements(rows, position, self.layout.width))
-            step.hot_pooled = [
-                pool_hot(self._anchor, block, slots, bags, weights, positions * batch)
-                for block, (slots, bags, weights) in zip(self._blocks, step.hot)
-            ]
         self.stats["skipped_steps"] += int(step.local_only)
         self.last_batch = step
         return partials
-
-
-class _ScaleGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, scale):
-        ctx.scale = scale
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.scale, None
-
-
-class _FinishBags(torch.autograd.Function):
-    """One width: ``[batch, width]`` bags from the hot rows and the partials received, mean applied.
-
-    Rows are (sample, position), so the result is the output layout with no copy. The
-    backward hands the hot rows' gradients to their replica blocks and returns the
-    partials' gradients, both scaled as TorchRec's row-wise backward scales them.
-    """
-
-    @staticmethod
-    def forward(ctx, received, anchor, blocks, step: _Batch, layout: IdLayout, place, scale):  # noqa: ARG004
-        batch, positions, dim = step.batch, layout.num_positions, layout.uniform_dim
-        out = torch.zeros(batch * positions, dim, device=received.device)
-        for block, (slots, bags, weights) in zip(blocks, step.hot):
-            values = block.weights.index_select(0, slots)
-            out.index_add_(0, bags, values if weights is None else values.mul_(weights.unsqueeze(1)))
-        out.index_add_(0, place, received.view(-1, dim))
-        ctx.blocks, ctx.step, ctx.layout, ctx.place, ctx.scale = blocks, step, layout, place, scale
-        ctx.divisors = _divisors(layout, step, batch).unsqueeze(2) if layout.has_mean else None
-        if ctx.divisors is not None:
-            out = out.view(batch, positions, dim).div_(ctx.divisors)
-        return out.view(batch, layout.width)
-
-    @staticmethod
-    def backward(ctx, grad):
-        step, layout = ctx.step, ctx.layout
-        batch, positions, dim = step.batch, layout.num_positions, layout.uniform_dim
-        grad = grad.reshape(batch, positions, dim)
-        if ctx.divisors is not None:
-            grad = grad / ctx.divisors
-        grad = grad.reshape(batch * positions, dim)
-        for block, (slots, bags, weights) in zip(ctx.blocks, step.hot):
-            values = grad.index_select(0, bags).mul_(ctx.scale)
-            block.add_grads(slots, values if weights is None else values.mul_(weights.unsqueeze(1)))
-        return grad.index_select(0, ctx.place).mul_(ctx.scale).view(-1), None, None, None, None, None, None
 
 
 class _Bags(Awaitable[torch.Tensor]):
@@ -288,32 +236,39 @@ class PartialSumsDist(BaseEmbeddingDist):
         return _Bags(self, step, exchange)
 
     def finish(self, step: _Batch, received: torch.Tensor) -> torch.Tensor:
-        """``[batch, width]`` bags: hot partials plus the partials received, mean applied."""
-        layout, batch, positions = self.layout, step.batch, self.layout.num_positions
-        rest = step.sent_entries % (positions * batch)
-        position, sample = rest // batch, rest % batch
-        lookup = self._lookup[0]
-        scale = 1.0 / lookup._ws if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
-        if layout.uniform_dim is not None:
-            return _FinishBags.apply(received, lookup._anchor, lookup._blocks, step, layout, sample * positions + position, scale)
-        out = torch.zeros(batch * layout.width, device=received.device)
-        for block, pooled in zip(lookup._blocks, step.hot_pooled):
-            mine = (layout.dims == block.dim).nonzero().flatten()
-            rows = pooled.view(batch, positions, block.dim)[:, mine]  # [batch, mine, dim]
-            index = layout.elements(
-                torch.arange(batch, device=out.device).repeat_interleave(mine.numel()), mine.repeat(batch), layout.width
-            )
-            out = out.index_add(0, index, rows.reshape(-1))
-        out = out.index_add(0, layout.elements(sample, position, layout.width), received).view(batch, layout.width)
-        if layout.has_mean:
-            out = out / _divisors(layout, step, batch)[:, layout.column_position]
-        return _ScaleGrad.apply(out, scale)
-
-
-def _divisors(layout: IdLayout, step: _Batch, batch: int) -> torch.Tensor:
-    """``[batch, positions]``: bag length for mean-pooled positions, else 1."""
-    lengths = step.lengths.view(layout.num_positions, batch).t()
-    return torch.where(layout.mean.unsqueeze(0), lengths.clamp(min=1), 1).float()
+        """``[batch, width]`` bags, one part per width (:mod:`~torchrec_het.sharding.output_layout`):
+        the hot rows from the replica block (their gradients go to it) plus the partials received
+        (theirs go back to the owners), mean applied, gradients scaled as TorchRec's row-wise
+        backward scales them."""
+        layout, batch, lookup = self.layout, step.batch, self._lookup[0]
+        entries = step.sent_entries % (layout.num_positions * batch)  # position * batch + sample of each partial
+        scale = 1.0 / lookup._ws if get_gradient_division() else 1.0
+        lengths = step.lengths.view(layout.num_positions, batch)
+        one_width = layout.uniform_dim is not None
+        if not one_width:  # the partials of every width, one after the other
+            position = entries // batch
+            group = layout.position_group.index_select(0, position)
+            widths = layout.dims.index_select(0, position)
+            starts = torch.cumsum(widths, 0) - widths
+        parts = []
+        for index, (block, (slots, bags, weights)) in enumerate(zip(lookup._blocks, step.hot)):
+            at, columns = layout.group_part(index)
+            if one_width:
+                mine, partials = entries, received.view(-1, block.dim)
+            else:
+                chosen = (group == index).nonzero().flatten()
+                mine = entries.index_select(0, chosen)
+                elements = starts.index_select(0, chosen).unsqueeze(1) + torch.arange(block.dim, device=received.device)
+                partials = received.index_select(0, elements.view(-1)).view(-1, block.dim)
+            sources = [
+                Source(block.weights, bags, slots, weights, sink=block.add_grads),
+                Source(partials, layout.group_bags(mine, batch, index)),
+            ]
+            divisors = None
+            if layout.has_mean:
+                divisors = bag_divisors(lengths.index_select(0, at), layout.mean.index_select(0, at)).t().reshape(-1, 1)
+            parts.append(Part(sources, batch * at.numel(), block.dim, divisors, columns))
+        return output_layout(OutputPlan(parts, (batch, layout.width), scale), lookup._anchor)
 
 
 class PipelinedRowReplicatedSharding(StagedSharding, RwPooledEmbeddingSharding):

@@ -7,7 +7,8 @@ lookup (:class:`ReplicatedSequenceLookup`, local compute)
   the owner's fused kernels read the rows it was asked for (their fused backward steps them).
 output dist (:class:`SequenceRowsDist`)
   the rows go back (one all-to-all) and the reader lays every position's row out in its
-  batch's order: hot ones from its replica block, cold ones from the rows received.
+  batch's order: hot ones from its replica blocks, cold ones from the rows received (one
+  gather, :mod:`~torchrec_het.sharding.output_layout`).
   Backward: per distinct cold id the gradient summed over its positions goes back to the
   owner, whose fused kernel steps the row as stock row-wise does; hot gradients are
   summed over ranks by the replica blocks' syncs (:mod:`~torchrec_het.sharding.replica_store`).
@@ -29,6 +30,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.exchange_async import Exchange, start_exchange
+from torchrec_het.sharding.output_layout import OutputPlan, Part, Source, output_layout
 from torchrec_het.sharding.replica_holder import IdLayout, ReplicaHolder, StagedSharding, gather_counts
 from torchrec_het.sharding.replicated_bags import STEP_ATTR, _Splits
 
@@ -125,33 +127,6 @@ class ReplicatedSequenceLookup(ReplicaHolder, GroupedEmbeddingsLookup):
         return step.rows.reshape(-1)
 
 
-class _FinishRows(torch.autograd.Function):
-    """``[values, dim]``: every position's row, hot from the replicas, cold from the rows received."""
-
-    @staticmethod
-    def forward(ctx, received, anchor, blocks, step: _Rows, dim: int, scale: float):  # noqa: ARG004
-        # one gather from [every block's rows; the rows received]: index_copy_ of rows is slow on CPU
-        source_row = torch.empty(step.num_values, dtype=torch.int64, device=received.device)
-        base = 0
-        for block, (slots, at) in zip(blocks, step.hot):
-            source_row.index_copy_(0, at, slots + base)
-            base += block.weights.size(0)
-        source_row.index_copy_(0, step.cold, step.need_of + base)
-        out = torch.cat([block.weights for block in blocks] + [received.view(-1, dim)]).index_select(0, source_row)
-        ctx.blocks, ctx.step, ctx.dim, ctx.scale, ctx.received = blocks, step, dim, scale, received.numel() // max(dim, 1)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        step, dim = ctx.step, ctx.dim
-        grad = grad.reshape(-1, dim)  # scaled as TorchRec's row-wise backward scales it, piece by piece
-        for block, (slots, at) in zip(ctx.blocks, step.hot):
-            block.add_grads(slots, grad.index_select(0, at).mul_(ctx.scale))
-        cold = grad.index_select(0, step.cold)
-        need = torch.zeros(ctx.received, dim, device=grad.device).index_add_(0, step.need_of, cold).mul_(ctx.scale)
-        return need.view(-1), None, None, None, None, None
-
-
 class _SequenceRows(Awaitable[torch.Tensor]):
     def __init__(self, dist_: "SequenceRowsDist", step: _Rows, exchange: Exchange):
         super().__init__()
@@ -161,7 +136,12 @@ class _SequenceRows(Awaitable[torch.Tensor]):
         lookup = self.dist._lookup[0]
         scale = 1.0 / lookup._ws if get_gradient_division() else 1.0
         received = self.exchange.wait().float()
-        return _FinishRows.apply(received, lookup._anchor, lookup._blocks, self.step, self.dist.layout.uniform_dim, scale)
+        step, dim = self.step, self.dist.layout.uniform_dim
+        # every position's row: one gather from the blocks' rows read and the rows received
+        sources = [Source(block.weights, at, slots, sink=block.add_grads) for block, (slots, at) in zip(lookup._blocks, step.hot)]
+        sources.append(Source(received.view(-1, dim), step.cold, step.need_of))
+        plan = OutputPlan([Part(sources, step.num_values, dim, one_per_bag=True)], (step.num_values, dim), scale)
+        return output_layout(plan, lookup._anchor)
 
 
 class SequenceRowsDist(BaseEmbeddingDist):
