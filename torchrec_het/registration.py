@@ -75,8 +75,7 @@ def install(
         embedding_staleness: k >= 0 makes TorchRec's ``TrainPipelineSparseDist`` (as a script
             imports it after this call) the hybrid pipeline with that bound
             (:class:`~torchrec_het.pipeline.HybridTrainPipeline`); default
-            ``$TORCHREC_HET_EMBEDDING_STALENESS`` or unset: TorchRec's own. A model with
-            ``het_cached_row_wise`` tables runs it at k = 0 (it says so on stderr).
+            ``$TORCHREC_HET_EMBEDDING_STALENESS`` or unset: TorchRec's own.
     """
     global _state
     uninstall()
@@ -163,7 +162,7 @@ def _hybrid_sparse_dist(k: int) -> type:
 
         def __init__(self, model, optimizer, device, execute_all_batches: bool = True, apply_jit: bool = False, **kwargs):
             super().__init__(model, optimizer, device, embedding_staleness=k, execute_all_batches=execute_all_batches,
-                             apply_jit=apply_jit, lower_for_het=True, **kwargs)
+                             apply_jit=apply_jit, **kwargs)
             if not dist.is_initialized() or dist.get_rank() == 0:
                 print(f"torchrec_het: TrainPipelineSparseDist runs as the hybrid pipeline, embedding_staleness={k} "
                       f"(${ENV_STALENESS})", file=sys.stderr, flush=True)

@@ -84,15 +84,15 @@ def test_exact_plugin_plans_train_like_the_stock_plan() -> None:
     assert AUCS["online"] == pytest.approx(AUCS["stock"], abs=1e-3), AUCS  # hot rows chosen after step 1
 
 
-def test_through_the_launcher_embedding_staleness_makes_the_trainer_hybrid(profile: str) -> None:
+def test_through_the_launcher_embedding_staleness_makes_the_trainer_hybrid() -> None:
     """``TORCHREC_HET_EMBEDDING_STALENESS=1``: the trainer's own ``TrainPipelineSparseDist(...)`` is the
-    hybrid pipeline (the log says so) and trains to the end; without a profile (HET tables) it runs at 0."""
+    hybrid pipeline (the log says so) and trains its het_cached_row_wise plan to the end."""
     argv = [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE]
     run = subprocess.run(
         argv, cwd=REPO, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, PYTHONWARNINGS="ignore", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-                 TORCHREC_HET_EMBEDDING_STALENESS="1", TORCHREC_HET_PROFILE=profile),
+                 TORCHREC_HET_EMBEDDING_STALENESS="1"),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     assert "runs as the hybrid pipeline, embedding_staleness=1" in run.stderr, run.stderr[-2000:]
-    assert "lowered" not in run.stderr and re.search(r"^final step 2 auc 0\.\d+$", run.stdout, re.M)
+    assert re.search(r"^final step 2 auc 0\.\d+$", run.stdout, re.M), run.stdout[-2000:]

@@ -28,13 +28,15 @@ issues its collectives in the same order (gloo matches them by order). A dense f
 that does issue one turns the overlap off (DDP broadcasting module buffers), or waits for
 it (DDP's one bucket rebuild: the first :data:`SYNC_FIRST` embedding backwards run in line).
 
-With the HET cache, the bounds would add (a cached copy lags its owner by at most the read
-bound, and the pipeline reads it k steps early), but ``het_cached_row_wise`` piggybacks a
-backward's push counts on the next forward's exchange, so it needs each backward before the
-next forward: with it, only k = 0 runs, and its own ``s_read`` is the lag it tolerates.
+With the HET cache, the bounds add: a cached copy lags its owner by at most the cache's read
+bound when it is read, and the batch trains on it up to k steps later, so a batch's read of a
+cached row misses at most ``s_read`` of the row's versions plus k steps of updates. (Its writes:
+a held update reaches the owner within ``s_write`` of the row's updates, each pushed by the
+backward after it, so the pipeline adds no write lag.) For k >= 1 the pipeline lets the HET
+lookups hold several batches between forward and backward
+(:meth:`~torchrec_het.sharding.het_lookup.HetCachedEmbeddingLookup.allow_batches_ahead`).
 """
 
-import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,8 +128,6 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
         device: the training device.
         embedding_staleness: k >= 0, the most embedding updates a batch's read may miss.
         execute_all_batches: train the batches still in flight once the data runs out.
-        lower_for_het: with ``het_cached_row_wise`` tables, run at k = 0 (and say so on
-            stderr) instead of raising.
         **kwargs: passed to ``TrainPipelineSparseDist``.
 
     Raises:
@@ -136,13 +136,12 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
     """
 
     def __init__(self, model, optimizer, device: torch.device, embedding_staleness: int = 1,
-                 execute_all_batches: bool = True, lower_for_het: bool = False, **kwargs) -> None:
+                 execute_all_batches: bool = True, **kwargs) -> None:
         if isinstance(embedding_staleness, bool) or not isinstance(embedding_staleness, int) or embedding_staleness < 0:
             raise ValueError(f"embedding_staleness must be an int >= 0, got {embedding_staleness!r}")
         super().__init__(model, optimizer, device, execute_all_batches=execute_all_batches,
                          context_type=HybridContext, **kwargs)
         self.embedding_staleness = embedding_staleness
-        self.lower_for_het = lower_for_het
         self.gauge = StalenessGauge()
         self.updates_applied = 0  # embedding backwards finished
         self.device = device
@@ -187,19 +186,11 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
                 "HybridTrainPipeline: the model has no sharded embedding module it can pipeline (none was "
                 "found by tracing the model, or none is sharded): use TrainPipelineSparseDist or a plain loop"
             )
-        if self.embedding_staleness >= 1:
+        if self.embedding_staleness >= 1:  # HET caches: later batches may settle before a backward
             for module in _compat.pipelined_modules(self):
-                if any(isinstance(lookup, HetCachedEmbeddingLookup) for lookup in _compat.sharded_lookups(module)):
-                    why = (
-                        f"HybridTrainPipeline: {module.forward.name!r} has het_cached_row_wise tables, whose push "
-                        "protocol needs each batch's backward before the next batch's forward"
-                    )
-                    if not self.lower_for_het:
-                        raise ValueError(f"{why}; use embedding_staleness=0 (its own read bound s_read lets reads lag)")
-                    print(f"{why}: embedding_staleness lowered from {self.embedding_staleness} to 0",
-                          file=sys.stderr, flush=True)
-                    self.embedding_staleness, self._overlap = 0, False
-                    break
+                for lookup in _compat.sharded_lookups(module):
+                    if isinstance(lookup, HetCachedEmbeddingLookup):
+                        lookup.allow_batches_ahead()
         model = _compat.pipeline_model(self)
         if any(isinstance(m, DistributedDataParallel) and m.will_sync_module_buffers() for m in model.modules()):
             self._overlap = False  # DDP's forward broadcasts buffers: a collective, so no worker beside it

@@ -79,6 +79,8 @@ before the next read: the same training as stock row-wise, also under the pipeli
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from collections import deque
+
 import torch
 import torch.distributed as dist
 from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
@@ -189,7 +191,8 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         self._features = list(feature_names)
         self._config = config
         self._step = 0
-        self._pending: _Batch | None = None  # the last settled batch while its backward is due
+        self._awaiting: deque[_Batch] = deque()  # settled batches whose backward is due, oldest first
+        self.batches_ahead = False  # see :meth:`allow_batches_ahead`
         self._inflight = None  # (work, received, pull counts) of the last backward's pushes
         self.last_batch: _Batch | None = None  # the batch the output dist finishes next
         self.prefetched: _Batch | None = None  # the last batch ``prefetch`` prepared
@@ -402,6 +405,17 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         leased = (slots >= 0) & (step <= validated + g.settings.s_read)
         return (~leased).nonzero().flatten()
 
+    def allow_batches_ahead(self) -> None:
+        """Lets later batches run their forward before this batch's backward (a pipeline that looks
+        batches up ahead, :class:`~torchrec_het.pipeline.HybridTrainPipeline`).
+
+        A settled batch's cache slots stay pinned until its backward, so no later batch evicts a
+        row it will add its gradient to; rows evicted dirty meanwhile, and the rows a backward
+        pushes, go out with the next backward, whose push counts travel just before it (one
+        small all-to-all more per step). Every rank must call it (a collective protocol).
+        """
+        self.batches_ahead = True
+
     # --- prefetch: batch-static work ahead of the forward ----------------------------------
 
     def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream=None) -> None:  # noqa: ARG002
@@ -428,8 +442,8 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         dist has done all of it: nothing is left here but the previous backward's pushes."""
         step: _Batch = getattr(sparse_features, STEP_ATTR)
         self.wait_pushes()  # the previous backward's pushes: versions and rows below include them
-        if self._pending is not None:  # the last batch had no backward (eval): its pushes stay queued
-            self._requeue(self._pending)
+        while self._awaiting and not self.batches_ahead:  # a batch that got no backward: its pushes stay queued
+            self._requeue(self._awaiting.popleft())
         if not self.ahead:
             self._answer(step, self._bounds)
         self.last_batch = step
@@ -562,8 +576,9 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         return push_counts
 
     def _pooled(self, step: _Batch, groups: int) -> torch.Tensor:
-        self._pending = step if step.writes else None
-        if not step.writes:  # no backward will come: evicted dirty rows stay queued
+        if step.writes:
+            self._awaiting.append(step)
+        else:  # no backward will come: evicted dirty rows stay queued
             for read in step.reads:
                 read.outbox = []
         return output_layout(self._output_plan(step), self._anchor)
@@ -633,7 +648,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
     def _plan_push(self, index: int, g: HetGroup, read: _Read, writes: bool) -> None:
         """What this batch's backward will push to each owner: owned and uncached rows, cached rows
         that pass the write bound with this step's update, and dirty evicted rows."""
-        if not writes:  # no backward will come: nothing pushed, evicted rows stay queued
+        if not writes or self.batches_ahead:  # no backward will come, or its counts go out with it
             read.push_counts = torch.zeros(self._ws, dtype=torch.int64, device=self._compute_device)
             return
         cached = read.slots[read.slots >= 0]
@@ -688,6 +703,9 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         read.rows = out
         g.pins.index_add_(0, read.pinned, torch.full_like(read.pinned, -1, dtype=g.pins.dtype))  # settled
         read.pinned = read.pinned[:0]
+        if self.batches_ahead and torch.is_grad_enabled():  # later batches settle before this backward
+            read.pinned = cached_slots
+            g.pins.index_add_(0, read.pinned, torch.ones_like(read.pinned, dtype=g.pins.dtype))
         if self.on_serve is not None:  # an opt-in hook (tests): one call per table
             hit = read.slots[served]
             ids, tables = read.uniq[read.remote[served]], remote_tables[served]

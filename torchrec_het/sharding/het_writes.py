@@ -33,11 +33,14 @@ class HetWrites:
     def write_back(self, step: "_Batch", row_grads: list[torch.Tensor]) -> None:
         """Called by the backward of a batch with the gradient of every distinct row it read:
         starts the pushes (one all-to-all), which the next lookup, ``flush`` or ``purge`` waits for."""
-        if self._pending is not step:
+        while self._awaiting and self._awaiting[0] is not step:  # older batches that got no backward
+            self._requeue(self._awaiting.popleft())
+        if not self._awaiting:
             raise RuntimeError(
                 "het_cached_row_wise: a backward must follow its own forward before the next forward runs"
             )
-        self._pending = None
+        self._awaiting.popleft()
+        self.wait_pushes()  # a backward with no forward since the last (a pipeline's last batches): apply those first
         scale = 1.0 / self._ws if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
         ws = self._ws
         packed, keys, widths = [], [], []
@@ -51,7 +54,13 @@ class HetWrites:
             kind = self._held_kind(g)
             squares = squares_of(kind, cached_grad) if kind is not None else None
             g.cache.accumulate(slots, cached_grad, -lr.unsqueeze(1) * cached_grad, squares)
-            due = g.cache.take(read.due)
+            if self.batches_ahead:  # due now; dirty rows evicted by any batch since the last push go too
+                due = g.cache.take_due(g.settings.s_write, slots)
+                read.outbox, self._outbox[index] = self._outbox[index], []
+                g.pins.index_add_(0, read.pinned, torch.full_like(read.pinned, -1, dtype=g.pins.dtype))
+                read.pinned = read.pinned[:0]
+            else:
+                due = g.cache.take(read.due)
             pending = PendingRows.concat([
                 PendingRows(read.uniq.index_select(0, read.local), grad.index_select(0, read.local),
                             torch.ones_like(read.local)),
@@ -69,7 +78,10 @@ class HetWrites:
         order = torch.sort(key, stable=True).indices  # by owner, then group
         flat = _flatten_rows(packed, order, width)
         send = torch.bincount(key // len(self._groups), width, minlength=ws).long()
-        if step.pull_counts is None:  # fetched ahead: the push counts go out now
+        if self.batches_ahead:  # the counts of what this backward pushes go out now
+            counts = torch.bincount(key, minlength=ws * len(self._groups)).view(ws, len(self._groups))
+            step.pull_counts = exchange_counts(counts, self._exchange_pg)
+        elif step.pull_counts is None:  # fetched ahead: the push counts go out now
             step.pull_counts = exchange_counts(step.push_counts[:, : len(self._groups)], self._exchange_pg)
         recv = (step.pull_counts * self._push_widths()).sum(1)
         send_list, recv_list = torch.stack([send, recv]).tolist()  # the backward's one host sync
@@ -130,10 +142,12 @@ class HetWrites:
 
     def _requeue(self, step: "_Batch") -> None:
         """A settled batch got no backward: the dirty rows it was to push wait for the next push."""
-        for index, read in enumerate(step.reads):
+        for index, (g, read) in enumerate(zip(self._groups, step.reads)):
             self._outbox[index] = read.outbox + self._outbox[index]
             read.outbox = []
-        self._pending = None
+            if read.pinned is not None and read.pinned.numel():
+                g.pins.index_add_(0, read.pinned, torch.full_like(read.pinned, -1, dtype=g.pins.dtype))
+                read.pinned = read.pinned[:0]
 
     def _learning_rates(self, g: HetGroup) -> torch.Tensor:
         """Each table's current learning rate (its kernel's, so schedules apply; no host sync)."""
@@ -144,8 +158,8 @@ class HetWrites:
     def flush(self) -> None:
         """Pushes every pending gradient to its owner (a collective: every rank calls it)."""
         self.wait_pushes()
-        if self._pending is not None:  # a forward without backward: its queued evictions go too
-            self._requeue(self._pending)
+        while self._awaiting and not self.batches_ahead:  # a forward without backward: its queued evictions go too
+            self._requeue(self._awaiting.popleft())
         for index, g in enumerate(self._groups):
             pending = PendingRows.concat([g.cache.take_all(), *self._outbox[index]])
             self._outbox[index] = []
@@ -158,7 +172,7 @@ class HetWrites:
         for index, g in enumerate(self._groups):
             g.reset()
             self._outbox[index] = []
-        self._pending = None
+        self._awaiting.clear()
         self._views = {}
         super().purge()
 

@@ -16,8 +16,7 @@ that DDP trains, so both halves of the hybrid are exercised.
     right after the last ``progress``, while its embedding update may still be on the worker,
     so the check also shows the drain; ``TrainPipelineSparseDist`` is the control.
 ``errors``
-    k < 0, a model with no sharded embedding module, and ``het_cached_row_wise`` tables at
-    k >= 1 (its push protocol needs each backward before the next forward) raise ValueError.
+    k < 0 and a model with no sharded embedding module raise ValueError.
 """
 
 import torch
@@ -189,8 +188,6 @@ def stale(world_size: int) -> dict:
     scale = 1.0 / world_size if get_gradient_division() else 1.0  # TorchRec's embedding gradient division
     out = {}
     for kind in KINDS:
-        if kind == "het":  # k >= 1 refuses it (see ``errors``)
-            continue
         for k in (None, 1, 2):
             if k is None:
                 make = lambda m, o: TrainPipelineSparseDist(m, o, torch.device("cpu"))  # noqa: E731
@@ -226,13 +223,6 @@ def errors(world_size: int) -> dict:
             out[f"k={bad}"] = "no error"
         except ValueError as error:
             out[f"k={bad}"] = str(error)
-    het, het_opt = _model("het", _configs())
-    pipeline = HybridTrainPipeline(het, het_opt, torch.device("cpu"), embedding_staleness=1)
-    try:
-        pipeline.progress(iter([batch(dist.get_rank(), step, False, _configs()) for step in range(4)]))
-        out["het_k1"] = "no error"
-    except ValueError as error:
-        out["het_k1"] = str(error)
     dense = torch.nn.Linear(3, 1)
     plain = DistributedModelParallel(_NoEmbeddings(dense), device=torch.device("cpu"))
     pipeline = HybridTrainPipeline(plain, torch.optim.SGD(plain.parameters(), lr=0.1), torch.device("cpu"), embedding_staleness=1)
