@@ -2,7 +2,8 @@
 
 The run mixes workloads: the DLRM's stock configurations and the sequence model's,
 interleaved on the command line, all under the default pipeline (TorchRec's
-TrainPipelineSparseDist); a second run trains stock table_wise in the plain loop.
+TrainPipelineSparseDist), with held-out AUC every 6 steps; a second run trains stock
+table_wise in the plain loop, evaluating only at the end (the smoke preset's default).
 """
 
 import json
@@ -40,7 +41,7 @@ def _bench(out, configs: list[str], *extra: str) -> dict:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    return _bench(tmp_path_factory.mktemp("bench"), RUN)  # the default pipeline
+    return _bench(tmp_path_factory.mktemp("bench"), RUN, "--eval-every", "6")  # the default pipeline
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +107,12 @@ def test_sparse_dist_trains_exactly_like_the_plain_loop(results: dict, plain_res
     assert plain["params"]["pipeline"] == "plain" and plain_results["pipeline"] == "plain"
     # The pipeline reorders when each batch's input dist runs, not what a step computes:
     # the same loss at every measured step (each after the same warm-up steps), the same
-    # bytes per step (fixed-size batches), the same held-out AUC.
+    # bytes per step (fixed-size batches), the same held-out AUC. The piped run also
+    # evaluated after steps 6 and 12 with batches in flight, the plain one did not: the
+    # evaluations changed nothing.
+    assert [step for step, _ in piped["auc_curve"]] == [6, 12, 18]
+    assert [step for step, _ in plain["auc_curve"]] == [18] and plain_results["eval_every"] == 0
+    assert piped["auc_curve"][-1][1] == piped["auc"]
     assert piped["losses"] == plain["losses"]
     assert piped["bytes_per_step"] == plain["bytes_per_step"]
     assert piped["auc"] == plain["auc"]
@@ -195,9 +201,10 @@ def test_markdown_rows_have_every_column(results: dict) -> None:
     from torchrec_het.bench.report import markdown_table
 
     table = markdown_table(results)
-    main_table, step_table = table.split("\n\nstep time, ms per step")
-    assert "pipeline `sparse_dist`" in main_table
-    for part, columns in ((main_table, 14), (step_table, 7)):
+    main_table, rest = table.split("\n\nstep time, ms per step")
+    step_table, convergence_table = rest.split("\n\nconvergence: held-out AUC")
+    assert "pipeline `sparse_dist`" in main_table and "not run" not in main_table
+    for part, columns in ((main_table, 14), (step_table, 7), (convergence_table, 11)):
         rows = [line for line in part.splitlines() if line.startswith("|")]
         assert len(rows) == 2 + len(results["configs"])
         assert {line.count("|") for line in rows} == {columns + 1}

@@ -6,12 +6,16 @@ import torch
 from torchrec_het.bench import step_time
 from torchrec_het.bench.__main__ import main
 from torchrec_het.bench.pipelines import (
+    DEFAULT_EMBEDDING_STALENESS,
     DEFAULT_PIPELINE,
     PIPELINES,
     BatchFeed,
+    PipelineRefused,
     PipelineUnavailable,
     TorchRecLoop,
     check_pipeline,
+    entry_name,
+    parse_pipelines,
 )
 from torchrec_het.bench.report import step_time_table
 from torchrec_het.bench.step_time import STEP_PARTS, StepClock
@@ -25,10 +29,58 @@ def test_sparse_dist_is_the_default_and_runs_on_cpu():
     assert check_pipeline("plain", CPU).lookahead == 0
 
 
+def test_hybrid_and_semi_sync_run_on_cpu_with_their_staleness_and_lookahead():
+    assert DEFAULT_EMBEDDING_STALENESS == 2
+    runs = parse_pipelines(" sparse_dist, hybrid ,semi_sync,plain", 3, CPU)
+    assert [r.name for r in runs] == ["sparse_dist", "hybrid", "semi_sync", "plain"]
+    assert [r.label for r in runs] == ["sparse_dist", "hybrid_k3", "semi_sync", "plain"]
+    # k is --embedding-staleness for hybrid only; the others' by design (semi-sync reads at B-2: one update missed)
+    assert [r.embedding_staleness for r in runs] == [0, 3, 1, 0]
+    assert [r.lookahead for r in runs] == [2, 5, 3, 0]  # hybrid holds k + 2 batches beyond the one it trains
+    assert "CPU adapter" in PIPELINES["semi_sync"].description
+    assert entry_name("stock_table_wise", runs[1], several=True) == "stock_table_wise@hybrid_k3"
+    assert entry_name("stock_table_wise", runs[1], several=False) == "stock_table_wise"
+
+
 @pytest.mark.parametrize(
-    "name, reason",
-    [("semi_sync", "record_stream"), ("prefetch_sparse_dist", "Invalid PrefetchPipelinedForward usage")],
+    "text, k, message",
+    [
+        ("sparse_dist,sparse_dist", 2, "--pipeline names a pipeline twice"),
+        (" , ", 2, "--pipeline names no pipeline"),
+        ("sparse_dist,nope", 2, "unknown pipeline 'nope'"),
+        ("hybrid", -1, "--embedding-staleness must be an int >= 0, got -1"),
+        ("sparse_dist", True, "--embedding-staleness must be an int >= 0, got True"),
+    ],
 )
+def test_bad_pipeline_lists_and_staleness_are_refused(text, k, message):
+    with pytest.raises(PipelineUnavailable, match=message):
+        parse_pipelines(text, k, CPU)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--embedding-staleness", "-1"], "argument --embedding-staleness: must be an int >= 0, got '-1'"),
+        (["--embedding-staleness", "two"], "argument --embedding-staleness: must be an int >= 0, got 'two'"),
+        (["--eval-every", "-5"], "argument --eval-every: must be an int >= 0, got '-5'"),
+    ],
+)
+def test_the_command_line_checks_the_staleness_and_evaluation_flags_before_any_rank(argv, message, capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["--preset", "smoke", "--configs", "stock_table_wise", "--pipeline", "hybrid", "--no-progress", *argv])
+    assert caught.value.code == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.out == ""
+
+
+def test_the_command_line_refuses_a_repeated_pipeline_before_any_rank(capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["--preset", "smoke", "--configs", "stock_table_wise", "--pipeline", "hybrid,hybrid", "--no-progress"])
+    assert str(caught.value) == "error: --pipeline names a pipeline twice: hybrid,hybrid"
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("name, reason", [("prefetch_sparse_dist", "Invalid PrefetchPipelinedForward usage")])
 def test_a_pipeline_the_device_cannot_run_is_refused_in_one_clear_line(name, reason):
     with pytest.raises(PipelineUnavailable) as caught:
         check_pipeline(name, CPU)
@@ -41,15 +93,16 @@ def test_a_pipeline_the_device_cannot_run_is_refused_in_one_clear_line(name, rea
 
 def test_the_command_line_refuses_before_starting_any_rank(capsys):
     with pytest.raises(SystemExit) as caught:
-        main(["--preset", "smoke", "--configs", "stock_table_wise", "--pipeline", "semi_sync", "--no-progress"])
-    assert str(caught.value).startswith("error: --pipeline semi_sync cannot run on this device (cpu)")
+        main(["--preset", "smoke", "--configs", "stock_table_wise", "--pipeline", "sparse_dist,prefetch_sparse_dist",
+              "--no-progress"])
+    assert str(caught.value).startswith("error: --pipeline prefetch_sparse_dist cannot run on this device (cpu)")
     assert "\n" not in str(caught.value)
     assert capsys.readouterr().out == ""  # nothing ran
 
 
 def test_unknown_pipeline():
-    with pytest.raises(PipelineUnavailable, match="unknown pipeline 'hybrid'"):
-        check_pipeline("hybrid", CPU)
+    with pytest.raises(PipelineUnavailable, match="unknown pipeline 'nope'"):
+        check_pipeline("nope", CPU)
 
 
 def test_a_torchrec_loop_refuses_to_run_on_an_empty_feed():
@@ -75,6 +128,32 @@ def test_a_torchrec_loop_refuses_to_run_on_an_empty_feed():
     assert loop.pipeline.calls == 2
     with pytest.raises(RuntimeError, match="closed"):
         feed.extend([])
+
+
+def test_a_pipeline_that_refuses_the_model_at_its_first_step_leaves_the_entry_not_run():
+    class Pipeline:
+        def __init__(self, model, optimizer, device):
+            self.calls = 0
+
+        def progress(self, feed):
+            self.calls += 1
+            next(feed)
+            if self.calls in (1, 3):
+                raise ValueError("Pipeline: this model has\n  tables it cannot train")
+            return torch.tensor(0.25), None, None
+
+    sharded = type("Sharded", (), {"model": None, "optimizer": None})()
+    feed = BatchFeed()
+    feed.extend(range(5))
+    with pytest.raises(PipelineRefused) as caught:
+        TorchRecLoop(Pipeline, sharded, feed, CPU).step()
+    assert str(caught.value) == "Pipeline: this model has tables it cannot train"  # one line
+    loop = TorchRecLoop(Pipeline, sharded, feed, CPU)
+    loop.pipeline.calls = 1  # its first step passes; a ValueError later is an error, not a refusal
+    assert loop.step() == 0.25
+    with pytest.raises(ValueError):
+        loop.step()
+    assert loop.staleness_gauge() is None  # no gauge on this pipeline
 
 
 class _FakeTime:
@@ -171,12 +250,17 @@ def test_step_time_table_has_a_row_per_configuration():
     ms = dict.fromkeys(STEP_PARTS, 1.0)
     results = {
         "pipeline": "sparse_dist",
-        "configs": [{"name": "a", "workload": "dlrm", "step_ms": ms}, {"name": "b", "workload": "sequence"}],
+        "configs": [
+            {"name": "a", "workload": "dlrm", "step_ms": ms},
+            {"name": "c", "workload": "dlrm", "not_run": "refused"},
+            {"name": "b", "workload": "sequence"},
+        ],
     }
     rows = [line for line in step_time_table(results) if line.startswith("|")]
     assert rows[0] == "| workload | config | emb fwd | emb bwd | dense | comm wait | total |"
     assert rows[2] == "| dlrm | a | 1.00 | 1.00 | 1.00 | 1.00 | 1.00 |"
     assert rows[3] == "| sequence | b | - | - | - | - | - |"
+    assert len(rows) == 4  # an entry that did not run has no row
 
 
 class _ShortSource:
@@ -200,11 +284,12 @@ def test_the_feed_holds_a_round_ahead_and_closes_at_the_end_of_the_data(monkeypa
     monkeypatch.setattr(worker.dist, "get_rank", lambda: 0)
     preset = get_preset("smoke")  # 3 warm-up steps, 3 rounds of 5
     spec = worker.RunSpec(preset, ("stock_table_wise",), 1, (0,), {"mode": "loopback"})
+    (entry,) = spec.entries()
     total = preset.total_steps
     rounds = worker._RoundBatches(spec, {"dlrm": _ShortSource(end=total + 1)}, lookahead=2)
     assert rounds.get("dlrm", 0) == list(range(3, 8))
     assert rounds.get("dlrm", preset.rounds) == [total]  # the tail stops where the data does
-    trainee = worker._Trainee("stock_table_wise", sharded=None, feed=BatchFeed(), loop=None)
+    trainee = worker._Trainee(entry, sharded=None, feed=BatchFeed(), loop=None)
     worker._top_up(trainee, rounds, spec, steps=5, lookahead=2)
     assert list(trainee.feed._queue) == list(range(3, 13)) and not trainee.feed.closed  # rounds 0 and 1
     for _ in range(10):

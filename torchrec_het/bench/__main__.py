@@ -4,6 +4,8 @@
     python -m torchrec_het.bench --list
     python -m torchrec_het.bench --network emulated --hosts 2 --gbit 1
     python -m torchrec_het.bench --pipeline plain     # default: TorchRec's TrainPipelineSparseDist
+    python -m torchrec_het.bench --pipeline sparse_dist,hybrid,semi_sync --embedding-staleness 2
+    python -m torchrec_het.bench --preset converge --configs stock_table_wise,planned_s10 --pipeline sparse_dist,hybrid
 """
 
 import argparse
@@ -12,7 +14,14 @@ import sys
 from torchrec_het.bench import configs as bench_configs
 from torchrec_het.bench.launch import launched_by_torchrun, run_under_torchrun, spawn
 from torchrec_het.bench.model import BENCH_DEVICE, EMBEDDING_OPTIMIZERS
-from torchrec_het.bench.pipelines import DEFAULT_PIPELINE, PIPELINES, PipelineUnavailable, check_pipeline
+from torchrec_het.bench.pipelines import (
+    DEFAULT_EMBEDDING_STALENESS,
+    DEFAULT_PIPELINE,
+    PIPELINES,
+    PipelineUnavailable,
+    check_embedding_staleness,
+    parse_pipelines,
+)
 from torchrec_het.bench.presets import PRESETS, REFERENCE_GBIT, get_preset
 from torchrec_het.bench.results import write_outputs
 from torchrec_het.bench.worker import RunSpec
@@ -32,11 +41,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--embedding-optimizer", choices=sorted(EMBEDDING_OPTIMIZERS), default="rowwise_adagrad")
     parser.add_argument(
         "--pipeline",
-        choices=sorted(PIPELINES),
         default=DEFAULT_PIPELINE,
-        help="training loop of every configuration: "
+        help="training loop(s), comma-separated: every configuration trains under each, as its own entry "
+        "(named config@pipeline when there are several), interleaved in the same rounds; "
         + "; ".join(f"{name}: {kind.description}" for name, kind in PIPELINES.items())
         + f" (default {DEFAULT_PIPELINE})",
+    )
+    parser.add_argument(
+        "--embedding-staleness",
+        type=_staleness,
+        default=DEFAULT_EMBEDDING_STALENESS,
+        metavar="K",
+        help="k of --pipeline hybrid: the most embedding updates a batch's read may miss, an int >= 0 "
+        f"(default {DEFAULT_EMBEDDING_STALENESS}; 0 trains exactly as sparse_dist)",
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=_non_negative,
+        metavar="N",
+        help="held-out AUC every N trained steps besides the final one, for the AUC curve (overrides the preset; 0: final only)",
     )
     parser.add_argument("--data", help="Criteo data (TSV file/dir or npy day files); default: built-in synthetic data")
     parser.add_argument("--network", choices=("loopback", "emulated"), default="loopback")
@@ -51,6 +74,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
+
+
+def _staleness(text: str) -> int:
+    """``--embedding-staleness``: argparse names the flag in its error."""
+    try:
+        return check_embedding_staleness(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}") from None
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
+    return value
 
 
 def _host_of_rank(args: argparse.Namespace) -> tuple[int, ...]:
@@ -70,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds,
         steps_per_round=args.steps_per_round,
         warmup_steps=args.warmup_steps,
+        eval_every=args.eval_every,
     )
     if args.list:
         for config in bench_configs.CONFIGS.values():
@@ -84,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.world_size < 1:
         raise SystemExit("error: --world-size must be >= 1")
     try:
-        check_pipeline(args.pipeline, BENCH_DEVICE)  # before any rank starts
+        runs = parse_pipelines(args.pipeline, args.embedding_staleness, BENCH_DEVICE)  # before any rank starts
     except PipelineUnavailable as error:
         raise SystemExit(f"error: {error}") from None
     network = {"mode": args.network}
@@ -107,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         out_dir=args.out,
         seed=args.seed,
         progress=not args.no_progress,
-        pipeline=args.pipeline,
+        pipeline=",".join(run.name for run in runs),
+        embedding_staleness=args.embedding_staleness,
     )
     if launched_by_torchrun():
         run_under_torchrun(spec, write_outputs)

@@ -1,4 +1,8 @@
-"""Human-readable outputs of a benchmark run: a markdown table and a PNG plot."""
+"""Human-readable outputs of a benchmark run: markdown tables and PNG plots.
+
+Rows are entries (a configuration under a pipeline); entries a pipeline refused are listed
+under the first table with the reason, and left out of the others and of the plots.
+"""
 
 from pathlib import Path
 
@@ -10,18 +14,31 @@ def _mib(n: int | None) -> str:
 
 
 def by_workload(configs: list[dict]) -> list[dict]:
-    """The configurations grouped by workload (workloads in order of first appearance, configurations in run order)."""
+    """The entries that ran, grouped by workload (workloads in order of first appearance, entries in run order)."""
+    configs = ran(configs)
     order = list(dict.fromkeys(c.get("workload", "dlrm") for c in configs))
     return [c for w in order for c in configs if c.get("workload", "dlrm") == w]
+
+
+def ran(configs: list[dict]) -> list[dict]:
+    """The entries that ran (not those their pipeline refused)."""
+    return [c for c in configs if "not_run" not in c]
+
+
+def pipeline_words(results: dict) -> str:
+    """``pipeline `sparse_dist``` for a run with one pipeline, else the list with k."""
+    labels = results.get("pipelines") or [results.get("pipeline", "plain")]
+    if len(labels) == 1:
+        return f"pipeline `{labels[0]}`"
+    return "pipelines " + ", ".join(f"`{label}`" for label in labels) + " (entries are config@pipeline)"
 
 
 def markdown_table(results: dict) -> str:
     """One row per configuration, grouped by workload: speed, bytes per step (MiB, summed over ranks), quality, memory."""
     net = results["network"]
     where = "loopback" if net["mode"] == "loopback" else f"{net['hosts']} emulated hosts at {net['gbit']} Gbit/s"
-    pipeline = results.get("pipeline", "plain")
     lines = [
-        f"preset `{results['preset']}`, {results['world_size']} ranks, {where}, pipeline `{pipeline}`; "
+        f"preset `{results['preset']}`, {results['world_size']} ranks, {where}, {pipeline_words(results)}; "
         "bytes are MiB per step summed over ranks (cross-rank, without a rank's chunk to itself)",
         "",
         "| workload | config | sharding | samples/s median [p10, p90] | fwd ids | fwd emb | bwd grad | dense allreduce "
@@ -39,7 +56,12 @@ def markdown_table(results: dict) -> str:
             + f" | {_mib(b['embedding_cross_rank'])} | {_mib(c['inter_host_bytes'])}"
             f" | {c['auc']:.4f} | {c['loss']:.4f} | {rss} |"
         )
+    refused = [c for c in results["configs"] if "not_run" in c]
+    if refused:
+        lines.append("")
+        lines += [f"not run: {c['name']}: {c['not_run']}" for c in refused]
     lines += ["", *step_time_table(results)]
+    lines += ["", *convergence_table(results)]
     if "sequence" in results:
         s = results["sequence"]
         lines += [
@@ -57,7 +79,7 @@ STEP_COLUMNS = (("emb_fwd", "emb fwd"), ("emb_bwd", "emb bwd"), ("dense", "dense
 def step_time_table(results: dict) -> list[str]:
     """Lines of the step-time table: ms per step per part (median over measured steps, mean over ranks)."""
     lines = [
-        f"step time, ms per step (median over measured steps of the mean over ranks; pipeline `{results.get('pipeline', 'plain')}`; "
+        f"step time, ms per step (median over measured steps of the mean over ranks; {pipeline_words(results)}; "
         "each part's median on its own, so parts need not add up to total)",
         "",
         "| workload | config | " + " | ".join(title for _, title in STEP_COLUMNS) + " |",
@@ -67,6 +89,56 @@ def step_time_table(results: dict) -> list[str]:
         ms = c.get("step_ms")
         cells = " | ".join("-" if ms is None else f"{ms[key]:.2f}" for key, _ in STEP_COLUMNS)
         lines.append(f"| {c.get('workload', 'dlrm')} | {c['name']} | {cells} |")
+    return lines
+
+
+def _auc(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _delta(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.4f}"
+
+
+def _steps(value: int | None) -> str:
+    return "never" if value is None else str(value)
+
+
+def _against(c: dict, key: str) -> tuple[str, str, str]:
+    """(reference, final AUC minus its, steps to 99.5% of its plateau (its own steps)) of ``c[key]``."""
+    conv = c.get(key)
+    if conv is None:
+        return "-", "-", "-"
+    steps = f"{_steps(conv['steps_to_target'])} ({_steps(conv['reference_steps_to_target'])})"
+    return conv["reference"], _delta(conv["auc_minus_reference"]), steps
+
+
+def convergence_table(results: dict) -> list[str]:
+    """Lines of the convergence table: final AUC, the hybrid pipeline's staleness gauge (max), and per entry
+    its final AUC minus stock table_wise's and the steps to 99.5% of stock's plateau AUC."""
+    every = results.get("eval_every") or 0
+    lines = [
+        "convergence: held-out AUC "
+        + (f"every {every} trained steps and after the last" if every else "after the last step")
+        + " (auc_curve, auc_curve.png); plateau = the largest AUC on stock table_wise's curve; steps to 99.5% = "
+        "the first evaluated step at or above 99.5% of that plateau (stock's own in parentheses); reference: "
+        "stock table_wise under the entry's pipeline, or under sparse_dist when that pipeline has none; "
+        "the last two columns compare with stock table_wise under sparse_dist where the reference is another "
+        "pipeline's; staleness max: the most embedding updates a trained batch's read missed (hybrid's gauge)",
+        "",
+        "| workload | entry | pipeline | k | staleness max | final AUC | reference | AUC - ref | steps to 99.5% "
+        "| AUC - sparse_dist stock | steps to 99.5% (sparse_dist) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in by_workload(results["configs"]):
+        gauge = c.get("staleness_gauge")
+        reference, delta, steps = _against(c, "convergence")
+        _, sync_delta, sync_steps = _against(c, "convergence_vs_sparse_dist")
+        lines.append(
+            f"| {c.get('workload', 'dlrm')} | {c['name']} | {c.get('pipeline', '-')} | {c.get('embedding_staleness', '-')} "
+            f"| {'-' if gauge is None else gauge['max']} | {_auc(c['auc'])} | {reference} | {delta} | {steps} "
+            f"| {sync_delta} | {sync_steps} |"
+        )
     return lines
 
 
@@ -109,7 +181,7 @@ def plot_het_tradeoff(results: dict, path: Path) -> bool:
 
     Returns False (and writes nothing) when the run has no HET configuration.
     """
-    het = [c for c in results["configs"] if c["params"].get("sharding") == "het_cached_row_wise"]
+    het = [c for c in ran(results["configs"]) if c["params"].get("sharding") == "het_cached_row_wise"]
     if not het:
         return False
     import matplotlib
@@ -129,7 +201,7 @@ def plot_het_tradeoff(results: dict, path: Path) -> bool:
             ax.scatter(xs, ys, s=sizes, marker=marker, color=color, alpha=0.8, label=f"{protocol}, {capacity:.0%} cache")
             for c, x, y in zip(group, xs, ys):
                 ax.annotate(f"s={c['params']['s_read']}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    for c in results["configs"]:
+    for c in ran(results["configs"]):
         if c["stock"] and c.get("workload", "dlrm") == "dlrm":
             ax.axvline(c["bytes_per_step"]["embedding_cross_rank"] / 2**20, color="gray", linestyle=":", linewidth=1)
             ax.axhline(c["auc"], color="gray", linestyle=":", linewidth=1)
@@ -150,7 +222,7 @@ def plot_bytes_vs_memory(results: dict, path: Path) -> bool:
 
     Returns False (and writes nothing) when the run has no row-replicated configuration.
     """
-    configs = results["configs"]
+    configs = ran(results["configs"])
     if not any(c["params"].get("sharding") == "het_row_replicated" for c in configs):
         return False
     import matplotlib
@@ -169,6 +241,45 @@ def plot_bytes_vs_memory(results: dict, path: Path) -> bool:
         ax.set_xlabel("model state per rank, MiB (weights + optimizer state, replicas included; max over ranks)")
         ax.set_ylabel("embedding bytes per step, MiB (cross-rank, all ranks)")
         ax.set_title(f"{workload}: bytes vs memory (preset {results['preset']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_auc_curves(results: dict, path: Path) -> bool:
+    """Held-out AUC against trained steps, one line per entry (legend), one panel per workload; stock
+    table_wise's plateau and 99.5% of it as horizontal lines where the run has it.
+
+    Returns False (and writes nothing) when no entry has two points or more.
+    """
+    configs = [c for c in by_workload(results["configs"]) if len(c.get("auc_curve", [])) >= 2]
+    if not configs:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(c.get("workload", "dlrm") for c in configs))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(7.5 * len(workloads), 5), squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        plateaus = {}
+        for c in (c for c in configs if c.get("workload", "dlrm") == workload):
+            steps, aucs = zip(*c["auc_curve"])
+            ax.plot(steps, aucs, marker="o", markersize=3, linewidth=1.2, label=c["name"])
+            conv = c.get("convergence")
+            if conv is not None:
+                plateaus[conv["reference"]] = conv["plateau_auc"], conv["target_auc"]
+        for reference, (plateau, target) in plateaus.items():
+            ax.axhline(plateau, color="gray", linestyle="--", linewidth=0.8)
+            ax.axhline(target, color="gray", linestyle=":", linewidth=0.8)
+            ax.annotate(f"{reference} plateau (dashed), 99.5% (dotted)", (0, plateau), fontsize=7,
+                        xytext=(2, 3), textcoords="offset points", color="gray")
+        ax.set_xlabel("trained steps (warm-up included)")
+        ax.set_ylabel("held-out AUC")
+        ax.set_title(f"{workload}: held-out AUC (preset {results['preset']})")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

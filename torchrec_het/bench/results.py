@@ -1,4 +1,12 @@
-"""Turns the ranks' records into results.json (the shape later versions compare against)."""
+"""Turns the ranks' records into results.json (the shape later versions compare against).
+
+Per entry (a configuration under a pipeline) it has the speed, bytes, memory and quality
+fields, the pipeline (``pipeline``, ``embedding_staleness``, also in ``params``), the held-out
+AUC curve (``auc_curve``: ``[[trained steps, auc], ...]``, the final AUC last), the hybrid
+pipeline's ``staleness_gauge``, and ``convergence`` against stock table_wise
+(:func:`convergence`). An entry its pipeline refused has ``not_run`` (the reason) instead of
+measurements.
+"""
 
 import json
 import statistics
@@ -81,15 +89,110 @@ def versions() -> dict[str, str]:
     }
 
 
+# The reference of ``convergence``: stock table_wise of the entry's workload.
+STOCK_REFERENCE = {"dlrm": "stock_table_wise", "sequence": "seq_stock_table_wise"}
+PLATEAU_FRACTION = 0.995
+SYNC_PIPELINE = "sparse_dist"  # the reference's pipeline when the entry's own has no stock entry
+
+
+def _curve(per_rank: list[RankRecord]) -> list[list]:
+    """``[[step, auc], ...]`` over every rank's held-out samples at each evaluation."""
+    points = []
+    for evaluations in zip(*(r.curve for r in per_rank)):
+        step = evaluations[0][0]
+        scores = torch.cat([scores for _, scores, _ in evaluations])
+        labels = torch.cat([labels for _, _, labels in evaluations])
+        points.append([step, binary_auc(scores, labels)])
+    return points
+
+
+def _gauge(per_rank: list[RankRecord]) -> dict | None:
+    """The pipeline's staleness gauge: rank 0's (every rank trains the same batches in the same
+    order), with ``max`` the largest over ranks and each rank's max beside it."""
+    if per_rank[0].staleness_gauge is None:
+        return None
+    return dict(
+        per_rank[0].staleness_gauge,
+        max=max(r.staleness_gauge["max"] for r in per_rank),
+        per_rank_max=[r.staleness_gauge["max"] for r in per_rank],
+    )
+
+
+def steps_to_reach(curve: list[list], target: float) -> int | None:
+    """The first evaluated step whose AUC is at least ``target`` (None: none is)."""
+    return next((step for step, auc in curve if auc >= target), None)
+
+
+def _against(entry: dict, reference: dict) -> dict:
+    plateau = max(auc for _, auc in reference["auc_curve"])
+    target = PLATEAU_FRACTION * plateau
+    return {
+        "reference": reference["name"],
+        "reference_pipeline": reference["pipeline_label"],
+        "auc_minus_reference": entry["auc"] - reference["auc"],
+        "plateau_auc": plateau,
+        "target_auc": target,
+        "steps_to_target": steps_to_reach(entry["auc_curve"], target),
+        "reference_steps_to_target": steps_to_reach(reference["auc_curve"], target),
+    }
+
+
+def convergence(entries: list[dict]) -> None:
+    """Adds ``convergence`` to every entry that ran: its final AUC minus stock table_wise's, and the
+    steps it needs to reach 99.5% of stock's plateau AUC (``plateau_auc``: the largest AUC on stock's
+    curve, its final point included; ``steps_to_target``: the first evaluated step at or above
+    ``target_auc``, so known to ``eval_every`` steps; None: never reached).
+
+    The reference is stock table_wise of the entry's workload under the entry's own pipeline, or
+    under ``sparse_dist`` when that pipeline has no stock table_wise entry (``reference`` names it);
+    none: no ``convergence``. When the reference is not under ``sparse_dist`` and stock table_wise
+    under ``sparse_dist`` ran, ``convergence_vs_sparse_dist`` compares with it too (what a stale
+    pipeline costs against synchronous stock).
+    """
+    ran = [e for e in entries if "not_run" not in e]
+    stock = {(e["workload"], e["pipeline_label"]): e for e in ran if e["config"] == STOCK_REFERENCE.get(e["workload"])}
+    for entry in ran:
+        own = stock.get((entry["workload"], entry["pipeline_label"]))
+        sync = stock.get((entry["workload"], SYNC_PIPELINE))
+        reference = own or sync
+        if reference is None:
+            continue
+        entry["convergence"] = _against(entry, reference)
+        if sync is not None and reference is not sync:
+            entry["convergence_vs_sparse_dist"] = _against(entry, sync)
+
+
 def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
     """The results.json document for a finished run."""
     preset = spec.preset
     emulated = spec.network["mode"] == "emulated"
     host_of_rank = list(spec.host_of_rank) if emulated else None
     entries = []
-    for name in spec.config_names:
+    for entry in spec.entries():
+        name = entry.name
         per_rank = [ranks[name] for ranks in gathered]
-        config = bench_configs.CONFIGS[name]
+        config = bench_configs.CONFIGS[entry.config]
+        params = dict(
+            config.params,
+            embedding_optimizer=spec.embedding_optimizer,
+            pipeline=entry.run.name,
+            embedding_staleness=entry.run.embedding_staleness,
+        )
+        head = {
+            "name": name,
+            "config": entry.config,
+            "pipeline": entry.run.name,
+            "pipeline_label": entry.run.label,
+            "embedding_staleness": entry.run.embedding_staleness,
+            "stock": config.stock,
+            "workload": config.workload,
+            "sharding_types": per_rank[0].sharding_types,
+            "params": params,
+        }
+        refused = next((r.not_run for r in per_rank if r.not_run), None)
+        if refused is not None:
+            entries.append(dict(head, not_run=refused))
+            continue
         steps = len(per_rank[0].step_seconds)
         per_step, by_collective, inter_host, inter_host_embedding = _bytes(per_rank, steps, host_of_rank)
         scores = torch.cat([r.scores for r in per_rank])
@@ -98,11 +201,7 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
         batch_size = preset.batch_size_of(config.workload)
         entries.append(
             {
-                "name": name,
-                "stock": config.stock,
-                "workload": config.workload,
-                "sharding_types": per_rank[0].sharding_types,
-                "params": dict(config.params, embedding_optimizer=spec.embedding_optimizer, pipeline=spec.pipeline),
+                **head,
                 "batch_size_per_rank": batch_size,
                 "samples_per_s": _samples_per_s(per_rank, batch_size * spec.world_size),
                 "step_ms": step_ms(per_rank),
@@ -116,8 +215,12 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
                 "peak_rss_mb": [round(r.peak_rss_mb, 1) for r in per_rank],
                 "state_mb": [round(r.state_mb, 1) for r in per_rank],
                 "measured_steps": steps,
+                "auc_curve": _curve(per_rank),
             }
         )
+        gauge = _gauge(per_rank)
+        if gauge is not None:
+            entries[-1]["staleness_gauge"] = gauge
         if per_rank[0].cache_stats is not None:
             entries[-1]["cache"] = summarize_cache([r.cache_stats for r in per_rank], steps)
         if per_rank[0].replication is not None:
@@ -139,15 +242,19 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
         "batch_size_per_rank": preset.batch_size,
         "embedding_dim": preset.embedding_dim,
         "table_sizes": list(preset.table_sizes),
-        "pipeline": spec.pipeline,
+        "pipeline": ",".join(run.name for run in spec.pipeline_runs()),
+        "pipelines": [run.label for run in spec.pipeline_runs()],
+        "embedding_staleness": spec.embedding_staleness,
         "rounds": preset.rounds,
         "steps_per_round": preset.steps_per_round,
         "warmup_steps": preset.warmup_steps,
         "eval_samples": preset.eval_batches * preset.batch_size * spec.world_size,
+        "eval_every": preset.eval_every,
         "data": spec.data_path or "synthetic",
         "configs": entries,
         "versions": versions(),
     }
+    convergence(entries)
     # The fields above the configs describe the DLRM workload; the sequence workload's own
     # sizes follow when the run has any of its configurations.
     if preset.sequence is not None and any(e["workload"] == "sequence" for e in entries):
@@ -178,5 +285,7 @@ def write_outputs(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> None:
         print(f"wrote {out / 'het_tradeoff.png'}", flush=True)
     if report.plot_bytes_vs_memory(results, out / "bytes_vs_memory.png"):
         print(f"wrote {out / 'bytes_vs_memory.png'}", flush=True)
+    if report.plot_auc_curves(results, out / "auc_curve.png"):
+        print(f"wrote {out / 'auc_curve.png'}", flush=True)
     print(table, flush=True)
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'results.png'}", flush=True)

@@ -1,17 +1,29 @@
-"""The benchmark's rank body: every configuration trained on the same data, interleaved.
+"""The benchmark's rank body: every entry trained on the same data, interleaved.
 
-Each rank builds all selected configurations, warms each up, then runs ``rounds``
-rounds; in a round every configuration trains ``steps_per_round`` steps on the same
+An entry is a configuration trained under one of the run's pipelines (``RunSpec.pipeline``
+names one or several, see :mod:`~torchrec_het.bench.pipelines`; with one, entries are the
+configurations). Each rank builds all entries, warms each up, then runs ``rounds``
+rounds; in a round every entry trains ``steps_per_round`` steps on the same
 batches (those of its workload: configurations of one workload share them), in turn,
-so machine noise hits all configurations alike. Bytes of every
+so machine noise hits all entries alike. Bytes of every
 collective are counted during measured steps only. Rank 0 gathers the per-rank
 records and returns them.
 
-Every configuration trains under the run's pipeline (``RunSpec.pipeline``, see
-:mod:`~torchrec_het.bench.pipelines`): one loop per configuration for the whole run, fed
+Each entry has one loop for the whole run, fed
 from a :class:`~torchrec_het.bench.pipelines.BatchFeed` that holds the next round's batches
 (and, after the last round, ``lookahead`` batches past the end) before a round starts, so
 a pipeline that reads ahead never finds it empty and batch building stays off the clock.
+A pipeline that refuses the entry's model (its own check at its first step, or one the
+benchmark knows: TorchRec's semi-sync with ``het_cached_row_wise`` tables) leaves the entry
+not run, with the reason. An entry is settled (``loop.settle()``: the hybrid pipeline's
+embedding backward on its worker thread finished, on the clock of its last step) before the
+run moves to another entry or evaluates, so no two threads issue collectives at once.
+
+Held-out AUC: every ``preset.eval_every`` trained steps (warm-up included) each entry
+predicts the workload's held-out batches, off the clock and off the byte count, with the
+pipeline attached and its batches in flight
+(:meth:`~torchrec_het.bench.pipelines.TorchRecLoop.evaluate`), and once more after the
+last step, with the pipeline detached; the points are the entry's ``auc_curve``.
 Under ``sparse_dist`` a step issues the next batch's input dist, so the bytes counted in a
 round are those of that round's steps shifted by one batch; the last measured step issues
 the input dist of batch ``total_steps``, which is never trained (fixed-size batches: the
@@ -31,7 +43,15 @@ from torchrec_het.bench import configs as bench_configs
 from torchrec_het.bench.het_stats import ideal_lru, rank_cache_stats
 from torchrec_het.bench.memory import peak_rss_mb, reset_peak_rss, rss_mb, state_mb
 from torchrec_het.bench.model import BENCH_DEVICE, ShardedModel, predict
-from torchrec_het.bench.pipelines import DEFAULT_PIPELINE, BatchFeed, PipelineKind, check_pipeline
+from torchrec_het.bench.pipelines import (
+    DEFAULT_EMBEDDING_STALENESS,
+    DEFAULT_PIPELINE,
+    BatchFeed,
+    PipelineRefused,
+    PipelineRun,
+    entry_name,
+    parse_pipelines,
+)
 from torchrec_het.bench.presets import BenchPreset
 from torchrec_het.bench.replicated_configs import hot_fraction
 from torchrec_het.bench.step_time import CLOCK, TIMED_PARTS, instrument, timing_installed
@@ -60,7 +80,17 @@ class RunSpec:
     out_dir: str = "bench_out"
     seed: int = 0
     progress: bool = True
-    pipeline: str = DEFAULT_PIPELINE
+    pipeline: str = DEFAULT_PIPELINE  # comma-separated: every configuration trains under each
+    embedding_staleness: int = DEFAULT_EMBEDDING_STALENESS  # k of the pipelines that take it (hybrid)
+
+    def pipeline_runs(self) -> list[PipelineRun]:
+        """The run's pipelines, in ``pipeline`` order (raises PipelineUnavailable as the CLI does)."""
+        return parse_pipelines(self.pipeline, self.embedding_staleness, BENCH_DEVICE)
+
+    def entries(self) -> list["Entry"]:
+        """Every configuration under every pipeline, configuration by configuration."""
+        runs = self.pipeline_runs()
+        return [Entry(entry_name(c, r, len(runs) > 1), c, r) for c in self.config_names for r in runs]
 
     @property
     def local_world_size(self) -> int:
@@ -74,9 +104,25 @@ class RunSpec:
         return LOOPBACK_BYTES_PER_S
 
 
+@dataclass(frozen=True)
+class Entry:
+    """A configuration trained under a pipeline: one row of the results.
+
+    Attributes:
+        name: ``config`` alone when the run has one pipeline, else ``config@label``
+            (:func:`~torchrec_het.bench.pipelines.entry_name`).
+        config: the configuration's name.
+        run: the pipeline and its embedding staleness.
+    """
+
+    name: str
+    config: str
+    run: PipelineRun
+
+
 @dataclass
 class RankRecord:
-    """What one rank measured for one configuration."""
+    """What one rank measured for one entry."""
 
     name: str
     sharding_types: list[str]
@@ -90,6 +136,9 @@ class RankRecord:
     labels: torch.Tensor | None = None
     cache_stats: dict | None = None  # per table, for configurations with a HET cache
     replication: dict | None = None  # hot fraction, replica memory and sync counters (row-replicated)
+    curve: list = field(default_factory=list)  # (trained steps, scores, labels) per evaluation, the final one last
+    staleness_gauge: dict | None = None  # the pipeline's, if it keeps one (hybrid)
+    not_run: str | None = None  # why the pipeline refused the entry
 
 
 def _threads_per_rank(spec: RunSpec) -> int:
@@ -102,14 +151,28 @@ def _workload(name: str) -> str:
 
 @dataclass
 class _Trainee:
-    """One configuration while the run goes: its model, its loop and the batches queued for it."""
+    """One entry while the run goes: its model, its loop and the batches queued for it."""
 
-    name: str
+    entry: Entry
     sharded: ShardedModel
     feed: BatchFeed
     loop: object  # PlainLoop | TorchRecLoop
     queued_rounds: int = 0  # rounds of batches (then the tail) appended to the feed so far
     regroup: dict = field(default_factory=dict)  # FAE regrouping counters of measured rounds
+    steps_done: int = 0  # batches trained so far, warm-up included
+    eval_batches: list = field(default_factory=list)  # the workload's held-out batches of this rank
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def config(self) -> str:
+        return self.entry.config
+
+    @property
+    def lookahead(self) -> int:
+        return self.entry.run.lookahead
 
 
 class _RoundBatches:
@@ -152,9 +215,9 @@ def _top_up(trainee: _Trainee, rounds: _RoundBatches, spec: RunSpec, steps: int,
     last = spec.preset.rounds  # index of the tail
     while len(trainee.feed) < steps + lookahead and trainee.queued_rounds <= last:
         index = trainee.queued_rounds
-        batches = rounds.get(_workload(trainee.name), index)
+        batches = rounds.get(_workload(trainee.config), index)
         if index < last:
-            batches = _regrouped(trainee.name, trainee.sharded, batches, trainee.regroup)
+            batches = _regrouped(trainee.config, trainee.sharded, batches, trainee.regroup)
         trainee.feed.extend(batches)
         trainee.queued_rounds += 1
         if index == last:
@@ -162,9 +225,10 @@ def _top_up(trainee: _Trainee, rounds: _RoundBatches, spec: RunSpec, steps: int,
 
 
 def _build(
-    spec: RunSpec, name: str, source, base_rss: float, kind: PipelineKind, rounds: _RoundBatches
-) -> tuple[_Trainee, RankRecord]:
-    config = bench_configs.CONFIGS[name]
+    spec: RunSpec, entry: Entry, source, base_rss: float, rounds: _RoundBatches, eval_batches: list
+) -> tuple[_Trainee | None, RankRecord]:
+    """Builds and warms up an entry; no trainee when its pipeline refuses the model (the record says why)."""
+    config = bench_configs.CONFIGS[entry.config]
     before = rss_mb()
     reset_peak_rss()
     sharded = shard_workload(
@@ -173,14 +237,22 @@ def _build(
     attach_ddp_hooks(sharded.model)
     instrument(sharded.model)
     rank = dist.get_rank()
+    record = RankRecord(name=entry.name, sharding_types=sharded.sharding_types)
+    record.not_run = entry.run.refusal(sharded)  # the same on every rank: it depends on the plan only
+    if record.not_run is not None:
+        return None, record
     feed = BatchFeed()
     feed.extend(source.batch(step, rank, "train") for step in range(spec.preset.warmup_steps))
-    trainee = _Trainee(name, sharded, feed, kind.make(sharded, feed, BENCH_DEVICE))
+    trainee = _Trainee(entry, sharded, feed, entry.run.make(sharded, feed, BENCH_DEVICE), eval_batches=eval_batches)
     # The warm-up's last steps read ahead into round 0 under a pipeline: queue it (regrouped).
-    _top_up(trainee, rounds, spec, spec.preset.warmup_steps, kind.lookahead)
-    for _ in range(spec.preset.warmup_steps):
-        trainee.loop.step()
-    record = RankRecord(name=name, sharding_types=sharded.sharding_types)
+    _top_up(trainee, rounds, spec, spec.preset.warmup_steps, trainee.lookahead)
+    try:
+        for _ in range(spec.preset.warmup_steps):
+            _train(trainee, record, spec)
+    except PipelineRefused as refused:
+        record.not_run = str(refused)
+        return None, record
+    trainee.loop.settle()  # nothing of this entry runs while the next one builds
     het = het_module(sharded)
     if het is not None:
         het.reset_cache_stats()  # count measured steps only
@@ -211,15 +283,16 @@ def replicated_module(sharded: ShardedModel):
     return None
 
 
-def _collect_cache_stats(spec: RunSpec, sources: dict, models: dict, records: dict) -> None:
+def _collect_cache_stats(spec: RunSpec, sources: dict, trainees: dict, records: dict) -> None:
     preset, rank, memo = spec.preset, dist.get_rank(), {}
     batches = None
-    for name, sharded in models.items():
+    for name, trainee in trainees.items():
+        sharded = trainee.sharded
         het = het_module(sharded)
         if het is None:
             continue
         if batches is None:
-            source = sources[_workload(name)]
+            source = sources[_workload(trainee.config)]
             batches = [source.batch(step, rank, "train") for step in range(preset.total_steps)]
         ideal = ideal_lru(het, [b.sparse_features for b in batches], preset.warmup_steps, memo)
         records[name].cache_stats = rank_cache_stats(het, ideal)
@@ -244,49 +317,56 @@ def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
     """Runs on every rank of an initialized gloo group; rank 0 gets all ranks' records."""
     quiet_torchrec()
     torch.set_num_threads(_threads_per_rank(spec))
-    kind = check_pipeline(spec.pipeline, BENCH_DEVICE)
+    entries = spec.entries()
     rank = dist.get_rank()
     preset = spec.preset
     workloads = list(dict.fromkeys(_workload(name) for name in spec.config_names))  # in order of first use
     sources = {
         w: open_workload_source(w, preset, spec.world_size, spec.seed, spec.data_path) for w in workloads
     }
-    rounds = _RoundBatches(spec, sources, kind.lookahead)
+    eval_batches = {
+        w: [source.batch(i, rank, "eval") for i in range(preset.eval_batches_of(w))] for w, source in sources.items()
+    }
+    rounds = _RoundBatches(spec, sources, max(entry.run.lookahead for entry in entries))
     base_rss = rss_mb()
-    bar = _progress(spec, len(spec.config_names) * preset.total_steps)
+    bar = _progress(spec, len(entries) * preset.total_steps)
     trainees: dict[str, _Trainee] = {}
     records: dict[str, RankRecord] = {}
     with CommAccountant() as accountant, timing_installed():
         accountant.enabled = False
-        for name in spec.config_names:
-            trainees[name], records[name] = _build(spec, name, sources[_workload(name)], base_rss, kind, rounds)
+        for entry in entries:
+            workload = _workload(entry.config)
+            trainee, records[entry.name] = _build(spec, entry, sources[workload], base_rss, rounds, eval_batches[workload])
+            if trainee is not None:
+                trainees[entry.name] = trainee
             if bar:
-                bar.update(preset.warmup_steps)
+                bar.update(preset.warmup_steps if trainee is not None else preset.total_steps)
         for round_index in range(preset.rounds):
-            for name, trainee in trainees.items():
-                _top_up(trainee, rounds, spec, preset.steps_per_round, kind.lookahead)
-                _measure_window(trainee, preset.steps_per_round, records[name], accountant)
+            for name, trainee in list(trainees.items()):
+                _top_up(trainee, rounds, spec, preset.steps_per_round, trainee.lookahead)
+                try:
+                    _measure_window(trainee, preset.steps_per_round, records[name], accountant, spec)
+                except PipelineRefused as refused:  # a run without warm-up meets the refusal here
+                    records[name] = RankRecord(name, records[name].sharding_types, not_run=str(refused))
+                    del trainees[name]
                 if bar:
                     bar.update(preset.steps_per_round)
             rounds.release_before(round_index + 1)
         if bar:
             bar.close()
-        models = {name: trainee.sharded for name, trainee in trainees.items()}
-        for trainee in trainees.values():
+        for name, trainee in trainees.items():
+            records[name].staleness_gauge = trainee.loop.staleness_gauge()
             trainee.loop.finish()  # the models' own forwards back, for evaluation
-        _collect_cache_stats(spec, sources, models, records)
+        _collect_cache_stats(spec, sources, trainees, records)
         for name, trainee in trainees.items():
             replicated = replicated_module(trainee.sharded)
             if replicated is not None:
                 records[name].replication.update(replicated.replication_stats())
                 records[name].replication.update(trainee.regroup)
-        for workload, source in sources.items():
-            eval_batches = [source.batch(i, rank, "eval") for i in range(preset.eval_batches_of(workload))]
-            for name, sharded in models.items():
-                if _workload(name) != workload:
-                    continue
-                scores, labels = zip(*(predict(sharded.model, b) for b in eval_batches))
-                records[name].scores, records[name].labels = torch.cat(scores), torch.cat(labels)
+        for name, trainee in trainees.items():
+            scores, labels = zip(*(predict(trainee.sharded.model, b) for b in trainee.eval_batches))
+            records[name].scores, records[name].labels = torch.cat(scores), torch.cat(labels)
+            records[name].curve.append((trainee.steps_done, records[name].scores, records[name].labels))
         gathered: list[dict[str, RankRecord]] | None = [None] * spec.world_size if rank == 0 else None  # type: ignore[list-item]
         dist.gather_object(records, gathered, dst=0)
     return gathered
@@ -307,15 +387,55 @@ def _regrouped(name: str, sharded: ShardedModel, batches: list, stats: dict) -> 
     return out
 
 
-def _measure_window(trainee: _Trainee, steps: int, record: RankRecord, accountant: CommAccountant) -> None:
+def _train(trainee: _Trainee, record: RankRecord, spec: RunSpec) -> float:
+    """Trains one unmeasured step of the entry (then evaluates if due); returns its local loss."""
+    loss = trainee.loop.step()
+    _after_step(trainee, record, spec, None)
+    return loss
+
+
+def _eval_due(spec: RunSpec, steps_done: int) -> bool:
+    """Whether held-out AUC is evaluated after ``steps_done`` trained steps (not after the last:
+    the run's end does that one)."""
+    every = spec.preset.eval_every
+    return bool(every) and steps_done % every == 0 and steps_done < spec.preset.total_steps
+
+
+def _after_step(trainee: _Trainee, record: RankRecord, spec: RunSpec, accountant: CommAccountant | None) -> None:
+    """Counts the step; evaluates held-out AUC when it is due (off the clock, and off the byte count:
+    the accountant is paused once the step's own work has settled, so its bytes still count)."""
+    trainee.steps_done += 1
+    done = trainee.steps_done
+    if not _eval_due(spec, done):
+        return
+    trainee.loop.settle()
+    counting = accountant is not None and accountant.enabled
+    if counting:
+        accountant.enabled = False
+    scores, labels = zip(*trainee.loop.evaluate(trainee.eval_batches))
+    record.curve.append((done, torch.cat(scores), torch.cat(labels)))
+    if counting:
+        accountant.enabled = True
+
+
+def _measure_window(
+    trainee: _Trainee, steps: int, record: RankRecord, accountant: CommAccountant, spec: RunSpec
+) -> None:
     dist.barrier()
     accountant.reset()
     accountant.enabled = True
-    for _ in range(steps):
+    for index in range(steps):
         CLOCK.start()
-        record.losses.append(trainee.loop.step())
+        loss = trainee.loop.step()
+        if index == steps - 1 or _eval_due(spec, trainee.steps_done + 1):
+            # Before the next entry's steps (and its barrier), or an evaluation, nothing of this one
+            # may still run beside the main thread: the step waits for its own embedding backward
+            # (the hybrid pipeline's), on the clock, as the next step would have.
+            trainee.loop.settle()
         parts = CLOCK.stop()
+        record.losses.append(loss)
         record.step_seconds.append(parts["total"])
         record.step_parts.append(tuple(parts[p] for p in TIMED_PARTS))
+        _after_step(trainee, record, spec, accountant)
     accountant.enabled = False
     record.comm.append(accountant.totals())
