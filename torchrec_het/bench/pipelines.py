@@ -76,8 +76,8 @@ class BatchFeed:
 
 class PipelineRefused(Exception):
     """A pipeline's first ``progress()`` refused the configuration's model (a ``ValueError`` of its
-    own checks, e.g. the hybrid pipeline with k >= 1 and ``het_cached_row_wise`` tables); the
-    message is the pipeline's, on one line."""
+    own checks, e.g. the hybrid pipeline's for a model without a sharded module it can pipeline);
+    the message is the pipeline's, on one line."""
 
 
 class PlainLoop:
