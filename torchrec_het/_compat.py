@@ -26,6 +26,7 @@ import torchrec.distributed.planner.planners as _planners
 import torchrec.distributed.planner.stats as _stats
 import torchrec.distributed.shard as _shard
 import torchrec.distributed.sharding_plan as _sharding_plan
+import torch
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor as _ShardedTensor
 from torchrec.distributed.embedding import ShardedEmbeddingCollection
@@ -290,7 +291,8 @@ def cpu_semi_sync_class() -> type:
 
     - ``_mlp_forward`` and ``start_embedding_lookup`` wait the batch's events but pass no
       stream to record;
-    - its pipelined forward detaches the pooled embeddings as TorchRec's does, without
+    - its pipelined forward takes the CPU's current stream where TorchRec's, given no stream,
+      asks CUDA for one, and detaches the pooled embeddings as TorchRec's does, without
       ``KeyedTensor.record_stream``.
 
     Everything else (batch i's embeddings looked up before batch i-1's update, embedding
@@ -301,6 +303,11 @@ def cpu_semi_sync_class() -> type:
     from torchrec.sparse.jagged_tensor import KeyedTensor
 
     class CpuEmbeddingPipelinedForward(EmbeddingPipelinedForward):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            if self._stream is None:  # TorchRec makes streams on CUDA only; without one it assumes CUDA anyway
+                self._device = torch.device("cpu")
+
         def detach_embeddings(self, embeddings, cur_stream) -> None:
             if not isinstance(embeddings, KeyedTensor) or embeddings.values().is_cuda:
                 return super().detach_embeddings(embeddings, cur_stream)
