@@ -91,6 +91,14 @@ def test_the_convergence_table_and_the_curve_plot(tmp_path):
     assert not (tmp_path / "no.png").exists()  # one point is no curve
 
 
+def test_only_the_het_cache_has_a_caveat_and_only_when_evaluated_mid_run():
+    from torchrec_het.bench.results import evaluation_caveat
+
+    assert evaluation_caveat(["table_wise", "het_row_replicated"], [[5, 0.6], [9, 0.7]]) is None
+    assert evaluation_caveat(["het_cached_row_wise"], [[9, 0.7]]) is None  # the final evaluation only
+    assert "clock" in evaluation_caveat(["het_cached_row_wise", "het_row_replicated"], [[5, 0.6], [9, 0.7]])
+
+
 def test_presets_say_how_often_they_evaluate():
     assert get_preset("smoke").eval_every == get_preset("default").eval_every == 0  # the final AUC only
     converge = get_preset("converge")

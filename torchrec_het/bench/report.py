@@ -130,16 +130,20 @@ def convergence_table(results: dict) -> list[str]:
         "| AUC - sparse_dist stock | steps to 99.5% (sparse_dist) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    caveats = []
     for c in by_workload(results["configs"]):
         gauge = c.get("staleness_gauge")
         reference, delta, steps = _against(c, "convergence")
         _, sync_delta, sync_steps = _against(c, "convergence_vs_sparse_dist")
+        mark = " *" if "auc_curve_caveat" in c else ""
+        if mark:
+            caveats.append(f"* {c['name']}: {c['auc_curve_caveat']}")
         lines.append(
-            f"| {c.get('workload', 'dlrm')} | {c['name']} | {c.get('pipeline', '-')} | {c.get('embedding_staleness', '-')} "
+            f"| {c.get('workload', 'dlrm')} | {c['name']}{mark} | {c.get('pipeline', '-')} | {c.get('embedding_staleness', '-')} "
             f"| {'-' if gauge is None else gauge['max']} | {_auc(c['auc'])} | {reference} | {delta} | {steps} "
             f"| {sync_delta} | {sync_steps} |"
         )
-    return lines
+    return lines + ([""] + caveats if caveats else [])
 
 
 def plot(results: dict, path: Path) -> None:

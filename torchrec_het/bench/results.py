@@ -95,6 +95,22 @@ PLATEAU_FRACTION = 0.995
 SYNC_PIPELINE = "sparse_dist"  # the reference's pipeline when the entry's own has no stock entry
 
 
+# Why mid-run evaluation is not neutral for an entry, by sharding type (the benchmark's evaluation
+# leaves every other entry's training unchanged: tests/bench/test_bench_pipelines.py).
+EVALUATION_CAVEATS = {
+    "het_cached_row_wise": "het_cached_row_wise lookups treat an evaluation forward as a step (their clock "
+    "advances, the rows read enter the cache), so evaluating mid-run changes this entry's training",
+}
+
+
+def evaluation_caveat(sharding_types: list[str], curve: list) -> str | None:
+    """Why this entry's mid-run evaluations (curve points before the last) changed its training, or None."""
+    if len(curve) < 2:
+        return None
+    notes = [EVALUATION_CAVEATS[t] for t in sharding_types if t in EVALUATION_CAVEATS]
+    return "; ".join(notes) or None
+
+
 def _curve(per_rank: list[RankRecord]) -> list[list]:
     """``[[step, auc], ...]`` over every rank's held-out samples at each evaluation."""
     points = []
@@ -218,6 +234,9 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
                 "auc_curve": _curve(per_rank),
             }
         )
+        caveat = evaluation_caveat(per_rank[0].sharding_types, entries[-1]["auc_curve"])
+        if caveat is not None:
+            entries[-1]["auc_curve_caveat"] = caveat
         gauge = _gauge(per_rank)
         if gauge is not None:
             entries[-1]["staleness_gauge"] = gauge

@@ -23,7 +23,8 @@ Held-out AUC: every ``preset.eval_every`` trained steps (warm-up included) each 
 predicts the workload's held-out batches, off the clock and off the byte count, with the
 pipeline attached and its batches in flight
 (:meth:`~torchrec_het.bench.pipelines.TorchRecLoop.evaluate`), and once more after the
-last step, with the pipeline detached; the points are the entry's ``auc_curve``.
+last step, with the pipeline detached; the points are the entry's ``auc_curve``. (The HET
+cache's lookups count evaluation forwards as steps: results.json says so for those entries.)
 Under ``sparse_dist`` a step issues the next batch's input dist, so the bytes counted in a
 round are those of that round's steps shifted by one batch; the last measured step issues
 the input dist of batch ``total_steps``, which is never trained (fixed-size batches: the
