@@ -140,7 +140,7 @@ def _held(kind: str, weight, state, grads, lr, eps):
     from torchrec_het.sharding.row_optim import squares_of, step_rows_held
 
     squares = sum(squares_of(kind, g) for g in grads) if kind != "sgd" else None
-    return step_rows_held(kind, weight, state, sum(grads), squares, lr, eps)
+    return step_rows_held(kind, weight, state, sum(grads), squares, lr, eps, len(grads))
 
 
 @pytest.mark.parametrize("kind", ["adagrad", "rowwise_adagrad"])
@@ -187,3 +187,19 @@ def test_held_sgd_is_the_sum_of_the_k_steps() -> None:
     sync_weight, _ = _k_steps("sgd", weight, None, grads, torch.tensor(0.1), 0.0)
     held_weight, _ = _held("sgd", weight, None, grads, torch.tensor(0.1), 0.0)
     torch.testing.assert_close(held_weight, sync_weight, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["adagrad", "rowwise_adagrad"])
+def test_a_cancelled_estimate_of_the_squares_never_lets_a_row_jump(kind: str) -> None:
+    """Holders whose held sums have opposite signs can estimate the squares at 0; k gradients that sum
+    to G have squares of at least G^2 / k, so the state grows by that and the step stays bounded."""
+    from torchrec_het.sharding.row_optim import squares_of, step_rows_held
+
+    k, dim = 6, 8
+    weight, grad = torch.zeros(1, dim), torch.randn(1, dim, generator=torch.Generator().manual_seed(3))
+    state = torch.zeros(1, dim if kind == "adagrad" else 1)
+    lr = torch.tensor(0.1)
+    new_weight, new_state = step_rows_held(kind, weight, state, grad, torch.zeros_like(state), lr, 1e-8, k)
+    torch.testing.assert_close(new_state, (squares_of(kind, grad) / k).float())
+    bound = 0.1 * k**0.5 * (1.0 if kind == "adagrad" else float(grad.abs().max() / grad.pow(2).mean().sqrt()))
+    assert float(new_weight.abs().max()) <= bound * (1 + 1e-5)

@@ -206,13 +206,13 @@ class HetWrites:
         rows = g.local_rows(ids, tables)
         for module_index in g.modules:
             tbe = lookup_kernels(self)[module_index].emb_module
-            step, mine_rows, mine_tables, mine_beyond = grads, rows, tables, beyond
+            step, mine_rows, mine_tables, mine_beyond, mine_updates = grads, rows, tables, beyond, updates
             if len(g.modules) > 1:
                 mine = (g.table_module.index_select(0, tables) == module_index).nonzero().flatten()
                 step, mine_rows = grads.index_select(0, mine), rows.index_select(0, mine)
-                mine_tables = tables.index_select(0, mine)
+                mine_tables, mine_updates = tables.index_select(0, mine), updates.index_select(0, mine)
                 mine_beyond = beyond.index_select(0, mine) if beyond is not None else None
-            apply_rows(tbe, g.kernel_table.index_select(0, mine_tables), mine_rows, step, mine_beyond)
+            apply_rows(tbe, g.kernel_table.index_select(0, mine_tables), mine_rows, step, mine_beyond, mine_updates)
         g.versions.index_add_(0, g.local_index_of(ids), updates)
         g.stats.add_mass("grad_applied", tables, grads)
 

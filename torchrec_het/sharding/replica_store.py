@@ -182,7 +182,8 @@ class ReplicaBlock:
         ``sum (Q_r - S_r**2)`` and the state grows by ``S**2 + sum (Q_r - S_r**2)`` (at least 0):
         exactly the k steps' squares when one rank touched the row, and the synchronous step's
         when k = 1; in between, the cross-rank products of different steps stand in for those
-        of the same step. The step is :func:`~torchrec_het.sharding.row_optim.step_rows_held`.
+        of the same step, and the growth is never below ``S**2 / k`` (opposite-signed holders
+        could cancel the estimate). The step is :func:`~torchrec_het.sharding.row_optim.step_rows_held`.
         """
         rates = torch.stack([k.learning_rate_tensor for k in self.kernels]).to(summed.device)
         lr = rates.index_select(0, self.kernel_of.index_select(0, touched)).view(-1, 1)
@@ -191,7 +192,7 @@ class ReplicaBlock:
         if self.holds_squares:
             grads, beyond = summed[:, : self.dim], summed[:, self.dim :]
             squares = (squares_of(self.optimizer, grads) + beyond).clamp(min=0)
-            weights, state = step_rows_held(self.optimizer, weight, state, grads, squares, lr, eps)
+            weights, state = step_rows_held(self.optimizer, weight, state, grads, squares, lr, eps, max(self.steps_held, 1))
         else:
             weights, state = step_rows(self.optimizer, weight, state, summed, lr, eps)
         self.weights.index_copy_(0, touched, weights)

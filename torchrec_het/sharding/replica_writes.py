@@ -344,7 +344,8 @@ class ReplicaWrites:
             for kernel, mask in ((lookup_kernels(self)[module_index].emb_module, owned), (self._replicas[module_index], ~owned)):
                 mine = mask & (module_of == module_index)
                 if bool(mine.any()) and beyond is not None:
-                    apply_rows(kernel, table_index[mine], rows[mine], grads[mine], beyond[mine])
+                    spans = torch.full_like(rows[mine], self._sync_every)
+                    apply_rows(kernel, table_index[mine], rows[mine], grads[mine], beyond[mine], spans)
                 elif bool(mine.any()):
                     apply_row_grads(kernel, table_index[mine], rows[mine], grads[mine])
 

@@ -122,7 +122,7 @@ def _layout(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> _Layout | None:
 @torch.no_grad()
 def apply_rows(
     tbe: SplitTableBatchedEmbeddingBagsCodegen, tables: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor,
-    beyond: torch.Tensor | None = None,
+    beyond: torch.Tensor | None = None, steps: torch.Tensor | None = None,
 ) -> None:
     """One optimizer step of ``tbe``: row ``rows[i]`` of its table ``tables[i]`` gets ``grads[i]``.
 
@@ -140,6 +140,8 @@ def apply_rows(
             is stepped by :func:`step_rows_held`: held updates from one holder count as the
             steps they were, entries from several holders as one synchronous step. Kernels this
             module cannot update directly take the sum as one step.
+        steps: with ``beyond``, the steps each entry's gradient spans (int64 ``[n]``; a row's
+            largest is its k for :func:`step_rows_held`'s floor); default 1.
     """
     if rows.numel() == 0:
         return
@@ -174,7 +176,12 @@ def apply_rows(
     else:
         held = torch.zeros(starts.numel(), beyond.size(1), dtype=torch.float64, device=flat.device)
         held = (held.index_add_(0, inverse, beyond.double()) + squares_of(layout.kind, grad)).clamp(min=0)
-        weight, momentum = step_rows_held(layout.kind, weight, states.read(), grad, held, lr, tbe.optimizer_args.eps)
+        spans = torch.ones(starts.numel(), dtype=torch.int64, device=flat.device)
+        if steps is not None:
+            spans = spans.scatter_reduce(0, inverse, steps.to(flat.device).clamp(min=1), "amax")
+        weight, momentum = step_rows_held(
+            layout.kind, weight, states.read(), grad, held, lr, tbe.optimizer_args.eps, spans.unsqueeze(1)
+        )
     states.write(momentum)
     weights.write(weight)
 
@@ -233,7 +240,7 @@ def squares_of(kind: str, grad: torch.Tensor) -> torch.Tensor | None:
 @torch.no_grad()
 def step_rows_held(
     kind: str, weight: torch.Tensor, state: torch.Tensor | None, grad_sum: torch.Tensor, squares: torch.Tensor | None,
-    lr, eps,
+    lr, eps, steps=1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The step of gradients held back over several steps (a stale replica's sync, a HET push of k updates).
 
@@ -248,6 +255,10 @@ def step_rows_held(
       least ``sqrt(state after the first) / sqrt(state after the last)`` of it; for k = 1 it is
       the step itself.
     - SGD has no state: ``lr * G`` is the k steps' sum exactly.
+    - ``Q`` is never taken below ``squares_of(G) / k`` (``steps``: k): k gradients that sum to
+      ``G`` have squares of at least that. An estimate of ``Q`` that cancels (gradients of
+      several holders with opposite signs) could otherwise step a row with a state near 0 by
+      ``lr * G / eps``.
 
     Args:
         kind: ``sgd``, ``adagrad`` or ``rowwise_adagrad``.
@@ -257,11 +268,14 @@ def step_rows_held(
         squares: the held steps' summed :func:`squares_of` (``[n, dim]`` or ``[n, 1]``).
         lr: learning rate (a tensor of one value or one per row, ``[n, 1]``).
         eps: epsilon, as :func:`step_rows` takes it.
+        steps: k, the steps the held gradients span (a number, or one per row ``[n, 1]``).
     """
     if kind == "sgd":
         return step_rows(kind, weight, state, grad_sum, lr, eps)
     if kind not in ("adagrad", "rowwise_adagrad"):
         raise ValueError(f"no row update for optimizer {kind!r}")
+    floor = squares_of(kind, grad_sum).double() / (steps.double() if isinstance(steps, torch.Tensor) else float(steps))
+    squares = torch.maximum(squares.double(), floor)
     if kind == "adagrad":  # the arithmetic of :func:`step_rows`, with the squares given
         momentum = (state.double() + squares.double()).float()
         step = (lr * grad_sum).double() / (momentum.double().sqrt() + _as(eps, torch.float64))
