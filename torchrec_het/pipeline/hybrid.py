@@ -289,6 +289,13 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
             pending, self._pending = self._pending, None
             pending.result()
 
+    def reset(self) -> None:
+        """Drains, then drops the batches in flight (``TrainPipelineSparseDist.reset``); the next
+        ``progress`` fills the pipeline again."""
+        self.drain()
+        super().reset()
+        self._started = False
+
     def detach(self) -> torch.nn.Module:
         """Drains, then gives the model its own forwards back (see ``TrainPipelineSparseDist.detach``)."""
         self.drain()
