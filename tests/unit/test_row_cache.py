@@ -378,3 +378,20 @@ def test_ideal_lru_hits() -> None:
     assert lru_hits(steps, 10) == (3, 7)
     assert lru_hits(steps, 10, counted_from=2) == (2, 3)
     assert lru_hits(steps, 0) == (0, 7)
+
+
+def test_optimizer_state_comes_with_the_row_and_pending_squares_add_to_it() -> None:
+    cache = RowCache(num_rows=10, dim=2, capacity=2)
+    cache.hold_optimizer_state(1)
+    assert cache.state_width == 1
+    with pytest.raises(ValueError, match=r"optimizer state.*\[2, 1\]"):
+        cache.insert(_ids(3, 5), _rows(2), _ids(0, 0), step=0)  # rows without their state
+    slots, _, _ = cache.insert(_ids(3, 5), _rows(2), _ids(0, 0), step=0, states=torch.tensor([[1.0], [2.0]]))
+    cache.accumulate(slots[:1], torch.ones(1, 2), torch.zeros(1, 2), squares=torch.tensor([[0.5]]))
+    assert cache.known_states(slots).flatten().tolist() == [1.5, 2.0]
+    cache.refresh(slots[:1], _rows(1), _ids(4), step=1, states=torch.tensor([[7.0]]))  # the owner's newer state
+    assert cache.known_states(slots).flatten().tolist() == [7.5, 2.0]  # this rank's squares stay pending
+    pushed = cache.take(slots[:1])
+    assert pushed.squares.flatten().tolist() == [0.5] and cache.known_states(slots[:1]).flatten().tolist() == [7.0]
+    cache.insert(_ids(8), _rows(1), _ids(0), step=2, states=torch.tensor([[9.0]]))  # evicts id 3 (LRU)
+    assert cache.known_states(cache.slots_of(_ids(8))).flatten().tolist() == [9.0]

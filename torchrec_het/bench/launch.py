@@ -36,6 +36,7 @@ def _rank_main(
         gathered = body(spec)
         if rank == 0:
             on_done(spec, gathered)
+        dist.barrier()  # no rank closes its connections while another still reads from them
     finally:
         dist.destroy_process_group()
 
@@ -71,5 +72,6 @@ def run_under_torchrun(spec: RunSpec, on_done, body=run_benchmark) -> None:
         gathered = body(spec)
         if dist.get_rank() == 0:
             on_done(spec, gathered)
+        dist.barrier()  # no rank closes its connections while another still reads from them
     finally:
         dist.destroy_process_group()

@@ -70,7 +70,8 @@ class RowCache:
     Memory: the id -> slot map costs 4 bytes per table row (int32; 8 bytes if the
     capacity reaches 2**31), which buys O(1) vectorized lookups without hashing.
     Each slot costs ``3 * dim`` values (value, pending gradient, pending local
-    delta) plus six int64 counters; ``nbytes()`` gives that total (the eviction
+    delta) plus six int64 counters, and twice the optimizer state's width where the cache
+    keeps one (:meth:`hold_optimizer_state`); ``nbytes()`` gives that total (the eviction
     bookkeeping below adds a few int64 per partition and per candidate victim).
 
     Eviction: free slots are used first (lowest slot first), then victims among the
@@ -137,7 +138,8 @@ class RowCache:
         self.versions = torch.zeros(total, dtype=torch.int64, device=device)
         self.validated_step = torch.zeros(total, dtype=torch.int64, device=device)
         self.pending_count = torch.zeros(total, dtype=torch.int64, device=device)
-        self.pending_squares = torch.zeros(total, 0, dtype=dtype, device=device)  # see :meth:`hold_squares`
+        self.pending_squares = torch.zeros(total, 0, dtype=dtype, device=device)  # see :meth:`hold_optimizer_state`
+        self.states = torch.zeros(total, 0, dtype=dtype, device=device)
         self.last_used = torch.zeros(total, dtype=torch.int64, device=device)
         self.frequency = torch.zeros(total, dtype=torch.int64, device=device)
         self.slot_ids = torch.full((total,), -1, dtype=torch.int64, device=device)
@@ -146,14 +148,28 @@ class RowCache:
         self._protected = torch.zeros(total, dtype=torch.bool, device=device)
         self._reset_eviction()
 
-    def hold_squares(self, width: int) -> None:
-        """Keeps, per slot, the summed squares of its pending gradients (``width``: ``dim`` for
-        Adagrad, 1 for row-wise Adagrad), so a push of k updates can grow the owner's state as
-        k steps would. Call before the first :meth:`accumulate`."""
+    def hold_optimizer_state(self, width: int) -> None:
+        """Keeps, per slot, an Adagrad-family optimizer state of ``width`` floats per row (``dim`` for
+        Adagrad, 1 for row-wise Adagrad): ``states``, the owner's state as fetched with the row, and
+        ``pending_squares``, the summed squares of the pending gradients. Their sum is the row's
+        state as this rank knows it (:meth:`known_states`), which the local step of a cached copy
+        uses; a push of k updates carries the squares, so the owner's state grows as k steps would.
+        Call before the first :meth:`accumulate`."""
         if self.pending_squares.size(1) != width:
             if bool(self.pending_count.any()):
-                raise RuntimeError("hold_squares() must come before the first accumulate()")
+                raise RuntimeError("hold_optimizer_state() must come before the first accumulate()")
             self.pending_squares = torch.zeros(self.capacity, width, dtype=self.values.dtype, device=self.device)
+            self.states = torch.zeros(self.capacity, width, dtype=self.values.dtype, device=self.device)
+
+    @property
+    def state_width(self) -> int:
+        """Floats of optimizer state kept per row (0: none, see :meth:`hold_optimizer_state`)."""
+        return self.states.size(1)
+
+    def known_states(self, slots: torch.Tensor) -> torch.Tensor:
+        """The optimizer state of each slot's row as this rank knows it: the owner's at the last
+        fetch plus the squares of this rank's updates not yet pushed."""
+        return self.states.index_select(0, slots) + self.pending_squares.index_select(0, slots)
 
     def _reset_eviction(self) -> None:
         partitions = self.partition_capacity.numel()
@@ -278,6 +294,7 @@ class RowCache:
         step: int,
         protect: torch.Tensor | None = None,
         check: bool = True,
+        states: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, PendingRows, torch.Tensor]:
         """Caches new rows, evicting by the policy within each partition (never a slot in ``protect``).
 
@@ -291,6 +308,8 @@ class RowCache:
             step: the current step.
             protect: slots in use this step, which must survive (-1 entries are ignored).
             check: verify the ids (in range, distinct, not cached; host syncs).
+            states: ``[n, state_width]`` the owner's optimizer state of each row, where the
+                cache keeps one (:meth:`hold_optimizer_state`).
 
         Returns:
             The slot of each id (-1 for ids that found none: within a partition the
@@ -302,14 +321,26 @@ class RowCache:
         n = ids.numel()
         if values.shape != (n, self.dim):
             raise ValueError(f"insert() wants values [{n}, {self.dim}], got {list(values.shape)}")
+        if self.state_width:
+            self._checked_states(states, n)  # before anything changes
         slots, dirty, evicted = self.reserve(ids, versions, step, protect, check)
-        self.fill(slots, values)
+        self.fill(slots, values, states)
         return slots, dirty, evicted
 
-    def fill(self, slots: torch.Tensor, values: torch.Tensor) -> None:
-        """Writes the rows of reserved slots (``slots[i] < 0``: ``values[i]`` found no slot)."""
+    def fill(self, slots: torch.Tensor, values: torch.Tensor, states: torch.Tensor | None = None) -> None:
+        """Writes the rows of reserved slots (``slots[i] < 0``: ``values[i]`` found no slot), and their
+        owner's optimizer state where the cache keeps one."""
         kept = (slots >= 0).nonzero().flatten()
-        self.values.index_copy_(0, slots.index_select(0, kept), values.index_select(0, kept).to(self.values.dtype))
+        at = slots.index_select(0, kept)
+        self.values.index_copy_(0, at, values.index_select(0, kept).to(self.values.dtype))
+        if self.state_width:
+            self.states.index_copy_(0, at, self._checked_states(states, slots.numel()).index_select(0, kept))
+
+    def _checked_states(self, states: torch.Tensor | None, n: int) -> torch.Tensor:
+        if states is None or states.shape != (n, self.state_width):
+            got = None if states is None else list(states.shape)
+            raise ValueError(f"this cache keeps optimizer state: rows need states [{n}, {self.state_width}], got {got}")
+        return states.to(self.values.dtype)
 
     def reserve(
         self,
@@ -365,7 +396,7 @@ class RowCache:
         self.versions.index_copy_(0, slots, versions.index_select(0, positions).to(torch.int64))
         for tensor, value in ((self.validated_step, step), (self.last_used, step), (self.frequency, 1),
                               (self.pending_grad, 0), (self.pending_delta, 0), (self.pending_count, 0),
-                              (self.pending_squares, 0)):
+                              (self.pending_squares, 0), (self.states, 0)):
             tensor.index_fill_(0, slots, value)
         early = self._before_bound(self._keys(slots), slots, self._partition_of_slot(slots))
         self._candidates = torch.cat([self._candidates, slots[early]])  # e.g. LFU's fresh rows
@@ -411,9 +442,13 @@ class RowCache:
         self.pending_count.index_fill_(0, slots, 0)
         return out
 
-    def refresh(self, slots: torch.Tensor, values: torch.Tensor, versions: torch.Tensor, step: int) -> None:
-        """A newer value from the owner; this rank's unpushed local updates stay applied."""
+    def refresh(self, slots: torch.Tensor, values: torch.Tensor, versions: torch.Tensor, step: int,
+                states: torch.Tensor | None = None) -> None:
+        """A newer value (and optimizer state, where kept) from the owner; this rank's unpushed local
+        updates stay applied (and their squares stay pending)."""
         self.values.index_copy_(0, slots, values.to(self.values.dtype) + self.pending_delta.index_select(0, slots))
+        if self.state_width:
+            self.states.index_copy_(0, slots, self._checked_states(states, slots.numel()))
         self.versions.index_copy_(0, slots, versions.to(torch.int64))
         self.validated_step.index_fill_(0, slots, step)
 
@@ -474,7 +509,7 @@ class RowCache:
         self.slot_ids.fill_(-1)
         for tensor in (
             self.values, self.pending_grad, self.pending_delta, self.versions, self.validated_step,
-            self.pending_count, self.last_used, self.frequency, self.pending_squares,
+            self.pending_count, self.last_used, self.frequency, self.pending_squares, self.states,
         ):
             tensor.zero_()
         self._reset_eviction()
@@ -484,6 +519,7 @@ class RowCache:
         tensors = (
             self.values, self.pending_grad, self.pending_delta, self.versions, self.validated_step,
             self.pending_count, self.last_used, self.frequency, self.slot_ids, self._slot_of, self.pending_squares,
+            self.states,
         )
         return sum(t.numel() * t.element_size() for t in tensors)
 

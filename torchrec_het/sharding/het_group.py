@@ -100,6 +100,11 @@ class HetGroup(FusedIdSpace):
         self.kernel_table = torch.tensor([t.table_index for t in tables], dtype=torch.int64)
         self.modules = sorted({t.module_index for t in tables})
         self.has_mean = any(t.mean for t in tables)
+        # the optimizer state the cache keeps per row (set by the lookup once its kernels exist)
+        self.held_kind: str | None = None  # Adagrad-family kind, or None (SGD, mixed kernels)
+        self.state_width = 0  # floats of state per row
+        self.fetch_width = dim  # floats an owner sends per fetched row: the row, then its state
+        self.eps: torch.Tensor | None = None  # float64 epsilon of each table, where a state is kept
         tensors_to(self, self.device)  # the static indexes, built on the host (the cache and counters are made there)
 
     def set_layout(self, positions: list[int], columns: list[int], num_features: int, width: int) -> None:

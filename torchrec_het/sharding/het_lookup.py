@@ -95,6 +95,7 @@ from torchrec_het.sharding.het_group import HetGroup
 from torchrec_het.sharding.het_writes import HetWrites, _flatten_rows
 from torchrec_het.sharding.id_space import TableInfo, bag_divisors, flatten_batch
 from torchrec_het.sharding.output_layout import OutputPlan, Part, Source, bag_offsets, output_layout
+from torchrec_het.sharding.row_apply import row_state
 from torchrec_het.sharding.row_optim import _buffer, optimizer_kind
 
 STEP_ATTR = "_het_cached_step"  # where the input dist leaves a batch's bookkeeping on its KJT
@@ -228,7 +229,6 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         device = self._compute_device
         self._group_base = torch.tensor([sum(sizes[:i]) for i in range(len(sizes))], dtype=torch.int64, device=device)
         self._group_ends = torch.tensor([sum(sizes[: i + 1]) for i in range(len(sizes))], dtype=torch.int64, device=device)
-        self._dims = torch.tensor([g.dim for g in self._groups], dtype=torch.int64, device=device)
         # lease: a renewal brings the row whenever the owner has moved on at all
         self._bounds = torch.tensor(
             [g.settings.s_read if g.settings.protocol == "het" else 0 for g in self._groups], dtype=torch.int64,
@@ -250,6 +250,8 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         self._build_layout(positions)
         for m in lookup_kernels(self):
             optimizer_kind(m.emb_module)  # a clear error now for an optimizer the write path cannot step
+        self._keep_optimizer_state()
+        self._fetch_widths = torch.tensor([g.fetch_width for g in self._groups], dtype=torch.int64, device=device)
 
     def _build_layout(self, positions: dict[str, list[int]]) -> None:
         """Static indexes: each group's input positions and output columns, and each input's group."""
@@ -289,50 +291,74 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
 
     # --- the local shards, as one [rows, dim] view per kernel -------------------------------
 
-    def _owned_view(self, module_index: int, g: HetGroup) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(``[rows, dim]`` view of a kernel's flat weights, first row there of each of its tables) for
-        the group's tables in that kernel, or None (then they are read table by table)."""
+    def _owned_view(self, module_index: int, g: HetGroup, prefix: str = "weights") -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(``[rows, width]`` view of a kernel's flat ``prefix`` buffer (``weights``: width ``dim``;
+        ``momentum1``: the optimizer state's width), first row there of each of its tables) for the
+        group's tables in that kernel, or None (then they are read table by table)."""
         tbe = lookup_kernels(self)[module_index].emb_module
-        key = (module_index, id(g))
+        key = (module_index, id(g), prefix)
         cached = self._views.get(key)
         if cached is not None:
             attr, pointer, view = cached
             if getattr(tbe, attr).data_ptr() == pointer:  # the kernel kept its buffer
                 return view
-        found = _buffer(tbe, "weights")
+        found = _buffer(tbe, prefix)
         if found is None:
             return None
+        width = g.dim if prefix == "weights" else g.state_width
         attr, offsets = found
         offsets = offsets.to(self._compute_device)
         mine = g.kernel_table[g.table_module == module_index]
-        phases = torch.unique(offsets[mine] % g.dim)  # tables of other widths may shift the rows
+        phases = torch.unique(offsets[mine] % width)  # tables of other widths may shift the rows
         if phases.numel() != 1:
             return None
         phase = int(phases)
         flat = getattr(tbe, attr).detach().view(-1)
-        rows = (flat.numel() - phase) // g.dim
-        view = (flat[phase : phase + rows * g.dim].view(rows, g.dim), (offsets - phase) // g.dim)
+        rows = (flat.numel() - phase) // width
+        view = (flat[phase : phase + rows * width].view(rows, width), (offsets - phase) // width)
         self._views[key] = (attr, flat.data_ptr(), view)
         return view
 
-    def _read_owned(self, g: HetGroup, ids: torch.Tensor) -> torch.Tensor:
-        """Rows of owned fused ids from the local shards."""
+    def _read_owned(self, g: HetGroup, ids: torch.Tensor, prefix: str = "weights") -> torch.Tensor:
+        """Rows of owned fused ids from the local shards (``prefix="momentum1"``: their optimizer state)."""
+        width = g.dim if prefix == "weights" else g.state_width
         tables = g.table_of(ids)
         rows = g.local_rows(ids, tables)
         out = None
         for module_index in g.modules:
-            view = self._owned_view(module_index, g)
+            view = self._owned_view(module_index, g, prefix)
             if view is None:
-                weights = [m.split_embedding_weights() for m in lookup_kernels(self)]
-                return g.read_owned(ids, [weights[t.module_index][t.table_index] for t in g.tables])
+                return self._read_owned_by_table(g, ids, prefix)
             shard, first_row = view
             at = first_row.index_select(0, g.kernel_table.index_select(0, tables)) + rows
             if len(g.modules) == 1:
                 return shard.index_select(0, at).float()
-            out = torch.empty(ids.numel(), g.dim, device=self._compute_device) if out is None else out
+            out = torch.empty(ids.numel(), width, device=self._compute_device) if out is None else out
             mine = (g.table_module.index_select(0, tables) == module_index).nonzero().flatten()
             out.index_copy_(0, mine, shard.index_select(0, at.index_select(0, mine)).float())
-        return out if out is not None else torch.empty(0, g.dim, device=self._compute_device)
+        return out if out is not None else torch.empty(0, width, device=self._compute_device)
+
+    def _read_owned_by_table(self, g: HetGroup, ids: torch.Tensor, prefix: str) -> torch.Tensor:
+        """:meth:`_read_owned` for kernels whose buffers are not one flat tensor (mixed placements)."""
+        kernels = lookup_kernels(self)
+        if prefix == "weights":
+            weights = [m.split_embedding_weights() for m in kernels]
+            return g.read_owned(ids, [weights[t.module_index][t.table_index] for t in g.tables])
+        tables = g.table_of(ids)
+        rows = g.local_rows(ids, tables)
+        out = torch.empty(ids.numel(), g.state_width, device=self._compute_device)
+        for i in torch.unique(tables).tolist():
+            t, mine = g.tables[i], tables == i
+            out[mine] = row_state(kernels[t.module_index].emb_module, t.table_index)[1][rows[mine]].float()
+        return out
+
+    def _read_fetched(self, g: HetGroup, ids: torch.Tensor) -> torch.Tensor:
+        """What an owner sends for each requested row: the row, then its optimizer state where the
+        requester's cache keeps one (``g.fetch_width`` floats)."""
+        rows = self._read_owned(g, ids)
+        if not g.state_width:
+            return rows
+        return torch.cat([rows, self._read_owned(g, ids, "momentum1")], 1)
 
     # --- input dist: what to ask the owners ---------------------------------------------
 
@@ -467,17 +493,17 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
             current.index_copy_(0, mine, g.versions.index_select(0, g.local_index_of(fused)))
             parts.append((mine, fused))
         sends = (held < 0) | (current - held > bounds.index_select(0, group))
-        widths = self._dims.index_select(0, group)
+        widths = self._fetch_widths.index_select(0, group)
         step.current = current
         step.rows_out = torch.bincount(source[sends], widths[sends], minlength=self._ws).long()
         if len(self._groups) == 1:
-            step.payload = self._read_owned(self._groups[0], parts[0][1][sends]).reshape(-1)
+            step.payload = self._read_fetched(self._groups[0], parts[0][1][sends]).reshape(-1)
         else:  # rows of every group, read group by group, then placed in request order
             sent = sends.nonzero().flatten()
             sent_group = group.index_select(0, sent)
             by_group = torch.sort(sent_group, stable=True).indices  # group-major position -> request order
             rows = [
-                self._read_owned(g, gid.index_select(0, sent[sent_group == index]) - self._group_base[index])
+                self._read_fetched(g, gid.index_select(0, sent[sent_group == index]) - self._group_base[index])
                 for index, g in enumerate(self._groups)
             ]
             place = torch.empty_like(by_group).index_copy_(0, by_group, torch.arange(by_group.numel(), device=self._compute_device))
@@ -497,7 +523,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         self.wait_pushes()  # a plain loop: the previous backward's pushes (pipelined: already applied)
         ws = self._ws
         self._answer(step, self._bounds_ahead)
-        widths = self._dims.index_select(0, step.group)
+        widths = self._fetch_widths.index_select(0, step.group)
         if step.local_only:
             replies = step.held.new_empty(0)
         else:
@@ -523,13 +549,13 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         plans = self._plan_slots(step, brings)
         rescans = torch.cat([plan[-1] for plan in plans]).tolist() if plans else []  # the settle's host sync
         step.push_counts = self._reserve(step, plans, rescans)
-        widths = torch.where(brings, self._dims.index_select(0, step.group), 0)
+        widths = torch.where(brings, self._fetch_widths.index_select(0, step.group), 0)
         starts = torch.cumsum(widths, 0) - widths
         validated = step.step - 1  # the owners answered before the previous backward's pushes
         for g, read, plan in zip(self._groups, step.reads, plans):
             mine, asked, held_slots, group_brings, missing, missing_ids, protect, _ = plan
-            at = starts.index_select(0, mine[group_brings]).unsqueeze(1) + torch.arange(g.dim, device=device)
-            rows = step.rows_received.index_select(0, at.reshape(-1)).view(-1, g.dim)
+            at = starts.index_select(0, mine[group_brings]).unsqueeze(1) + torch.arange(g.fetch_width, device=device)
+            rows = step.rows_received.index_select(0, at.reshape(-1)).view(-1, g.fetch_width)
             self._settle(g, read, asked, held_slots, replies.index_select(0, mine), group_brings, rows, missing,
                          step.step, validated)
         step.pull_counts = None  # exchanged with the pushes
@@ -608,7 +634,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         rows' all-to-all (with the backward's push counts as a header), the settle, the pooled bags."""
         ws, groups, device = self._ws, len(self._groups), self._compute_device
         brings = (step.held < 0) | (replies - step.held > self._bounds.index_select(0, step.group))
-        widths = self._dims.index_select(0, step.group)
+        widths = self._fetch_widths.index_select(0, step.group)
         rows_in = torch.bincount(step.dest[brings], widths[brings], minlength=ws).long()
         step.writes = torch.is_grad_enabled()
         plans = self._plan_slots(step, brings)
@@ -638,8 +664,8 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         for g, read, plan in zip(self._groups, step.reads, plans):
             mine, asked, held_slots, group_brings, missing, missing_ids, protect, _ = plan
             brought = mine[group_brings]
-            at = starts.index_select(0, brought).unsqueeze(1) + torch.arange(g.dim, device=device)
-            rows = received.index_select(0, at.reshape(-1)).view(-1, g.dim)
+            at = starts.index_select(0, brought).unsqueeze(1) + torch.arange(g.fetch_width, device=device)
+            rows = received.index_select(0, at.reshape(-1)).view(-1, g.fetch_width)
             self._settle(g, read, asked, held_slots, replies.index_select(0, mine), group_brings, rows, missing,
                          step.step, step.step)
         step.pull_counts = pull_counts[:, :groups]
@@ -667,9 +693,11 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         """Requester side: refresh stale copies, fill new rows, renew leases, count, and gather the rows.
 
         ``held_slots``: the slot of each asked id before this settle's reservation; ``rows``: the
-        rows that came, in request order; ``validated``: the step the owners' answer counts as
-        (the batch's own, or the one before when fetched ahead)."""
+        rows that came, in request order (each followed by its owner's optimizer state where the
+        cache keeps one); ``validated``: the step the owners' answer counts as (the batch's own, or
+        the one before when fetched ahead)."""
         cache, stats, device = g.cache, g.stats, self._compute_device
+        rows, states = rows[:, : g.dim], rows[:, g.dim :]
         asked_tables = read.tables.index_select(0, read.remote.index_select(0, asked))
         fresh = ~brings  # the owner kept the row: the cached copy is within the bound
         if g.settings.protocol == "lease":
@@ -680,11 +708,13 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
             stats.add_staleness(asked_tables[fresh], versions[fresh] - cache.versions[held_slots[fresh]])
         row_of = torch.cumsum(brings.long(), 0) - 1  # row in ``rows`` of each request that brought one
         stale = (brings & (held_slots >= 0)).nonzero().flatten()
-        cache.refresh(held_slots.index_select(0, stale), rows.index_select(0, row_of.index_select(0, stale)),
-                      versions.index_select(0, stale), validated)
+        stale_rows = row_of.index_select(0, stale)
+        cache.refresh(held_slots.index_select(0, stale), rows.index_select(0, stale_rows),
+                      versions.index_select(0, stale), validated, states.index_select(0, stale_rows))
         new_slots = read.slots.index_select(0, asked.index_select(0, missing))
-        fetched = rows.index_select(0, row_of.index_select(0, missing))
-        cache.fill(new_slots, fetched)
+        missing_rows = row_of.index_select(0, missing)
+        fetched = rows.index_select(0, missing_rows)
+        cache.fill(new_slots, fetched, states.index_select(0, missing_rows))
         cache.versions.index_copy_(0, new_slots[new_slots >= 0], versions.index_select(0, missing)[new_slots >= 0])
         stats.add("rows_fetched", asked_tables[brings])
         served = torch.ones(read.remote.numel(), dtype=torch.bool, device=device)

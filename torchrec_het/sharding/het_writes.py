@@ -2,7 +2,8 @@
 
 A mixin of :class:`~torchrec_het.sharding.het_lookup.HetCachedEmbeddingLookup`. The backward
 of a batch calls :meth:`HetWrites.write_back` with every distinct row's gradient: cached
-rows take a local SGD step and keep their gradient pending until the write bound is due;
+rows take a local optimizer step (with the row's state as this rank knows it) and keep their
+gradient pending until the write bound is due;
 owned rows, rows that found no cache slot, due rows and dirty evictions go to their owners
 in one asynchronous all-to-all, which the next lookup, ``flush`` or ``purge`` waits for
 (:meth:`HetWrites.wait_pushes`). Owners apply the table's fused optimizer once per row
@@ -19,7 +20,7 @@ from torchrec_het._compat import lookup_kernels
 from torchrec_het.cache import PendingRows
 from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
 from torchrec_het.sharding.het_group import HetGroup
-from torchrec_het.sharding.row_optim import apply_rows, optimizer_kind, square_width, squares_of
+from torchrec_het.sharding.row_optim import apply_rows, optimizer_kind, square_width, squares_of, step_rows
 
 if TYPE_CHECKING:
     from torchrec_het.sharding.het_lookup import _Batch
@@ -50,10 +51,10 @@ class HetWrites:
             cached = (read.slots >= 0).nonzero().flatten()
             slots = read.slots.index_select(0, cached)
             cached_grad = grad.index_select(0, read.remote.index_select(0, cached))
-            lr = self._learning_rates(g).index_select(0, read.tables.index_select(0, read.remote.index_select(0, cached)))
+            tables = read.tables.index_select(0, read.remote.index_select(0, cached))
             kind = self._held_kind(g)
             squares = squares_of(kind, cached_grad) if kind is not None else None
-            g.cache.accumulate(slots, cached_grad, -lr.unsqueeze(1) * cached_grad, squares)
+            g.cache.accumulate(slots, cached_grad, self._local_step(g, slots, cached_grad, tables), squares)
             if self.batches_ahead:  # due now; dirty rows evicted by any batch since the last push go too
                 due = g.cache.take_due(g.settings.s_write, slots)
                 read.outbox, self._outbox[index] = self._outbox[index], []
@@ -117,21 +118,43 @@ class HetWrites:
         grads, beyond = rows[:, _PUSH_HEAD : _PUSH_HEAD + g.dim], rows[:, _PUSH_HEAD + g.dim :]
         self._apply(g, ids, grads, updates, beyond if beyond.size(1) else None)
 
-    def _held_kind(self, g: HetGroup) -> str | None:
-        """The group's optimizer kind when its pushes carry squares (the Adagrad family), else None.
-
-        The first call makes the group's cache keep its pending gradients' squares."""
-        kinds = getattr(self, "_held_kinds", None)
-        if kinds is None:
-            kinds = self._held_kinds = {}
-        index = self._groups.index(g)
-        if index not in kinds:
-            found = {optimizer_kind(lookup_kernels(self)[m].emb_module) for m in g.modules}
+    def _keep_optimizer_state(self) -> None:
+        """At construction: each group's optimizer kind where its cache keeps optimizer state
+        (the Adagrad family, one kind for all its kernels), else None; the caches then keep each
+        row's state (:meth:`~torchrec_het.cache.RowCache.hold_optimizer_state`) and owners send
+        it with the row (``g.fetch_width`` floats per fetched row)."""
+        kernels = lookup_kernels(self)
+        for g in self._groups:
+            found = {optimizer_kind(kernels[m].emb_module) for m in g.modules}
             kind = found.pop() if len(found) == 1 else None
-            kinds[index] = kind if kind in ("adagrad", "rowwise_adagrad") else None
-            if kinds[index] is not None:
-                g.cache.hold_squares(square_width(kinds[index], g.dim))
-        return kinds[index]
+            g.held_kind = kind if kind in ("adagrad", "rowwise_adagrad") else None
+            g.state_width = square_width(g.held_kind, g.dim)
+            g.fetch_width = g.dim + g.state_width
+            if g.state_width:
+                g.cache.hold_optimizer_state(g.state_width)
+                g.eps = torch.tensor(
+                    [float(kernels[t.module_index].emb_module.optimizer_args.eps) for t in g.tables], dtype=torch.float64,
+                    device=self._compute_device,
+                )
+
+    def _held_kind(self, g: HetGroup) -> str | None:
+        """The group's optimizer kind when its pushes carry squares (the Adagrad family), else None."""
+        return g.held_kind
+
+    def _local_step(self, g: HetGroup, slots: torch.Tensor, grad: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        """The update a cached copy takes now for its gradient ``grad``: the table's optimizer step
+        as this rank knows the row (:func:`~torchrec_het.sharding.row_optim.step_rows` from the
+        cached value and the state the owner sent plus this rank's squares not yet pushed). When
+        this rank is the row's only writer, k local steps are the k synchronous steps; SGD's is
+        ``-lr * grad``. The owner still applies the pushed gradients (this delta only serves this
+        rank's reads until the next fetch)."""
+        lr = self._learning_rates(g).index_select(0, tables).unsqueeze(1)
+        if g.held_kind is None:
+            return -lr * grad
+        weight = g.cache.values.index_select(0, slots)
+        new, _ = step_rows(g.held_kind, weight, g.cache.known_states(slots), grad, lr,
+                           g.eps.index_select(0, tables).unsqueeze(1))
+        return new - weight
 
     def _push_width(self, g: HetGroup) -> int:
         """Floats of one pushed row of the group: the head, the gradient, its held squares (Adagrad family)."""
