@@ -17,6 +17,18 @@ def launched_by_torchrun() -> bool:
     return all(key in os.environ for key in _LAUNCHER_ENV)
 
 
+def rank_env(rank: int, host_of_rank: tuple[int, ...]) -> dict[str, str]:
+    """The rank variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) for
+    ``rank`` of ranks placed on hosts by ``host_of_rank``: TorchRec reads LOCAL_WORLD_SIZE."""
+    host = host_of_rank[rank]
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(len(host_of_rank)),
+        "LOCAL_RANK": str(host_of_rank[:rank].count(host)),
+        "LOCAL_WORLD_SIZE": str(host_of_rank.count(host)),
+    }
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -46,7 +58,10 @@ def spawn(spec: RunSpec, on_done, body=run_benchmark) -> None:
     runs on rank 0 with what ``body`` returned there."""
     port = str(_free_port())
     if spec.network["mode"] == "loopback":
-        env = [{"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}] * spec.world_size
+        env = [
+            dict(rank_env(rank, spec.host_of_rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+            for rank in range(spec.world_size)
+        ]
         mp.start_processes(_rank_main, args=(spec, env, None, on_done, body), nprocs=spec.world_size, start_method="spawn")
         return
     from torchrec_het.bench.netem import EmulatedHosts, LinkSpec, remove_stale

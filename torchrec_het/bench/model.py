@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torchrec.optim
 from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.types import ShardingPlan
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig
@@ -27,6 +27,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec_het.bench.configs import BenchConfig
 from torchrec_het.bench.presets import BenchPreset
 from torchrec_het.bench.table_init import init_tables_by_row
+from torchrec_het.bench.topology import cpu_topology
 
 EMBEDDING_OPTIMIZERS = {
     "sgd": torch.optim.SGD,
@@ -169,13 +170,11 @@ def shard_module(
     )
     sharders = config.make_sharders_for(context) if config.make_sharders_for is not None else config.make_sharders()
     planner_args = dict(
-        topology=Topology(
-            world_size=dist.get_world_size(),
-            local_world_size=local_world_size,
-            compute_device="cpu",
-        ),
+        topology=cpu_topology(dist.get_world_size(), local_world_size),
         batch_size=batch_size,
-        storage_reservation=HeuristicalStorageReservation(percentage=0.05),
+        # TorchRec deprecates HeuristicalStorageReservation (FutureWarning); on CPU the 128 GB of DDR
+        # per rank it plans against are never the binding constraint, so the plans are the same.
+        storage_reservation=FixedPercentageStorageReservation(percentage=0.05),
         constraints=config.make_constraints(tables, preset),
     )
     if config.make_planner_for is not None:

@@ -12,6 +12,7 @@ the same profile (:class:`~torchrec_het.planner.ProfileTiers`).
 from torchrec.distributed.planner import Topology
 
 from torchrec_het.bench.configs import BenchConfig, register
+from torchrec_het.bench.topology import cpu_topology
 from torchrec_het.bench.replicated_configs import ShardingContext, plugin_sharders, stream_profile
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.planner import AccessModel, HetEmbeddingShardingPlanner, PluginPricing, ProfileTiers
@@ -48,10 +49,7 @@ def _make_planner(staleness: int):
         pricing = PluginPricing(AccessModel(per_rank_profile(context)), _cache(staleness), staleness)
         if context.link_bytes_per_s is not None:  # TorchRec's bandwidths are bytes per ms
             per_ms = context.link_bytes_per_s / 1e3
-            topology = Topology(
-                world_size=topology.world_size, local_world_size=topology.local_world_size, compute_device="cpu",
-                intra_host_bw=per_ms, inter_host_bw=per_ms,
-            )
+            topology = cpu_topology(topology.world_size, topology.local_world_size, per_ms, per_ms)
         return HetEmbeddingShardingPlanner(topology=topology, pricing=pricing, **planner_args)
 
     return build

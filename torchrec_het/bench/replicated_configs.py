@@ -14,10 +14,12 @@ from torch import nn
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.bench.configs import BenchConfig, register
 from torchrec_het.bench.het_configs import plan_every_table
+from torchrec_het.bench.topology import cpu_topology
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile, count_accesses
 from torchrec_het.replication.tiers import TableMemory, TierPlan, TierTopology, bytes_per_row, plan_peak_bytes, select_tiers
@@ -66,14 +68,18 @@ def stock_peak_bytes(context: ShardingContext) -> int:
     """Per-rank peak of the plan the stock planner chooses for this model (a collective)."""
     stock = EmbeddingCollectionSharder() if context.workload == "sequence" else EmbeddingBagCollectionSharder()
     planner = EmbeddingShardingPlanner(
-        topology=_topology(context), batch_size=context.batch_size
+        topology=_topology(context),
+        batch_size=context.batch_size,
+        # The stock planner's default percentage, without its deprecated HeuristicalStorageReservation
+        # (a FutureWarning); on CPU storage never binds, so the plan is the same.
+        storage_reservation=FixedPercentageStorageReservation(percentage=0.15),
     )
     plan = planner.collective_plan(context.train_model, [stock], dist.GroupMember.WORLD)
     return plan_peak_bytes(table_memory(context), plan.plan[context.embedding_path], context.world_size)
 
 
 def _topology(context: ShardingContext) -> Topology:
-    return Topology(world_size=context.world_size, local_world_size=context.local_world_size, compute_device="cpu")
+    return cpu_topology(context.world_size, context.local_world_size)
 
 
 def tier_plan(context: ShardingContext, ratio: float, sync_every: int) -> TierPlan:

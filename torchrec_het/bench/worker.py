@@ -307,11 +307,70 @@ def _progress(spec: RunSpec, total: int):
     return tqdm(total=total, desc="bench", unit="step", leave=False)
 
 
+class _DropLogRecords(logging.Filter):
+    """Drops the records whose message starts with ``prefix`` and that were logged from ``path_suffix``."""
+
+    def __init__(self, prefix: str, path_suffix: str) -> None:
+        super().__init__()
+        self.prefix, self.path_suffix = prefix, path_suffix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.pathname.endswith(self.path_suffix) and record.getMessage().startswith(self.prefix))
+
+
+# Warnings TorchRec (or torch, about TorchRec's code) gives for what the benchmark must do, one
+# filter each, by message and origin: (logger, message prefix, the file that logs it, why it is dropped).
+_TORCHREC_LOG_NOISE = (
+    (
+        "torchrec.distributed.utils",
+        "Sharding Type is data_parallel, caching params will be ignored",
+        "torchrec/distributed/utils.py",
+        # logged for every data_parallel table whether or not it has caching params (ours have none)
+    ),
+    (
+        "",  # the root logger
+        "Sharding spec not found for ",
+        "torchrec/distributed/planner/planners.py",
+        # validate_rank_assignment: a data_parallel table has no sharding spec, by design
+    ),
+    (
+        "torch.fx._symbolic_trace",
+        "is_fx_tracing will return true for both fx.symbolic_trace and torch.export",
+        "torch/fx/_symbolic_trace.py",
+        # torch's note about TorchRec's own calls of is_fx_tracing()
+    ),
+)
+
+
 def quiet_torchrec() -> None:
-    """Silences TorchRec's and torch's deprecation chatter so the benchmark's output stays readable."""
-    for category in (UserWarning, DeprecationWarning, FutureWarning):
-        warnings.filterwarnings("ignore", category=category)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    """Drops the few warnings TorchRec gives about what the benchmark legitimately does (data_parallel
+    tables, TorchRec's own DDP arguments), each by its message and origin; every other warning shows."""
+    for logger_name, prefix, path_suffix in _TORCHREC_LOG_NOISE:
+        logging.getLogger(logger_name).addFilter(_DropLogRecords(prefix, path_suffix))
+    # DistributedModelParallel and ShardedEmbeddingBagCollection (data_parallel tables) build their
+    # DDP with broadcast_buffers=False themselves; torch deprecates the argument.
+    warnings.filterwarnings(
+        "ignore",
+        message="`broadcast_buffers` is deprecated",
+        category=FutureWarning,
+        module=r"torchrec\.distributed\.(model_parallel|embeddingbag)$",
+    )
+    # TorchRec's own collectives (comm_ops, batched_embedding_kernel) still call these (the warning comes
+    # from c10d's logging wrapper).
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated",
+        category=FutureWarning,
+        module=r"torch\.distributed\.c10d_logger$",
+    )
+    # TorchRec's dense kernel of data_parallel tables calls this fbgemm-gpu-cpu 1.8 op, which registers no
+    # autograd kernel; torch warns at the first backward. Nothing here can change it but not running the type.
+    warnings.filterwarnings(
+        "ignore",
+        message="fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel was not registered",
+        category=UserWarning,
+        module=r"torch\.autograd\.graph$",
+    )
 
 
 def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
