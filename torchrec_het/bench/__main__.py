@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from torchrec_het.bench import configs as bench_configs
+from torchrec_het.bench.flags import float_above, int_at_least
 from torchrec_het.bench.launch import launched_by_torchrun, run_under_torchrun, spawn
 from torchrec_het.bench.model import BENCH_DEVICE, EMBEDDING_OPTIMIZERS
 from torchrec_het.bench.pipelines import (
@@ -22,7 +23,7 @@ from torchrec_het.bench.pipelines import (
     check_embedding_staleness,
     parse_pipelines,
 )
-from torchrec_het.bench.presets import PRESETS, REFERENCE_GBIT, get_preset
+from torchrec_het.bench.presets import MIN_ROUNDS, PRESETS, REFERENCE_GBIT, get_preset
 from torchrec_het.bench.results import write_outputs
 from torchrec_het.bench.worker import RunSpec
 
@@ -32,12 +33,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument("--configs", default="", help="comma-separated configuration names (default: the stock ones that apply)")
     parser.add_argument("--list", action="store_true", help="print the configuration names and exit")
-    parser.add_argument("--world-size", type=int, default=2, help="ranks to spawn (ignored under torchrun)")
+    parser.add_argument("--world-size", type=int_at_least(1), default=2, help="ranks to spawn (ignored under torchrun)")
     parser.add_argument("--out", default="bench_out", help="directory for results.json, results.md, results.png")
-    parser.add_argument("--alpha", type=float, help="Zipf exponent of the ids (overrides the preset)")
-    parser.add_argument("--rounds", type=int, help="rounds of interleaved measurement (overrides the preset)")
-    parser.add_argument("--steps-per-round", type=int, help="measured steps per configuration per round")
-    parser.add_argument("--warmup-steps", type=int, help="unmeasured steps per configuration before round 1")
+    parser.add_argument(
+        "--alpha", type=float_above(0, inclusive=True), help="Zipf exponent of the ids, >= 0 (0: uniform; overrides the preset)"
+    )
+    parser.add_argument(
+        "--rounds", type=int_at_least(MIN_ROUNDS), help=f"rounds of interleaved measurement, >= {MIN_ROUNDS} (overrides the preset)"
+    )
+    parser.add_argument("--steps-per-round", type=int_at_least(1), help="measured steps per configuration per round")
+    parser.add_argument("--warmup-steps", type=int_at_least(0), help="unmeasured steps per configuration before round 1")
     parser.add_argument("--embedding-optimizer", choices=sorted(EMBEDDING_OPTIMIZERS), default="rowwise_adagrad")
     parser.add_argument(
         "--pipeline",
@@ -57,23 +62,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--eval-every",
-        type=_non_negative,
+        type=int_at_least(0),
         metavar="N",
         help="held-out AUC every N trained steps besides the final one, for the AUC curve (overrides the preset; 0: final only)",
     )
     parser.add_argument("--data", help="Criteo data (TSV file/dir or npy day files); default: built-in synthetic data")
     parser.add_argument("--network", choices=("loopback", "emulated"), default="loopback")
-    parser.add_argument("--hosts", type=int, default=2, help="emulated hosts (with --network emulated)")
+    parser.add_argument("--hosts", type=int_at_least(1), default=2, help="emulated hosts (with --network emulated)")
     parser.add_argument(
         "--gbit",
-        type=float,
+        type=float_above(0),
         default=REFERENCE_GBIT,
         help=f"emulated link rate, Gbit/s (default {REFERENCE_GBIT}: where stock table_wise spends about half its step communicating)",
     )
-    parser.add_argument("--delay-ms", type=float, default=0.05, help="emulated one-way link latency, ms")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--delay-ms", type=float_above(0, inclusive=True), default=0.05, help="emulated one-way link latency, ms"
+    )
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.network == "emulated" and args.world_size % args.hosts:
+        parser.error(f"--world-size {args.world_size} is not a multiple of --hosts {args.hosts}")
+    return args
 
 
 def _staleness(text: str) -> int:
@@ -84,21 +94,9 @@ def _staleness(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}") from None
 
 
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
-    return value
-
-
 def _host_of_rank(args: argparse.Namespace) -> tuple[int, ...]:
     if args.network == "loopback":
         return (0,) * args.world_size
-    if args.world_size % args.hosts:
-        raise SystemExit(f"--world-size {args.world_size} is not a multiple of --hosts {args.hosts}")
     per_host = args.world_size // args.hosts
     return tuple(rank // per_host for rank in range(args.world_size))
 
@@ -123,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
         chosen = bench_configs.select(names, preset)
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
-    if args.world_size < 1:
-        raise SystemExit("error: --world-size must be >= 1")
     try:
         runs = parse_pipelines(args.pipeline, args.embedding_staleness, BENCH_DEVICE)  # before any rank starts
     except PipelineUnavailable as error:

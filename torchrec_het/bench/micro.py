@@ -32,9 +32,10 @@ from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_het.bench import configs as bench_configs
+from torchrec_het.bench.flags import int_at_least
 from torchrec_het.bench.launch import spawn
 from torchrec_het.bench.model import shard_module, table_configs
-from torchrec_het.bench.presets import PRESETS, get_preset
+from torchrec_het.bench.presets import MIN_ROUNDS, PRESETS, get_preset
 from torchrec_het.bench.replicated_configs import hot_fraction
 from torchrec_het.bench.results import _percentile, versions
 from torchrec_het.bench.worker import LOOPBACK_BYTES_PER_S, quiet_torchrec
@@ -255,19 +256,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchrec_het.bench.micro", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument("--types", default="", help=f"comma-separated types (default all: {','.join(MICRO_TYPES)})")
-    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument(
+        "--world-size", type=int_at_least(2), default=2, help="ranks, >= 2 (sharding across ranks is what is measured)"
+    )
     parser.add_argument("--out", default="micro_out", help="directory for micro.json and micro.md")
-    parser.add_argument("--warmup-steps", type=int, help="unmeasured steps per type (overrides the preset)")
-    parser.add_argument("--steps-per-round", type=int, help="measured steps per type per round (overrides the preset)")
-    parser.add_argument("--rounds", type=int, help="rounds of interleaved measurement (overrides the preset)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup-steps", type=int_at_least(0), help="unmeasured steps per type (overrides the preset)")
+    parser.add_argument(
+        "--steps-per-round", type=int_at_least(1), help="measured steps per type per round (overrides the preset)"
+    )
+    parser.add_argument(
+        "--rounds", type=int_at_least(MIN_ROUNDS), help=f"rounds of interleaved measurement, >= {MIN_ROUNDS} (overrides the preset)"
+    )
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     args = parser.parse_args(argv)
     types = tuple(t.strip() for t in args.types.split(",") if t.strip()) or tuple(MICRO_TYPES)
     unknown = [t for t in types if t not in MICRO_TYPES]
     if unknown:
-        raise SystemExit(f"error: unknown type(s) {unknown}; choose from {list(MICRO_TYPES)}")
-    if args.world_size < 2:
-        raise SystemExit("error: --world-size must be >= 2 (sharding across ranks is what is measured)")
+        parser.error(f"--types: unknown type(s) {unknown}; choose from {list(MICRO_TYPES)}")
     spec = MicroSpec(
         preset_name=args.preset,
         types=types,

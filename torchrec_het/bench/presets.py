@@ -5,6 +5,9 @@ from dataclasses import dataclass, replace
 from torchrec_het.data import clamped_cardinalities, preset_table_sizes
 
 
+MIN_ROUNDS = 3  # rounds a preset measures at least (the "test" preset of the tests excepted)
+
+
 @dataclass(frozen=True)
 class SequencePreset:
     """How big the sequence workload (``torchrec_het.bench.sequence_model``) is.
@@ -100,8 +103,8 @@ class BenchPreset:
                 raise ValueError(f"preset {self.name!r}: {field} must be >= 1")
         if self.eval_every < 0 or self.warmup_steps < 0:
             raise ValueError(f"preset {self.name!r}: eval_every and warmup_steps must be >= 0")
-        if self.rounds < 3 and self.name != "test":
-            raise ValueError(f"preset {self.name!r}: at least 3 rounds are needed")
+        if self.rounds < MIN_ROUNDS and self.name != "test":
+            raise ValueError(f"preset {self.name!r}: at least {MIN_ROUNDS} rounds are needed")
 
     @property
     def measured_steps(self) -> int:
