@@ -13,12 +13,13 @@ does), then import the script.
 """
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from torchrec_het import _compat
 from torchrec_het.config import HetCacheConfig
-from torchrec_het.planner.access import DEFAULT_ALPHA, AccessModel, ProfileTiers
+from torchrec_het.planner.access import AccessModel, ProfileTiers, check_not_empty
 from torchrec_het.planner.pricing import PluginPricing
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile, load_profile
@@ -27,6 +28,7 @@ from torchrec_het.replication.profile import AccessProfile, load_profile
 ENV_PROFILE, ENV_ALPHA, ENV_SYNC = "TORCHREC_HET_PROFILE", "TORCHREC_HET_ALPHA", "TORCHREC_HET_REPLICA_SYNC_EVERY"
 ENV_ONLINE = "TORCHREC_HET_ONLINE_PROFILE_STEPS"
 ENV_STALENESS = "TORCHREC_HET_EMBEDDING_STALENESS"
+PROFILE_HINT = "python -m torchrec_het.profile, or torchrec_het.replication.AccessProfiler on your own batches"
 
 
 @dataclass
@@ -56,22 +58,28 @@ def install(
 ) -> None:
     """Registers the plugin with TorchRec until :func:`uninstall` (calling it again re-installs).
 
+    The planner offers the plugin's types only for tables whose reads it knows: those the
+    profile names, or every table when a skew is stated (``alpha``). Without either it plans
+    TorchRec's types only. One line on stderr (rank 0) says which rule applies.
+
     Args:
         profile: row access counts (an ``AccessProfile`` or an iopath path of one, e.g. from
             ``python -m torchrec_het.profile``); default ``$TORCHREC_HET_PROFILE``. It prices
-            the plugin's types and names the rows ``het_row_replicated`` replicates; without
-            one (and without ``online_profile_steps``) the planner offers only
-            ``het_cached_row_wise``, priced by a Zipf skew.
-        alpha: the Zipf exponent assumed for tables without counts (default
-            ``$TORCHREC_HET_ALPHA`` or 1.05).
+            the plugin's types for the tables it names and names the rows
+            ``het_row_replicated`` replicates. A missing, unreadable or empty profile raises a
+            ValueError naming it.
+        alpha: a Zipf exponent you state for the ids of tables without counts (default
+            ``$TORCHREC_HET_ALPHA``, else none: no skew is assumed); the planner then offers
+            ``het_cached_row_wise`` for them, priced from it.
         cache: settings of ``het_cached_row_wise`` tables (default ``HetCacheConfig()``).
         replica_sync_every: replica sync interval of ``het_row_replicated`` tables (default
             ``$TORCHREC_HET_REPLICA_SYNC_EVERY`` or 1, exact).
         max_hot_fraction: at most this share of a table's rows is replicated.
         online_profile_steps: without a profile, let ``het_row_replicated`` tables count their
             reads during this many first steps and then replicate the hot rows (default
-            ``$TORCHREC_HET_ONLINE_PROFILE_STEPS`` or 0: off); the planner then offers row
-            replication for every table, priced from the stated skew.
+            ``$TORCHREC_HET_ONLINE_PROFILE_STEPS`` or 0: off). The counts come after planning,
+            so they are no evidence for the planner: it offers row replication then only with
+            a stated ``alpha`` or for tables whose constraints name the type.
         embedding_staleness: k >= 0 makes TorchRec's ``TrainPipelineSparseDist`` (as a script
             imports it after this call) the hybrid pipeline with that bound
             (:class:`~torchrec_het.pipeline.HybridTrainPipeline`); default
@@ -79,25 +87,28 @@ def install(
     """
     global _state
     uninstall()
-    if profile is None:
-        profile = os.environ.get(ENV_PROFILE) or None
-    if isinstance(profile, str):
-        profile = load_profile(profile)
-    alpha = float(os.environ.get(ENV_ALPHA, DEFAULT_ALPHA)) if alpha is None else alpha
-    sync = int(os.environ.get(ENV_SYNC, 1)) if replica_sync_every is None else replica_sync_every
-    online = int(os.environ.get(ENV_ONLINE, 0)) if online_profile_steps is None else online_profile_steps
+    env = env_settings()
+    source = None
+    if profile is None and env["profile"] is not None:
+        source = env["profile"]
+        profile = read_profile(source, f"${ENV_PROFILE}")
+    elif isinstance(profile, str):
+        source = profile
+        profile = read_profile(source, "install(profile=...)")
+    if profile is not None:
+        check_not_empty(profile, source)
+    alpha = env["alpha"] if alpha is None else alpha
+    sync = env["replica_sync_every"] if replica_sync_every is None else replica_sync_every
+    online = env["online_profile_steps"] if online_profile_steps is None else online_profile_steps
     online = 0 if profile is not None else online
-    if embedding_staleness is None and os.environ.get(ENV_STALENESS, "") != "":
-        text = os.environ[ENV_STALENESS]
-        if not text.strip().isdigit():
-            raise ValueError(f"{ENV_STALENESS} must be an int >= 0, got {text!r}")
-        embedding_staleness = int(text)
+    if embedding_staleness is None:
+        embedding_staleness = env["embedding_staleness"]
     if embedding_staleness is not None and (
         isinstance(embedding_staleness, bool) or not isinstance(embedding_staleness, int) or embedding_staleness < 0
     ):
         raise ValueError(f"embedding_staleness must be an int >= 0, got {embedding_staleness!r}")
     cache = cache or HetCacheConfig()
-    pricing = PluginPricing(AccessModel(profile, alpha), cache, sync, max_hot_fraction, online)
+    pricing = PluginPricing(AccessModel(profile, alpha, source), cache, sync, max_hot_fraction, online)
     tiers = ProfileTiers(profile, None, sync, max_hot_fraction) if profile is not None else None
     replication = ReplicationConfig(
         tiers=tiers, replica_sync_every=sync, online_profile_steps=online, online_max_hot_fraction=max_hot_fraction
@@ -116,6 +127,84 @@ def install(
         for home in _compat.train_pipeline_homes():
             _replace(state, home, "TrainPipelineSparseDist", hybrid)
     _state = state
+    if os.environ.get("RANK", "0") == "0":
+        print(f"torchrec_het: {pricing_rule(pricing)}", file=sys.stderr, flush=True)
+
+
+def pricing_rule(pricing: PluginPricing) -> str:
+    """One line saying which tables the planner may give the plugin's types, and why."""
+    access, online = pricing.access, pricing.online_profile_steps
+    if access.profile is not None:
+        where = f"access profile {access.source}" if access.source else "access profile"
+        return (
+            f"{where} ({len(access.profile.tables)} tables, {access.profile.batches} batches): the planner may choose "
+            "the plugin's types for the tables it names, TorchRec's types for the others"
+        )
+    if access.alpha is not None:
+        types = "het_cached_row_wise" + (f" and het_row_replicated (hot rows counted in the first {online} steps)" if online else "")
+        return (
+            f"no access profile; stated skew Zipf({access.alpha:g}) (${ENV_ALPHA} or install(alpha=...)): the planner "
+            f"may choose {types} for every table, priced from that skew"
+        )
+    online_note = (
+        f" (${ENV_ONLINE}={online} counts reads only after planning: it applies to tables whose constraints "
+        "name het_row_replicated)" if online else ""
+    )
+    return (
+        f"no access profile: the planner offers only TorchRec's sharding types{online_note}; profile your batches "
+        f"({PROFILE_HINT}) and set ${ENV_PROFILE} (or install(profile=...)) to let it choose the plugin's"
+    )
+
+
+def env_settings() -> dict:
+    """The ``TORCHREC_HET_*`` settings from the environment (None where unset), checked.
+
+    Raises:
+        ValueError: a malformed value; the message names the variable.
+    """
+    return {
+        "profile": os.environ.get(ENV_PROFILE) or None,
+        "alpha": _env_number(ENV_ALPHA, float, None, 0),
+        "replica_sync_every": _env_number(ENV_SYNC, int, 1, 1),
+        "online_profile_steps": _env_number(ENV_ONLINE, int, 0, 0),
+        "embedding_staleness": _env_number(ENV_STALENESS, int, None, 0),
+    }
+
+
+def check_environment() -> None:
+    """What the launcher checks before it starts any worker: every ``TORCHREC_HET_*`` value, and
+    that ``$TORCHREC_HET_PROFILE`` (when set) is a readable, non-empty profile.
+
+    Raises:
+        ValueError: naming the variable (and the path).
+    """
+    path = env_settings()["profile"]
+    if path is not None:
+        check_not_empty(read_profile(path, f"${ENV_PROFILE}"), f"${ENV_PROFILE}={path}")
+
+
+def read_profile(path: str, origin: str) -> AccessProfile:
+    """``load_profile(path)``, with errors that say where the path came from (``origin``)."""
+    try:
+        return load_profile(path)
+    except FileNotFoundError:
+        raise ValueError(f"{origin}={path!r}: no such access profile file") from None
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{origin}={path!r}: cannot read the access profile ({error})") from None
+
+
+def _env_number(name: str, kind: type, default, minimum):
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not value >= minimum:
+        what = "an int" if kind is int else "a number"
+        raise ValueError(f"{name} must be {what} >= {minimum}, got {text!r}")
+    return value
 
 
 def installed_pricing() -> PluginPricing | None:

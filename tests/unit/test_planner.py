@@ -2,7 +2,8 @@
 
 Golden plans on fake topologies (2 ranks, 8 ranks on one host, 2 hosts x 4) of a small
 model whose reads follow Zipf(1.1); no process group is needed (``plan``, not
-``collective_plan``).
+``collective_plan``). The evidence rule: the plugin's types are offered only for tables a
+profile names (or whose constraints name the type); without a profile the plan is stock.
 """
 
 import logging
@@ -33,6 +34,7 @@ SIZES = {"tiny": 40, "small": 2000, "mid": 100_000, "big": 1_000_000, "cold": 30
 MEASURED = [n for n in SIZES if n != "cold"]  # "cold" is not in the profile
 BATCH = 512
 MB = 2**20
+PLUGIN = {"het_row_replicated", "het_cached_row_wise"}
 
 
 def _ebc() -> EmbeddingBagCollection:
@@ -43,54 +45,99 @@ def _ebc() -> EmbeddingBagCollection:
     return EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
 
 
-def _profile() -> AccessProfile:
+def _profile(tables: list[str] = MEASURED) -> AccessProfile:
     """10 batches of one rank, BATCH one-hot reads each, Zipf(1.1) over each table's rows."""
-    counts = tuple((zipf_shares(SIZES[n], 1.1) * BATCH * 10).floor().long() for n in MEASURED)
-    return AccessProfile(tuple(MEASURED), tuple(SIZES[n] for n in MEASURED), counts, 10)
+    counts = tuple((zipf_shares(SIZES[n], 1.1) * BATCH * 10).floor().long() for n in tables)
+    return AccessProfile(tuple(tables), tuple(SIZES[n] for n in tables), counts, 10)
 
 
 def _pricing(**kwargs) -> PluginPricing:
     return PluginPricing(AccessModel(_profile()), **kwargs)
 
 
-def _plan(world_size: int, local_world_size: int, constraints=None, sharder=None, bandwidth=None) -> dict:
+def _plan(world_size: int, local_world_size: int, constraints=None, sharder=None, bandwidth=None, pricing=None) -> dict:
     extra = {} if bandwidth is None else {"intra_host_bw": bandwidth, "inter_host_bw": bandwidth / 8}
     topology = Topology(world_size=world_size, local_world_size=local_world_size, compute_device="cpu", **extra)
-    planner = HetEmbeddingShardingPlanner(topology=topology, batch_size=BATCH, constraints=constraints, pricing=_pricing())
+    pricing = pricing if pricing is not None else _pricing()
+    planner = HetEmbeddingShardingPlanner(topology=topology, batch_size=BATCH, constraints=constraints, pricing=pricing)
     plan = planner.plan(_ebc(), [sharder or HetEmbeddingBagCollectionSharder()]).plan[""]
     return {name: (p.sharding_type, p.ranks if len(p.ranks) < world_size else "all") for name, p in plan.items()}
 
 
 # --- golden plans -------------------------------------------------------------------------
 
-GOLDEN = {
-    (2, 2): {
-        "tiny": ("het_row_replicated", "all"),
-        "small": ("het_row_replicated", "all"),
-        "mid": ("het_row_replicated", "all"),
-        "big": ("het_row_replicated", "all"),
-        "cold": ("het_cached_row_wise", "all"),
-    },
-    (8, 8): {
-        "tiny": ("data_parallel", "all"),
-        "small": ("het_row_replicated", "all"),
-        "mid": ("het_row_replicated", "all"),
-        "big": ("het_row_replicated", "all"),
-        "cold": ("het_cached_row_wise", "all"),
-    },
-    (8, 4): {
-        "tiny": ("data_parallel", "all"),
-        "small": ("het_row_replicated", "all"),
-        "mid": ("het_row_replicated", "all"),
-        "big": ("het_row_replicated", "all"),
-        "cold": ("het_cached_row_wise", "all"),
-    },
+HR_ALL, DP_ALL = ("het_row_replicated", "all"), ("data_parallel", "all")
+
+# a profile of every table: the plugin's types where they are priced cheaper
+GOLDEN_PROFILED = {
+    (2, 2): {"tiny": HR_ALL, "small": HR_ALL, "mid": HR_ALL, "big": HR_ALL, "cold": HR_ALL},
+    (8, 8): {"tiny": DP_ALL, "small": HR_ALL, "mid": HR_ALL, "big": HR_ALL, "cold": HR_ALL},
+    (8, 4): {"tiny": DP_ALL, "small": HR_ALL, "mid": HR_ALL, "big": HR_ALL, "cold": HR_ALL},
 }
 
+# a profile without "cold": TorchRec's types for it (its table_wise shard on one rank then
+# outweighs spreading the others on 8 ranks)
+GOLDEN_PARTIAL = {
+    (2, 2): {"tiny": HR_ALL, "small": HR_ALL, "mid": HR_ALL, "big": ("table_wise", [0]), "cold": ("table_wise", [1])},
+    (8, 8): {"tiny": ("table_wise", [4]), "small": ("table_wise", [3]), "mid": ("table_wise", [2]),
+             "big": ("table_wise", [0]), "cold": ("table_wise", [1])},
+    (8, 4): {"tiny": ("table_wise", [2]), "small": ("table_wise", [5]), "mid": ("table_wise", [1]),
+             "big": ("table_wise", [0]), "cold": ("table_wise", [4])},
+}  # fmt: skip
 
-@pytest.mark.parametrize("world_size,local_world_size", sorted(GOLDEN), ids=lambda v: str(v))
-def test_golden_plans_on_fake_topologies(world_size: int, local_world_size: int) -> None:
-    assert _plan(world_size, local_world_size, bandwidth=2e6) == GOLDEN[(world_size, local_world_size)]
+# no profile: TorchRec's types only, whatever the topology
+GOLDEN_NO_PROFILE = {
+    (2, 2): {"tiny": DP_ALL, "small": ("table_wise", [1]), "mid": ("table_wise", [0]),
+             "big": ("table_wise", [0]), "cold": ("table_wise", [1])},
+    (8, 8): {"tiny": ("table_wise", [4]), "small": ("table_wise", [3]), "mid": ("table_wise", [2]),
+             "big": ("table_wise", [0]), "cold": ("table_wise", [1])},
+    (8, 4): {"tiny": ("table_wise", [2]), "small": ("table_wise", [5]), "mid": ("table_wise", [1]),
+             "big": ("table_wise", [0]), "cold": ("table_wise", [4])},
+}  # fmt: skip
+
+TOPOLOGIES = sorted(GOLDEN_PROFILED)
+
+
+@pytest.mark.parametrize("world_size,local_world_size", TOPOLOGIES, ids=lambda v: str(v))
+def test_golden_plans_with_a_profile_of_every_table(world_size: int, local_world_size: int) -> None:
+    plan = _plan(world_size, local_world_size, bandwidth=2e6, pricing=PluginPricing(AccessModel(_profile(list(SIZES)))))
+    assert plan == GOLDEN_PROFILED[(world_size, local_world_size)]
+
+
+@pytest.mark.parametrize("world_size,local_world_size", TOPOLOGIES, ids=lambda v: str(v))
+def test_golden_plans_give_plugin_types_only_to_profiled_tables(world_size: int, local_world_size: int) -> None:
+    plan = _plan(world_size, local_world_size, bandwidth=2e6)
+    assert plan == GOLDEN_PARTIAL[(world_size, local_world_size)]
+    assert plan["cold"][0] not in PLUGIN
+
+
+@pytest.mark.parametrize("world_size,local_world_size", TOPOLOGIES, ids=lambda v: str(v))
+@pytest.mark.parametrize("online_profile_steps", [0, 5])
+def test_golden_plans_without_a_profile_are_stock(world_size: int, local_world_size: int, online_profile_steps: int) -> None:
+    """No evidence, no plugin type: the plan is the one TorchRec's own types give (online counting
+    comes after planning, so it is no evidence)."""
+    pricing = PluginPricing(online_profile_steps=online_profile_steps)
+    plan = _plan(world_size, local_world_size, bandwidth=2e6, pricing=pricing)
+    assert plan == GOLDEN_NO_PROFILE[(world_size, local_world_size)]
+    stock = _plan(world_size, local_world_size, bandwidth=2e6, sharder=_StockTypesOnly())
+    assert plan == stock
+
+
+class _StockTypesOnly(HetEmbeddingBagCollectionSharder):
+    """The plugin's sharder less the plugin's types: what TorchRec's own types plan."""
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        return [t for t in super().sharding_types(compute_device_type) if t not in PLUGIN]
+
+
+def test_a_stated_skew_offers_the_cache_for_every_table() -> None:
+    """``AccessModel(alpha=...)``: the user vouches for a skew; the cache is offered (and chosen here)
+    for every table, row replication only where a profile or online counting names hot rows."""
+    options = _options(pricing=PluginPricing(AccessModel(alpha=1.05)))
+    assert {n for n, t in options if t == "het_cached_row_wise"} == set(SIZES)
+    assert not {n for n, t in options if t == "het_row_replicated"}
+    online = _options(pricing=PluginPricing(AccessModel(alpha=1.05), online_profile_steps=5))
+    assert {n for n, t in online if t == "het_row_replicated"} == set(SIZES)
 
 
 def test_stock_sharders_get_stock_plans_from_the_same_planner() -> None:
@@ -101,9 +148,9 @@ def test_stock_sharders_get_stock_plans_from_the_same_planner() -> None:
 # --- sizes, storage, perf -----------------------------------------------------------------
 
 
-def _options(world_size: int = 4) -> dict:
+def _options(world_size: int = 4, pricing: PluginPricing | None = None, constraints=None) -> dict:
     topology = Topology(world_size=world_size, local_world_size=world_size, compute_device="cpu")
-    enumerator = HetEmbeddingEnumerator(topology, BATCH, pricing=_pricing())
+    enumerator = HetEmbeddingEnumerator(topology, BATCH, constraints=constraints, pricing=pricing or _pricing())
     out: dict = {}
     for option in enumerator.enumerate(_ebc(), [HetEmbeddingBagCollectionSharder()]):
         out[(option.name, option.sharding_type)] = option
@@ -122,10 +169,21 @@ def test_plugin_options_are_sized_as_row_wise_and_hold_their_hot_rows_on_top() -
         extra = hot * bytes_per_row(32, "exact_row_wise_adagrad")
         for shard_rw, shard_rep in zip(rw.shards, rep.shards):
             assert shard_rep.storage.ddr - shard_rw.storage.ddr == extra, name
-    cached = options[("cold", "het_cached_row_wise")]
-    slots = int(0.1 * SIZES["cold"]) * bytes_per_row(32, "exact_row_wise_adagrad")  # default capacity: 10% of rows
-    assert cached.shards[0].storage.ddr - options[("cold", "row_wise")].shards[0].storage.ddr == slots
-    assert ("cold", "het_row_replicated") not in options  # no profile of the table: no hot rows to name
+        cached = options[(name, "het_cached_row_wise")]
+        slots = int(0.1 * SIZES[name]) * bytes_per_row(32, "exact_row_wise_adagrad")  # default capacity: 10% of rows
+        assert cached.shards[0].storage.ddr - rw.shards[0].storage.ddr == slots, name
+    assert ("cold", "row_wise") in options
+    assert not {("cold", t) for t in PLUGIN} & set(options)  # no profile of the table: no plugin type
+
+
+def test_constraints_that_name_a_plugin_type_offer_it_without_a_profile() -> None:
+    """The user's choice stands: het_cached_row_wise named for an unprofiled table is offered, priced
+    as uniform reads (no skew assumed); the other unprofiled tables get TorchRec's types."""
+    constraints = {"cold": ParameterConstraints(sharding_types=["row_wise", "het_cached_row_wise"])}
+    options = _options(pricing=PluginPricing(), constraints=constraints)
+    assert {(n, t) for n, t in options if t in PLUGIN} == {("cold", "het_cached_row_wise")}
+    uniform = AccessModel().reads("cold", SIZES["cold"], 100.0, 4).reads
+    assert torch.allclose(uniform, torch.full_like(uniform, 100.0 / SIZES["cold"]))
 
 
 def test_replicated_options_are_priced_below_row_wise_communication() -> None:
@@ -182,6 +240,25 @@ def test_forcing_row_replication_on_an_unprofiled_table_names_it() -> None:
         _plan(2, 2, constraints={"cold": ParameterConstraints(sharding_types=["het_row_replicated"])})
 
 
+def test_forcing_row_replication_without_a_profile_works_with_online_counting() -> None:
+    forced = {"cold": ParameterConstraints(sharding_types=["het_row_replicated"])}
+    plan = _plan(2, 2, constraints=forced, pricing=PluginPricing(online_profile_steps=5))
+    assert plan["cold"][0] == "het_row_replicated"
+    assert not {t for n, (t, _) in plan.items() if n != "cold"} & PLUGIN
+
+
+@pytest.mark.parametrize("profile,message", [
+    (AccessProfile(("other",), (10,), (torch.ones(10, dtype=torch.int64),), 1), r"names none of the model's tables: it has \['other'\]"),
+    (AccessProfile(("tiny",), (40,), (torch.zeros(40, dtype=torch.int64),), 0), r"is empty \(0 batches, 1 tables, 0 reads\)"),
+    (AccessProfile((), (), (), 3), r"is empty \(3 batches, 0 tables, 0 reads\)"),
+])  # fmt: skip
+def test_a_profile_that_names_no_table_of_the_model_or_is_empty_names_the_path_and_the_tables(profile, message) -> None:
+    pricing = PluginPricing(AccessModel(profile, source="/data/p.pt"))
+    with pytest.raises(ValueError, match=message) as raised:
+        _plan(2, 2, pricing=pricing)
+    assert "'/data/p.pt'" in str(raised.value) and "'big', 'cold', 'mid', 'small', 'tiny'" in str(raised.value)
+
+
 def test_stock_enumerator_still_rejects_the_plugin_types() -> None:
     """Why the plugin needs its own enumerator (and nothing of TorchRec is changed by importing it)."""
     topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
@@ -195,9 +272,10 @@ def test_stock_enumerator_still_rejects_the_plugin_types() -> None:
 def test_stats_print_the_plugin_types(caplog) -> None:
     caplog.set_level(logging.INFO)
     topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
+    forced = {"cold": ParameterConstraints(sharding_types=["het_cached_row_wise"])}  # no profile of it: forced
     planner = EmbeddingShardingPlanner(
-        topology=topology, batch_size=BATCH,
-        enumerator=HetEmbeddingEnumerator(topology, BATCH, pricing=_pricing()), stats=HetEmbeddingStats(),
+        topology=topology, batch_size=BATCH, constraints=forced,
+        enumerator=HetEmbeddingEnumerator(topology, BATCH, constraints=forced, pricing=_pricing()), stats=HetEmbeddingStats(),
     )
     planner.plan(_ebc(), [HetEmbeddingBagCollectionSharder()])
     text = caplog.text
@@ -217,7 +295,7 @@ def test_cpu_topologies_with_torchrec_default_bandwidths_are_priced_at_gloo_spee
     gpu = Topology(world_size=2, local_world_size=2, compute_device="cuda")
     assert cpu_network(gpu) is gpu
     # at gloo speeds the plugin's types win on 2 ranks; TorchRec's NVLink figures make communication free
-    assert {t for t, _ in _plan(2, 2).values()} <= {"het_row_replicated", "het_cached_row_wise"}
+    assert {t for t, _ in _plan(2, 2, pricing=PluginPricing(AccessModel(_profile(list(SIZES))))).values()} <= PLUGIN
 
 
 def test_measured_tables_are_priced_with_the_profiles_ids_per_sample_for_every_type() -> None:

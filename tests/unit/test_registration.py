@@ -128,3 +128,76 @@ def test_a_bad_embedding_staleness_names_the_variable_and_changes_nothing(monkey
     with pytest.raises(ValueError, match="TORCHREC_HET_EMBEDDING_STALENESS"):
         torchrec_het.install()
     assert sharding_plan.get_default_sharders is STOCK_DEFAULTS and planner_package.EmbeddingShardingPlanner is STOCK_PLANNER
+
+
+def _two_tables() -> EmbeddingBagCollection:
+    tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=32, num_embeddings=50_000) for n in ("a", "b")]
+    return EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+
+
+def _plan_types(ebc: EmbeddingBagCollection) -> dict[str, str]:
+    planner = planner_package.EmbeddingShardingPlanner(
+        topology=Topology(world_size=2, local_world_size=2, compute_device="cpu"), batch_size=512
+    )
+    return {n: p.sharding_type for n, p in planner.plan(ebc, model_parallel.get_default_sharders()).plan[""].items()}
+
+
+def test_without_a_profile_install_says_so_and_the_planner_plans_stock_types(monkeypatch, capsys) -> None:
+    for name in ("TORCHREC_HET_PROFILE", "TORCHREC_HET_ALPHA", "TORCHREC_HET_ONLINE_PROFILE_STEPS", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    torchrec_het.install()
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "torchrec_het: no access profile: the planner offers only TorchRec's sharding types; profile your batches "
+        "(python -m torchrec_het.profile, or torchrec_het.replication.AccessProfiler on your own batches) and set "
+        "$TORCHREC_HET_PROFILE (or install(profile=...)) to let it choose the plugin's"
+    ]
+    assert not set(_plan_types(_two_tables()).values()) & {"het_row_replicated", "het_cached_row_wise"}
+    monkeypatch.setenv("TORCHREC_HET_ONLINE_PROFILE_STEPS", "3")  # counted after planning: no evidence
+    torchrec_het.install()
+    assert "TORCHREC_HET_ONLINE_PROFILE_STEPS=3 counts reads only after planning" in capsys.readouterr().err
+    assert not set(_plan_types(_two_tables()).values()) & {"het_row_replicated", "het_cached_row_wise"}
+    monkeypatch.setenv("RANK", "1")  # one line per job: rank 0's
+    torchrec_het.install()
+    assert capsys.readouterr().err == ""
+
+
+def test_a_profile_or_a_stated_skew_is_named_on_stderr(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    path = str(tmp_path / "p.pt")
+    save_profile(AccessProfile(("a",), (50_000,), ((zipf_shares(50_000, 1.1) * 2048).floor().long(),), 4), path)
+    torchrec_het.install(profile=path)
+    assert capsys.readouterr().err.splitlines() == [
+        f"torchrec_het: access profile {path} (1 tables, 4 batches): the planner may choose the plugin's types for "
+        "the tables it names, TorchRec's types for the others"
+    ]
+    assert _plan_types(_two_tables())["b"] not in {"het_row_replicated", "het_cached_row_wise"}  # not profiled
+    monkeypatch.setenv("TORCHREC_HET_ALPHA", "1.05")
+    torchrec_het.install()
+    assert "stated skew Zipf(1.05) ($TORCHREC_HET_ALPHA or install(alpha=...))" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [None, b"not a profile", "empty"])
+def test_a_missing_unreadable_or_empty_profile_names_the_variable_and_the_path(tmp_path, monkeypatch, content) -> None:
+    path = tmp_path / "p.pt"
+    if content == "empty":
+        save_profile(AccessProfile(("a",), (3,), (torch.zeros(3, dtype=torch.int64),), 0), str(path))
+    elif content is not None:
+        path.write_bytes(content)
+    monkeypatch.setenv("TORCHREC_HET_PROFILE", str(path))
+    expected = {None: "no such access profile file", b"not a profile": "cannot read the access profile", "empty": "is empty"}[content]
+    with pytest.raises(ValueError, match=expected) as raised:
+        torchrec_het.install()
+    assert str(path) in str(raised.value)
+    if content != "empty":
+        assert f"$TORCHREC_HET_PROFILE='{path}'" in str(raised.value)
+    assert planner_package.EmbeddingShardingPlanner is STOCK_PLANNER
+
+
+@pytest.mark.parametrize("name,value", [("TORCHREC_HET_ALPHA", "-1"), ("TORCHREC_HET_ALPHA", "zipf"),
+                                        ("TORCHREC_HET_REPLICA_SYNC_EVERY", "0"), ("TORCHREC_HET_ONLINE_PROFILE_STEPS", "x")])  # fmt: skip
+def test_a_bad_setting_names_its_variable(monkeypatch, name: str, value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        torchrec_het.install()
+

@@ -1,12 +1,16 @@
-"""How often each row of a table is read per training step: from a profile, or a stated skew.
+"""How often each row of a table is read per training step: from a profile, or a skew the user states.
 
 The planner prices the plugin's types from these reads, and the row-replicated sharder
 takes its hot rows from the same rule (:class:`ProfileTiers`), so what the planner
 sized is what gets built.
 
+Evidence rule: the planner offers the plugin's types for a table only when its reads are
+known: a profile names the table, or the user stated a skew (``AccessModel(alpha=...)``).
+Nothing is assumed by default; see :meth:`AccessModel.has_evidence`.
+
 Profile semantics: ``AccessProfile.counts / batches`` are reads per batch of *one* rank
-(what ``python -m torchrec_het.profile`` counts); a training step reads
-``world_size`` such batches.
+(what ``python -m torchrec_het.profile`` and :class:`~torchrec_het.replication.AccessProfiler`
+count); a training step reads ``world_size`` such batches.
 """
 
 from dataclasses import dataclass
@@ -15,9 +19,6 @@ import torch
 
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.replication.tiers import TableTiers, hottest_rows
-
-DEFAULT_ALPHA = 1.05  # the stated skew when nothing was measured (Criteo's large tables are near Zipf 1)
-
 
 @dataclass(frozen=True)
 class TableReads:
@@ -41,19 +42,40 @@ class AccessModel:
     """Where the planner's reads come from.
 
     Attributes:
-        profile: measured counts (preferred), or None.
-        alpha: Zipf exponent assumed for tables the profile lacks.
+        profile: measured counts, or None.
+        alpha: a Zipf exponent the user states for tables the profile lacks, or None (the
+            default): no skew is assumed, and those tables get TorchRec's types only (unless
+            their constraints name a plugin type; they are then priced as uniform reads).
+        source: where ``profile`` was read from (named in errors), if known.
     """
 
     profile: AccessProfile | None = None
-    alpha: float = DEFAULT_ALPHA
+    alpha: float | None = None
+    source: str | None = None
 
     def __post_init__(self) -> None:
-        if self.alpha < 0:
+        if self.alpha is not None and not self.alpha >= 0:
             raise ValueError(f"alpha must be >= 0, got {self.alpha}")
 
     def measured(self, table: str) -> bool:
         return self.profile is not None and table in self.profile.tables
+
+    def has_evidence(self, table: str) -> bool:
+        """Whether ``table``'s reads are known (measured, or a stated skew): the planner offers the
+        plugin's types only then."""
+        return self.measured(table) or self.alpha is not None
+
+    def check_covers(self, tables: list[str]) -> None:
+        """Raises a ValueError naming the profile and ``tables`` (the model's) when the profile is
+        empty or names none of them; a no-op without a profile."""
+        if self.profile is None or not tables:
+            return
+        check_not_empty(self.profile, self.source, tables)
+        if not set(tables) & set(self.profile.tables):
+            raise ValueError(
+                f"{_where(self.source)} names none of the model's tables: it has {list(self.profile.tables)}, "
+                f"the model has {sorted(tables)}; profile this model's batches"
+            )
 
     def reads(self, table: str, num_rows: int, reads_per_step: float, world_size: int) -> TableReads:
         """Reads per step of ``table``'s rows, hottest first.
@@ -75,7 +97,26 @@ class AccessModel:
             order = torch.sort(counts, descending=True, stable=True).indices
             scale = world_size / max(self.profile.batches, 1)
             return TableReads(order, counts[order].double() * scale)
-        return TableReads(None, zipf_shares(num_rows, self.alpha) * reads_per_step)
+        alpha = self.alpha if self.alpha is not None else 0.0  # no skew assumed: uniform
+        return TableReads(None, zipf_shares(num_rows, alpha) * reads_per_step)
+
+
+def check_not_empty(profile: AccessProfile, source: str | None = None, tables: list[str] | None = None) -> None:
+    """Raises a ValueError naming ``source`` (and the model's ``tables``, if given) when ``profile``
+    counted no batch, names no table or holds no read."""
+    reads = sum(int(c.sum()) for c in profile.counts)
+    if profile.batches >= 1 and profile.tables and reads:
+        return
+    model = f"; the model's tables are {sorted(tables)}" if tables else ""
+    raise ValueError(
+        f"{_where(source)} is empty ({profile.batches} batches, {len(profile.tables)} tables, {reads} reads)"
+        f"{model}; profile at least one batch (python -m torchrec_het.profile --steps N, or "
+        "torchrec_het.replication.AccessProfiler)"
+    )
+
+
+def _where(source: str | None) -> str:
+    return f"access profile {source!r}" if source else "the access profile"
 
 
 def zipf_shares(num_rows: int, alpha: float) -> torch.Tensor:

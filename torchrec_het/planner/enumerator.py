@@ -8,6 +8,10 @@ them, then turns each stand-in option into one option per plugin type the sharde
 and the table's constraints allow, and prices those with the plugin's estimators. Tables
 whose sharder or constraints do not allow ``row_wise`` itself lose the stand-ins.
 
+Evidence rule: a plugin type is offered for a table only when its reads are known (a
+profile names it, or the user stated a skew: :meth:`AccessModel.has_evidence`) or the
+table's constraints name that type; every other table gets TorchRec's types only.
+
 Tables a profile measures are priced, for every type, with the ids per sample the profile
 saw (as ``ParameterConstraints.pooling_factors``) unless the constraints give their own, so
 TorchRec's types and the plugin's are priced from the same reads.
@@ -37,7 +41,7 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
         topology, batch_size, constraints, use_exact_enumerate_order: as TorchRec's.
         estimator: estimators; default the plugin's perf and storage estimators (which
             delegate TorchRec's types to TorchRec's estimators).
-        pricing: the plugin's settings and reads per row (profile or skew).
+        pricing: the plugin's settings and reads per row (a profile, or a stated skew).
     """
 
     def __init__(
@@ -62,6 +66,7 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
         offered = {sharder_name(s.module_type): _plugin_types(s, device) for s in sharders}
         if not any(offered.values()):
             return super().enumerate(module, sharders)
+        self.pricing.access.check_covers(_table_names(module))
         by_key = {sharder_name(s.module_type): s for s in sharders}
         stand_in_constraints = _with_row_wise_for_plugin(self._with_measured_pooling(module, constraints))
         with _compat.enumerator_constraints(self, stand_in_constraints):
@@ -77,7 +82,7 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
             if self._allows(option.name, ROW_WISE, sharder):
                 out.append(option)
             for sharding_type in offered[key]:
-                if not (self._allows(option.name, sharding_type, sharder) and self.pricing.offers(sharding_type, option.name)):
+                if not (self._allows(option.name, sharding_type, sharder) and self._offers(option.name, sharding_type)):
                     continue
                 if option.compute_kernel not in sharder.compute_kernels(sharding_type, device):
                     continue
@@ -94,7 +99,8 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
                 raise ValueError(
                     f"table {option.name!r}: no sharding type is left for it; its constraints allow "
                     f"{constraints[option.name].sharding_types}, and het_row_replicated needs measured "
-                    "reads of the table (a profile naming it) to choose its hot rows"
+                    "reads of the table (a profile naming it) or online counting (online_profile_steps) "
+                    "to choose its hot rows"
                 )
         return out + added
 
@@ -112,6 +118,13 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
             base = given if given is not None else ParameterConstraints()
             out[name] = dataclasses.replace(base, pooling_factors=[max(per_sample, 1e-6)])
         return out or constraints
+
+    def _offers(self, name: str, sharding_type: str) -> bool:
+        """The evidence rule: a plugin type for a table whose reads are known or whose constraints
+        name the type, if the pricing can build it there (row replication needs hot rows)."""
+        _, _, constraints = _compat.enumerator_settings(self)
+        named = bool(constraints) and name in constraints and sharding_type in (constraints[name].sharding_types or ())
+        return (named or self.pricing.access.has_evidence(name)) and self.pricing.offers(sharding_type, name)
 
     def _allows(self, name: str, sharding_type: str, sharder: ModuleSharder) -> bool:
         """Whether the sharder offers ``sharding_type`` and the table's constraints (if any) allow it."""
