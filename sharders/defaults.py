@@ -2,21 +2,37 @@
 EmbeddingBagCollection and EmbeddingCollection sharders (the one-line swap for
 ``get_default_sharders()``)."""
 
+import dataclasses
+
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.sharding_plan import get_default_sharders
 
 from torchrec_het.config import HetCacheConfig
+from torchrec_het.planner.access import ProfileTiers, check_not_empty
 from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.replication.profile import AccessProfile, load_profile
 from torchrec_het.sharders.het import HetEmbeddingBagCollectionSharder
 from torchrec_het.sharders.het_ec import HetEmbeddingCollectionSharder
 
 
 def get_het_sharders(
-    cache: HetCacheConfig | None = None, replication: ReplicationConfig | None = None, stock=get_default_sharders
+    cache: HetCacheConfig | None = None,
+    replication: ReplicationConfig | None = None,
+    stock=get_default_sharders,
+    profile: AccessProfile | str | None = None,
 ) -> list:
     """``stock()`` (TorchRec's ``get_default_sharders``), with its ``EmbeddingBagCollectionSharder``
-    and ``EmbeddingCollectionSharder`` replaced by the plugin's, built with ``cache`` and ``replication``."""
+    and ``EmbeddingCollectionSharder`` replaced by the plugin's, built with ``cache`` and ``replication``.
+
+    Args:
+        profile: the access profile (or an iopath path of one) the planner priced from: tables
+            planned ``het_row_replicated`` replicate its hot rows (``ProfileTiers`` with
+            ``replication``'s sync interval). Without it, or tiers in ``replication``, or online
+            counting, sharding a ``het_row_replicated`` table raises a ValueError naming it.
+    """
+    if profile is not None:
+        replication = with_profile_tiers(replication, profile)
     out = []
     for sharder in stock():
         if type(sharder) is EmbeddingBagCollectionSharder:
@@ -25,3 +41,20 @@ def get_het_sharders(
             sharder = HetEmbeddingCollectionSharder(replication=replication)
         out.append(sharder)
     return out
+
+
+def with_profile_tiers(replication: ReplicationConfig | None, profile: AccessProfile | str) -> ReplicationConfig:
+    """``replication`` (default ``ReplicationConfig()``) with the hot rows of ``profile`` as its tiers.
+
+    Raises:
+        ValueError: ``replication`` has tiers already, or the profile is empty (naming its path).
+    """
+    replication = replication if replication is not None else ReplicationConfig()
+    if replication.tiers is not None:
+        raise ValueError("pass the hot rows once: either profile= or ReplicationConfig(tiers=...), not both")
+    source = profile if isinstance(profile, str) else None
+    if isinstance(profile, str):
+        profile = load_profile(profile)
+    check_not_empty(profile, source)
+    tiers = ProfileTiers(profile, replica_sync_every=replication.replica_sync_every)
+    return dataclasses.replace(replication, tiers=tiers)

@@ -19,7 +19,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het._compat import sharded_embedding_shardings, sharded_lookups, sharded_table_configs
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.sharders.plugin_sharder import PluginSharder
+from torchrec_het.sharders.plugin_sharder import PluginSharder, require_hot_rows
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.het_cached_rw import HetCachedRwPooledEmbeddingSharding
 from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
@@ -99,6 +99,7 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
         rows = {t.name: t.num_embeddings for t in module.embedding_bag_configs()}
         cache.check_tables([n for n, p in plan.items() if p.sharding_type == HET_CACHED_ROW_WISE])
         replication.check_tables(rows)
+        require_hot_rows(replication, plan)
         kwargs["fused_params"] = {
             **(kwargs.get("fused_params") or {}), REPLICATION_KEY: replication, HET_CACHE_KEY: cache
         }

@@ -18,7 +18,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het._compat import sharded_embedding_shardings, sharded_lookups, sharded_table_configs, uses_index_dedup
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.sharders.plugin_sharder import PluginSharder
+from torchrec_het.sharders.plugin_sharder import PluginSharder, require_hot_rows
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharders.het import REPLICATION_KEY, _pipelined, _without_settings
 from torchrec_het.sharding.replicated_sequence import RowReplicatedSequenceEmbeddingSharding, RowReplicatedSequenceLookup
@@ -69,6 +69,7 @@ class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection
             if sharding.sharding_type == HET_ROW_REPLICATED and kernel != EmbeddingComputeKernel.FUSED.value:
                 raise ValueError(f"table {name!r}: het_row_replicated needs the fused kernel, planned {kernel!r}")
         replication.check_tables({t.name: t.num_embeddings for t in module.embedding_configs()})
+        require_hot_rows(replication, plan)
         kwargs["fused_params"] = {**(kwargs.get("fused_params") or {}), REPLICATION_KEY: replication}
         super().__init__(*args, **kwargs)
         self._rows_of_feature = {

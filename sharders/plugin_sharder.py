@@ -1,9 +1,31 @@
 """What both plugin sharders add to TorchRec's: the module type they shard, chosen at construction,
-and the plugin's sharding types on TorchRec's fused row-wise kernel."""
+the plugin's sharding types on TorchRec's fused row-wise kernel, and the check that a table
+planned ``het_row_replicated`` has hot rows to replicate."""
 
 from typing import Any
 
-from torchrec.distributed.types import ShardingType
+from torchrec.distributed.types import ParameterSharding, ShardingType
+
+from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.types import HET_ROW_REPLICATED
+
+
+def require_hot_rows(replication: ReplicationConfig, plan: dict[str, ParameterSharding]) -> None:
+    """Raises a ValueError naming the tables planned ``het_row_replicated`` that ``replication``
+    gives no hot rows: its tiers do not name them and online counting is off, so they would
+    train as row_wise with zero replicas (the planner priced replicas)."""
+    if replication.online_profile_steps > 0:
+        return
+    named = set(replication.tiers.tables) if replication.tiers is not None else set()
+    missing = sorted(name for name, p in plan.items() if p.sharding_type == HET_ROW_REPLICATED and name not in named)
+    if missing:
+        raise ValueError(
+            f"table(s) {missing} are planned het_row_replicated, but the sharder has no hot rows for them "
+            "(ReplicationConfig.tiers does not name them and online_profile_steps is 0): they would train "
+            "with zero replicas. Build the sharders from the profile the planner priced, "
+            "get_het_sharders(profile=profile) or ReplicationConfig(tiers=ProfileTiers(profile)), "
+            "or set ReplicationConfig(online_profile_steps=N)"
+        )
 
 
 class PluginSharder:

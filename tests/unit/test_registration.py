@@ -201,3 +201,21 @@ def test_a_bad_setting_names_its_variable(monkeypatch, name: str, value: str) ->
     with pytest.raises(ValueError, match=name):
         torchrec_het.install()
 
+
+def test_get_het_sharders_takes_the_profile_the_planner_priced(tmp_path) -> None:
+    from torchrec_het.planner import ProfileTiers
+    from torchrec_het.replication import ReplicationConfig
+    from torchrec_het.sharders import get_het_sharders
+
+    profile = AccessProfile(("a",), (10,), (torch.arange(10, dtype=torch.int64),), 2)
+    path = str(tmp_path / "p.pt")
+    save_profile(profile, path)
+    for given in (profile, path):
+        sharders = get_het_sharders(profile=given, replication=ReplicationConfig(replica_sync_every=2))
+        het = [s for s in sharders if isinstance(s, (HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder))]
+        assert len(het) == 2
+        for sharder in het:
+            tiers = sharder._replication.tiers
+            assert isinstance(tiers, ProfileTiers) and tiers.min_reads_per_step == 0.5 and sharder._replication.replica_sync_every == 2
+    with pytest.raises(ValueError, match="either profile= or ReplicationConfig"):
+        get_het_sharders(profile=profile, replication=ReplicationConfig(tiers=ProfileTiers(profile)))
