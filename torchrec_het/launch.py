@@ -11,7 +11,10 @@ way ``python SCRIPT ARGS`` would. The script's ``get_default_sharders()`` and
 
 Launcher mode (``--nproc-per-node N``): starts torch's elastic launcher (torchrun)
 in this process with ``-m torchrec_het.launch SCRIPT ARGS`` as every worker's command,
-so each worker runs in worker mode. ``--max-restarts R`` lets torchrun restart all
+so each worker runs in worker mode. The ``TORCHREC_HET_*`` settings (and the profile
+``TORCHREC_HET_PROFILE`` names: it must exist, be readable and hold counts) are checked
+here first: a bad one ends the launcher with one message before any worker starts.
+``--max-restarts R`` lets torchrun restart all
 workers up to R times when one fails; a script that resumes from its newest
 checkpoint then goes on from there. With restarts, every attempt gets a rendezvous store
 of its own (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless set): torchrun's shared store
@@ -153,6 +156,7 @@ def run_launcher(command: Command) -> int:
         _require_module(command.module)
     else:
         _require_script(command.script)
+    _require_settings()
 
     if command.options["max_restarts"]:
         # torchrun shares its rendezvous TCPStore with the workers by default and keeps it
@@ -182,6 +186,16 @@ def main(argv: list[str] | None = None) -> int:
 def _require_script(script: str | None) -> None:
     if script is None or not os.path.isfile(script):
         raise SystemExit(f"{PROG}: can't open SCRIPT {script!r}: no such file")
+
+
+def _require_settings() -> None:
+    """The ``TORCHREC_HET_*`` settings and the profile they name, checked once here before any worker starts."""
+    from torchrec_het.registration import check_environment
+
+    try:
+        check_environment()
+    except ValueError as error:
+        raise SystemExit(f"{PROG}: {error}") from None
 
 
 def _require_module(module: str) -> None:

@@ -86,3 +86,33 @@ def test_restarts_get_a_store_per_attempt(monkeypatch) -> None:
     monkeypatch.setattr(torch.distributed.run, "main", lambda argv: None)
     assert launch.main(["--nproc-per-node", "2", "--max-restarts", "1", __file__]) == 0
     assert os.environ[launch.SHARE_STORE_ENV] == "1"  # see pytorch/pytorch#135712
+
+
+@pytest.mark.parametrize("content", [None, b"not a profile"])
+def test_a_bad_profile_stops_the_launcher_before_any_worker(tmp_path: Path, monkeypatch, content) -> None:
+    import torch.distributed.run
+
+    from torchrec_het import launch
+
+    path = tmp_path / "profile.pt"
+    if content is not None:
+        path.write_bytes(content)
+    monkeypatch.setenv("TORCHREC_HET_PROFILE", str(path))
+    monkeypatch.setattr(torch.distributed.run, "main", lambda argv: pytest.fail("torchrun started"))
+    with pytest.raises(SystemExit) as raised:
+        launch.main(["--nproc-per-node", "2", "--max-restarts", "3", __file__])
+    message = str(raised.value.code)
+    assert message.startswith("python -m torchrec_het.launch: $TORCHREC_HET_PROFILE=") and str(path) in message, message
+
+
+def test_a_missing_profile_is_one_message_from_the_launcher(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('a worker ran')\n")
+    missing = tmp_path / "nowhere.pt"
+    done = subprocess.run(
+        [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", "--max-restarts", "3", str(script)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=dict(os.environ, TORCHREC_HET_PROFILE=str(missing)),
+    )  # fmt: skip
+    assert done.returncode != 0 and "a worker ran" not in done.stderr + done.stdout
+    lines = [line for line in done.stderr.splitlines() if "TORCHREC_HET_PROFILE" in line]
+    assert lines == [f"python -m torchrec_het.launch: $TORCHREC_HET_PROFILE='{missing}': no such access profile file"], done.stderr
