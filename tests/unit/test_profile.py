@@ -93,3 +93,37 @@ def test_command_writes_a_loadable_profile(tmp_path, capsys) -> None:
     profile = load_profile(out)
     assert profile.batches == 2 and len(profile.tables) == 26
     assert sum(int(c.sum()) for c in profile.counts) == 2 * 256 * 26  # smoke: batch 256, one id per bag
+
+
+@pytest.mark.parametrize("flag,value", [("--steps", "-1"), ("--steps", "0"), ("--every", "0")])
+def test_command_rejects_an_empty_sample(tmp_path, capsys, flag: str, value: str) -> None:
+    out = tmp_path / "p.pt"
+    with pytest.raises(SystemExit) as raised:
+        main(["--preset", "smoke", flag, value, "--out", str(out)])
+    assert raised.value.code == 2 and f"{flag} must be >= 1, got {value}" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_profiler_counts_your_own_batches_and_saves_a_loadable_profile(tmp_path) -> None:
+    from torchrec import EmbeddingBagCollection
+
+    from torchrec_het.profile import AccessProfiler as from_command_module
+    from torchrec_het.replication import AccessProfiler
+
+    assert from_command_module is AccessProfiler
+    ebc = EmbeddingBagCollection(tables=TABLES, device=torch.device("meta"))
+    profiler = AccessProfiler.for_model(ebc)
+    path = str(tmp_path / "mine.pt")
+    with pytest.raises(ValueError, match="no batch observed"):
+        profiler.save(path)
+    batches = [_kjt([1, 1, 5], [0], [0, 3]), _kjt([2], [1], []), _kjt([1], [3], [3])]
+    for batch in batches:
+        profiler.observe(batch)
+    saved = profiler.save(path)
+    loaded = load_profile(path, TABLES)
+    expected = count_accesses(batches, TABLES)
+    assert saved.batches == loaded.batches == 3
+    assert all(torch.equal(a, b) for a, b in zip(loaded.counts, expected.counts))
+    assert loaded.table_counts("t0").tolist() == [0, 3, 1, 0, 0, 1]
+    with pytest.raises(ValueError, match="feature 'f0': ids outside table 't0'"):
+        profiler.observe(_kjt([6], [], []))

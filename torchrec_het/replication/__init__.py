@@ -3,7 +3,7 @@
 
 from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.replication.profile import AccessProfile, count_accesses, load_profile, save_profile
+from torchrec_het.replication.profile import AccessProfile, AccessProfiler, count_accesses, load_profile, save_profile
 from torchrec_het.replication.tiers import (
     TableMemory,
     TableTiers,
@@ -16,6 +16,7 @@ from torchrec_het.replication.tiers import (
 
 __all__ = [
     "AccessProfile",
+    "AccessProfiler",
     "AllHotBatches",
     "ReplicationConfig",
     "TableMemory",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from iopath.common.file_io import g_pathmgr
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 FORMAT = "torchrec_het.profile"
@@ -60,8 +60,81 @@ class AccessProfile:
         return float(counts[self.hottest(name, k)].sum()) / total if total else 0.0
 
 
+class AccessProfiler:
+    """Counts row reads of your own batches, one at a time, into an :class:`AccessProfile`.
+
+    Feed it one rank's batches (the profile means reads per batch of one rank), every one or a
+    sample, then save it for the planner and the sharders::
+
+        profiler = AccessProfiler.for_model(model)   # or AccessProfiler(ebc.embedding_bag_configs())
+        for step, batch in enumerate(itertools.islice(dataloader, 400)):
+            if step % 20 == 0:
+                profiler.observe(batch.sparse_features)
+        profiler.save("profile.pt")
+
+    Args:
+        tables: the model's table configs (``EmbeddingBagConfig`` or ``EmbeddingConfig``).
+    """
+
+    def __init__(self, tables: list[BaseEmbeddingConfig]) -> None:
+        if not tables:
+            raise ValueError("AccessProfiler needs at least one table config")
+        self.tables = list(tables)
+        self.counts = [torch.zeros(t.num_embeddings, dtype=torch.int64) for t in self.tables]
+        self.batches = 0
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module) -> "AccessProfiler":
+        """A profiler of every table of ``model``'s EmbeddingBagCollections and EmbeddingCollections."""
+        tables = []
+        for module in model.modules():
+            for getter in ("embedding_bag_configs", "embedding_configs"):
+                if hasattr(module, getter):
+                    tables += list(getattr(module, getter)())
+        return cls(tables)
+
+    def observe(self, features: KeyedJaggedTensor) -> None:
+        """Adds one batch's reads.
+
+        Raises:
+            ValueError: the batch lacks one of the tables' features, or holds an id outside its
+                table (the message names the feature).
+        """
+        present = set(features.keys())
+        for config, table_counts in zip(self.tables, self.counts):
+            for feature in config.feature_names:
+                if feature not in present:
+                    raise ValueError(f"feature {feature!r} of table {config.name!r} is missing from batch {self.batches}")
+                ids = features[feature].values().long()
+                if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= config.num_embeddings):
+                    raise ValueError(
+                        f"feature {feature!r}: ids outside table {config.name!r}'s rows [0, {config.num_embeddings})"
+                    )
+                table_counts += torch.bincount(ids, minlength=config.num_embeddings)
+        self.batches += 1
+
+    def profile(self) -> AccessProfile:
+        """The counts so far (copies)."""
+        return AccessProfile(
+            tuple(t.name for t in self.tables), tuple(t.num_embeddings for t in self.tables),
+            tuple(c.clone() for c in self.counts), self.batches,
+        )
+
+    def save(self, path: str) -> AccessProfile:
+        """Writes the profile to ``path`` (any iopath path) and returns it.
+
+        Raises:
+            ValueError: no batch was observed (an empty profile would let the planner price nothing).
+        """
+        if not self.batches:
+            raise ValueError(f"{path}: no batch observed; call observe() on at least one batch before save()")
+        profile = self.profile()
+        save_profile(profile, path)
+        return profile
+
+
 def count_accesses(
-    batches: Iterable[KeyedJaggedTensor], tables: list[EmbeddingBagConfig], every: int = 1
+    batches: Iterable[KeyedJaggedTensor], tables: list[BaseEmbeddingConfig], every: int = 1
 ) -> AccessProfile:
     """Counts row reads per table over every ``every``-th batch of ``batches`` (``every=20`` samples 5%).
 
@@ -71,24 +144,11 @@ def count_accesses(
     """
     if every < 1:
         raise ValueError(f"every must be >= 1, got {every}")
-    counts = [torch.zeros(t.num_embeddings, dtype=torch.int64) for t in tables]
-    counted = 0
+    profiler = AccessProfiler(tables)
     for index, kjt in enumerate(batches):
-        if index % every:
-            continue
-        present = set(kjt.keys())
-        for config, table_counts in zip(tables, counts):
-            for feature in config.feature_names:
-                if feature not in present:
-                    raise ValueError(f"feature {feature!r} of table {config.name!r} is missing from batch {index}")
-                ids = kjt[feature].values().long()
-                if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= config.num_embeddings):
-                    raise ValueError(
-                        f"feature {feature!r}: ids outside table {config.name!r}'s rows [0, {config.num_embeddings})"
-                    )
-                table_counts += torch.bincount(ids, minlength=config.num_embeddings)
-        counted += 1
-    return AccessProfile(tuple(t.name for t in tables), tuple(t.num_embeddings for t in tables), tuple(counts), counted)
+        if index % every == 0:
+            profiler.observe(kjt)
+    return profiler.profile()
 
 
 def save_profile(profile: AccessProfile, path: str) -> None:
