@@ -59,7 +59,7 @@ def spawn(spec: RunSpec, on_done, body=run_benchmark) -> None:
     port = str(_free_port())
     if spec.network["mode"] == "loopback":
         env = [
-            dict(rank_env(rank, spec.host_of_rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+            dict(rank_env(rank, (0,) * spec.world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)  # one host
             for rank in range(spec.world_size)
         ]
         mp.start_processes(_rank_main, args=(spec, env, None, on_done, body), nprocs=spec.world_size, start_method="spawn")
