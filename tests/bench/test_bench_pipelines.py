@@ -9,6 +9,7 @@ the same losses show the evaluations (with the pipelines' batches in flight) cha
 """
 
 import json
+import re
 import subprocess
 import sys
 
@@ -68,6 +69,16 @@ def test_a_pipeline_that_cannot_train_the_het_cache_leaves_it_not_run_with_the_r
     assert f"not run: {semi['name']}: {semi['not_run']}" in stdout
     assert "not_run" not in by_name["het_het_s2_c1@hybrid_k2"]  # the hybrid pipeline trains the HET cache
     assert markdown_table(results) in stdout
+    # The HET entries that ran show their hit rate in the printed table, stock ones a blank cell.
+    header = next(line for line in stdout.splitlines() if line.startswith("| workload | config |"))
+    column = [cell.strip() for cell in header.split("|")].index("HET hit rate (ideal LRU)")
+    cells = {
+        line.split("|")[2].strip(): line.split("|")[column].strip()
+        for line in stdout.splitlines()
+        if line.startswith("| dlrm |") and line.count("|") == header.count("|")
+    }
+    assert re.fullmatch(r"\d+\.\d% \(\d+\.\d%\)", cells["het_het_s2_c1@sparse_dist"]), cells
+    assert cells["stock_table_wise@sparse_dist"] == ""
 
 
 def test_the_hybrid_entries_record_the_staleness_gauge(side_by_side) -> None:

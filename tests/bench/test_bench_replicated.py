@@ -19,6 +19,15 @@ def results(tmp_path_factory) -> dict:
     )
     assert run.returncode == 0, run.stderr[-4000:]
     assert (out / "bytes_vs_memory.png").stat().st_size > 0
+    # The printed table shows the replicated share of rows (hot rows), blank for other types.
+    header = next(line for line in run.stdout.splitlines() if line.startswith("| workload | config |"))
+    column = [cell.strip() for cell in header.split("|")].index("hot rows")
+    hot = {
+        line.split("|")[2].strip(): line.split("|")[column].strip()
+        for line in run.stdout.splitlines()
+        if line.startswith("| ") and line.count("|") == header.count("|")  # the main table's rows
+    }
+    assert hot["rep_m100_s1"].endswith("%") and hot["stock_table_wise"] == ""
     data = json.loads((out / "results.json").read_text())
     return {c["name"]: c for c in data["configs"]}
 

@@ -33,8 +33,23 @@ def pipeline_words(results: dict) -> str:
     return "pipelines " + ", ".join(f"`{label}`" for label in labels) + " (entries are config@pipeline)"
 
 
+def het_hit_rate(entry: dict) -> str:
+    """The HET cache's hit rate over distinct remote ids, the ideal LRU's in parentheses; blank without a HET cache."""
+    cache = entry.get("cache")
+    if cache is None:
+        return ""
+    return f"{cache['hit_rate_unique']:.1%} ({cache['ideal_lru_hit_rate_unique']:.1%})"
+
+
+def hot_row_share(entry: dict) -> str:
+    """The share of rows replicated as hot (``het_row_replicated``); blank for other types."""
+    share = entry["params"].get("hot_fraction")
+    return "" if share is None else f"{share:.2%}"
+
+
 def markdown_table(results: dict) -> str:
-    """One row per configuration, grouped by workload: speed, bytes per step (MiB, summed over ranks), quality, memory."""
+    """One row per configuration, grouped by workload: speed, bytes per step (MiB, summed over ranks), the HET
+    cache's hit rate and the replicated share of rows (blank where the entry has neither), quality, memory."""
     net = results["network"]
     where = "loopback" if net["mode"] == "loopback" else f"{net['hosts']} emulated hosts at {net['gbit']} Gbit/s"
     lines = [
@@ -42,8 +57,8 @@ def markdown_table(results: dict) -> str:
         "bytes are MiB per step summed over ranks (cross-rank, without a rank's chunk to itself)",
         "",
         "| workload | config | sharding | samples/s median [p10, p90] | fwd ids | fwd emb | bwd grad | dense allreduce "
-        "| other | embedding cross-rank | inter-host | AUC | loss | peak RSS MiB/rank |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| other | embedding cross-rank | inter-host | HET hit rate (ideal LRU) | hot rows | AUC | loss | peak RSS MiB/rank |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in by_workload(results["configs"]):
         b = c["bytes_per_step"]
@@ -54,7 +69,7 @@ def markdown_table(results: dict) -> str:
             f"| {sps['median']:.0f} [{sps['p10']:.0f}, {sps['p90']:.0f}] "
             + "| " + " | ".join(_mib(b[p]) for p in PHASES)
             + f" | {_mib(b['embedding_cross_rank'])} | {_mib(c['inter_host_bytes'])}"
-            f" | {c['auc']:.4f} | {c['loss']:.4f} | {rss} |"
+            f" | {het_hit_rate(c)} | {hot_row_share(c)} | {c['auc']:.4f} | {c['loss']:.4f} | {rss} |"
         )
     refused = [c for c in results["configs"] if "not_run" in c]
     if refused:
@@ -163,11 +178,15 @@ def plot(results: dict, path: Path) -> None:
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax_bytes.set_ylabel("MiB per step (cross-rank, all ranks)")
     ax_bytes.set_title("bytes per phase")
-    ax_bytes.legend(fontsize=8)
+    # Explicit headroom: autoscaling ends the axis at the tallest stack (its top edge clipped), and the
+    # legend (one row of columns above the bars) needs room of its own.
+    ax_bytes.set_ylim(0, max(bottom, default=0.0) * 1.3 or 1.0)
+    ax_bytes.legend(fontsize=8, ncols=3, loc="upper center")
     medians = [c["samples_per_s"]["median"] for c in configs]
     low = [m - c["samples_per_s"]["p10"] for m, c in zip(medians, configs)]
     high = [c["samples_per_s"]["p90"] - m for m, c in zip(medians, configs)]
     ax_speed.bar(names, medians, yerr=[low, high], capsize=4, color="tab:gray")
+    ax_speed.set_ylim(0, max((c["samples_per_s"]["p90"] for c in configs), default=0.0) * 1.1 or 1.0)
     ax_speed.set_ylabel("samples/s (median, p10-p90)")
     ax_speed.set_title("throughput")
     for ax in (ax_bytes, ax_speed):
@@ -240,8 +259,12 @@ def plot_bytes_vs_memory(results: dict, path: Path) -> bool:
         for c in (c for c in configs if c.get("workload", "dlrm") == workload):
             x, y = max(c["state_mb"]), c["bytes_per_step"]["embedding_cross_rank"] / 2**20
             replicated = c["params"].get("sharding") == "het_row_replicated"
-            ax.scatter([x], [y], marker="o" if replicated else "s", color="tab:blue" if replicated else "gray")
+            label = "het_row_replicated (hot rows on every rank)" if replicated else "other configurations"
+            ax.scatter([x], [y], marker="o" if replicated else "s", color="tab:blue" if replicated else "gray", label=label)
             ax.annotate(c["name"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        handles, labels = ax.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))  # one entry per kind of marker
+        ax.legend(unique.values(), unique.keys(), fontsize=8)
         ax.set_xlabel("model state per rank, MiB (weights + optimizer state, replicas included; max over ranks)")
         ax.set_ylabel("embedding bytes per step, MiB (cross-rank, all ranks)")
         ax.set_title(f"{workload}: bytes vs memory (preset {results['preset']})")
