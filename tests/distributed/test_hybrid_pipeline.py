@@ -42,3 +42,15 @@ def test_bad_settings_raise_clear_errors(world: list[dict]) -> None:
     for bad in ("k=-1", "k=1.5", "k=True"):
         assert "embedding_staleness must be an int >= 0" in errors[bad], errors
     assert "no sharded embedding module" in errors["no_embeddings"], errors
+    assert "backward_on_worker must be True, False or None" in errors["backward_on_worker"], errors
+
+
+def test_where_the_embedding_backward_runs_changes_no_weight_and_the_measured_choice_is_agreed(
+    world: list[dict],
+) -> None:
+    for kind in ("row_wise", "het"):
+        chosen = {results["placement"][kind]["chosen"] for results in world}
+        assert len(chosen) == 1 and chosen <= {True, False}, (kind, chosen)  # one choice, every rank
+        for rank, results in enumerate(world):
+            r = results["placement"][kind]
+            assert r["inline_vs_worker"] <= 1e-6 and r["measured_vs_worker"] <= 1e-6, (rank, kind, r)

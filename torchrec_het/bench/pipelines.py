@@ -203,9 +203,12 @@ class TorchRecLoop:
         return out
 
     def staleness_gauge(self) -> dict | None:
-        """The pipeline's staleness gauge (``{"max", "mean", "histogram"}``), if it keeps one."""
+        """The pipeline's staleness gauge (``{"max", "mean", "histogram"}``), if it keeps one, with
+        where its embedding backward ran (``backward_on_worker``: the hybrid pipeline's choice)."""
         gauge = getattr(self.pipeline, "gauge", None)
-        return None if gauge is None else gauge.as_dict()
+        if gauge is None:
+            return None
+        return dict(gauge.as_dict(), backward_on_worker=getattr(self.pipeline, "backward_on_worker_chosen", None))
 
     def finish(self) -> None:
         """Gives the model its own forwards back (for the final evaluation); batches still in flight

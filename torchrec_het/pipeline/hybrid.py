@@ -37,11 +37,14 @@ lookups hold several batches between forward and backward
 (:meth:`~torchrec_het.sharding.het_lookup.HetCachedEmbeddingLookup.allow_batches_ahead`).
 """
 
+import statistics
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.model_parallel import get_module
 from torchrec.distributed.types import ShardedModule
@@ -127,18 +130,27 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
             ``CombinedOptimizer`` of both is fine).
         device: the training device.
         embedding_staleness: k >= 0, the most embedding updates a batch's read may miss.
+        backward_on_worker: for k >= 1, where the embedding backward runs: True on the worker
+            thread (it overlaps the next dense forward), False on the main thread (the lookups
+            still run k batches ahead), None (default) measured: :data:`PROBE_STEPS` steps each
+            way after the first ones, then the faster on the ranks' summed medians (the worker
+            only pays where a core is free to run it; a rank whose CPU the dense part already
+            fills loses more to contention than it hides). ``backward_on_worker_chosen`` says
+            which (None while measuring).
         execute_all_batches: train the batches still in flight once the data runs out.
         **kwargs: passed to ``TrainPipelineSparseDist``.
 
     Raises:
-        ValueError: k is not an int >= 0; or (on the first ``progress``) the model has no
-            sharded embedding module the pipeline can drive.
+        ValueError: k is not an int >= 0, or ``backward_on_worker`` not a bool or None; or (on
+            the first ``progress``) the model has no sharded embedding module the pipeline can drive.
     """
 
     def __init__(self, model, optimizer, device: torch.device, embedding_staleness: int = 1,
-                 execute_all_batches: bool = True, **kwargs) -> None:
+                 execute_all_batches: bool = True, backward_on_worker: bool | None = None, **kwargs) -> None:
         if isinstance(embedding_staleness, bool) or not isinstance(embedding_staleness, int) or embedding_staleness < 0:
             raise ValueError(f"embedding_staleness must be an int >= 0, got {embedding_staleness!r}")
+        if backward_on_worker not in (True, False, None):
+            raise ValueError(f"backward_on_worker must be True, False or None (measure), got {backward_on_worker!r}")
         super().__init__(model, optimizer, device, execute_all_batches=execute_all_batches,
                          context_type=HybridContext, **kwargs)
         self.embedding_staleness = embedding_staleness
@@ -149,6 +161,8 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="embedding-backward")
         self._pending: Future | None = None  # the embedding backward on the worker
         self._overlap = embedding_staleness >= 1
+        self.backward_on_worker_chosen = backward_on_worker if self._overlap else False
+        self._probe = _BackwardProbe() if self.backward_on_worker_chosen is None else None
         self._started = False
         # model.state_dict() (and so every checkpoint) first applies the update in flight. DMP's
         # state_dict skips its own hooks (it asks the wrapped module, whose hook runs before its
@@ -194,6 +208,7 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
         model = _compat.pipeline_model(self)
         if any(isinstance(m, DistributedDataParallel) and m.will_sync_module_buffers() for m in model.modules()):
             self._overlap = False  # DDP's forward broadcasts buffers: a collective, so no worker beside it
+            self.backward_on_worker_chosen, self._probe = False, None
 
     # --- one step -----------------------------------------------------------------------------
 
@@ -231,12 +246,26 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
             self._finish_lookup(1)
         if training:
             self.batches_trained += 1
-            if self._overlap and self.batches_trained > SYNC_FIRST:
+            if self._backward_on_worker():
                 self._pending = self._worker.submit(self._embedding_backward, context)
             else:
                 self._embedding_backward(context)
         self.dequeue_batch()
         return output
+
+    def _backward_on_worker(self) -> bool:
+        """Whether this step's embedding backward goes to the worker (see ``backward_on_worker``)."""
+        if not self._overlap or self.batches_trained <= SYNC_FIRST:
+            return False
+        if self._probe is None:
+            return bool(self.backward_on_worker_chosen)
+        on_worker = self._probe.next_step_on_worker(self.batches_trained - SYNC_FIRST)
+        if on_worker is None:  # both ways measured: every rank takes the same choice
+            self.drain()  # no collective beside the worker's
+            self.backward_on_worker_chosen = self._probe.choose()
+            self._probe = None
+            return self.backward_on_worker_chosen
+        return on_worker
 
     def _start_input_dist(self, dataloader_iter) -> None:
         """Starts the input dist of batch k+1 (held, not started) and loads batch k+2."""
@@ -300,6 +329,38 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
         """Drains, then gives the model its own forwards back (see ``TrainPipelineSparseDist.detach``)."""
         self.drain()
         return super().detach()
+
+
+PROBE_STEPS = 8  # steps timed each way before ``backward_on_worker=None`` chooses
+
+
+class _BackwardProbe:
+    """Times steps with the embedding backward on the main thread, then on the worker: a step's
+    time is from one backward's start to the next (the worker's run overlaps the step after it)."""
+
+    def __init__(self) -> None:
+        self.inline: list[float] = []
+        self.worker: list[float] = []
+        self._last: tuple[float, bool] | None = None
+
+    def next_step_on_worker(self, step: int) -> bool | None:
+        """Where the backward of the ``step``-th probed step runs; None once both ways are measured."""
+        now = time.perf_counter()
+        if self._last is not None:
+            start, on_worker = self._last
+            (self.worker if on_worker else self.inline).append(now - start)
+        if step > 2 * PROBE_STEPS:
+            return None
+        on_worker = step > PROBE_STEPS
+        self._last = (now, on_worker)
+        return on_worker
+
+    def choose(self) -> bool:
+        """The worker when its median step time, summed over ranks, is below the main thread's."""
+        medians = torch.tensor([statistics.median(self.inline), statistics.median(self.worker)], dtype=torch.float64)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(medians)
+        return bool(medians[1] < medians[0])
 
 
 def _detached(embeddings, context: HybridContext):

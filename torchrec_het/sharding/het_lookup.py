@@ -479,7 +479,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         """Owner side: ``step.current`` (version of each request), ``step.payload`` (the rows the
         rule sends, flat, in request order) and ``step.rows_out`` (their elements per requester)."""
         received = step.received
-        gid, held = received[:, 0], received[:, 1]
+        gid, held = received[:, 0].contiguous(), received[:, 1]  # bucketize wants contiguous ids
         group = torch.bucketize(gid, self._group_ends, right=True)
         source = torch.repeat_interleave(
             torch.arange(self._ws, device=self._compute_device), torch.tensor(step.recv_splits, device=self._compute_device),

@@ -35,6 +35,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het.bench.table_init import init_tables_by_row
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.pipeline import HybridTrainPipeline
+from torchrec_het.pipeline.hybrid import PROBE_STEPS, SYNC_FIRST
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders import CpuRowWiseEmbeddingBagCollectionSharder, HetEmbeddingBagCollectionSharder
 from torchrec_het.sharding import het_cached_row_wise, het_row_replicated
@@ -44,6 +45,7 @@ from torchrec_het.testing.spawn import gloo_rank, write_rank_result
 
 SEED = 5
 STEPS = 7
+PROBED_STEPS = SYNC_FIRST + 2 * PROBE_STEPS + 3  # a few steps past the measured choice
 LR = 0.1
 TABLES = [("t0", ["f0"], 8, 50), ("t1", ["f1", "f2"], 4, 37), ("t2", ["f3"], 8, 61)]
 KINDS = ("table_wise", "row_wise", "het", "replicated")
@@ -128,14 +130,14 @@ def _tables(model, configs) -> dict[str, torch.Tensor]:
     return out
 
 
-def _train(kind: str, configs, pipeline_of, optimizer: str = "sgd", record: bool = False):
+def _train(kind: str, configs, pipeline_of, optimizer: str = "sgd", record: bool = False, steps: int = STEPS):
     rank = dist.get_rank()
     model, opt = _model(kind, configs, optimizer)
     model.module.seen = [] if record else None
     pipeline = pipeline_of(model, opt)
-    batches = iter([batch(rank, step, False, configs) for step in range(STEPS)])
+    batches = iter([batch(rank, step, False, configs) for step in range(steps)])
     losses = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         losses.append(float(pipeline.progress(batches)))
     return model, pipeline, losses
 
@@ -192,7 +194,9 @@ def stale(world_size: int) -> dict:
             if k is None:
                 make = lambda m, o: TrainPipelineSparseDist(m, o, torch.device("cpu"))  # noqa: E731
             else:
-                make = lambda m, o, k=k: HybridTrainPipeline(m, o, torch.device("cpu"), embedding_staleness=k)  # noqa: E731
+                make = lambda m, o, k=k: HybridTrainPipeline(  # noqa: E731
+                    m, o, torch.device("cpu"), embedding_staleness=k, backward_on_worker=True
+                )
             initial, _ = _model(kind, configs)
             before = _tables(initial, configs)
             model, pipeline, losses = _train(kind, configs, make, record=True)
@@ -213,6 +217,27 @@ def stale(world_size: int) -> dict:
     return out
 
 
+def placement(world_size: int) -> dict:
+    """k = 2 with the embedding backward on the main thread, on the worker, and measured (None):
+    the same weights (where it runs changes no arithmetic), and the measured run chooses one way."""
+    configs = _configs()
+    out = {}
+    for kind in ("row_wise", "het"):
+        runs = {}
+        for on_worker in (True, False, None):
+            make = lambda m, o, w=on_worker: HybridTrainPipeline(  # noqa: E731
+                m, o, torch.device("cpu"), embedding_staleness=2, backward_on_worker=w
+            )
+            model, pipeline, losses = _train(kind, configs, make, steps=PROBED_STEPS)
+            runs[on_worker] = (_tables(model, configs), pipeline.backward_on_worker_chosen)
+        out[kind] = {
+            "inline_vs_worker": _max_diff(runs[False][0], runs[True][0]),
+            "measured_vs_worker": _max_diff(runs[None][0], runs[True][0]),
+            "chosen": runs[None][1],
+        }
+    return out
+
+
 def errors(world_size: int) -> dict:
     """Bad settings: a clear ValueError each."""
     out = {}
@@ -223,6 +248,11 @@ def errors(world_size: int) -> dict:
             out[f"k={bad}"] = "no error"
         except ValueError as error:
             out[f"k={bad}"] = str(error)
+    try:
+        HybridTrainPipeline(model, opt, torch.device("cpu"), embedding_staleness=1, backward_on_worker="yes")
+        out["backward_on_worker"] = "no error"
+    except ValueError as error:
+        out["backward_on_worker"] = str(error)
     dense = torch.nn.Linear(3, 1)
     plain = DistributedModelParallel(_NoEmbeddings(dense), device=torch.device("cpu"))
     pipeline = HybridTrainPipeline(plain, torch.optim.SGD(plain.parameters(), lr=0.1), torch.device("cpu"), embedding_staleness=1)
@@ -248,5 +278,8 @@ class _NoEmbeddings(torch.nn.Module):
 def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Spawn target: every check of this module."""
     with gloo_rank(rank, world_size, port, timeout_s=120):
-        result = {"exact": exact(world_size), "stale": stale(world_size), "errors": errors(world_size)}
+        result = {
+            "exact": exact(world_size), "stale": stale(world_size), "placement": placement(world_size),
+            "errors": errors(world_size),
+        }
     write_rank_result(out_dir, rank, result)
