@@ -31,6 +31,7 @@ def test_every_type_is_measured_on_the_presets_tables(micro: dict) -> None:
     assert micro["world_size"] == 2 and micro["tables"] == 26 == len(preset.table_sizes)
     assert micro["batch_size_per_rank"] == preset.batch_size and micro["alpha"] == preset.alpha
     assert micro["embedding_optimizer"] == "rowwise_adagrad"
+    assert micro["ids_per_step_per_rank"] == preset.batch_size * 26  # one id per feature per sample
     assert [t["name"] for t in micro["types"]] == list(MICRO_TYPES)
     for t in micro["types"]:
         assert t["measured_steps"] == 3

@@ -14,7 +14,9 @@ data (Zipf ids, the preset's alpha). After a warm-up, types are measured in roun
 same batches in turn. Reported per type: ms per step (median, p10, p90; a step lasts as
 long as its slowest rank), collectives issued per step per rank (counted by
 :class:`~torchrec_het.comm.CommAccountant`, by collective family) and embedding bytes per
-step. Writes ``micro.json`` and ``micro.md`` into ``--out`` and prints the table.
+step; and the ids one rank's batch holds per step (``ids_per_step_per_rank``, which
+``python -m torchrec_het.planner.calibrate`` divides by). Writes ``micro.json`` and
+``micro.md`` into ``--out`` and prints the table.
 """
 
 import argparse
@@ -85,6 +87,7 @@ class MicroRecord:
     step_seconds: list[float] = field(default_factory=list)
     comm: list[CommTotals] = field(default_factory=list)
     hot_fraction: float | None = None
+    ids_per_step: list[int] = field(default_factory=list)  # ids of this rank's batch, per measured step
 
 
 class EmbeddingsOnly(nn.Module):
@@ -156,6 +159,7 @@ def run_micro(spec: MicroSpec) -> list[dict[str, MicroRecord]] | None:
                     start = time.perf_counter()
                     _step(sharded, features, grad)
                     records[name].step_seconds.append(time.perf_counter() - start)
+                    records[name].ids_per_step.append(features.values().numel())
                 accountant.enabled = False
                 records[name].comm.append(accountant.totals())
         for name, sharded in models.items():
@@ -169,10 +173,11 @@ def run_micro(spec: MicroSpec) -> list[dict[str, MicroRecord]] | None:
 def summarize(spec: MicroSpec, gathered: list[dict[str, MicroRecord]]) -> dict:
     """The micro.json document."""
     preset = spec.preset
-    types = []
+    types, ids = [], []
     for name in spec.types:
         per_rank = [ranks[name] for ranks in gathered]
         steps = len(per_rank[0].step_seconds)
+        ids += [n for r in per_rank for n in r.ids_per_step]
         ms = [1e3 * max(s) for s in zip(*(r.step_seconds for r in per_rank))]  # the slowest rank's step
         totals = sum_totals([t for r in per_rank for t in r.comm])
         per_rank_step = spec.world_size * steps
@@ -207,6 +212,7 @@ def summarize(spec: MicroSpec, gathered: list[dict[str, MicroRecord]]) -> dict:
         "batch_size_per_rank": preset.batch_size,
         "alpha": preset.alpha,
         "embedding_optimizer": EMBEDDING_OPTIMIZER,
+        "ids_per_step_per_rank": statistics.fmean(ids) if ids else None,  # one rank's batch, all tables
         "warmup_steps": preset.warmup_steps,
         "steps_per_round": preset.steps_per_round,
         "rounds": preset.rounds,
