@@ -1,0 +1,115 @@
+"""Regenerates the planner's compute-cost table (``compute_costs.json``) from a microbenchmark run.
+
+    python -m torchrec_het.bench.micro --out /tmp/micro
+    python -m torchrec_het.planner.calibrate /tmp/micro/micro.json --command "<the micro command>"
+
+Each plugin type's extra seconds per id per step is ``(ms/step of the type - ms/step of
+row_wise) / 1000 / ids per step per rank``, from micro's medians. The microbenchmark measures
+pooled tables (an EmbeddingBagCollection); sequence tables are priced with the same figures.
+"""
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+from torchrec_het.planner.compute_costs import CALIBRATED_TYPES, COSTS_PATH, SETTING_CLASSES, VERSION, load_compute_costs
+from torchrec_het.types import HET_CACHED_ROW_WISE
+
+
+def setting_class(sharding_type: str, params: dict) -> str:
+    """"exact" or "stale" for a microbenchmark type's configuration ``params``."""
+    if sharding_type == HET_CACHED_ROW_WISE:
+        bound = max(params.get("s_read", 0), params.get("s_write", params.get("s_read", 0)))
+        return "exact" if bound == 0 else "stale"
+    return "exact" if params.get("replica_sync_every", 1) <= 1 else "stale"
+
+
+def costs_from_micro(micro: dict, measured_with: str, measured_on: str | None = None) -> dict:
+    """The compute-cost table (a JSON document) derived from a ``micro.json`` document.
+
+    Ids per step per rank are micro's ``ids_per_step_per_rank``; a micro.json from before
+    that field gets ``batch_size_per_rank x tables`` (the benchmark's one id per feature
+    per sample).
+
+    Raises:
+        ValueError: micro.json lacks row_wise or a plugin type's exact or stale class.
+    """
+    by_type = {t["name"]: t for t in micro["types"]}
+    row_wise = next((t for t in micro["types"] if t["sharding_types"] == ["row_wise"]), None)
+    if row_wise is None:
+        raise ValueError("micro.json has no row_wise type: the costs are relative to it")
+    ids = micro.get("ids_per_step_per_rank")
+    ids_source = "measured (micro.json ids_per_step_per_rank)"
+    if not ids:
+        ids = micro["batch_size_per_rank"] * micro["tables"]
+        ids_source = "batch_size_per_rank x tables (one id per feature per sample)"
+    row_wise_ms = row_wise["ms_per_step"]["median"]
+    measured: dict[str, dict[str, list]] = {t: {c: [] for c in SETTING_CLASSES} for t in CALIBRATED_TYPES}
+    for t in by_type.values():
+        if len(t["sharding_types"]) != 1 or t["sharding_types"][0] not in CALIBRATED_TYPES:
+            continue
+        sharding_type = t["sharding_types"][0]
+        measured[sharding_type][setting_class(sharding_type, t["params"])].append(t)
+    extra, basis = {}, {}
+    for sharding_type, classes in measured.items():
+        extra[sharding_type], basis[sharding_type] = {}, {}
+        for cls, entries in classes.items():
+            if not entries:
+                raise ValueError(f"micro.json measures no {cls} {sharding_type} type; run micro with all its types")
+            ms = sum(e["ms_per_step"]["median"] for e in entries) / len(entries)
+            extra[sharding_type][cls] = (ms - row_wise_ms) / 1e3 / ids
+            basis[sharding_type][cls] = {"micro_types": [e["name"] for e in entries], "ms_per_step": ms}
+    return {
+        "version": VERSION,
+        "device": "cpu",
+        "measured_with": measured_with,
+        "measured_on": measured_on or datetime.date.today().isoformat(),
+        "unit": "seconds per id per step per rank, beyond stock row_wise (forward + backward + fused optimizer)",
+        "lookups": "pooled (EmbeddingBagCollection); sequence tables are priced with the same figures",
+        "preset": micro["preset"],
+        "world_size": micro["world_size"],
+        "tables": micro["tables"],
+        "embedding_dim": micro["embedding_dim"],
+        "batch_size_per_rank": micro["batch_size_per_rank"],
+        "alpha": micro["alpha"],
+        "embedding_optimizer": micro.get("embedding_optimizer"),
+        "ids_per_step_per_rank": ids,
+        "ids_source": ids_source,
+        "row_wise_ms_per_step": row_wise_ms,
+        "row_wise_seconds_per_id": row_wise_ms / 1e3 / ids,
+        "extra_seconds_per_id": extra,
+        "basis": basis,
+        "versions": micro.get("versions"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchrec_het.planner.calibrate",
+        description="Regenerate the planner's compute-cost table from a microbenchmark's micro.json.",
+    )
+    parser.add_argument("micro_json", help="micro.json written by python -m torchrec_het.bench.micro")
+    parser.add_argument(
+        "--command", default="python -m torchrec_het.bench.micro", help="the micro command that wrote it (recorded)"
+    )
+    parser.add_argument("--measured-on", help="date of the micro run (default: today)")
+    parser.add_argument("--out", default=str(COSTS_PATH), help=f"where to write the table (default {COSTS_PATH})")
+    args = parser.parse_args(argv)
+    try:
+        micro = json.loads(Path(args.micro_json).read_text())
+        table = costs_from_micro(micro, args.command, args.measured_on)
+    except (OSError, ValueError, KeyError) as error:
+        parser.error(f"{args.micro_json}: {error!r}")
+    Path(args.out).write_text(json.dumps(table, indent=2) + "\n")
+    load_compute_costs(args.out)  # what was written reads back
+    for sharding_type, classes in table["extra_seconds_per_id"].items():
+        figures = ", ".join(f"{c} {v * 1e9:+.1f} ns/id" for c, v in classes.items())
+        print(f"{sharding_type}: {figures}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

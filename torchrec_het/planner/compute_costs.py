@@ -1,0 +1,85 @@
+"""The plugin lookups' compute cost per id, stored with the package (``compute_costs.json``).
+
+The table holds, for each plugin type and setting class (``exact``: cache bounds s = 0,
+replicas synced every step; ``stale``: any bound or sync interval above that), the seconds
+per id per step one rank spends beyond stock ``row_wise`` doing the same lookups (forward,
+backward and fused optimizer), as measured by the microbenchmark
+(:mod:`torchrec_het.bench.micro`). A figure may be negative (a lookup cheaper than
+row_wise's). Regenerate it with ``python -m torchrec_het.planner.calibrate <micro.json>``.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
+
+VERSION = 1
+COSTS_PATH = Path(__file__).with_name("compute_costs.json")
+SETTING_CLASSES = ("exact", "stale")
+CALIBRATED_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
+
+
+@dataclass(frozen=True)
+class ComputeCosts:
+    """Extra compute per id per step of each plugin type, beyond its row_wise twin.
+
+    Attributes:
+        extra_seconds_per_id: plugin type -> setting class ("exact" / "stale") -> seconds.
+        device: the device kind the figures were measured on ("cpu").
+        source: the file they were read from (named in errors), if any.
+    """
+
+    extra_seconds_per_id: dict[str, dict[str, float]]
+    device: str = "cpu"
+    source: str | None = None
+
+    @classmethod
+    def bytes_only(cls) -> "ComputeCosts":
+        """No extra compute for any type: the plugin's options priced by their bytes alone."""
+        return cls({t: dict.fromkeys(SETTING_CLASSES, 0.0) for t in CALIBRATED_TYPES}, device="any")
+
+    def applies_to(self, compute_device: str) -> bool:
+        """Whether the figures hold on ``compute_device`` (measured there, or zero everywhere)."""
+        return self.device in ("any", compute_device)
+
+    def per_id(self, sharding_type: str, setting_class: str) -> float:
+        """Extra seconds per id per step of ``sharding_type`` under ``setting_class``."""
+        return self.extra_seconds_per_id[sharding_type][setting_class]
+
+
+def load_compute_costs(path: str | Path | None = None) -> ComputeCosts:
+    """Reads a compute-cost table (default: the one shipped with the package).
+
+    Raises:
+        ValueError: the file is missing, unreadable, of another version, or lacks a field;
+            the message names the file.
+    """
+    path = Path(path) if path is not None else COSTS_PATH
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"compute-cost table {str(path)!r} cannot be read: {error}") from error
+    if not isinstance(doc, dict) or "version" not in doc:
+        raise ValueError(f"compute-cost table {str(path)!r} has no 'version' field (expected {VERSION})")
+    if doc["version"] != VERSION:
+        raise ValueError(
+            f"compute-cost table {str(path)!r} has version {doc['version']!r}, this torchrec_het reads version "
+            f"{VERSION}; regenerate it with python -m torchrec_het.planner.calibrate <micro.json>"
+        )
+    for key in ("device", "measured_with", "measured_on", "extra_seconds_per_id"):
+        if key not in doc:
+            raise ValueError(f"compute-cost table {str(path)!r} lacks the field {key!r}")
+    costs = doc["extra_seconds_per_id"]
+    for sharding_type in CALIBRATED_TYPES:
+        for setting_class in SETTING_CLASSES:
+            value = (costs.get(sharding_type) or {}).get(setting_class) if isinstance(costs, dict) else None
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(
+                    f"compute-cost table {str(path)!r}: extra_seconds_per_id[{sharding_type!r}][{setting_class!r}] "
+                    f"must be a finite number, got {value!r}"
+                )
+    return ComputeCosts(
+        {t: {c: float(costs[t][c]) for c in SETTING_CLASSES} for t in CALIBRATED_TYPES}, str(doc["device"]), str(path)
+    )
