@@ -4,6 +4,8 @@ Golden plans on fake topologies (2 ranks, 8 ranks on one host, 2 hosts x 4) of a
 model whose reads follow Zipf(1.1); no process group is needed (``plan``, not
 ``collective_plan``). The evidence rule: the plugin's types are offered only for tables a
 profile names (or whose constraints name the type); without a profile the plan is stock.
+These plans price the plugin's types by their bytes alone (``ComputeCosts.bytes_only()``,
+``BYTES_ONLY`` below); with the lookups' measured compute they are in test_compute_pricing.py.
 """
 
 import logging
@@ -25,6 +27,7 @@ from torchrec_het.planner import (
     zipf_shares,
 )
 from torchrec_het.replication.tiers import hot_row_count
+from torchrec_het.planner.compute_costs import ComputeCosts
 from torchrec_het.planner.traffic import TableLoad, row_replicated_bytes, row_wise_bytes, table_wise_bytes
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.replication.tiers import bytes_per_row
@@ -35,6 +38,7 @@ MEASURED = [n for n in SIZES if n != "cold"]  # "cold" is not in the profile
 BATCH = 512
 MB = 2**20
 PLUGIN = {"het_row_replicated", "het_cached_row_wise"}
+BYTES_ONLY = ComputeCosts.bytes_only()
 
 
 def _ebc() -> EmbeddingBagCollection:
@@ -52,7 +56,7 @@ def _profile(tables: list[str] = MEASURED) -> AccessProfile:
 
 
 def _pricing(**kwargs) -> PluginPricing:
-    return PluginPricing(AccessModel(_profile()), **kwargs)
+    return PluginPricing(AccessModel(_profile()), **{"compute": BYTES_ONLY, **kwargs})
 
 
 def _plan(world_size: int, local_world_size: int, constraints=None, sharder=None, bandwidth=None, pricing=None) -> dict:
@@ -100,7 +104,8 @@ TOPOLOGIES = sorted(GOLDEN_PROFILED)
 
 @pytest.mark.parametrize("world_size,local_world_size", TOPOLOGIES, ids=lambda v: str(v))
 def test_golden_plans_with_a_profile_of_every_table(world_size: int, local_world_size: int) -> None:
-    plan = _plan(world_size, local_world_size, bandwidth=2e6, pricing=PluginPricing(AccessModel(_profile(list(SIZES)))))
+    pricing = PluginPricing(AccessModel(_profile(list(SIZES))), compute=BYTES_ONLY)
+    plan = _plan(world_size, local_world_size, bandwidth=2e6, pricing=pricing)
     assert plan == GOLDEN_PROFILED[(world_size, local_world_size)]
 
 
@@ -294,8 +299,9 @@ def test_cpu_topologies_with_torchrec_default_bandwidths_are_priced_at_gloo_spee
     assert cpu_network(given) is given
     gpu = Topology(world_size=2, local_world_size=2, compute_device="cuda")
     assert cpu_network(gpu) is gpu
-    # at gloo speeds the plugin's types win on 2 ranks; TorchRec's NVLink figures make communication free
-    assert {t for t, _ in _plan(2, 2, pricing=PluginPricing(AccessModel(_profile(list(SIZES))))).values()} <= PLUGIN
+    # priced by bytes, at gloo speeds the plugin's types win on 2 ranks; TorchRec's NVLink figures make communication free
+    pricing = PluginPricing(AccessModel(_profile(list(SIZES))), compute=BYTES_ONLY)
+    assert {t for t, _ in _plan(2, 2, pricing=pricing).values()} <= PLUGIN
 
 
 def test_measured_tables_are_priced_with_the_profiles_ids_per_sample_for_every_type() -> None:

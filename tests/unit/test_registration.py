@@ -64,7 +64,8 @@ def test_install_swaps_the_sharders_and_the_planner_and_uninstall_restores_them(
 
 def test_a_stock_looking_planner_plans_plugin_types_after_install(tmp_path, monkeypatch) -> None:
     sizes = {"a": 100_000, "b": 50_000}
-    tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=32, num_embeddings=r) for n, r in sizes.items()]
+    # rows wide enough (128) that the bytes saved outweigh the lookups' measured compute (compute_costs.json)
+    tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=128, num_embeddings=r) for n, r in sizes.items()]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     counts = tuple((zipf_shares(r, 1.1) * 512 * 4).floor().long() for r in sizes.values())
     path = str(tmp_path / "profile.pt")

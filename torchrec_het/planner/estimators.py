@@ -1,9 +1,11 @@
 """Perf and storage estimators that price the plugin's types and hand every other type to TorchRec.
 
 A plugin option is first priced by TorchRec as the row_wise option it is built on (same
-shards, same lookup work); then its communication is replaced by the plugin's expected
-bytes (:mod:`torchrec_het.planner.traffic`) over the topology's bandwidth, and its storage
-grows by the rows each rank keeps beyond its shard (replicas or cache slots).
+shards); then its communication is replaced by the plugin's expected bytes
+(:mod:`torchrec_het.planner.traffic`) over the topology's bandwidth, its compute grows by
+the lookups' measured extra cost per id (:mod:`torchrec_het.planner.compute_costs`) times the
+table's ids per rank, and its storage grows by the rows each rank keeps beyond its shard
+(replicas or cache slots).
 """
 
 import copy
@@ -63,14 +65,26 @@ class HetPerfEstimator(EmbeddingPerfEstimator):
         for option, twin in pairs:
             traffic = self.pricing.bytes(option, self.pricing.load(option, ws))
             per_rank = 1.0 / (ws * bandwidth)
+            extra_ms = self.pricing.extra_compute_seconds(option, topology.compute_device) * 1e3  # perf is in ms
             for shard, base in zip(option.shards, twin.shards):
+                fwd_compute, bwd_compute = with_extra_compute(base.perf.fwd_compute, base.perf.bwd_compute, extra_ms)
                 shard.perf = Perf(
-                    fwd_compute=base.perf.fwd_compute,
+                    fwd_compute=fwd_compute,
                     fwd_comms=traffic.forward * per_rank,
-                    bwd_compute=base.perf.bwd_compute,
+                    bwd_compute=bwd_compute,
                     bwd_comms=(traffic.backward + traffic.sync) * per_rank,
                     prefetch_compute=base.perf.prefetch_compute,
                 )
+
+
+def with_extra_compute(fwd: float, bwd: float, extra: float) -> tuple[float, float]:
+    """(fwd, bwd) compute plus ``extra`` (may be negative), split as the row_wise twin splits its
+    own (1:2, TorchRec's backward multiplier, if the twin has none); the total stays >= 0."""
+    base = fwd + bwd
+    if base + extra <= 0:
+        return 0.0, 0.0
+    fwd_share = fwd / base if base > 0 else 1.0 / 3.0
+    return fwd + extra * fwd_share, bwd + extra * (1.0 - fwd_share)
 
 
 class HetStorageEstimator(EmbeddingStorageEstimator):

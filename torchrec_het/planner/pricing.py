@@ -1,16 +1,25 @@
-"""What the planner assumes about the plugin's types: their settings and the reads behind them."""
+"""What the planner assumes about the plugin's types: their settings, the reads behind them and
+their lookups' compute (:mod:`torchrec_het.planner.compute_costs`)."""
 
+import functools
 from dataclasses import dataclass, field
 
 from torchrec.distributed.planner.types import ShardingOption
 
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.planner.access import AccessModel
+from torchrec_het.planner.compute_costs import ComputeCosts, load_compute_costs
 from torchrec_het.replication.tiers import hot_row_count
 from torchrec_het.planner.traffic import Bytes, TableLoad, cached_bytes, row_replicated_bytes, sequence_replicated_bytes
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 PLUGIN_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
+
+
+@functools.cache
+def stored_compute_costs() -> ComputeCosts:
+    """The compute-cost table shipped with the package (read once)."""
+    return load_compute_costs()
 
 
 @dataclass(frozen=True)
@@ -24,8 +33,14 @@ class PluginPricing:
         replica_sync_every: replica sync interval of ``het_row_replicated`` tables.
         max_hot_fraction: at most this share of a table's rows is replicated.
         online_profile_steps: > 0 when the sharders choose hot rows from reads counted during
-            training (``ReplicationConfig.online_profile_steps``): row replication is then offered
-            for tables without a profile too, priced from the stated skew.
+            training (``ReplicationConfig.online_profile_steps``). Online counts come after
+            planning, so they are no evidence: they only let row replication be built for a
+            table that no profile names but the evidence rule admits (a stated skew) or whose
+            constraints name ``het_row_replicated``; it is priced from the stated skew, or as
+            uniform reads without one.
+        compute: the lookups' extra compute per id beyond row_wise (default: the table
+            shipped with the package, ``compute_costs.json``, measured on CPU; on other
+            devices no extra is priced). ``ComputeCosts.bytes_only()`` prices bytes alone.
     """
 
     access: AccessModel = field(default_factory=AccessModel)
@@ -33,10 +48,15 @@ class PluginPricing:
     replica_sync_every: int = 1
     max_hot_fraction: float = 0.5
     online_profile_steps: int = 0
+    compute: ComputeCosts = field(default_factory=stored_compute_costs)
 
     def offers(self, sharding_type: str, table: str) -> bool:
-        """Whether the planner may consider ``sharding_type`` for ``table``: row replication
-        needs measured reads or an online profile (they name its hot rows); the cache adapts online."""
+        """Whether the sharders can build ``sharding_type`` for ``table``: row replication needs
+        its hot rows named (a profile of the table, or online counting); the cache needs nothing.
+
+        This is not the evidence rule: the enumerator offers a plugin type only for a table
+        whose reads are known or whose constraints name the type, and only if this holds.
+        """
         if sharding_type == HET_ROW_REPLICATED:
             return self.access.measured(table) or self.online_profile_steps > 0
         return sharding_type in PLUGIN_TYPES
@@ -47,6 +67,25 @@ class PluginPricing:
         reads_per_step = option.batch_size * world_size * float(sum(option.input_lengths))
         reads = self.access.reads(option.name, rows, reads_per_step, world_size)
         return TableLoad(reads.reads, float(bags), int(dim), world_size)
+
+    def ids_per_rank(self, option: ShardingOption) -> float:
+        """Ids of the table one rank's batch holds per step (``load``'s reads over the ranks)."""
+        return option.batch_size * float(sum(option.input_lengths))
+
+    def setting_class(self, option: ShardingOption) -> str:
+        """"exact" (cache bounds 0, replicas synced every step) or "stale", as the compute table keys it."""
+        if option.sharding_type == HET_ROW_REPLICATED:
+            return "exact" if self.replica_sync_every <= 1 else "stale"
+        settings = self.cache.for_table(option.name)
+        return "exact" if settings.s_read == 0 and settings.s_write == 0 else "stale"
+
+    def extra_compute_seconds(self, option: ShardingOption, compute_device: str = "cpu") -> float:
+        """Compute per step one rank spends on ``option``'s lookups beyond its row_wise twin:
+        the stored seconds per id times the ids per rank (negative where the lookup is cheaper);
+        0 on a device the table was not measured on (the twin's compute alone, as before)."""
+        if not self.compute.applies_to(compute_device):
+            return 0.0
+        return self.compute.per_id(option.sharding_type, self.setting_class(option)) * self.ids_per_rank(option)
 
     def hot_rows(self, load: TableLoad) -> int:
         return hot_row_count(load.reads, 1.0 / self.replica_sync_every, self.max_hot_fraction)
