@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from torchrec_het import _compat
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.planner.access import AccessModel, ProfileTiers, check_not_empty
+from torchrec_het.planner.compute_costs import ENV_COSTS, ComputeCosts, load_compute_costs
 from torchrec_het.planner.pricing import PluginPricing
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile, load_profile
@@ -28,6 +29,7 @@ from torchrec_het.replication.profile import AccessProfile, load_profile
 ENV_PROFILE, ENV_ALPHA, ENV_SYNC = "TORCHREC_HET_PROFILE", "TORCHREC_HET_ALPHA", "TORCHREC_HET_REPLICA_SYNC_EVERY"
 ENV_ONLINE = "TORCHREC_HET_ONLINE_PROFILE_STEPS"
 ENV_STALENESS = "TORCHREC_HET_EMBEDDING_STALENESS"
+ENV_COMPUTE = ENV_COSTS
 PROFILE_HINT = "python -m torchrec_het.profile, or torchrec_het.replication.AccessProfiler on your own batches"
 
 
@@ -55,6 +57,7 @@ def install(
     max_hot_fraction: float = 0.5,
     online_profile_steps: int | None = None,
     embedding_staleness: int | None = None,
+    compute_costs: ComputeCosts | str | None = None,
 ) -> None:
     """Registers the plugin with TorchRec until :func:`uninstall` (calling it again re-installs).
 
@@ -84,6 +87,10 @@ def install(
             imports it after this call) the hybrid pipeline with that bound
             (:class:`~torchrec_het.pipeline.HybridTrainPipeline`); default
             ``$TORCHREC_HET_EMBEDDING_STALENESS`` or unset: TorchRec's own.
+        compute_costs: the plugin lookups' compute per id the planner prices (a ``ComputeCosts``
+            or the path of a table from ``python -m torchrec_het.planner.calibrate``, measured on
+            your machines); default ``$TORCHREC_HET_COMPUTE_COSTS``, else the table shipped
+            with the package (measured on a 2-core CPU VM).
     """
     global _state
     uninstall()
@@ -108,7 +115,14 @@ def install(
     ):
         raise ValueError(f"embedding_staleness must be an int >= 0, got {embedding_staleness!r}")
     cache = cache or HetCacheConfig()
-    pricing = PluginPricing(AccessModel(profile, alpha, source), cache, sync, max_hot_fraction, online)
+    if compute_costs is None and env["compute_costs"] is not None:
+        compute_costs = read_compute_costs(env["compute_costs"], f"${ENV_COMPUTE}")
+    elif isinstance(compute_costs, str):
+        compute_costs = read_compute_costs(compute_costs, "install(compute_costs=...)")
+    pricing = PluginPricing(
+        AccessModel(profile, alpha, source), cache, sync, max_hot_fraction, online,
+        **({"compute": compute_costs} if compute_costs is not None else {}),
+    )
     tiers = ProfileTiers(profile, None, sync, max_hot_fraction) if profile is not None else None
     replication = ReplicationConfig(
         tiers=tiers, replica_sync_every=sync, online_profile_steps=online, online_max_hot_fraction=max_hot_fraction
@@ -168,19 +182,32 @@ def env_settings() -> dict:
         "replica_sync_every": _env_number(ENV_SYNC, int, 1, 1),
         "online_profile_steps": _env_number(ENV_ONLINE, int, 0, 0),
         "embedding_staleness": _env_number(ENV_STALENESS, int, None, 0),
+        "compute_costs": os.environ.get(ENV_COMPUTE) or None,
     }
 
 
 def check_environment() -> None:
     """What the launcher checks before it starts any worker: every ``TORCHREC_HET_*`` value, and
-    that ``$TORCHREC_HET_PROFILE`` (when set) is a readable, non-empty profile.
+    that ``$TORCHREC_HET_PROFILE`` (when set) is a readable, non-empty profile and
+    ``$TORCHREC_HET_COMPUTE_COSTS`` (when set) a readable compute-cost table.
 
     Raises:
         ValueError: naming the variable (and the path).
     """
-    path = env_settings()["profile"]
+    env = env_settings()
+    path = env["profile"]
     if path is not None:
         check_not_empty(read_profile(path, f"${ENV_PROFILE}"), f"${ENV_PROFILE}={path}")
+    if env["compute_costs"] is not None:
+        read_compute_costs(env["compute_costs"], f"${ENV_COMPUTE}")
+
+
+def read_compute_costs(path: str, origin: str) -> ComputeCosts:
+    """``load_compute_costs(path)``, with errors that say where the path came from (``origin``)."""
+    try:
+        return load_compute_costs(path)
+    except ValueError as error:
+        raise ValueError(f"{origin}={path!r}: {error}") from None
 
 
 def read_profile(path: str, origin: str) -> AccessProfile:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from torchrec_het.planner.compute_costs import save_bytes_only_table
 from torchrec_het.testing.launched import LaunchedRun, first_match
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,6 +86,9 @@ def test_killed_rank_is_restarted_and_resumes_from_last_checkpoint(tmp_path: Pat
         env = {"TORCHREC_HET_PROFILE": request.getfixturevalue("smoke_profile")}
     else:
         env = {"TORCHREC_HET_ALPHA": "1.05"}  # a stated skew: the planner offers the cache for every table
+    # lookups priced on par with row_wise, so the plan follows the bytes (the shipped CPU calibration
+    # plans TorchRec's types at the smoke sizes): this test is about resuming the plugin's types
+    env["TORCHREC_HET_COMPUTE_COSTS"] = str(save_bytes_only_table(tmp_path / "on_par.json", "tests: on par with row_wise"))
     common = ["--steps", str(STEPS), "--eval-batches", "0", "--resume"]
     run_a = _launch(
         tmp_path, "a", ["--max-restarts", "1"],

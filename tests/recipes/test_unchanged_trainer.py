@@ -39,6 +39,18 @@ def _planned_types(stdout: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
+def on_par(tmp_path_factory) -> str:
+    """A compute-cost table of a machine where the plugin's lookups cost what row_wise's do, so the
+    plan follows the bytes: these tests check that the launcher's evidence reaches an unchanged
+    trainer's plan and lookups. (The table shipped with the package, measured on a 2-core CPU VM,
+    plans TorchRec's types at the smoke sizes: tests/unit/test_compute_pricing.py.)"""
+    from torchrec_het.planner.compute_costs import save_bytes_only_table
+
+    path = tmp_path_factory.mktemp("costs") / "on_par.json"
+    return str(save_bytes_only_table(path, "tests: lookups on par with row_wise"))
+
+
+@pytest.fixture(scope="module")
 def profile(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("profile") / "smoke.pt")
     run = subprocess.run(
@@ -64,28 +76,31 @@ def test_through_the_launcher_without_a_profile_the_trainer_plans_stock_types() 
     assert len(rule) == 1 and "offers only TorchRec's sharding types" in rule[0], STDERR["no_profile"][-2000:]
 
 
-def test_through_the_launcher_with_a_stated_skew_the_trainer_plans_the_plugin_cache() -> None:
+def test_through_the_launcher_with_a_stated_skew_the_trainer_plans_the_plugin_cache(on_par: str) -> None:
     stdout = _run(
-        [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE], "cache", TORCHREC_HET_ALPHA="1.05"
+        [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE], "cache", TORCHREC_HET_ALPHA="1.05",
+        TORCHREC_HET_COMPUTE_COSTS=on_par,
     )
     assert _planned_types(stdout) == {"het_cached_row_wise"}, _planned_types(stdout)
     assert "HC = het_cached_row_wise" in stdout and re.search(r"HC: 26\b", stdout)  # the planner's stats table
 
 
-def test_through_the_launcher_with_a_profile_the_trainer_plans_row_replication(profile: str) -> None:
+def test_through_the_launcher_with_a_profile_the_trainer_plans_row_replication(profile: str, on_par: str) -> None:
     stdout = _run(
         [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE], "replicated",
-        TORCHREC_HET_PROFILE=profile,
+        TORCHREC_HET_PROFILE=profile, TORCHREC_HET_COMPUTE_COSTS=on_par,
     )
     assert "het_row_replicated" in _planned_types(stdout), _planned_types(stdout)
     assert "HR = het_row_replicated" in stdout
 
 
-def test_through_the_launcher_with_online_counting_and_a_stated_skew_the_trainer_plans_row_replication() -> None:
+def test_through_the_launcher_with_online_counting_and_a_stated_skew_the_trainer_plans_row_replication(
+    on_par: str,
+) -> None:
     """Online counts come after planning; the stated skew is what the planner prices row replication from."""
     stdout = _run(
         [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE], "online",
-        TORCHREC_HET_ONLINE_PROFILE_STEPS="1", TORCHREC_HET_ALPHA="1.05",
+        TORCHREC_HET_ONLINE_PROFILE_STEPS="1", TORCHREC_HET_ALPHA="1.05", TORCHREC_HET_COMPUTE_COSTS=on_par,
     )  # fmt: skip
     assert "het_row_replicated" in _planned_types(stdout), _planned_types(stdout)
 
@@ -99,14 +114,14 @@ def test_exact_plugin_plans_train_like_the_stock_plan() -> None:
     assert AUCS["online"] == pytest.approx(AUCS["stock"], abs=1e-3), AUCS  # hot rows chosen after step 1
 
 
-def test_through_the_launcher_embedding_staleness_makes_the_trainer_hybrid() -> None:
+def test_through_the_launcher_embedding_staleness_makes_the_trainer_hybrid(on_par: str) -> None:
     """``TORCHREC_HET_EMBEDDING_STALENESS=1``: the trainer's own ``TrainPipelineSparseDist(...)`` is the
     hybrid pipeline (the log says so) and trains its het_cached_row_wise plan (stated skew) to the end."""
     argv = [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE]
     run = subprocess.run(
         argv, cwd=REPO, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, PYTHONWARNINGS="ignore", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-                 TORCHREC_HET_EMBEDDING_STALENESS="1", TORCHREC_HET_ALPHA="1.05"),
+                 TORCHREC_HET_EMBEDDING_STALENESS="1", TORCHREC_HET_ALPHA="1.05", TORCHREC_HET_COMPUTE_COSTS=on_par),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     assert "runs as the hybrid pipeline, embedding_staleness=1" in run.stderr, run.stderr[-2000:]

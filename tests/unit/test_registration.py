@@ -220,3 +220,30 @@ def test_get_het_sharders_takes_the_profile_the_planner_priced(tmp_path) -> None
             assert isinstance(tiers, ProfileTiers) and tiers.min_reads_per_step == 0.5 and sharder._replication.replica_sync_every == 2
     with pytest.raises(ValueError, match="either profile= or ReplicationConfig"):
         get_het_sharders(profile=profile, replication=ReplicationConfig(tiers=ProfileTiers(profile)))
+
+
+def test_a_compute_cost_table_of_ones_own_machines_prices_the_plan(tmp_path, monkeypatch) -> None:
+    """``$TORCHREC_HET_COMPUTE_COSTS`` (how the launcher passes it) replaces the shipped table; a
+    bad one names the variable and changes nothing."""
+    import json
+
+    from torchrec_het.planner.compute_costs import COSTS_PATH, load_compute_costs
+
+    doc = json.loads(COSTS_PATH.read_text())
+    doc["extra_seconds_per_id"]["het_cached_row_wise"]["stale"] = 7e-6
+    mine = tmp_path / "costs.json"
+    mine.write_text(json.dumps(doc))
+    monkeypatch.setenv("TORCHREC_HET_COMPUTE_COSTS", str(mine))
+    try:
+        torchrec_het.install()
+        pricing = torchrec_het.registration.installed_pricing()
+        assert pricing.compute.per_id("het_cached_row_wise", "stale") == 7e-6
+        assert pricing.compute == load_compute_costs(mine)
+    finally:
+        torchrec_het.uninstall()
+    monkeypatch.setenv("TORCHREC_HET_COMPUTE_COSTS", str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match=r"\$TORCHREC_HET_COMPUTE_COSTS=.*missing\.json"):
+        torchrec_het.install()
+    assert not torchrec_het.registration.installed()
+    with pytest.raises(ValueError, match=r"\$TORCHREC_HET_COMPUTE_COSTS"):
+        torchrec_het.registration.check_environment()  # what the launcher runs before any worker

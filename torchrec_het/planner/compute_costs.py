@@ -10,6 +10,7 @@ row_wise's). Regenerate it with ``python -m torchrec_het.planner.calibrate <micr
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 VERSION = 1
 COSTS_PATH = Path(__file__).with_name("compute_costs.json")
+ENV_COSTS = "TORCHREC_HET_COMPUTE_COSTS"  # a table measured on your machines (see :func:`default_compute_costs`)
 SETTING_CLASSES = ("exact", "stale")
 CALIBRATED_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
 
@@ -83,3 +85,28 @@ def load_compute_costs(path: str | Path | None = None) -> ComputeCosts:
     return ComputeCosts(
         {t: {c: float(costs[t][c]) for c in SETTING_CLASSES} for t in CALIBRATED_TYPES}, str(doc["device"]), str(path)
     )
+
+
+_loaded: dict[str, ComputeCosts] = {}
+
+
+def default_compute_costs() -> ComputeCosts:
+    """The table the planner prices with: ``$TORCHREC_HET_COMPUTE_COSTS`` when set (a table from
+    ``python -m torchrec_het.planner.calibrate``, measured where you train), else the one shipped
+    with the package (read once per path)."""
+    path = os.environ.get(ENV_COSTS) or str(COSTS_PATH)
+    if path not in _loaded:
+        _loaded[path] = load_compute_costs(path)
+    return _loaded[path]
+
+
+def save_bytes_only_table(path: str | Path, why: str) -> Path:
+    """Writes a table in which no plugin lookup costs more than row_wise's (the plan then follows
+    the bytes alone), e.g. for a machine where they were measured to be on par; ``why`` is
+    recorded as how it was obtained."""
+    doc = {
+        "version": VERSION, "device": "any", "measured_with": why, "measured_on": "-",
+        "extra_seconds_per_id": {t: dict.fromkeys(SETTING_CLASSES, 0.0) for t in CALIBRATED_TYPES},
+    }
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+    return Path(path)

@@ -1,25 +1,18 @@
 """What the planner assumes about the plugin's types: their settings, the reads behind them and
 their lookups' compute (:mod:`torchrec_het.planner.compute_costs`)."""
 
-import functools
 from dataclasses import dataclass, field
 
 from torchrec.distributed.planner.types import ShardingOption
 
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.planner.access import AccessModel
-from torchrec_het.planner.compute_costs import ComputeCosts, load_compute_costs
+from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
 from torchrec_het.replication.tiers import hot_row_count
 from torchrec_het.planner.traffic import Bytes, TableLoad, cached_bytes, row_replicated_bytes, sequence_replicated_bytes
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 PLUGIN_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
-
-
-@functools.cache
-def stored_compute_costs() -> ComputeCosts:
-    """The compute-cost table shipped with the package (read once)."""
-    return load_compute_costs()
 
 
 @dataclass(frozen=True)
@@ -38,9 +31,9 @@ class PluginPricing:
             table that no profile names but the evidence rule admits (a stated skew) or whose
             constraints name ``het_row_replicated``; it is priced from the stated skew, or as
             uniform reads without one.
-        compute: the lookups' extra compute per id beyond row_wise (default: the table
-            shipped with the package, ``compute_costs.json``, measured on CPU; on other
-            devices no extra is priced). ``ComputeCosts.bytes_only()`` prices bytes alone.
+        compute: the lookups' extra compute per id beyond row_wise (default:
+            ``$TORCHREC_HET_COMPUTE_COSTS`` when set, else the table shipped with the package,
+            ``compute_costs.json``, measured on CPU; on other devices no extra is priced). ``ComputeCosts.bytes_only()`` prices bytes alone.
     """
 
     access: AccessModel = field(default_factory=AccessModel)
@@ -48,7 +41,7 @@ class PluginPricing:
     replica_sync_every: int = 1
     max_hot_fraction: float = 0.5
     online_profile_steps: int = 0
-    compute: ComputeCosts = field(default_factory=stored_compute_costs)
+    compute: ComputeCosts = field(default_factory=default_compute_costs)
 
     def offers(self, sharding_type: str, table: str) -> bool:
         """Whether the sharders can build ``sharding_type`` for ``table``: row replication needs
