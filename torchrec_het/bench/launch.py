@@ -1,5 +1,6 @@
 """Starts the benchmark's ranks: spawned here (loopback or emulated hosts) or under torchrun."""
 
+import faulthandler
 import os
 import socket
 from dataclasses import replace
@@ -38,6 +39,7 @@ def _free_port() -> int:
 def _rank_main(
     rank: int, spec: RunSpec, env_of_rank: list[dict[str, str]], netns_of_rank: list[str] | None, on_done, body=run_benchmark
 ) -> None:
+    faulthandler.enable()  # a rank killed by a signal (a native abort) prints its Python stacks first
     if netns_of_rank is not None:
         from torchrec_het.bench.netem import join_host
 
