@@ -14,6 +14,7 @@ import torch
 from torchrec_het.cache import RowCache
 from torchrec_het.config import CacheSettings
 from torchrec_het.sharding.id_space import FusedIdSpace, TableInfo, tensors_to
+from torchrec_het.sharding.row_optim import square_width
 
 STALENESS_BUCKETS = 65  # observed staleness 0..63, and 64 for "64 or more"
 COUNTERS = (
@@ -100,10 +101,8 @@ class HetGroup(FusedIdSpace):
         self.kernel_table = torch.tensor([t.table_index for t in tables], dtype=torch.int64)
         self.modules = sorted({t.module_index for t in tables})
         self.has_mean = any(t.mean for t in tables)
-        # the optimizer state the cache keeps per row (set by the lookup once its kernels exist)
+        # the optimizer state the cache keeps per row (see :meth:`keep_optimizer_state`)
         self.held_kind: str | None = None  # Adagrad-family kind, or None (SGD, mixed kernels)
-        self.state_width = 0  # floats of state per row
-        self.fetch_width = dim  # floats an owner sends per fetched row: the row, then its state
         self.eps: torch.Tensor | None = None  # float64 epsilon of each table, where a state is kept
         tensors_to(self, self.device)  # the static indexes, built on the host (the cache and counters are made there)
 
@@ -127,6 +126,24 @@ class HetGroup(FusedIdSpace):
             range(columns[0], columns[0] + len(columns) * self.dim)
         )
         tensors_to(self, self.device)
+
+    def keep_optimizer_state(self, kind: str | None, eps: torch.Tensor | None = None) -> None:
+        """With an Adagrad-family ``kind``, the cache keeps each row's optimizer state (owners send
+        it with the row) and ``eps`` (float64, one per table) is the tables' epsilon; None keeps none."""
+        self.held_kind = kind
+        if self.state_width:
+            self.cache.hold_optimizer_state(self.state_width)
+            self.eps = eps.to(device=self.device, dtype=torch.float64)
+
+    @property
+    def state_width(self) -> int:
+        """Floats of optimizer state kept per cached row."""
+        return square_width(self.held_kind, self.dim)
+
+    @property
+    def fetch_width(self) -> int:
+        """Floats an owner sends per fetched row: the row, then its optimizer state."""
+        return self.dim + self.state_width
 
     def local_index_of(self, ids: torch.Tensor) -> torch.Tensor:
         """Index of each owned id among this rank's owned rows, without the ownership check."""

@@ -20,7 +20,7 @@ from torchrec_het._compat import lookup_kernels
 from torchrec_het.cache import PendingRows
 from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
 from torchrec_het.sharding.het_group import HetGroup
-from torchrec_het.sharding.row_optim import apply_rows, optimizer_kind, square_width, squares_of, step_rows
+from torchrec_het.sharding.row_optim import apply_rows, optimizer_kind, squares_of, step_rows
 
 if TYPE_CHECKING:
     from torchrec_het.sharding.het_lookup import _Batch
@@ -52,8 +52,7 @@ class HetWrites:
             slots = read.slots.index_select(0, cached)
             cached_grad = grad.index_select(0, read.remote.index_select(0, cached))
             tables = read.tables.index_select(0, read.remote.index_select(0, cached))
-            kind = self._held_kind(g)
-            squares = squares_of(kind, cached_grad) if kind is not None else None
+            squares = squares_of(g.held_kind, cached_grad) if g.held_kind is not None else None
             g.cache.accumulate(slots, cached_grad, self._local_step(g, slots, cached_grad, tables), squares)
             if self.batches_ahead:  # due now; dirty rows evicted by any batch since the last push go too
                 due = g.cache.take_due(g.settings.s_write, slots)
@@ -72,7 +71,7 @@ class HetWrites:
             ])
             dest = g.owner_of(pending.ids)
             g.stats.add("rows_pushed", g.table_of(pending.ids[dest != self._rank]))
-            packed.append(_pack_push(pending, self._held_kind(g)))
+            packed.append(_pack_push(pending, g.held_kind))
             keys.append(dest * len(self._groups) + index)
             widths.append(torch.full_like(dest, self._push_width(g)))
         key, width = torch.cat(keys), torch.cat(widths)
@@ -119,27 +118,15 @@ class HetWrites:
         self._apply(g, ids, grads, updates, beyond if beyond.size(1) else None)
 
     def _keep_optimizer_state(self) -> None:
-        """At construction: each group's optimizer kind where its cache keeps optimizer state
-        (the Adagrad family, one kind for all its kernels), else None; the caches then keep each
-        row's state (:meth:`~torchrec_het.cache.RowCache.hold_optimizer_state`) and owners send
-        it with the row (``g.fetch_width`` floats per fetched row)."""
+        """At construction: a group whose kernels share one Adagrad-family optimizer keeps each
+        cached row's optimizer state (:meth:`~torchrec_het.sharding.het_group.HetGroup.keep_optimizer_state`)."""
         kernels = lookup_kernels(self)
         for g in self._groups:
             found = {optimizer_kind(kernels[m].emb_module) for m in g.modules}
             kind = found.pop() if len(found) == 1 else None
-            g.held_kind = kind if kind in ("adagrad", "rowwise_adagrad") else None
-            g.state_width = square_width(g.held_kind, g.dim)
-            g.fetch_width = g.dim + g.state_width
-            if g.state_width:
-                g.cache.hold_optimizer_state(g.state_width)
-                g.eps = torch.tensor(
-                    [float(kernels[t.module_index].emb_module.optimizer_args.eps) for t in g.tables], dtype=torch.float64,
-                    device=self._compute_device,
-                )
-
-    def _held_kind(self, g: HetGroup) -> str | None:
-        """The group's optimizer kind when its pushes carry squares (the Adagrad family), else None."""
-        return g.held_kind
+            if kind in ("adagrad", "rowwise_adagrad"):
+                eps = torch.tensor([float(kernels[t.module_index].emb_module.optimizer_args.eps) for t in g.tables])
+                g.keep_optimizer_state(kind, eps)
 
     def _local_step(self, g: HetGroup, slots: torch.Tensor, grad: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
         """The update a cached copy takes now for its gradient ``grad``: the table's optimizer step
@@ -158,7 +145,7 @@ class HetWrites:
 
     def _push_width(self, g: HetGroup) -> int:
         """Floats of one pushed row of the group: the head, the gradient, its held squares (Adagrad family)."""
-        return _PUSH_HEAD + g.dim + square_width(self._held_kind(g), g.dim)
+        return _PUSH_HEAD + g.dim + g.state_width
 
     def _push_widths(self) -> torch.Tensor:
         return torch.tensor([self._push_width(g) for g in self._groups], device=self._compute_device)
@@ -207,7 +194,7 @@ class HetWrites:
         counts = torch.bincount(dest, minlength=ws)
         recv_counts = exchange_counts(counts.view(ws, 1), self._exchange_pg).view(ws)
         send, recv = torch.stack([counts, recv_counts]).tolist()
-        packed = _pack_push(pending, self._held_kind(g)).index_select(0, order)
+        packed = _pack_push(pending, g.held_kind).index_select(0, order)
         received = exchange_flat(packed.view(-1), [c * width for c in send], [c * width for c in recv],
                                  self._exchange_pg)
         g.stats.add("rows_pushed", g.table_of(pending.ids[dest != self._rank]))
