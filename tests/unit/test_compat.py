@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 import torchrec.distributed.planner.stats as torchrec_stats
 import torchrec.distributed.sharding_plan as sharding_plan
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -32,7 +31,6 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 from torchrec.distributed.planner.types import BasicCommsBandwidths
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
-from torchrec.distributed.types import ShardingEnv
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
@@ -405,16 +403,6 @@ def test_plan_and_state_dict_accessors() -> None:
     sizes, _ = sharding_plan._calculate_rw_shard_sizes_and_offsets(7, 3, 1)
     assert _compat.row_wise_shard_rows(7, 3) == [s[0] for s in sizes]
 
-
-@pytest.fixture(scope="module")
-def one_rank_env():
-    """A world-size-1 gloo group in this process (sharding needs one), destroyed after the module's tests."""
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield ShardingEnv.from_process_group(dist.group.WORLD)
-    finally:
-        dist.destroy_process_group()
 
 
 def _shard(module, sharder, env, generator):

@@ -4,10 +4,8 @@ the profile's (one gloo rank in this process)."""
 
 import pytest
 import torch
-import torch.distributed as dist
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan
-from torchrec.distributed.types import ShardingEnv
 
 from torchrec_het.replication import AccessProfile, ReplicationConfig
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder, get_het_sharders
@@ -15,15 +13,6 @@ from torchrec_het.sharding import het_row_replicated
 
 ROWS = 8
 
-
-@pytest.fixture(scope="module")
-def one_rank_env():
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield ShardingEnv.from_process_group(dist.group.WORLD)
-    finally:
-        dist.destroy_process_group()
 
 
 def _bags() -> EmbeddingBagCollection:
