@@ -194,10 +194,17 @@ def plot(results: dict, path: Path) -> None:
     net = results["network"]
     where = "loopback" if net["mode"] == "loopback" else f"{net['hosts']} hosts @ {net['gbit']} Gbit/s"
     fig.suptitle(f"preset {results['preset']}, {results['world_size']} ranks, {where}")
+    _save(fig, path)
+
+
+
+def _save(fig, path: Path) -> None:
+    """Lays the figure out, writes it to ``path`` and frees it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
 
 def plot_het_tradeoff(results: dict, path: Path) -> bool:
     """Embedding bytes vs AUC of the HET configurations (marker size: staleness bound), stock as lines.
@@ -233,9 +240,7 @@ def plot_het_tradeoff(results: dict, path: Path) -> bool:
     ax.set_ylabel("held-out AUC")
     ax.set_title(f"HET: bytes vs AUC vs staleness bound (preset {results['preset']}, alpha {results.get('alpha')})")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
@@ -268,9 +273,7 @@ def plot_bytes_vs_memory(results: dict, path: Path) -> bool:
         ax.set_xlabel("model state per rank, MiB (weights + optimizer state, replicas included; max over ranks)")
         ax.set_ylabel("embedding bytes per step, MiB (cross-rank, all ranks)")
         ax.set_title(f"{workload}: bytes vs memory (preset {results['preset']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
@@ -307,7 +310,5 @@ def plot_auc_curves(results: dict, path: Path) -> bool:
         ax.set_ylabel("held-out AUC")
         ax.set_title(f"{workload}: held-out AUC (preset {results['preset']})")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
     return True
