@@ -8,7 +8,7 @@ BENCH_ARGS ?= --preset default --out bench_out
 .PHONY: bench test setup clean
 
 bench: $(STAMP)
-	$(PY) -m torchrec_het.bench $(BENCH_ARGS)
+	$(PY) -m torchrec_het_bench $(BENCH_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

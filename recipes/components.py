@@ -7,7 +7,7 @@ Run from the repository root with the virtual environment's bin on PATH
     torchx run -s local_cwd recipes/components.py:train --steps 20
     torchx run -s local_cwd recipes/components.py:evaluate
 
-``train`` and ``evaluate`` run the DLRM recipe (``torchrec_het.recipes.train_dlrm``) under
+``train`` and ``evaluate`` run the DLRM recipe (``torchrec_het_bench.recipes.train_dlrm``) under
 ``python -m torchrec_het.launch``, so its stock planner and sharders are the plugin's.
 """
 
@@ -15,7 +15,7 @@ import torchx.specs as specs
 from torchx.components.dist import ddp
 
 LAUNCHER = "torchrec_het.launch"
-RECIPE = "torchrec_het.recipes.train_dlrm"
+RECIPE = "torchrec_het_bench.recipes.train_dlrm"
 
 
 def bench(
@@ -46,7 +46,7 @@ def bench(
         "--out",
         out,
         "--no-progress",
-        m="torchrec_het.bench",
+        m="torchrec_het_bench",
         name="torchrec_het_bench",
         j=j,
         cpu=cpu,

@@ -6,7 +6,7 @@ with its tables on the meta device, a stock ``EmbeddingShardingPlanner`` with
 embedding backward and Adagrad on the dense part (one ``CombinedOptimizer``), stepped by
 TorchRec's ``TrainPipelineSparseDist`` (``--pipeline plain``: forward, backward, step, one
 batch at a time). It uses
-nothing of torchrec_het but its data (``torchrec_het.data``) and a plan-independent
+nothing of torchrec_het but its data (``torchrec_het_bench.data``) and a plan-independent
 initialization of the tables (``init_tables_by_row``: every plan starts from the same
 weights, so runs compare), so it runs unchanged on stock TorchRec; started through ``python -m torchrec_het.launch`` the same code plans
 and shards with the plugin:
@@ -53,8 +53,8 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from torchrec_het import _compat
-from torchrec_het.data import DataConfig, binary_auc, open_source, preset_table_sizes
-from torchrec_het.bench.table_init import init_tables_by_row  # plan-independent starting weights
+from torchrec_het_bench.data import DataConfig, binary_auc, open_source, preset_table_sizes
+from torchrec_het_bench.table_init import init_tables_by_row  # plan-independent starting weights
 
 COMPLETE = "COMPLETE"  # marker file of a finished checkpoint
 

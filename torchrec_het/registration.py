@@ -30,7 +30,7 @@ ENV_PROFILE, ENV_ALPHA, ENV_SYNC = "TORCHREC_HET_PROFILE", "TORCHREC_HET_ALPHA",
 ENV_ONLINE = "TORCHREC_HET_ONLINE_PROFILE_STEPS"
 ENV_STALENESS = "TORCHREC_HET_EMBEDDING_STALENESS"
 ENV_COMPUTE = ENV_COSTS
-PROFILE_HINT = "python -m torchrec_het.profile, or torchrec_het.replication.AccessProfiler on your own batches"
+PROFILE_HINT = "python -m torchrec_het_bench.profile, or torchrec_het.replication.AccessProfiler on your own batches"
 
 
 @dataclass
@@ -67,7 +67,7 @@ def install(
 
     Args:
         profile: row access counts (an ``AccessProfile`` or an iopath path of one, e.g. from
-            ``python -m torchrec_het.profile``); default ``$TORCHREC_HET_PROFILE``. It prices
+            ``python -m torchrec_het_bench.profile``); default ``$TORCHREC_HET_PROFILE``. It prices
             the plugin's types for the tables it names and names the rows
             ``het_row_replicated`` replicates. A missing, unreadable or empty profile raises a
             ValueError naming it.

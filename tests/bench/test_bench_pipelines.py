@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from torchrec_het.bench.report import markdown_table
+from torchrec_het_bench.report import markdown_table
 
 PIPELINES = ["sparse_dist", "hybrid", "semi_sync"]
 LABELS = ["sparse_dist", "hybrid_k2", "semi_sync"]
@@ -25,7 +25,7 @@ EVAL_EVERY = 5  # smoke: 3 warm-up steps and 3 rounds of 5: 18 steps
 
 def _bench(out, configs: list[str], *extra: str) -> tuple[dict, str]:
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het.bench", "--preset", "smoke", "--configs", ",".join(configs),
+        [sys.executable, "-m", "torchrec_het_bench", "--preset", "smoke", "--configs", ",".join(configs),
          "--world-size", "2", "--out", str(out), "--no-progress", *extra],
         capture_output=True, text=True, timeout=300,
     )

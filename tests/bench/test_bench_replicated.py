@@ -20,7 +20,7 @@ def results(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("bench_rep")
     on_par = save_bytes_only_table(out / "on_par.json", "tests: lookups on par with row_wise")
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het.bench", "--preset", "smoke", "--configs", ",".join(RUN),
+        [sys.executable, "-m", "torchrec_het_bench", "--preset", "smoke", "--configs", ",".join(RUN),
          "--world-size", "2", "--out", str(out), "--no-progress"],
         capture_output=True, text=True, timeout=300, env=dict(os.environ, TORCHREC_HET_COMPUTE_COSTS=str(on_par)),
     )
@@ -77,7 +77,7 @@ def fae_results(tmp_path_factory) -> dict:
     """A skewed stream (alpha 1.6) where whole batches of hot samples can form."""
     out = tmp_path_factory.mktemp("bench_fae")
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het.bench", "--preset", "smoke", "--alpha", "1.6",
+        [sys.executable, "-m", "torchrec_het_bench", "--preset", "smoke", "--alpha", "1.6",
          "--configs", "rep_m100_s1,rep_m100_s1_fae", "--world-size", "2", "--out", str(out), "--no-progress"],
         capture_output=True, text=True, timeout=300,
     )

@@ -14,10 +14,10 @@ import sys
 import pytest
 import torch
 
-from torchrec_het.bench.presets import get_preset
-from torchrec_het.bench.step_time import STEP_PARTS
-from torchrec_het.bench.workloads import open_workload_source
-from torchrec_het.data.sequence import TABLE_FEATURES
+from torchrec_het_bench.presets import get_preset
+from torchrec_het_bench.step_time import STEP_PARTS
+from torchrec_het_bench.workloads import open_workload_source
+from torchrec_het_bench.data.sequence import TABLE_FEATURES
 
 PHASES = {"fwd_ids", "fwd_emb", "bwd_grad", "dense_allreduce", "other"}
 COLLECTIVES = {"all_to_all", "reduce_scatter", "all_gather", "all_reduce", "broadcast"}
@@ -28,7 +28,7 @@ RUN = ["stock_table_wise", "seq_stock_table_wise", "stock_row_wise", "seq_stock_
 
 def _bench(out, configs: list[str], *extra: str) -> dict:
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het.bench", "--preset", "smoke", "--configs", ",".join(configs),
+        [sys.executable, "-m", "torchrec_het_bench", "--preset", "smoke", "--configs", ",".join(configs),
          "--world-size", "2", "--out", str(out), "--no-progress", *extra],
         capture_output=True, text=True, timeout=300,
     )
@@ -202,7 +202,7 @@ def test_sequence_bytes_are_embedding_traffic_and_match_the_ids(results: dict) -
 
 
 def test_markdown_rows_have_every_column(results: dict) -> None:
-    from torchrec_het.bench.report import markdown_table
+    from torchrec_het_bench.report import markdown_table
 
     table = markdown_table(results)
     main_table, rest = table.split("\n\nstep time, ms per step")

@@ -2,9 +2,9 @@
 
 import pytest
 
-from torchrec_het.bench import report
-from torchrec_het.bench.presets import get_preset
-from torchrec_het.bench.results import PLATEAU_FRACTION, convergence, steps_to_reach
+from torchrec_het_bench import report
+from torchrec_het_bench.presets import get_preset
+from torchrec_het_bench.results import PLATEAU_FRACTION, convergence, steps_to_reach
 
 
 def _entry(config: str, label: str, curve: list, workload: str = "dlrm", **extra) -> dict:
@@ -92,7 +92,7 @@ def test_the_convergence_table_and_the_curve_plot(tmp_path):
 
 
 def test_only_the_het_cache_has_a_caveat_and_only_when_evaluated_mid_run():
-    from torchrec_het.bench.results import evaluation_caveat
+    from torchrec_het_bench.results import evaluation_caveat
 
     assert evaluation_caveat(["table_wise", "het_row_replicated"], [[5, 0.6], [9, 0.7]]) is None
     assert evaluation_caveat(["het_cached_row_wise"], [[9, 0.7]]) is None  # the final evaluation only

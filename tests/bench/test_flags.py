@@ -3,8 +3,8 @@ rank is spawned: exit code 2 and a message naming the flag and the allowed range
 
 import pytest
 
-from torchrec_het.bench import __main__ as bench_main
-from torchrec_het.bench import launch, micro
+from torchrec_het_bench import __main__ as bench_main
+from torchrec_het_bench import launch, micro
 
 
 @pytest.fixture(autouse=True)

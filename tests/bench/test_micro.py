@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from torchrec_het.bench.micro import MICRO_TYPES
-from torchrec_het.bench.presets import get_preset
+from torchrec_het_bench.micro import MICRO_TYPES
+from torchrec_het_bench.presets import get_preset
 from torchrec_het.comm import COLLECTIVE_FAMILIES
 
 
@@ -16,7 +16,7 @@ from torchrec_het.comm import COLLECTIVE_FAMILIES
 def micro(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("micro")
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het.bench.micro", "--preset", "smoke", "--warmup-steps", "1",
+        [sys.executable, "-m", "torchrec_het_bench.micro", "--preset", "smoke", "--warmup-steps", "1",
          "--steps-per-round", "1", "--rounds", "3", "--out", str(out)],
         capture_output=True, text=True, timeout=300,
     )

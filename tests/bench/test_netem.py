@@ -12,8 +12,8 @@ import warnings
 import pytest
 import torch.multiprocessing as mp
 
-from torchrec_het.bench import netem
-from torchrec_het.bench.netem import (
+from torchrec_het_bench import netem
+from torchrec_het_bench.netem import (
     EmulatedHosts,
     LinkSpec,
     NetworkCommandError,
@@ -24,8 +24,8 @@ from torchrec_het.bench.netem import (
     remove_stale,
     run_command,
 )
-from torchrec_het.bench.netem_measure import transfer_seconds
-from torchrec_het.testing.netem_ranks import collectives_rank
+from torchrec_het_bench.netem_measure import transfer_seconds
+from torchrec_het_testing.netem_ranks import collectives_rank
 
 PREFIX = "trhtest"
 
@@ -187,7 +187,7 @@ import signal, sys
 # A job started in the background of a non-interactive shell (as CI may start this suite)
 # inherits SIGINT ignored; the holder stands for an interactive program, where it is not.
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from torchrec_het.bench.netem import EmulatedHosts, LinkSpec
+from torchrec_het_bench.netem import EmulatedHosts, LinkSpec
 with EmulatedHosts(2, LinkSpec(1.0, 0.0), name_prefix=sys.argv[1]) as hosts:
     print(hosts.switch_netns, flush=True)
     sys.stdin.readline()

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from torchrec_het.bench import step_time
-from torchrec_het.bench.__main__ import main
-from torchrec_het.bench.pipelines import (
+from torchrec_het_bench import step_time
+from torchrec_het_bench.__main__ import main
+from torchrec_het_bench.pipelines import (
     DEFAULT_EMBEDDING_STALENESS,
     DEFAULT_PIPELINE,
     PIPELINES,
@@ -17,8 +17,8 @@ from torchrec_het.bench.pipelines import (
     entry_name,
     parse_pipelines,
 )
-from torchrec_het.bench.report import step_time_table
-from torchrec_het.bench.step_time import STEP_PARTS, StepClock
+from torchrec_het_bench.report import step_time_table
+from torchrec_het_bench.step_time import STEP_PARTS, StepClock
 
 CPU = torch.device("cpu")
 
@@ -270,7 +270,7 @@ class _ShortSource:
         self.end = end
 
     def batch(self, step: int, rank: int, split: str = "train"):
-        from torchrec_het.data import DataExhaustedError
+        from torchrec_het_bench.data import DataExhaustedError
 
         if step >= self.end:
             raise DataExhaustedError(f"no step {step}")
@@ -278,8 +278,8 @@ class _ShortSource:
 
 
 def test_the_feed_holds_a_round_ahead_and_closes_at_the_end_of_the_data(monkeypatch):
-    from torchrec_het.bench import worker
-    from torchrec_het.bench.presets import get_preset
+    from torchrec_het_bench import worker
+    from torchrec_het_bench.presets import get_preset
 
     monkeypatch.setattr(worker.dist, "get_rank", lambda: 0)
     preset = get_preset("smoke")  # 3 warm-up steps, 3 rounds of 5

@@ -2,8 +2,8 @@
 
 import pytest
 
-from torchrec_het.testing.all_hot_ranks import run_world
-from torchrec_het.testing.spawn import spawn_world
+from torchrec_het_testing.all_hot_ranks import run_world
+from torchrec_het_testing.spawn import spawn_world
 
 TOLERANCE = 1e-5
 

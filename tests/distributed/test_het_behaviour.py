@@ -4,13 +4,13 @@ Read bounds (instrumented through the lookup's ``on_serve`` hook against the
 all-gathered owner versions) and write bounds, no gradient lost at ``flush_cache()`` or
 ``state_dict()``, ``s_write`` holding gradients back until the flush, malformed
 batches rejected before anything changes, and the checkpoint round trip. The rank
-bodies are in :mod:`torchrec_het.testing.het_behaviour_ranks`.
+bodies are in :mod:`torchrec_het_testing.het_behaviour_ranks`.
 """
 
 import numpy as np
 import pytest
 
-from torchrec_het.testing.het_behaviour_ranks import (
+from torchrec_het_testing.het_behaviour_ranks import (
     BAD_FEATURES,
     BOUND_CASES,
     BOUND_STEPS,
@@ -19,7 +19,7 @@ from torchrec_het.testing.het_behaviour_ranks import (
     case_name,
     run_world,
 )
-from torchrec_het.testing.spawn import spawn_world
+from torchrec_het_testing.spawn import spawn_world
 
 CASES = {case_name(settings): settings for settings in BOUND_CASES}
 

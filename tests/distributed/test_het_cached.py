@@ -2,8 +2,8 @@
 
 import pytest
 
-from torchrec_het.testing.het_ranks import OPTIMIZERS, run_world
-from torchrec_het.testing.spawn import spawn_world
+from torchrec_het_testing.het_ranks import OPTIMIZERS, run_world
+from torchrec_het_testing.spawn import spawn_world
 
 TOLERANCE = 1e-5
 

@@ -3,8 +3,8 @@ cached copy steps with the state its owner sent."""
 
 import pytest
 
-from torchrec_het.testing.het_held_ranks import run_world
-from torchrec_het.testing.spawn import spawn_world
+from torchrec_het_testing.het_held_ranks import run_world
+from torchrec_het_testing.spawn import spawn_world
 
 
 @pytest.fixture(scope="module")

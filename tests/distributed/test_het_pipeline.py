@@ -2,15 +2,15 @@
 before the forward of batch i): exact at s = 0 against the unsharded model on 2 and 3 ranks, as
 stock row_wise is under the same pipeline; the read bound respected at s >= 1 and no gradient
 lost; prefetch() called as the prefetch pipeline calls it (rank bodies:
-:mod:`torchrec_het.testing.het_pipeline_ranks`)."""
+:mod:`torchrec_het_testing.het_pipeline_ranks`)."""
 
 import numpy as np
 import pytest
 
-from torchrec_het.testing.het_behaviour_ranks import BOUND_CASES, case_name
-from torchrec_het.testing.het_pipeline_ranks import AHEAD_CASES, run_world
-from torchrec_het.testing.het_ranks import OPTIMIZERS
-from torchrec_het.testing.spawn import spawn_world
+from torchrec_het_testing.het_behaviour_ranks import BOUND_CASES, case_name
+from torchrec_het_testing.het_pipeline_ranks import AHEAD_CASES, run_world
+from torchrec_het_testing.het_ranks import OPTIMIZERS
+from torchrec_het_testing.spawn import spawn_world
 
 TOLERANCE = 1e-5
 CASES = {case_name(settings): settings for settings in BOUND_CASES}

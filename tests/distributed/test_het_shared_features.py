@@ -1,11 +1,11 @@
 """The plugin's types on TorchRec's own model-parallel test tables: a feature feeding two tables,
 weighted tables, mixed widths and mean pooling, exact against the unsharded model and stock
-row_wise on 2 and 3 gloo ranks (rank bodies: :mod:`torchrec_het.testing.shared_feature_ranks`)."""
+row_wise on 2 and 3 gloo ranks (rank bodies: :mod:`torchrec_het_testing.shared_feature_ranks`)."""
 
 import pytest
 
-from torchrec_het.testing.shared_feature_ranks import OPTIMIZERS, PLUGINS, POOLINGS, run_world
-from torchrec_het.testing.spawn import spawn_world
+from torchrec_het_testing.shared_feature_ranks import OPTIMIZERS, PLUGINS, POOLINGS, run_world
+from torchrec_het_testing.spawn import spawn_world
 
 TOLERANCE = 1e-4
 

@@ -3,14 +3,14 @@
 Two gloo ranks train TorchRec's DLRM (26 tables of 2,000 rows, the default preset's
 table count; fused row-wise Adagrad) and count, per measured step, the host syncs
 (``.tolist()``, ``.item()``, ``int/bool/float(tensor)``, ``__index__``: see
-:mod:`torchrec_het.testing.host_syncs`) and the collectives of the forward and of the
-backward (rank bodies: :mod:`torchrec_het.testing.het_step_ranks`).
+:mod:`torchrec_het_testing.host_syncs`) and the collectives of the forward and of the
+backward (rank bodies: :mod:`torchrec_het_testing.het_step_ranks`).
 """
 
 import pytest
 
-from torchrec_het.testing.het_step_ranks import SMALL_ROWS, WithCases
-from torchrec_het.testing.spawn import spawn_world
+from torchrec_het_testing.het_step_ranks import SMALL_ROWS, WithCases
+from torchrec_het_testing.spawn import spawn_world
 
 # Host syncs per training step, whole step (forward, backward, optimizer). Measured: 13 for
 # het_cached_row_wise exact and s = 10 (3 of the stages: the input dist's counts all-gather,

@@ -3,8 +3,8 @@ loses no gradient, on 2 and 3 gloo ranks, over stock and plugin sharding types."
 
 import pytest
 
-from torchrec_het.testing.hybrid_ranks import run_world
-from torchrec_het.testing.spawn import spawn_world
+from torchrec_het_testing.hybrid_ranks import run_world
+from torchrec_het_testing.spawn import spawn_world
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda ws: f"ws{ws}")

@@ -4,8 +4,8 @@ of their sum."""
 
 import pytest
 
-from torchrec_het.testing.replica_held_ranks import run_world
-from torchrec_het.testing.spawn import spawn_world
+from torchrec_het_testing.replica_held_ranks import run_world
+from torchrec_het_testing.spawn import spawn_world
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda ws: f"ws{ws}")

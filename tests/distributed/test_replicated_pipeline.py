@@ -3,8 +3,8 @@ model (as stock row_wise under the same pipeline is), replicas identical, host s
 
 import pytest
 
-from torchrec_het.testing.pipeline_ranks import run_world
-from torchrec_het.testing.spawn import spawn_world
+from torchrec_het_testing.pipeline_ranks import run_world
+from torchrec_het_testing.spawn import spawn_world
 
 TOLERANCE = 1e-5
 CASES = ["rowwise_adagrad/unweighted", "rowwise_adagrad/weighted", "sgd/unweighted", "online"]

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from torchrec_het.testing.replicated_more_ranks import run_load, run_save, run_two_hosts
-from torchrec_het.testing.spawn import spawn_world
+from torchrec_het_testing.replicated_more_ranks import run_load, run_save, run_two_hosts
+from torchrec_het_testing.spawn import spawn_world
 
 TOLERANCE = 1e-5
 

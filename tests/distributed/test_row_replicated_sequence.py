@@ -2,9 +2,9 @@
 
 import pytest
 
-from torchrec_het.testing.het_ranks import OPTIMIZERS
-from torchrec_het.testing.replicated_sequence_ranks import run_world
-from torchrec_het.testing.spawn import spawn_world
+from torchrec_het_testing.het_ranks import OPTIMIZERS
+from torchrec_het_testing.replicated_sequence_ranks import run_world
+from torchrec_het_testing.spawn import spawn_world
 
 TOLERANCE = 1e-5
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from torchrec_het.bench.table_init import BLOCK_ROWS, table_rows
-from torchrec_het.testing.table_init_ranks import run_world
-from torchrec_het.testing.spawn import spawn_world
+from torchrec_het_bench.table_init import BLOCK_ROWS, table_rows
+from torchrec_het_testing.table_init_ranks import run_world
+from torchrec_het_testing.spawn import spawn_world
 
 
 

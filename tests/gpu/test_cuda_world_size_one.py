@@ -12,8 +12,8 @@ build of fbgemm_gpu exists. ``test_cpu_world_size_one`` runs the same body on th
 import pytest
 import torch
 
-from torchrec_het.testing.het_ranks import STEPS
-from torchrec_het.testing.replicated_device import CASES, DEVICE_OPTIMIZERS, world_size_one
+from torchrec_het_testing.het_ranks import STEPS
+from torchrec_het_testing.replicated_device import CASES, DEVICE_OPTIMIZERS, world_size_one
 
 TOLERANCE = 1e-5
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 from torchx.components.component_test_base import ComponentTestCase
 
-from torchrec_het.bench.__main__ import parse_args
+from torchrec_het_bench.__main__ import parse_args
 from torchrec_het.launch import parse_command
-from torchrec_het.recipes import components, train_dlrm
-from torchrec_het.recipes.components import LAUNCHER, RECIPE
+from torchrec_het_bench.recipes import components, train_dlrm
+from torchrec_het_bench.recipes.components import LAUNCHER, RECIPE
 
 
 def _torchrun_argv(app) -> list[str]:
@@ -27,7 +27,7 @@ class BenchComponentTest(ComponentTestCase):
         self.assertEqual(argv[0], "torchrun")
         self.assertEqual(argv[argv.index("--nproc_per_node") + 1], "3")
         module_at = argv.index("-m")
-        self.assertEqual(argv[module_at + 1], "torchrec_het.bench")
+        self.assertEqual(argv[module_at + 1], "torchrec_het_bench")
         parsed = parse_args(argv[module_at + 2 :])
         self.assertEqual(parsed.preset, "default")
         self.assertEqual(parsed.configs, "stock_table_wise,stock_row_wise")

@@ -4,7 +4,7 @@ import os
 import sys
 from pathlib import Path
 
-from torchrec_het.testing.launched import LaunchedRun
+from torchrec_het_testing.launched import LaunchedRun
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from torchrec_het.planner.compute_costs import save_bytes_only_table
-from torchrec_het.testing.launched import LaunchedRun, first_match
+from torchrec_het_testing.launched import LaunchedRun, first_match
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/train_dlrm.py"
@@ -73,7 +73,7 @@ STEPS, EVERY = 10, 3
 def smoke_profile(tmp_path_factory) -> str:
     """Row reads of the smoke preset's data: with it the launched trainer plans het_row_replicated."""
     path = str(tmp_path_factory.mktemp("profile") / "smoke.pt")
-    argv = [sys.executable, "-m", "torchrec_het.profile", "--preset", "smoke", "--steps", "40", "--every", "4", "--out", path]
+    argv = [sys.executable, "-m", "torchrec_het_bench.profile", "--preset", "smoke", "--steps", "40", "--every", "4", "--out", path]
     run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     return path

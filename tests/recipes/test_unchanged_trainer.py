@@ -54,7 +54,7 @@ def on_par(tmp_path_factory) -> str:
 def profile(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("profile") / "smoke.pt")
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het.profile", "--preset", "smoke", "--steps", "40", "--every", "4", "--out", path],
+        [sys.executable, "-m", "torchrec_het_bench.profile", "--preset", "smoke", "--steps", "40", "--every", "4", "--out", path],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]

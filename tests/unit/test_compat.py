@@ -41,7 +41,7 @@ RUNTIME = ("torchrec_het", "sharders", "recipes")
 # Not scanned: the one place itself, and test rank bodies (they inspect internals, as tests do).
 EXCLUDED = (
     "torchrec_het/_compat.py",
-    "torchrec_het/testing/",
+    "torchrec_het_testing/",
 )
 EXTERNAL = ("torchrec", "fbgemm_gpu")  # whose privates the scan looks for
 PRIVATE_PATHS = ("torch", *EXTERNAL)  # whose private module paths it looks for

@@ -167,7 +167,7 @@ def test_a_device_the_table_was_not_measured_on_gets_no_extra() -> None:
 def test_the_stored_table_loads_with_its_version_and_fields() -> None:
     assert STORED["version"] == VERSION == 1
     assert STORED["device"] == "cpu"
-    assert STORED["measured_with"].startswith("python -m torchrec_het.bench.micro")
+    assert STORED["measured_with"].startswith("python -m torchrec_het_bench.micro")
     assert STORED["measured_on"] and STORED["preset"] and STORED["ids_per_step_per_rank"] > 0
     costs = load_compute_costs()
     assert costs.source == str(COSTS_PATH) and costs.device == "cpu"
@@ -232,7 +232,7 @@ def _micro(ids: float | None = 1000.0) -> dict:
 
 
 def test_costs_from_micro_are_ms_beyond_row_wise_per_id() -> None:
-    table = costs_from_micro(_micro(), "python -m torchrec_het.bench.micro --preset smoke", "2026-01-02")
+    table = costs_from_micro(_micro(), "python -m torchrec_het_bench.micro --preset smoke", "2026-01-02")
     assert table["version"] == 1 and table["measured_on"] == "2026-01-02" and table["preset"] == "smoke"
     assert table["extra_seconds_per_id"] == {
         "het_cached_row_wise": {"exact": pytest.approx(4e-6), "stale": pytest.approx(2e-6)},
@@ -248,7 +248,7 @@ def test_the_calibrate_command_writes_a_table_that_loads(tmp_path) -> None:
     micro.write_text(json.dumps(_micro()))
     out = tmp_path / "costs.json"
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het.planner.calibrate", str(micro), "--command", "python -m torchrec_het.bench.micro",
+        [sys.executable, "-m", "torchrec_het.planner.calibrate", str(micro), "--command", "python -m torchrec_het_bench.micro",
          "--out", str(out)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -9,7 +9,7 @@ import torch
 from iopath.common.file_io import NativePathHandler, PathManager
 from torchrec.datasets.criteo import BinaryCriteoUtils
 
-from torchrec_het.data import (
+from torchrec_het_bench.data import (
     BatchSource,
     CriteoNpySource,
     CriteoTsvSource,
@@ -19,7 +19,7 @@ from torchrec_het.data import (
     open_source,
     preset_table_sizes,
 )
-from torchrec_het.data import criteo_tsv
+from torchrec_het_bench.data import criteo_tsv
 
 SIZES = preset_table_sizes("smoke")
 

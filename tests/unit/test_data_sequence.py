@@ -5,9 +5,9 @@ import functools
 import pytest
 import torch
 
-from torchrec_het.data import binary_auc
-from torchrec_het.data.sequence import SEQUENCE_KEYS, SequenceDataConfig, SyntheticSequences
-from torchrec_het.data.zipf import zipf_top_share
+from torchrec_het_bench.data import binary_auc
+from torchrec_het_bench.data.sequence import SEQUENCE_KEYS, SequenceDataConfig, SyntheticSequences
+from torchrec_het_bench.data.zipf import zipf_top_share
 
 ITEMS, CATEGORIES = 50_000, 1_000
 

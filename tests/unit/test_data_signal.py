@@ -5,8 +5,8 @@ import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.models.dlrm import DLRM
 
-from torchrec_het.data import DataConfig, SyntheticCriteo, binary_auc, preset_table_sizes
-from torchrec_het.data.synthetic import hashed_normal
+from torchrec_het_bench.data import DataConfig, SyntheticCriteo, binary_auc, preset_table_sizes
+from torchrec_het_bench.data.synthetic import hashed_normal
 
 
 def _eval_logits_and_labels(source: SyntheticCriteo, batches: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,8 +2,8 @@ import pytest
 import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig
 
-from torchrec_het.data import BatchSource, DataConfig, SyntheticCriteo, preset_table_sizes
-from torchrec_het.data.zipf import ZipfTables, zipf_top_share
+from torchrec_het_bench.data import BatchSource, DataConfig, SyntheticCriteo, preset_table_sizes
+from torchrec_het_bench.data.zipf import ZipfTables, zipf_top_share
 
 SMALL = (50, 1_000, 3_000, 20_000)
 

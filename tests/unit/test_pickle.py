@@ -35,8 +35,8 @@ from torchrec_het.sharders import (
     get_het_sharders,
 )
 from torchrec_het.sharding import het_cached_row_wise, het_row_replicated
-from torchrec_het.testing import pickle_ranks
-from torchrec_het.testing.spawn import free_port
+from torchrec_het_testing import pickle_ranks
+from torchrec_het_testing.spawn import free_port
 
 DEVICES = ("cpu", "cuda")
 

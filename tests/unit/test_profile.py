@@ -5,7 +5,7 @@ import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het.profile import main
+from torchrec_het_bench.profile import main
 from torchrec_het.replication import AccessProfile, count_accesses, load_profile, save_profile
 
 TABLES = [
@@ -107,7 +107,7 @@ def test_command_rejects_an_empty_sample(tmp_path, capsys, flag: str, value: str
 def test_profiler_counts_your_own_batches_and_saves_a_loadable_profile(tmp_path) -> None:
     from torchrec import EmbeddingBagCollection
 
-    from torchrec_het.profile import AccessProfiler as from_command_module
+    from torchrec_het_bench.profile import AccessProfiler as from_command_module
     from torchrec_het.replication import AccessProfiler
 
     assert from_command_module is AccessProfiler

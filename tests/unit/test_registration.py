@@ -30,7 +30,7 @@ def always_uninstall():
 
 def test_importing_the_package_changes_nothing() -> None:
     code = (
-        "import torchrec_het, torchrec_het.sharders, torchrec_het.planner, torchrec_het.bench.configs\n"
+        "import torchrec_het, torchrec_het.sharders, torchrec_het.planner, torchrec_het_bench.configs\n"
         "import torchrec.distributed.planner as p\n"
         "from torchrec.distributed.model_parallel import get_default_sharders\n"
         "from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder\n"
@@ -150,7 +150,7 @@ def test_without_a_profile_install_says_so_and_the_planner_plans_stock_types(mon
     err = capsys.readouterr().err.splitlines()
     assert err == [
         "torchrec_het: no access profile: the planner offers only TorchRec's sharding types; profile your batches "
-        "(python -m torchrec_het.profile, or torchrec_het.replication.AccessProfiler on your own batches) and set "
+        "(python -m torchrec_het_bench.profile, or torchrec_het.replication.AccessProfiler on your own batches) and set "
         "$TORCHREC_HET_PROFILE (or install(profile=...)) to let it choose the plugin's"
     ]
     assert not set(_plan_types(_two_tables()).values()) & {"het_row_replicated", "het_cached_row_wise"}

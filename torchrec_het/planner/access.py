@@ -9,7 +9,7 @@ known: a profile names the table, or the user stated a skew (``AccessModel(alpha
 Nothing is assumed by default; see :meth:`AccessModel.has_evidence`.
 
 Profile semantics: ``AccessProfile.counts / batches`` are reads per batch of *one* rank
-(what ``python -m torchrec_het.profile`` and :class:`~torchrec_het.replication.AccessProfiler`
+(what ``python -m torchrec_het_bench.profile`` and :class:`~torchrec_het.replication.AccessProfiler`
 count); a training step reads ``world_size`` such batches.
 """
 
@@ -110,7 +110,7 @@ def check_not_empty(profile: AccessProfile, source: str | None = None, tables: l
     model = f"; the model's tables are {sorted(tables)}" if tables else ""
     raise ValueError(
         f"{_where(source)} is empty ({profile.batches} batches, {len(profile.tables)} tables, {reads} reads)"
-        f"{model}; profile at least one batch (python -m torchrec_het.profile --steps N, or "
+        f"{model}; profile at least one batch (python -m torchrec_het_bench.profile --steps N, or "
         "torchrec_het.replication.AccessProfiler)"
     )
 

@@ -1,6 +1,6 @@
 """Regenerates the planner's compute-cost table (``compute_costs.json``) from a microbenchmark run.
 
-    python -m torchrec_het.bench.micro --out /tmp/micro
+    python -m torchrec_het_bench.micro --out /tmp/micro
     python -m torchrec_het.planner.calibrate /tmp/micro/micro.json --command "<the micro command>"
 
 Each plugin type's extra seconds per id per step is ``(ms/step of the type - ms/step of
@@ -90,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m torchrec_het.planner.calibrate",
         description="Regenerate the planner's compute-cost table from a microbenchmark's micro.json.",
     )
-    parser.add_argument("micro_json", help="micro.json written by python -m torchrec_het.bench.micro")
+    parser.add_argument("micro_json", help="micro.json written by python -m torchrec_het_bench.micro")
     parser.add_argument(
-        "--command", default="python -m torchrec_het.bench.micro", help="the micro command that wrote it (recorded)"
+        "--command", default="python -m torchrec_het_bench.micro", help="the micro command that wrote it (recorded)"
     )
     parser.add_argument("--measured-on", help="date of the micro run (default: today)")
     parser.add_argument("--out", default=str(COSTS_PATH), help=f"where to write the table (default {COSTS_PATH})")

@@ -4,7 +4,7 @@ The table holds, for each plugin type and setting class (``exact``: cache bounds
 replicas synced every step; ``stale``: any bound or sync interval above that), the seconds
 per id per step one rank spends beyond stock ``row_wise`` doing the same lookups (forward,
 backward and fused optimizer), as measured by the microbenchmark
-(:mod:`torchrec_het.bench.micro`). A figure may be negative (a lookup cheaper than
+(:mod:`torchrec_het_bench.micro`). A figure may be negative (a lookup cheaper than
 row_wise's). Regenerate it with ``python -m torchrec_het.planner.calibrate <micro.json>``.
 """
 

@@ -1,0 +1,159 @@
+"""DLRM benchmark: stock TorchRec and the plugin's configurations, side by side.
+
+    python -m torchrec_het_bench --preset default --out bench_out
+    python -m torchrec_het_bench --list
+    python -m torchrec_het_bench --network emulated --hosts 2 --gbit 1
+    python -m torchrec_het_bench --pipeline plain     # default: TorchRec's TrainPipelineSparseDist
+    python -m torchrec_het_bench --pipeline sparse_dist,hybrid,semi_sync --embedding-staleness 2
+    python -m torchrec_het_bench --preset converge --configs stock_table_wise,planned_s10 --pipeline sparse_dist,hybrid
+"""
+
+import argparse
+import sys
+
+from torchrec_het_bench import configs as bench_configs
+from torchrec_het_bench.flags import float_above, int_at_least
+from torchrec_het_bench.launch import launched_by_torchrun, run_under_torchrun, spawn
+from torchrec_het_bench.model import BENCH_DEVICE, EMBEDDING_OPTIMIZERS
+from torchrec_het_bench.pipelines import (
+    DEFAULT_EMBEDDING_STALENESS,
+    DEFAULT_PIPELINE,
+    PIPELINES,
+    PipelineUnavailable,
+    check_embedding_staleness,
+    parse_pipelines,
+)
+from torchrec_het_bench.presets import MIN_ROUNDS, PRESETS, REFERENCE_GBIT, get_preset
+from torchrec_het_bench.results import write_outputs
+from torchrec_het_bench.worker import RunSpec
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="torchrec-het-bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
+    parser.add_argument("--configs", default="", help="comma-separated configuration names (default: the stock ones that apply)")
+    parser.add_argument("--list", action="store_true", help="print the configuration names and exit")
+    parser.add_argument("--world-size", type=int_at_least(1), default=2, help="ranks to spawn (ignored under torchrun)")
+    parser.add_argument("--out", default="bench_out", help="directory for results.json, results.md, results.png")
+    parser.add_argument(
+        "--alpha", type=float_above(0, inclusive=True), help="Zipf exponent of the ids, >= 0 (0: uniform; overrides the preset)"
+    )
+    parser.add_argument(
+        "--rounds", type=int_at_least(MIN_ROUNDS), help=f"rounds of interleaved measurement, >= {MIN_ROUNDS} (overrides the preset)"
+    )
+    parser.add_argument("--steps-per-round", type=int_at_least(1), help="measured steps per configuration per round")
+    parser.add_argument("--warmup-steps", type=int_at_least(0), help="unmeasured steps per configuration before round 1")
+    parser.add_argument("--embedding-optimizer", choices=sorted(EMBEDDING_OPTIMIZERS), default="rowwise_adagrad")
+    parser.add_argument(
+        "--pipeline",
+        default=DEFAULT_PIPELINE,
+        help="training loop(s), comma-separated: every configuration trains under each, as its own entry "
+        "(named config@pipeline when there are several), interleaved in the same rounds; "
+        + "; ".join(f"{name}: {kind.description}" for name, kind in PIPELINES.items())
+        + f" (default {DEFAULT_PIPELINE})",
+    )
+    parser.add_argument(
+        "--embedding-staleness",
+        type=_staleness,
+        default=DEFAULT_EMBEDDING_STALENESS,
+        metavar="K",
+        help="k of --pipeline hybrid: the most embedding updates a batch's read may miss, an int >= 0 "
+        f"(default {DEFAULT_EMBEDDING_STALENESS}; 0 trains exactly as sparse_dist)",
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=int_at_least(0),
+        metavar="N",
+        help="held-out AUC every N trained steps besides the final one, for the AUC curve (overrides the preset; 0: final only)",
+    )
+    parser.add_argument("--data", help="Criteo data (TSV file/dir or npy day files); default: built-in synthetic data")
+    parser.add_argument("--network", choices=("loopback", "emulated"), default="loopback")
+    parser.add_argument("--hosts", type=int_at_least(1), default=2, help="emulated hosts (with --network emulated)")
+    parser.add_argument(
+        "--gbit",
+        type=float_above(0),
+        default=REFERENCE_GBIT,
+        help=f"emulated link rate, Gbit/s (default {REFERENCE_GBIT}: where stock table_wise spends about half its step communicating)",
+    )
+    parser.add_argument(
+        "--delay-ms", type=float_above(0, inclusive=True), default=0.05, help="emulated one-way link latency, ms"
+    )
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    if args.network == "emulated" and args.world_size % args.hosts:
+        parser.error(f"--world-size {args.world_size} is not a multiple of --hosts {args.hosts}")
+    return args
+
+
+def _staleness(text: str) -> int:
+    """``--embedding-staleness``: argparse names the flag in its error."""
+    try:
+        return check_embedding_staleness(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}") from None
+
+
+def _host_of_rank(args: argparse.Namespace) -> tuple[int, ...]:
+    if args.network == "loopback":
+        return (0,) * args.world_size
+    per_host = args.world_size // args.hosts
+    return tuple(rank // per_host for rank in range(args.world_size))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    preset = get_preset(
+        args.preset,
+        alpha=args.alpha,
+        rounds=args.rounds,
+        steps_per_round=args.steps_per_round,
+        warmup_steps=args.warmup_steps,
+        eval_every=args.eval_every,
+    )
+    if args.list:
+        for config in bench_configs.CONFIGS.values():
+            mark = "" if config.applies(preset) else f"  (does not apply to preset {preset.name})"
+            print(f"{config.name:24s} {config.description}{mark}")
+        return 0
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    try:
+        chosen = bench_configs.select(names, preset)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    try:
+        runs = parse_pipelines(args.pipeline, args.embedding_staleness, BENCH_DEVICE)  # before any rank starts
+    except PipelineUnavailable as error:
+        raise SystemExit(f"error: {error}") from None
+    network = {"mode": args.network}
+    if args.network == "emulated":
+        from torchrec_het_bench.netem import NetworkEmulationUnavailable, check_available
+
+        try:
+            check_available()
+        except NetworkEmulationUnavailable as error:
+            raise SystemExit(f"error: --network emulated is not possible here: {error}") from None
+        network.update(hosts=args.hosts, gbit=args.gbit, delay_ms=args.delay_ms)
+    spec = RunSpec(
+        preset=preset,
+        config_names=tuple(c.name for c in chosen),
+        world_size=args.world_size,
+        host_of_rank=_host_of_rank(args),
+        network=network,
+        embedding_optimizer=args.embedding_optimizer,
+        data_path=args.data,
+        out_dir=args.out,
+        seed=args.seed,
+        progress=not args.no_progress,
+        pipeline=",".join(run.name for run in runs),
+        embedding_staleness=args.embedding_staleness,
+    )
+    if launched_by_torchrun():
+        run_under_torchrun(spec, write_outputs)
+    else:
+        spawn(spec, write_outputs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

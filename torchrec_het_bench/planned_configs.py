@@ -1,0 +1,82 @@
+"""Benchmark configurations where the planner chooses every table's type, the plugin's included.
+
+``planned`` (exact: replicas synced every step, HET cache without staleness) and
+``planned_s10`` (replicas synced every 10 steps, cache bounds s_read = s_write = 10), and
+their ``seq_`` twins for the sequence workload. Each profiles a 5% sample of its
+stream (as the row-replicated configurations do), prices the plugin's types from it with
+:class:`~torchrec_het.planner.HetEmbeddingShardingPlanner` on a topology whose bandwidth
+is the run's network, and shards with the plugin's sharders, whose hot rows come from
+the same profile (:class:`~torchrec_het.planner.ProfileTiers`).
+"""
+
+from torchrec.distributed.planner import Topology
+
+from torchrec_het_bench.configs import BenchConfig, register
+from torchrec_het_bench.topology import cpu_topology
+from torchrec_het_bench.replicated_configs import ShardingContext, plugin_sharders, stream_profile
+from torchrec_het.config import CacheSettings, HetCacheConfig
+from torchrec_het.planner import AccessModel, HetEmbeddingShardingPlanner, PluginPricing, ProfileTiers
+from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.replication.profile import AccessProfile
+
+PLANNED = {"planned": 1, "planned_s10": 10}  # name -> staleness (replica sync interval and cache bounds)
+
+
+def per_rank_profile(context: ShardingContext) -> AccessProfile:
+    """The stream's profile in the planner's units: reads per batch of one rank (a collective)."""
+    summed = stream_profile(context)  # every rank's sample, summed: reads per step
+    return AccessProfile(summed.tables, summed.num_rows, summed.counts, summed.batches * context.world_size)
+
+
+def _cache(staleness: int) -> HetCacheConfig:
+    return HetCacheConfig(default=CacheSettings(s_read=staleness, s_write=staleness) if staleness > 1 else CacheSettings())
+
+
+def _make_sharders(staleness: int):
+    def build(context: ShardingContext):
+        replication = ReplicationConfig(
+            tiers=ProfileTiers(per_rank_profile(context), context.world_size, staleness),
+            replica_sync_every=staleness,
+            local_world_size=context.local_world_size,
+        )
+        return plugin_sharders(context, replication, cache=_cache(staleness))
+
+    return build
+
+
+def _make_planner(staleness: int):
+    def build(context: ShardingContext, topology: Topology, **planner_args):
+        pricing = PluginPricing(AccessModel(per_rank_profile(context)), _cache(staleness), staleness)
+        if context.link_bytes_per_s is not None:  # TorchRec's bandwidths are bytes per ms
+            per_ms = context.link_bytes_per_s / 1e3
+            topology = cpu_topology(topology.world_size, topology.local_world_size, per_ms, per_ms)
+        return HetEmbeddingShardingPlanner(topology=topology, pricing=pricing, **planner_args)
+
+    return build
+
+
+def register_planned_configs() -> list[str]:
+    names = []
+    for workload in ("dlrm", "sequence"):
+        for base, staleness in PLANNED.items():
+            name = base if workload == "dlrm" else f"seq_{base}"
+            sync = "exact" if staleness == 1 else f"replicas synced and cache bounds of {staleness} steps"
+            register(
+                BenchConfig(
+                    name=name,
+                    stock=False,
+                    description=f"{workload}: the planner chooses each table's type, the plugin's included ({sync})",
+                    make_sharders=lambda: [],
+                    make_constraints=lambda tables, preset: None,
+                    applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
+                    workload=workload,
+                    params={"sharding": "planner+torchrec_het", "replica_sync_every": staleness},
+                    make_sharders_for=_make_sharders(staleness),
+                    make_planner_for=_make_planner(staleness),
+                )
+            )
+            names.append(name)
+    return names
+
+
+PLANNED_CONFIGS = register_planned_configs()

@@ -1,0 +1,220 @@
+"""Benchmark configurations of ``het_row_replicated``: memory budget x replica sync, per workload.
+
+Each configuration profiles a 5% sample of its workload's training stream (every 20th
+step, counted on every rank and summed), takes the per-rank peak of the plan the stock
+planner would choose as the memory-neutral budget, scales it by ``memory_budget_ratio``,
+and lets :func:`~torchrec_het.replication.tiers.select_tiers` choose the hot rows.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_het_bench.configs import BenchConfig, register
+from torchrec_het_bench.het_configs import plan_every_table
+from torchrec_het_bench.topology import cpu_topology
+from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.replication.profile import AccessProfile, count_accesses
+from torchrec_het.replication.tiers import TableMemory, TierPlan, TierTopology, bytes_per_row, plan_peak_bytes, select_tiers
+from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
+from torchrec_het.sharding import het_row_replicated
+
+BUDGET_RATIOS = (1.0, 1.1, 1.25)
+SYNC_EVERY = (1, 10)
+
+
+@dataclass(frozen=True)
+class ShardingContext:
+    """What a configuration sees when it builds its sharders (the same on every rank)."""
+
+    workload: str
+    train_model: nn.Module
+    embedding_path: str
+    tables: list
+    world_size: int
+    local_world_size: int
+    batch_size: int
+    embedding_optimizer: str
+    sample: Callable[[], list[KeyedJaggedTensor]]  # this rank's sampled training batches
+    link_bytes_per_s: float | None = None  # the run's network (None: TorchRec's default topology)
+
+
+def stream_profile(context: ShardingContext) -> AccessProfile:
+    """Row reads per table over every rank's sample, summed over ranks (a collective)."""
+    local = count_accesses(context.sample(), context.tables)
+    counts = []
+    for table_counts in local.counts:
+        total = table_counts.clone()
+        dist.all_reduce(total)
+        counts.append(total)
+    return AccessProfile(local.tables, local.num_rows, tuple(counts), local.batches)
+
+
+def table_memory(context: ShardingContext) -> list[TableMemory]:
+    return [
+        TableMemory(t.name, t.num_embeddings, t.embedding_dim, bytes_per_row(t.embedding_dim, context.embedding_optimizer))
+        for t in context.tables
+    ]
+
+
+def stock_peak_bytes(context: ShardingContext) -> int:
+    """Per-rank peak of the plan the stock planner chooses for this model (a collective)."""
+    stock = EmbeddingCollectionSharder() if context.workload == "sequence" else EmbeddingBagCollectionSharder()
+    planner = EmbeddingShardingPlanner(
+        topology=_topology(context),
+        batch_size=context.batch_size,
+        # The stock planner's default percentage, without its deprecated HeuristicalStorageReservation
+        # (a FutureWarning); on CPU storage never binds, so the plan is the same.
+        storage_reservation=FixedPercentageStorageReservation(percentage=0.15),
+    )
+    plan = planner.collective_plan(context.train_model, [stock], dist.GroupMember.WORLD)
+    return plan_peak_bytes(table_memory(context), plan.plan[context.embedding_path], context.world_size)
+
+
+def _topology(context: ShardingContext) -> Topology:
+    return cpu_topology(context.world_size, context.local_world_size)
+
+
+def tier_plan(context: ShardingContext, ratio: float, sync_every: int) -> TierPlan:
+    """The hot rows for a budget of ``ratio`` x the stock peak; rows read less than once per
+    replica sync do not pay for their sync and stay sharded."""
+    budget = int(stock_peak_bytes(context) * ratio)
+    return select_tiers(
+        table_memory(context),
+        stream_profile(context),
+        TierTopology.from_torchrec(_topology(context)),
+        budget,
+        min_reads_per_step=1.0 / sync_every,
+        sync_every=sync_every,
+    )
+
+
+def plugin_sharders(context: ShardingContext, replication: ReplicationConfig, cache=None) -> list:
+    """The plugin's sharder for the context's workload (EmbeddingCollection or EmbeddingBagCollection)."""
+    if context.workload == "sequence":
+        return [HetEmbeddingCollectionSharder(replication=replication)]
+    return [HetEmbeddingBagCollectionSharder(cache=cache, replication=replication)]
+
+
+def _sharders(ratio: float, sync_every: int, wire_dtype: str = "fp32"):
+    def build(context: ShardingContext):
+        replication = ReplicationConfig(
+            tiers=tier_plan(context, ratio, sync_every),
+            replica_sync_every=sync_every,
+            local_world_size=context.local_world_size,
+            wire_dtype=wire_dtype,
+        )
+        return plugin_sharders(context, replication)
+
+    return build
+
+
+_all_replicated = plan_every_table(het_row_replicated)
+
+
+def replicated_config_name(workload: str, ratio: float, sync_every: int) -> str:
+    prefix = "seq_rep" if workload == "sequence" else "rep"
+    return f"{prefix}_m{round(ratio * 100)}_s{sync_every}"
+
+
+def hot_fraction(model: nn.Module) -> float | None:
+    """Share of all rows a row-replicated module keeps hot (replicated or per host), or None."""
+    for module in model.modules():
+        if hasattr(module, "replicated_lookups"):
+            hot = rows = 0
+            for lookup in module.replicated_lookups():
+                for g in lookup.groups:
+                    hot += g.hot.numel() + g.host.numel()
+                    rows += int(g.offsets[-1])
+            return hot / rows if rows else 0.0
+    return None
+
+
+ONLINE_PROFILE_STEPS = 20  # the "_online" configurations count reads during their first 20 (warm-up) steps
+FAE_WINDOW = 16  # batches regrouped together by AllHotBatches in the "_fae" configurations
+FAE_RATIO = 1.0
+
+
+def register_replicated_configs() -> list[str]:
+    names = []
+    for workload in ("dlrm", "sequence"):
+        for ratio in BUDGET_RATIOS:
+            for sync_every in SYNC_EVERY:
+                names.append(_register(workload, ratio, sync_every, None))
+        for sync_every in SYNC_EVERY:
+            names.append(_register(workload, FAE_RATIO, sync_every, FAE_WINDOW))
+            names.append(_register(workload, FAE_RATIO, sync_every, None, wire_dtype="bf16"))
+            names.append(_register_online(workload, sync_every))
+    return names
+
+
+def _register_online(workload: str, sync_every: int) -> str:
+    """Hot rows counted online during the first steps (no profile, no budget)."""
+    name = f"{'seq_rep' if workload == 'sequence' else 'rep'}_online_s{sync_every}"
+
+    def build(context: ShardingContext):
+        replication = ReplicationConfig(
+            replica_sync_every=sync_every, local_world_size=context.local_world_size,
+            online_profile_steps=ONLINE_PROFILE_STEPS,
+        )  # fmt: skip
+        return plugin_sharders(context, replication)
+
+    register(
+        BenchConfig(
+            name=name,
+            stock=False,
+            description=f"{workload}: row-replicated, hot rows counted online in the first {ONLINE_PROFILE_STEPS} steps, "
+            f"replicas synced every {sync_every} step(s)",
+            make_sharders=lambda: [],
+            make_constraints=lambda tables, preset: None,
+            applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
+            workload=workload,
+            params={"sharding": "het_row_replicated", "replica_sync_every": sync_every,
+                    "online_profile_steps": ONLINE_PROFILE_STEPS},  # fmt: skip
+            make_plan=_all_replicated,
+            make_sharders_for=build,
+        )
+    )
+    return name
+
+
+def _register(workload: str, ratio: float, sync_every: int, all_hot_window: int | None, wire_dtype: str = "fp32") -> str:
+    name = replicated_config_name(workload, ratio, sync_every)
+    sync = "exact sync" if sync_every == 1 else f"replicas synced every {sync_every} steps"
+    description = f"{workload}: row-replicated, hot rows within {ratio:.2f} x the stock plan's memory, {sync}"
+    params = {"sharding": "het_row_replicated", "memory_budget_ratio": ratio, "replica_sync_every": sync_every}
+    if all_hot_window is not None:
+        name += "_fae"
+        description += f", batches regrouped so hot samples fill whole batches (window {all_hot_window})"
+        params["all_hot_window"] = all_hot_window
+    if wire_dtype != "fp32":
+        name += f"_{wire_dtype}"
+        description += f", cold partials/rows and their gradients sent as {wire_dtype}"
+        params["wire_dtype"] = wire_dtype
+    register(
+        BenchConfig(
+            name=name,
+            stock=False,
+            description=description,
+            make_sharders=lambda: [],
+            make_constraints=lambda tables, preset: None,
+            applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
+            workload=workload,
+            params=params,
+            make_plan=_all_replicated,
+            make_sharders_for=_sharders(ratio, sync_every, wire_dtype),
+        )
+    )
+    return name
+
+
+REPLICATED_CONFIGS = register_replicated_configs()
+
+__all__ = ["REPLICATED_CONFIGS", "ShardingContext", "hot_fraction", "stream_profile", "tier_plan"]

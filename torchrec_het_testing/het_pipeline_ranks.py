@@ -1,0 +1,300 @@
+"""Rank bodies of tests/distributed/test_het_pipeline.py: ``het_cached_row_wise`` under TorchRec's
+``TrainPipelineSparseDist``, which runs the input dist of batch i+1 before the forward of batch i.
+
+``exact``
+    ``s_read = s_write = 0`` against the unsharded EmbeddingBagCollection trained on the
+    global batches, stock row_wise under the same pipeline beside it (the control): SGD,
+    Adagrad and row-wise Adagrad, weighted and not, on tables of two widths (two cache
+    groups), with a table read by two features, a mean-pooled table and a feature that
+    feeds two tables. Records the largest relative difference of the losses (every step)
+    and of the local shards (after the last step, read through ``state_dict``, which
+    flushes).
+``bounds``
+    Every read-bound case of :mod:`~torchrec_het_testing.het_behaviour_ranks` under the
+    pipeline: before each ``progress`` the pushes of the last backward are applied (the
+    lookup would do it first) and the owners' versions all-gathered; the lookup's
+    ``on_serve`` hook measures how far each copy served lags behind. Then
+    ``flush_cache()``: gradient mass produced equals mass applied.
+``ahead``
+    Tables whose read bound allows one step of lag (het ``s_read >= ws * (s_write + 1)``,
+    lease ``s_read >= 1``), under the pipeline and in a plain loop: the lookup fetches in
+    the input dist, the model's forward issues no collective (under the pipeline), and the
+    read bound and gradient mass hold as above.
+``prefetch``
+    ``prefetch()`` called on the sharded module the way ``PrefetchTrainPipelineSparseDist``
+    calls it (after the input dist of the next batch, before its forward): a model trained
+    with it matches one trained without (s = 0), and the requests really arrived there.
+"""
+
+import zlib
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.types import ShardingPlan
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.optim.keyed import CombinedOptimizer
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_het_bench.table_init import init_tables_by_row
+from torchrec_het.config import CacheSettings, HetCacheConfig
+from torchrec_het.sharders import CpuRowWiseEmbeddingBagCollectionSharder, HetEmbeddingBagCollectionSharder
+from torchrec_het.sharding import het_cached_row_wise
+from torchrec_het_testing import het_behaviour_ranks as behaviour
+from torchrec_het_testing.het_ranks import OPTIMIZERS, _ebc, _rel_error
+from torchrec_het_testing.shared_feature_ranks import skewed_bags
+from torchrec_het_testing.spawn import gloo_rank, write_rank_result
+
+SEED = 7
+BATCH = 6
+STEPS = 7
+# name, features, dim, rows, pooling (mean is summed in the weighted runs); "f0" feeds t0 and t3
+TABLES = [
+    ("t0", ["f0"], 8, 50, PoolingType.SUM),
+    ("t1", ["f1", "f2"], 4, 37, PoolingType.SUM),
+    ("t2", ["f3"], 8, 61, PoolingType.MEAN),
+    ("t3", ["f0"], 4, 29, PoolingType.SUM),
+]
+
+
+def table_configs(weighted: bool) -> list[EmbeddingBagConfig]:
+    return [
+        EmbeddingBagConfig(name=name, feature_names=features, embedding_dim=dim, num_embeddings=rows,
+                           pooling=PoolingType.SUM if weighted else pooling)
+        for name, features, dim, rows, pooling in TABLES
+    ]
+
+
+def batch(rank: int, step: int, weighted: bool, configs: list[EmbeddingBagConfig]) -> KeyedJaggedTensor:
+    """Skewed multi-hot bags (empty ones included); a shared feature's ids fit every table it feeds."""
+    return skewed_bags(configs, torch.Generator().manual_seed(1_000 * rank + step), BATCH, 3, weighted)
+
+
+class LossModel(torch.nn.Module):
+    """An EBC and a quadratic loss over every pooled key; returns (loss, loss) as the pipeline wants.
+
+    Each key has its own projection, seeded by its name, so the loss does not depend on the
+    order of the pooled columns (a feature feeding two tables pools under ``feature@table``).
+    """
+
+    def __init__(self, ebc, width: int) -> None:  # noqa: ARG002
+        super().__init__()
+        self.ebc = ebc
+
+    def forward(self, features: KeyedJaggedTensor):
+        loss = pooled_loss(self.ebc(features))
+        return loss, loss.detach()
+
+
+def _projection(key: str, dim: int) -> torch.Tensor:
+    return torch.randn(dim, 3, generator=torch.Generator().manual_seed(zlib.crc32(key.encode())))
+
+
+def pooled_loss(pooled) -> torch.Tensor:
+    """The test loss of a pooled KeyedTensor (a leaf for the pipeline's FX tracer)."""
+    return sum(((v @ _projection(k, v.size(1))) ** 2).sum() for k, v in sorted(pooled.to_dict().items()))
+
+
+torch.fx.wrap("pooled_loss")
+
+
+def _width(configs) -> int:
+    return sum(c.embedding_dim * len(c.feature_names) for c in configs)
+
+
+def _model(kind: str, configs, weighted: bool, optimizer: str, cache: HetCacheConfig | None = None,
+           lr: float | None = None) -> DistributedModelParallel:
+    ebc = _ebc(configs, weighted, optimizer, "meta", lr)
+    if kind == "het":
+        sharder, generator = HetEmbeddingBagCollectionSharder(cache=cache), het_cached_row_wise
+    else:
+        sharder, generator = CpuRowWiseEmbeddingBagCollectionSharder(), row_wise
+    plan = construct_module_sharding_plan(
+        ebc, per_param_sharding={c.name: generator() for c in configs}, world_size=dist.get_world_size(),
+        device_type="cpu", sharder=sharder,
+    )
+    model = DistributedModelParallel(
+        LossModel(ebc, _width(configs)), device=torch.device("cpu"), plan=ShardingPlan({"ebc": plan}), sharders=[sharder]
+    )
+    init_tables_by_row(model, configs, SEED)
+    return model
+
+
+def _weight_error(model, reference, configs) -> float:
+    """Largest relative difference of the local shards (``state_dict``: flushes) from the unsharded rows."""
+    full = {c.name: reference.ebc.embedding_bags[c.name].weight.detach() for c in configs}
+    worst = 0.0
+    for key, value in model.state_dict().items():
+        if hasattr(value, "local_shards"):
+            for shard in value.local_shards():
+                row0 = shard.metadata.shard_offsets[0]
+                want = full[key.split(".")[-2]][row0 : row0 + shard.tensor.size(0)]
+                worst = max(worst, _rel_error(shard.tensor, want))
+    return worst
+
+
+def _pipeline(model) -> TrainPipelineSparseDist:
+    return TrainPipelineSparseDist(model, CombinedOptimizer([model.fused_optimizer]), torch.device("cpu"))
+
+
+def exact(rank: int, world_size: int, optimizer: str, weighted: bool) -> dict:
+    """het (s = 0) and stock row_wise under the pipeline against the unsharded model."""
+    configs = table_configs(weighted)
+    reference = LossModel(_ebc(configs, weighted, optimizer, "cpu"), _width(configs))
+    init_tables_by_row(reference, configs, SEED)
+    batches = [[batch(r, step, weighted, configs) for r in range(world_size)] for step in range(STEPS)]
+    want = []
+    for step_batches in batches:
+        losses = [reference(b)[0] for b in step_batches]
+        want.append(float(losses[rank]))
+        (sum(losses) / world_size).backward()  # TorchRec averages over ranks
+    result = {}
+    for kind in ("het", "row_wise"):
+        model = _model(kind, configs, weighted, optimizer, HetCacheConfig(default=CacheSettings(capacity=0.3)))
+        pipeline = _pipeline(model)
+        iterator = iter([b[rank] for b in batches])
+        got = [float(pipeline.progress(iterator)) for _ in range(STEPS)]
+        result[f"loss/{kind}"] = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(got, want))
+        result[f"weights/{kind}"] = _weight_error(model, reference, configs)
+        if kind == "het":
+            stats = model.module.ebc.cache_stats()
+            result["groups"] = sum(len(lookup.groups) for lookup in model.module.ebc.het_lookups())
+            result["hits"] = sum(s["hits_unique"] for s in stats.values())
+            result["fetched"] = sum(s["rows_fetched"] for s in stats.values())
+    return result
+
+
+def bounds(rank: int, world_size: int) -> dict:
+    """Read bounds of every behaviour case under the pipeline, then gradient mass after a flush."""
+    configs, cache = behaviour._bound_configs()
+    model = _model("het", configs, False, "sgd", cache, lr=behaviour.LR)
+    sharded = model.module.ebc
+    lookups = sharded.het_lookups()
+    recorder = behaviour._ServeRecorder.attach(lookups, rank)
+    pipeline = _pipeline(model)
+    iterator = iter([behaviour.batch(rank, step, configs) for step in range(behaviour.BOUND_STEPS)])
+    for step in range(behaviour.BOUND_STEPS):
+        behaviour._apply_pushes(lookups)  # the lookup of this step applies them before it answers
+        recorder.truth = behaviour._true_versions(lookups, world_size)
+        recorder.step = step
+        pipeline.progress(iterator)
+    stats = sharded.cache_stats()
+    sharded.flush_cache()
+    mass = behaviour._mass(sharded)
+    tables = {
+        name: {**record, "hits_unique": stats[name]["hits_unique"], "max_staleness": stats[name]["max_staleness"]}
+        for name, record in recorder.records.items()
+    }
+    return {"tables": tables, "mass": mass}
+
+
+# One step of lag fits each bound (het: s_read >= ws * (s_write + 1) on 2 and 3 ranks; lease:
+# s_read >= 1). Under the pipeline a fetched-ahead lease is checked two steps after the answer it
+# rests on (the answer for batch i+1 comes before batch i's backward, and the requests of i+2
+# leave before batch i+1 settles), so leases serve from s_read = 3 on.
+AHEAD_CASES = [
+    CacheSettings(s_read=3, s_write=0, capacity=1.0),
+    CacheSettings(s_read=3, s_write=0, capacity=behaviour.PRESSURE_ROWS),
+    CacheSettings(s_read=3, s_write=0, capacity=1.0, protocol="lease"),
+    CacheSettings(s_read=4, s_write=2, capacity=behaviour.PRESSURE_ROWS, protocol="lease", policy="lfu"),
+]
+
+
+class _Collectives:
+    """Counts the collectives issued while the model's forward runs (input dists run outside it)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.inside, self.calls = False, 0
+        module.register_forward_pre_hook(lambda *_: setattr(self, "inside", True))
+        module.register_forward_hook(lambda *_: setattr(self, "inside", False))
+        self._originals = {name: getattr(dist, name) for name in ("all_to_all_single", "all_gather")}
+        for name, original in self._originals.items():
+            setattr(dist, name, self._counted(original))
+
+    def _counted(self, original):
+        def call(*args, **kwargs):
+            self.calls += int(self.inside)
+            return original(*args, **kwargs)
+
+        return call
+
+    def close(self) -> None:
+        for name, original in self._originals.items():
+            setattr(dist, name, original)
+
+
+def ahead(rank: int, world_size: int, pipelined: bool) -> dict:
+    """Tables whose bound allows fetching ahead, under the pipeline or in a plain loop: the read
+    bound per table, collectives in the forward, and gradient mass after a flush."""
+    configs, cache = behaviour._bound_configs(AHEAD_CASES)
+    model = _model("het", configs, False, "sgd", cache, lr=behaviour.LR)
+    sharded = model.module.ebc
+    lookups = sharded.het_lookups()
+    recorder = behaviour._ServeRecorder.attach(lookups, rank)
+    counter = _Collectives(model.module)
+    batches = [behaviour.batch(rank, step, configs) for step in range(behaviour.BOUND_STEPS)]
+    pipeline, iterator = (_pipeline(model), iter(batches)) if pipelined else (None, None)
+    try:
+        for step in range(behaviour.BOUND_STEPS):
+            behaviour._apply_pushes(lookups)  # the lookup of this step applies them before serving
+            recorder.truth = behaviour._true_versions(lookups, world_size)
+            recorder.step = step
+            if pipelined:
+                pipeline.progress(iterator)
+            else:
+                loss, _ = model(batches[step])
+                loss.backward()
+    finally:
+        counter.close()
+    stats = sharded.cache_stats()
+    sharded.flush_cache()
+    tables = {
+        name: {**record, "hits_unique": stats[name]["hits_unique"], "rows_fetched": stats[name]["rows_fetched"]}
+        for name, record in recorder.records.items()
+    }
+    return {"ahead": all(lookup.ahead for lookup in lookups), "tables": tables, "mass": behaviour._mass(sharded),
+            "forward_collectives": counter.calls}
+
+
+def prefetch(rank: int, world_size: int) -> dict:
+    """Two s = 0 models on the same batches, one with ``prefetch()`` called as the prefetch pipeline calls it."""
+    configs = table_configs(False)
+    cache = HetCacheConfig(default=CacheSettings(capacity=0.3))
+    models = [_model("het", configs, False, "rowwise_adagrad", cache) for _ in range(2)]
+    batches = [batch(rank, step, False, configs) for step in range(STEPS)]
+    prefetched = 0
+    for index, model in enumerate(models):
+        sharded = model.module.ebc
+        for features in batches:
+            ctx = sharded.create_context()
+            dist_input = sharded.input_dist(ctx, features).wait().wait()
+            if index == 1:
+                sharded.prefetch(dist_input=dist_input, forward_stream=None, ctx=ctx)
+                prefetched += sum(int(lookup.prefetched is not None) for lookup in sharded.het_lookups())
+            pooled = sharded.compute_and_output_dist(ctx, dist_input).wait()
+            loss = pooled_loss(pooled)
+            loss.backward()
+    states = [m.state_dict() for m in models]
+    worst = 0.0
+    for key, value in states[0].items():
+        if hasattr(value, "local_shards"):
+            for a, b in zip(value.local_shards(), states[1][key].local_shards()):
+                worst = max(worst, _rel_error(b.tensor, a.tensor))
+    return {"weights": worst, "prefetched": prefetched}
+
+
+def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Spawn target: ``exact`` per optimizer, weighted and not; ``bounds``; ``prefetch``."""
+    with gloo_rank(rank, world_size, port, timeout_s=120):
+        results = {
+            f"{optimizer}/{'weighted' if weighted else 'unweighted'}": exact(rank, world_size, optimizer, weighted)
+            for optimizer in OPTIMIZERS
+            for weighted in (False, True)
+        }
+        results["bounds"] = bounds(rank, world_size)
+        results["ahead/pipeline"] = ahead(rank, world_size, pipelined=True)
+        results["ahead/plain"] = ahead(rank, world_size, pipelined=False)
+        results["prefetch"] = prefetch(rank, world_size)
+    write_rank_result(out_dir, rank, results)
