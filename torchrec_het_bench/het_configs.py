@@ -2,10 +2,10 @@
 
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan
 
-from torchrec_het_bench.configs import BenchConfig, register
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
 from torchrec_het.sharding import het_cached_row_wise
+from torchrec_het_bench.config_types import BenchConfig
 
 BOUNDS = (0, 2, 10, 100)
 CAPACITIES = (0.01, 0.1)
@@ -35,16 +35,17 @@ def het_config_name(s: int, capacity: float, protocol: str, policy: str = "lru")
     return f"het_{protocol}_s{s}_c{round(capacity * 100)}{suffix}"
 
 
-def register_het_configs() -> list[str]:
-    """Registers every combination; returns the names."""
-    names = []
+def het_configs() -> list[BenchConfig]:
+    """Every combination of bound, capacity, protocol and policy, for the registry
+    (:func:`torchrec_het_bench.configs.all_configs`)."""
+    configs = []
     for protocol in PROTOCOLS:
         for capacity in CAPACITIES:
             for s in BOUNDS:
                 for policy in ("lru", "lfu"):
                     settings = CacheSettings(s_read=s, s_write=s, capacity=capacity, policy=policy, protocol=protocol)
                     name = het_config_name(s, capacity, protocol, policy)
-                    register(
+                    configs.append(
                         BenchConfig(
                             name=name,
                             stock=False,
@@ -64,8 +65,4 @@ def register_het_configs() -> list[str]:
                             make_plan=_all_het,
                         )
                     )
-                    names.append(name)
-    return names
-
-
-HET_CONFIGS = register_het_configs()
+    return configs

@@ -24,7 +24,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from torchrec_het_bench.configs import BenchConfig
+from torchrec_het_bench.config_types import BenchConfig, ShardingContext
 from torchrec_het_bench.presets import BenchPreset
 from torchrec_het_bench.table_init import init_tables_by_row
 from torchrec_het_bench.topology import cpu_topology
@@ -154,8 +154,6 @@ def shard_module(
         embedding_module.parameters(),
         optimizer_kwargs={"lr": learning_rate},
     )
-    from torchrec_het_bench.replicated_configs import ShardingContext
-
     context = ShardingContext(
         workload=workload,
         train_model=train_model,

@@ -19,9 +19,9 @@ benchmark's whole run synchronously), built by
 :func:`torchrec_het.pipeline.semi_sync_pipeline_class`, whose CPU adapter skips only the
 CUDA stream bookkeeping (``record_stream``) that TorchRec 1.8 does on CPU tensors too.
 
-Every kind is a :class:`PipelineKind` in :data:`PIPELINES`; :func:`register_pipeline` adds
-one. A kind names the devices it runs on: :func:`check_pipeline` tells, before any rank
-starts, that a device cannot run it. On CPU with TorchRec 1.8,
+Every kind is a :class:`PipelineKind` in :data:`PIPELINES`, built from :func:`pipeline_kinds`
+(a new kind goes there). A kind names the devices it runs on: :func:`check_pipeline` tells,
+before any rank starts, that a device cannot run it. On CPU with TorchRec 1.8,
 ``PrefetchTrainPipelineSparseDist`` cannot run; it is offered for devices that can. A run
 trains every configuration under each pipeline it names (:func:`parse_pipelines`), each
 pair its own entry (:class:`PipelineRun` says how the entry is named).
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torchrec_het_bench.configs import add_unique
+from torchrec_het_bench.config_types import by_name
 from torchrec_het_bench.model import ShardedModel, predict, train_step
 
 
@@ -327,55 +327,46 @@ def _hybrid(sharded: ShardedModel, feed: BatchFeed, device: torch.device, k: int
     )
 
 
-PIPELINES: dict[str, PipelineKind] = {}
+def pipeline_kinds() -> list[PipelineKind]:
+    """Every training loop the benchmark offers, in ``--help`` order."""
+    return [
+        PipelineKind("plain", "forward, backward, optimizer step, one batch at a time", _plain, lookahead=0),
+        PipelineKind(
+            "sparse_dist",
+            "TorchRec's TrainPipelineSparseDist: the next batch's input dist overlaps this batch's step",
+            _torchrec("TrainPipelineSparseDist"),
+            lookahead=2,
+        ),
+        PipelineKind(
+            "hybrid",
+            "torchrec_het's HybridTrainPipeline (Persia): embedding lookups k batches ahead, embedding updates "
+            "up to k batches late, dense all-reduce synchronous (k: --embedding-staleness)",
+            _hybrid,
+            lookahead=2,
+            staleness=None,
+        ),
+        PipelineKind(
+            "semi_sync",
+            "TorchRec's TrainPipelineSemiSync (embeddings at B-2: a batch's lookup misses the previous batch's "
+            "update), semi-sync from the first batch, with torchrec_het's CPU adapter (skips only record_stream on CPU)",
+            _semi_sync,
+            lookahead=3,
+            staleness=1,
+            refuses=_semi_sync_refuses,
+        ),
+        PipelineKind(
+            "prefetch_sparse_dist",
+            "TorchRec's PrefetchTrainPipelineSparseDist (embedding cache prefetch)",
+            _torchrec("PrefetchTrainPipelineSparseDist"),
+            lookahead=3,
+            device_types=("cuda",),
+            why_not="TorchRec 1.8's PrefetchTrainPipelineSparseDist fails on CPU "
+            "('Invalid PrefetchPipelinedForward usage, please do not directly call model.forward()')",
+        ),
+    ]
 
 
-def register_pipeline(kind: PipelineKind) -> PipelineKind:
-    """Adds a kind to :data:`PIPELINES`; names are unique."""
-    return add_unique(PIPELINES, kind.name, kind, "pipeline")
-
-
-register_pipeline(PipelineKind("plain", "forward, backward, optimizer step, one batch at a time", _plain, lookahead=0))
-register_pipeline(
-    PipelineKind(
-        "sparse_dist",
-        "TorchRec's TrainPipelineSparseDist: the next batch's input dist overlaps this batch's step",
-        _torchrec("TrainPipelineSparseDist"),
-        lookahead=2,
-    )
-)
-register_pipeline(
-    PipelineKind(
-        "hybrid",
-        "torchrec_het's HybridTrainPipeline (Persia): embedding lookups k batches ahead, embedding updates "
-        "up to k batches late, dense all-reduce synchronous (k: --embedding-staleness)",
-        _hybrid,
-        lookahead=2,
-        staleness=None,
-    )
-)
-register_pipeline(
-    PipelineKind(
-        "semi_sync",
-        "TorchRec's TrainPipelineSemiSync (embeddings at B-2: a batch's lookup misses the previous batch's "
-        "update), semi-sync from the first batch, with torchrec_het's CPU adapter (skips only record_stream on CPU)",
-        _semi_sync,
-        lookahead=3,
-        staleness=1,
-        refuses=_semi_sync_refuses,
-    )
-)
-register_pipeline(
-    PipelineKind(
-        "prefetch_sparse_dist",
-        "TorchRec's PrefetchTrainPipelineSparseDist (embedding cache prefetch)",
-        _torchrec("PrefetchTrainPipelineSparseDist"),
-        lookahead=3,
-        device_types=("cuda",),
-        why_not="TorchRec 1.8's PrefetchTrainPipelineSparseDist fails on CPU "
-        "('Invalid PrefetchPipelinedForward usage, please do not directly call model.forward()')",
-    )
-)
+PIPELINES: dict[str, PipelineKind] = by_name(pipeline_kinds(), "pipeline")
 
 DEFAULT_PIPELINE = "sparse_dist"
 DEFAULT_EMBEDDING_STALENESS = 2

@@ -11,13 +11,13 @@ the same profile (:class:`~torchrec_het.planner.ProfileTiers`).
 
 from torchrec.distributed.planner import Topology
 
-from torchrec_het_bench.configs import BenchConfig, register
-from torchrec_het_bench.topology import cpu_topology
-from torchrec_het_bench.replicated_configs import ShardingContext, plugin_sharders, stream_profile
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.planner import AccessModel, HetEmbeddingShardingPlanner, PluginPricing, ProfileTiers
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile
+from torchrec_het_bench.config_types import BenchConfig, ShardingContext
+from torchrec_het_bench.replicated_configs import plugin_sharders, stream_profile
+from torchrec_het_bench.topology import cpu_topology
 
 PLANNED = {"planned": 1, "planned_s10": 10}  # name -> staleness (replica sync interval and cache bounds)
 
@@ -55,13 +55,15 @@ def _make_planner(staleness: int):
     return build
 
 
-def register_planned_configs() -> list[str]:
-    names = []
+def planned_configs() -> list[BenchConfig]:
+    """``planned``, ``planned_s10`` and their ``seq_`` twins, for the registry
+    (:func:`torchrec_het_bench.configs.all_configs`)."""
+    configs = []
     for workload in ("dlrm", "sequence"):
         for base, staleness in PLANNED.items():
             name = base if workload == "dlrm" else f"seq_{base}"
             sync = "exact" if staleness == 1 else f"replicas synced and cache bounds of {staleness} steps"
-            register(
+            configs.append(
                 BenchConfig(
                     name=name,
                     stock=False,
@@ -75,8 +77,4 @@ def register_planned_configs() -> list[str]:
                     make_planner_for=_make_planner(staleness),
                 )
             )
-            names.append(name)
-    return names
-
-
-PLANNED_CONFIGS = register_planned_configs()
+    return configs

@@ -6,44 +6,24 @@ planner would choose as the memory-neutral budget, scales it by ``memory_budget_
 and lets :func:`~torchrec_het.replication.tiers.select_tiers` choose the hot rows.
 """
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het_bench.configs import BenchConfig, register
-from torchrec_het_bench.het_configs import plan_every_table
-from torchrec_het_bench.topology import cpu_topology
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile, count_accesses
 from torchrec_het.replication.tiers import TableMemory, TierPlan, TierTopology, bytes_per_row, plan_peak_bytes, select_tiers
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
 from torchrec_het.sharding import het_row_replicated
+from torchrec_het_bench.config_types import BenchConfig, ShardingContext
+from torchrec_het_bench.het_configs import plan_every_table
+from torchrec_het_bench.topology import cpu_topology
 
 BUDGET_RATIOS = (1.0, 1.1, 1.25)
 SYNC_EVERY = (1, 10)
-
-
-@dataclass(frozen=True)
-class ShardingContext:
-    """What a configuration sees when it builds its sharders (the same on every rank)."""
-
-    workload: str
-    train_model: nn.Module
-    embedding_path: str
-    tables: list
-    world_size: int
-    local_world_size: int
-    batch_size: int
-    embedding_optimizer: str
-    sample: Callable[[], list[KeyedJaggedTensor]]  # this rank's sampled training batches
-    link_bytes_per_s: float | None = None  # the run's network (None: TorchRec's default topology)
 
 
 def stream_profile(context: ShardingContext) -> AccessProfile:
@@ -142,20 +122,22 @@ FAE_WINDOW = 16  # batches regrouped together by AllHotBatches in the "_fae" con
 FAE_RATIO = 1.0
 
 
-def register_replicated_configs() -> list[str]:
-    names = []
+def replicated_configs() -> list[BenchConfig]:
+    """Every budget x sync interval per workload, with the FAE, bf16 and online variants, for
+    the registry (:func:`torchrec_het_bench.configs.all_configs`)."""
+    configs = []
     for workload in ("dlrm", "sequence"):
         for ratio in BUDGET_RATIOS:
             for sync_every in SYNC_EVERY:
-                names.append(_register(workload, ratio, sync_every, None))
+                configs.append(_config(workload, ratio, sync_every, None))
         for sync_every in SYNC_EVERY:
-            names.append(_register(workload, FAE_RATIO, sync_every, FAE_WINDOW))
-            names.append(_register(workload, FAE_RATIO, sync_every, None, wire_dtype="bf16"))
-            names.append(_register_online(workload, sync_every))
-    return names
+            configs.append(_config(workload, FAE_RATIO, sync_every, FAE_WINDOW))
+            configs.append(_config(workload, FAE_RATIO, sync_every, None, wire_dtype="bf16"))
+            configs.append(_online_config(workload, sync_every))
+    return configs
 
 
-def _register_online(workload: str, sync_every: int) -> str:
+def _online_config(workload: str, sync_every: int) -> BenchConfig:
     """Hot rows counted online during the first steps (no profile, no budget)."""
     name = f"{'seq_rep' if workload == 'sequence' else 'rep'}_online_s{sync_every}"
 
@@ -166,26 +148,23 @@ def _register_online(workload: str, sync_every: int) -> str:
         )  # fmt: skip
         return plugin_sharders(context, replication)
 
-    register(
-        BenchConfig(
-            name=name,
-            stock=False,
-            description=f"{workload}: row-replicated, hot rows counted online in the first {ONLINE_PROFILE_STEPS} steps, "
-            f"replicas synced every {sync_every} step(s)",
-            make_sharders=lambda: [],
-            make_constraints=lambda tables, preset: None,
-            applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
-            workload=workload,
-            params={"sharding": "het_row_replicated", "replica_sync_every": sync_every,
-                    "online_profile_steps": ONLINE_PROFILE_STEPS},  # fmt: skip
-            make_plan=_all_replicated,
-            make_sharders_for=build,
-        )
+    return BenchConfig(
+        name=name,
+        stock=False,
+        description=f"{workload}: row-replicated, hot rows counted online in the first {ONLINE_PROFILE_STEPS} steps, "
+        f"replicas synced every {sync_every} step(s)",
+        make_sharders=lambda: [],
+        make_constraints=lambda tables, preset: None,
+        applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
+        workload=workload,
+        params={"sharding": "het_row_replicated", "replica_sync_every": sync_every,
+                "online_profile_steps": ONLINE_PROFILE_STEPS},  # fmt: skip
+        make_plan=_all_replicated,
+        make_sharders_for=build,
     )
-    return name
 
 
-def _register(workload: str, ratio: float, sync_every: int, all_hot_window: int | None, wire_dtype: str = "fp32") -> str:
+def _config(workload: str, ratio: float, sync_every: int, all_hot_window: int | None, wire_dtype: str = "fp32") -> BenchConfig:
     name = replicated_config_name(workload, ratio, sync_every)
     sync = "exact sync" if sync_every == 1 else f"replicas synced every {sync_every} steps"
     description = f"{workload}: row-replicated, hot rows within {ratio:.2f} x the stock plan's memory, {sync}"
@@ -198,23 +177,18 @@ def _register(workload: str, ratio: float, sync_every: int, all_hot_window: int 
         name += f"_{wire_dtype}"
         description += f", cold partials/rows and their gradients sent as {wire_dtype}"
         params["wire_dtype"] = wire_dtype
-    register(
-        BenchConfig(
-            name=name,
-            stock=False,
-            description=description,
-            make_sharders=lambda: [],
-            make_constraints=lambda tables, preset: None,
-            applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
-            workload=workload,
-            params=params,
-            make_plan=_all_replicated,
-            make_sharders_for=_sharders(ratio, sync_every, wire_dtype),
-        )
+    return BenchConfig(
+        name=name,
+        stock=False,
+        description=description,
+        make_sharders=lambda: [],
+        make_constraints=lambda tables, preset: None,
+        applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
+        workload=workload,
+        params=params,
+        make_plan=_all_replicated,
+        make_sharders_for=_sharders(ratio, sync_every, wire_dtype),
     )
-    return name
 
 
-REPLICATED_CONFIGS = register_replicated_configs()
-
-__all__ = ["REPLICATED_CONFIGS", "ShardingContext", "hot_fraction", "stream_profile", "tier_plan"]
+__all__ = ["ShardingContext", "hot_fraction", "replicated_configs", "stream_profile", "tier_plan"]

@@ -19,7 +19,7 @@ from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
-from torchrec_het_bench.configs import BenchConfig
+from torchrec_het_bench.config_types import BenchConfig
 from torchrec_het_bench.model import ShardedModel, shard_module
 from torchrec_het_bench.presets import BenchPreset, SequencePreset
 from torchrec_het_bench.data.sequence import CATEGORY_TABLE, ITEM_TABLE, TABLE_FEATURES

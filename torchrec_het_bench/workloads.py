@@ -7,7 +7,7 @@
 
 import torch.distributed as dist
 
-from torchrec_het_bench.configs import BenchConfig
+from torchrec_het_bench.config_types import BenchConfig
 from torchrec_het_bench.model import ShardedModel, shard_dlrm
 from torchrec_het_bench.presets import BenchPreset
 from torchrec_het_bench.sequence_model import shard_sequence
