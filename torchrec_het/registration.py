@@ -21,6 +21,7 @@ from torchrec_het import _compat
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.planner.access import AccessModel, ProfileTiers, check_not_empty
 from torchrec_het.planner.compute_costs import ENV_COSTS, ComputeCosts, load_compute_costs
+from torchrec_het.planner.planner import HetEmbeddingShardingPlanner
 from torchrec_het.planner.pricing import PluginPricing
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile, load_profile
@@ -132,8 +133,7 @@ def install(
     plugin_sharders = _plugin_default_sharders(sharder_homes[0].get_default_sharders, state)
     for home in sharder_homes:
         _replace(state, home, "get_default_sharders", plugin_sharders)
-    from torchrec_het.planner.planner import HetEmbeddingShardingPlanner
-
+    _replace(state, HetEmbeddingShardingPlanner, "installed_pricing", pricing)  # its default pricing
     for home in _compat.planner_homes():
         _replace(state, home, "EmbeddingShardingPlanner", HetEmbeddingShardingPlanner)
     if embedding_staleness is not None:

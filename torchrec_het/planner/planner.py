@@ -1,6 +1,7 @@
 """``EmbeddingShardingPlanner`` with the plugin's enumerator and stats as defaults."""
 
 import inspect
+from typing import ClassVar
 
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.constants import CROSS_NODE_BANDWIDTH, INTRA_NODE_BANDWIDTH
@@ -29,6 +30,10 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             (:func:`cpu_network`) instead.
         *args, **kwargs: as ``EmbeddingShardingPlanner``.
     """
+
+    # The pricing ``torchrec_het.install()`` was given: set (and put back) by
+    # ``torchrec_het.registration``, which imports this module; this module never imports it.
+    installed_pricing: ClassVar[PluginPricing | None] = None
 
     def __init__(self, *args, pricing: PluginPricing | None = None, cpu_bandwidths: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -61,6 +66,4 @@ def cpu_network(topology: Topology) -> Topology:
 
 def default_pricing() -> PluginPricing:
     """The pricing ``torchrec_het.install()`` was given, else ``PluginPricing()``."""
-    from torchrec_het.registration import installed_pricing
-
-    return installed_pricing() or PluginPricing()
+    return HetEmbeddingShardingPlanner.installed_pricing or PluginPricing()
