@@ -1,7 +1,7 @@
 """Rank bodies of tests/distributed/test_row_replicated_hosts.py.
 
-``het_row_replicated`` on 4 ranks as 2 hosts x 2 (the per-host tier, bytes inside
-and between hosts), and checkpoints saved on one world size and loaded on another.
+``het_row_replicated`` on 4 ranks as 2 hosts x 2 (the per-host tier, replica gradients
+summed hierarchically, bytes inside and between hosts), and checkpoints saved on one world size and loaded on another.
 """
 
 import torch.distributed as dist
@@ -59,6 +59,42 @@ def two_hosts(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") ->
     return errors
 
 
+def _bytes_by_link(model, rank: int, configs, proj) -> dict:
+    """Embedding bytes over STEPS steps of ``model`` (summed over ranks): between ranks, between hosts."""
+    with CommAccountant() as accountant:
+        for step in range(STEPS):
+            loss_of(model(batch(rank, step, False, configs)), proj).backward()
+    totals = sum_over_ranks(accountant.totals())
+    return {"cross_rank": totals.cross_rank(EMBEDDING_PHASES), "inter_host": totals.inter_host(HOSTS, EMBEDDING_PHASES)}
+
+
+def two_hosts_hierarchical(rank: int, world_size: int, optimizer: str = "rowwise_adagrad", hot: int = 12) -> dict:
+    """The replicated tier alone (the pipelined lookup) on 2 hosts x 2 ranks: replica gradients
+    summed within each host, then between host leaders; against the unsharded model, and its
+    bytes against the same tiers synced flat (one host of 4) and stock row_wise."""
+    configs = table_configs(False)
+    proj = projections(configs)
+    reference = unsharded(configs, False, optimizer)
+    errors: dict = {"bytes": {}}
+    models = {}
+    for name, local in (("hier", 2), ("flat", 4)):
+        config = ReplicationConfig(tiers=tiers(configs, hot=hot), local_world_size=local)
+        models[name] = replicated(configs, False, optimizer, config)
+        errors["bytes"][name] = _bytes_by_link(models[name], rank, configs, proj)
+    errors["bytes"]["row_wise"] = _bytes_by_link(sharded("row_wise", configs, False, optimizer), rank, configs, proj)
+    for step in range(STEPS):
+        batches = [batch(r, step, False, configs) for r in range(world_size)]
+        ref_outs = [reference(b) for b in batches]
+        (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
+    for name, model in models.items():
+        _local_shard_errors(model, reference, configs, errors, f"weights_{name}_vs_unsharded")
+        errors[f"replica_disagreement_{name}"] = replica_disagreement(model)
+        lookup = model.module.replicated_lookups()[0]
+        errors[f"hierarchical_{name}"] = lookup._hosts.hierarchical
+        errors[f"syncs_{name}"] = lookup.stats["sparse_syncs"]
+    return errors
+
+
 def save_after(rank: int, world_size: int, path: str, steps: int) -> None:
     """Trains ``steps`` steps (SGD, some hot rows) and saves the state dict with torch.distributed.checkpoint."""
     configs = table_configs(False)
@@ -103,6 +139,11 @@ def load_and_continue(rank: int, world_size: int, path: str, saved_world: int, s
 def run_two_hosts(rank: int, world_size: int, port: int, out_dir: str) -> None:
     with gloo_rank(rank, world_size, port, timeout_s=120):
         write_rank_result(out_dir, rank, two_hosts(rank, world_size))
+
+
+def run_two_hosts_hierarchical(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    with gloo_rank(rank, world_size, port, timeout_s=120):
+        write_rank_result(out_dir, rank, two_hosts_hierarchical(rank, world_size))
 
 
 def run_save(rank: int, world_size: int, port: int, out_dir: str) -> None:

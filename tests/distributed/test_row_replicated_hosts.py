@@ -1,10 +1,10 @@
-"""het_row_replicated on 2 hosts x 2 ranks (per-host tier), and checkpoints across world sizes."""
+"""het_row_replicated on 2 hosts x 2 ranks (per-host tier, hierarchical replica sync), and checkpoints across world sizes."""
 
 from pathlib import Path
 
 import pytest
 
-from torchrec_het_testing.replicated_more_ranks import run_load, run_save, run_two_hosts
+from torchrec_het_testing.replicated_more_ranks import run_load, run_save, run_two_hosts, run_two_hosts_hierarchical
 from torchrec_het_testing.spawn import spawn_world
 
 TOLERANCE = 1e-5
@@ -39,3 +39,20 @@ def test_checkpoint_holds_each_table_once_and_loads_into_another_world_size(tmp_
             "embedding_bags.t1.weight": [37, 4],
             "embedding_bags.t2.weight": [101, 8],
         }, errors["state_rows"]
+
+
+def test_two_hosts_sync_replicas_hierarchically_exactly(tmp_path) -> None:
+    """Replicated rows' gradients: within a host, between host leaders, back within the host.
+    Exact against the unsharded model; half the flat sync's bytes between hosts."""
+    world = spawn_world(run_two_hosts_hierarchical, 4, tmp_path)
+    for rank, errors in enumerate(world):
+        for name in ("hier", "flat"):
+            assert errors[f"weights_{name}_vs_unsharded/sum"] < TOLERANCE, (rank, name, errors)
+            assert errors[f"weights_{name}_vs_unsharded/mean"] < TOLERANCE, (rank, name, errors)
+            assert errors[f"replica_disagreement_{name}"] == 0.0, (rank, name, errors)
+        assert errors["hierarchical_hier"] and not errors["hierarchical_flat"], errors
+        assert errors["syncs_hier"] > 0, errors
+    got = world[0]["bytes"]
+    hier, flat, stock = got["hier"]["inter_host"], got["flat"]["inter_host"], got["row_wise"]["inter_host"]
+    assert 0 < hier < flat < stock, got
+    assert got["hier"]["cross_rank"] > hier, got  # the within-host sums stay inside hosts

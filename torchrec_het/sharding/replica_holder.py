@@ -15,6 +15,7 @@ from torchrec_het.replication.tiers import hottest_rows
 from torchrec_het.sharding.id_space import TableInfo, flatten_batch, members, tensors_to
 from torchrec_het.sharding.replica_group import ReplicaGroup
 from torchrec_het.sharding.replica_store import ReplicaBlock, optimizer_name, owned_rows
+from torchrec_het.sharding.replica_sync import HostGroups
 
 
 class IdLayout:
@@ -148,6 +149,8 @@ class ReplicaHolder:
         # behind nor hold up the model's other collectives (DDP's dense all-reduce) on the default group.
         self._exchange_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True)
         self._sync_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True)
+        # replicated rows' gradients sum within each host, then between host leaders (created once)
+        self._hosts = HostGroups(self._sync_pg, config.ranks_per_host(self._ws))
         self._tables, tiers = self._table_infos(config, shards_by_table)
         self._groups = self._replica_groups(tiers)
         if any(g.host.numel() for g in self._groups):
@@ -233,7 +236,7 @@ class ReplicaHolder:
             owned.append(owned_rows(kernels[module_index], table_of[tables[part]], rows, part, g.dim))
         return ReplicaBlock(
             g.hot, g.dim, names.pop(), kernels, module_of[tables], eps, owned, self._config.replica_sync_every,
-            self._sync_pg, self._device,
+            self._sync_pg, self._device, hosts=self._hosts,
         )
 
     @property

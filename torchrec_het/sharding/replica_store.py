@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
+from torchrec_het.sharding.replica_sync import HostGroups
 from torchrec_het.sharding.row_optim import _buffer, optimizer_kind, square_width, squares_of, step_rows, step_rows_held
 
 
@@ -72,11 +73,18 @@ class ReplicaBlock:
         sync_every: combine gradients every this many steps (1: exactly synchronous).
         pg: the process group.
         device: where the block lives.
+        hosts: ``pg``'s host subgroups: the sums run within each host, then between host
+            leaders, then back within the host (:class:`~torchrec_het.sharding.replica_sync.HostGroups`);
+            None: flat all-reduces on ``pg``.
     """
 
-    def __init__(self, hot_ids, dim, optimizer, kernels, kernel_of, eps, owned: list[OwnedRows], sync_every, pg, device) -> None:
+    def __init__(
+        self, hot_ids, dim, optimizer, kernels, kernel_of, eps, owned: list[OwnedRows], sync_every, pg, device,
+        hosts: HostGroups | None = None,
+    ) -> None:  # fmt: skip
         rows = hot_ids.numel()
         self.hot_ids, self.dim, self.optimizer, self.pg = hot_ids.to(device), dim, optimizer, pg
+        self.hosts = hosts
         self.weights = torch.zeros(rows, dim, device=device)
         self.state = torch.zeros(rows, state_width(optimizer, dim), device=device)
         self.kernels, self.kernel_of = kernels, kernel_of.to(device)
@@ -104,7 +112,7 @@ class ReplicaBlock:
             block[part.slots, : self.dim] = _flat(part.kernel, "weights")[0][part.weight_index].float()
             if self.state.size(1):
                 block[part.slots, self.dim :] = _flat(part.kernel, "momentum1")[0][part.state_index].float()
-        dist.all_reduce(block, group=self.pg)
+        self._all_reduce(block)
         self.weights.copy_(block[:, : self.dim])
         self.state.copy_(block[:, self.dim :])
         self.drop_held()
@@ -134,7 +142,7 @@ class ReplicaBlock:
 
     def _start(self) -> None:
         touches = self.touches.clone()
-        self._touches = (dist.all_reduce(touches, group=self.pg, async_op=True), touches)
+        self._touches = (self._all_reduce(touches, async_op=True), touches)
 
     def advance(self) -> None:
         """Once the touch counts are in, starts the all-reduce of the touched rows' gradients
@@ -149,7 +157,13 @@ class ReplicaBlock:
         if self.holds_squares:  # and this rank's squares beyond its own sum's (see ``_apply``)
             beyond = self.squares.index_select(0, touched) - squares_of(self.optimizer, grads).float()
             grads = torch.cat([grads, beyond], 1)
-        self._grads = (dist.all_reduce(grads, group=self.pg, async_op=True), touched, grads, touches.index_select(0, touched))
+        self._grads = (self._all_reduce(grads, async_op=True), touched, grads, touches.index_select(0, touched))
+
+    def _all_reduce(self, tensor: torch.Tensor, async_op: bool = False):
+        """Sums ``tensor`` over the ranks: flat on ``pg``, or hierarchically over ``hosts``."""
+        if self.hosts is None:
+            return dist.all_reduce(tensor, group=self.pg, async_op=async_op)
+        return self.hosts.all_reduce(tensor, async_op=async_op)
 
     def wait(self) -> bool:
         """Finishes a started sync and applies it (call before reading the rows); whether there was one."""

@@ -4,6 +4,10 @@ Two ways, chosen per step by the caller from the touched-row counts every rank k
 *sparse* (all-gather of the touched ids and their gradients, then the same sum on every
 rank) or *dense* (one all-reduce over the whole hot block). Both give every rank the
 same bits: dense through the collective, sparse by summing the same inputs in rank order.
+
+On several hosts (:class:`HostGroups`) both run hierarchically: summed within each host,
+then between the host leaders (one copy of each host's sum crosses the slow link), then
+handed back within the host: the same sum, in another float summation order.
 """
 
 import torch
@@ -59,9 +63,11 @@ def combine_sparse(
 
 
 def combine_dense(
-    ids: torch.Tensor, grads: torch.Tensor, block: torch.Tensor, pg: dist.ProcessGroup | None
+    ids: torch.Tensor, grads: torch.Tensor, block: torch.Tensor, pg: dist.ProcessGroup | None,
+    hosts: "HostGroups | None" = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sums over ranks within the sorted id ``block`` (``ids`` must lie in it).
+    """Sums over ranks within the sorted id ``block`` (``ids`` must lie in it); over ``hosts``
+    (hierarchically) when given, else flat on ``pg``.
 
     Returns (touched ids, their summed gradients, on how many ranks each was touched).
     """
@@ -70,6 +76,103 @@ def combine_dense(
     pos = torch.searchsorted(block, ids)
     dense[pos, :dim] = grads
     dense[pos, dim] = 1.0
-    dist.all_reduce(dense, group=pg)
+    if hosts is not None:
+        hosts.all_reduce(dense)
+    else:
+        dist.all_reduce(dense, group=pg)
     touched = dense[:, dim] > 0
     return block[touched], dense[touched, :dim], dense[touched, dim]
+
+
+class HostGroups:
+    """Subgroups of ``pg`` that sum replicated rows' gradients hierarchically (created once, a collective).
+
+    Ranks of a host are ``local_world_size`` consecutive ranks of ``pg``; each host's first
+    rank is its leader. :meth:`all_reduce` and :meth:`combine_sparse` sum within a host, then
+    between the leaders (one copy per host crosses the slow link), then hand the leader's
+    result to its host, so every rank ends with the same bits. With one host, or one rank
+    per host, there are no subgroups and both are the flat collectives on ``pg``.
+
+    Every rank of ``pg`` creates every subgroup, in the same order (the host groups, then the
+    *cross* groups: the ranks of one local rank on every host, the leaders being cross group
+    0), so each rank is in exactly one of each kind and later groups get the same names
+    everywhere.
+
+    Args:
+        pg: the group whose ranks sum (None: the default group).
+        local_world_size: ranks per host.
+    """
+
+    def __init__(self, pg: dist.ProcessGroup | None, local_world_size: int) -> None:
+        ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(dist.get_world_size()))
+        local, me = local_world_size, dist.get_rank(pg)
+        if len(ranks) % local:
+            raise ValueError(f"world size {len(ranks)} is not a multiple of {local} ranks per host")
+        self.pg, self.local_world_size, self.num_hosts = pg, local, len(ranks) // local
+        self.host: dist.ProcessGroup | None = None  # this rank's host
+        self.cross: dist.ProcessGroup | None = None  # this rank's local rank on every host
+        self.is_leader = me % local == 0
+        self.leader = ranks[me - me % local]  # global rank of this host's leader
+        if self.num_hosts == 1 or local == 1:
+            return
+        backend = dist.get_backend(pg)
+        for host in range(self.num_hosts):
+            group = dist.new_group(ranks[host * local : (host + 1) * local], backend=backend)
+            if me // local == host:
+                self.host = group
+        for index in range(local):
+            group = dist.new_group(ranks[index::local], backend=backend)
+            if me % local == index:
+                self.cross = group
+
+    @property
+    def hierarchical(self) -> bool:
+        return self.host is not None
+
+    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False):
+        """Sums ``tensor`` over ``pg`` in place; with ``async_op``, returns a handle whose ``wait()``
+        finishes the sum (the within-host sum is started now, the rest runs in ``wait()``)."""
+        if not self.hierarchical:
+            return dist.all_reduce(tensor, group=self.pg, async_op=async_op)
+        work = _HostSum(self, tensor, dist.all_reduce(tensor, group=self.host, async_op=True))
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def combine_sparse(self, ids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids touched on any rank, their summed gradients), as :func:`combine_sparse` over ``pg``;
+        only the leaders' host sums cross between hosts."""
+        if not self.hierarchical:
+            return combine_sparse(ids, grads, gather_counts(ids.numel(), self.pg), self.pg)
+        ids, grads = combine_sparse(ids, grads, gather_counts(ids.numel(), self.host), self.host)
+        if self.is_leader:
+            ids, grads = combine_sparse(ids, grads, gather_counts(ids.numel(), self.cross), self.cross)
+        device = collective_device(self.host)
+        count = torch.tensor([ids.numel()], dtype=torch.int64, device=device)
+        dist.broadcast(count, src=self.leader, group=self.host)
+        n = int(count.item())
+        if not self.is_leader:
+            ids = torch.empty(n, dtype=torch.int64, device=ids.device)
+            grads = torch.empty(n, grads.size(1), dtype=grads.dtype, device=grads.device)
+        if n:
+            dist.broadcast(ids, src=self.leader, group=self.host)
+            dist.broadcast(grads, src=self.leader, group=self.host)
+        return ids, grads
+
+
+class _HostSum:
+    """A started hierarchical all-reduce: the within-host sum is in flight; ``wait()`` does the rest."""
+
+    def __init__(self, hosts: HostGroups, tensor: torch.Tensor, work) -> None:
+        self.hosts, self.tensor, self.work = hosts, tensor, work
+
+    def wait(self) -> bool:
+        if self.work is None:
+            return True
+        self.work.wait()
+        self.work = None
+        if self.hosts.is_leader:
+            dist.all_reduce(self.tensor, group=self.hosts.cross)  # between leaders: one copy per host
+        dist.broadcast(self.tensor, src=self.hosts.leader, group=self.hosts.host)
+        return True

@@ -14,8 +14,9 @@ write path
   :meth:`settle` takes the distinct ids this rank serves and their gradients (what the
   lookup's backward gathered from its readers) and makes every copy take the same
   fused-optimizer step: replicated rows' gradients summed over all ranks (sparse or
-  dense, or held for ``replica_sync_every`` steps), per-host rows' over the holder
-  group, the rest applied at their owners.
+  dense, or held for ``replica_sync_every`` steps; on several hosts within each host,
+  then between host leaders, then back within the host), per-host rows' over the holder
+  group (one rank per host), the rest applied at their owners.
 checkpoints
   :meth:`flush` applies held gradients before a state dict; :meth:`purge` drops them and
   refreshes replicas at the next forward (TorchRec calls it when a state dict is loaded).
@@ -38,6 +39,7 @@ from torchrec_het.sharding.exchange import exchange_flat
 from torchrec_het.sharding.id_space import TableInfo, members
 from torchrec_het.sharding.replica_group import ReplicaGroup
 from torchrec_het.sharding.replica_sync import (
+    HostGroups,
     collective_device,
     combine_dense,
     combine_sparse,
@@ -65,6 +67,7 @@ class ReplicaWrites:
         self._groups: list[ReplicaGroup] = []
         self._replicas: list = []
         self._host_pg = None
+        self._hosts: HostGroups | None = None
         self._sync_every = 1
         self._skip_all_hot = True
         self._wire = torch.float32
@@ -83,11 +86,13 @@ class ReplicaWrites:
         self._wire = WIRE_DTYPES[config.wire_dtype]
         self._config, self._shards_by_table = config, shards_by_table
         self._build(config)
-        if self._ws // local_ws > 1:  # holder groups of the per-host tier: one rank per host
-            for local in range(local_ws):
-                group = dist.new_group(list(range(local, self._ws, local_ws)), backend=dist.get_backend(self._pg))
-                if self._rank % local_ws == local:
-                    self._host_pg = group
+        # replicated rows sum within each host, then between host leaders; the per-host tier's holder
+        # group is one rank per host (the ranks of this local rank: a cross group; every rank with one per host)
+        self._hosts = HostGroups(self._pg, local_ws)
+        if self._hosts.hierarchical:
+            self._host_pg = self._hosts.cross
+        elif self._ws // local_ws > 1:
+            self._host_pg = self._pg
 
     def _build(self, config: ReplicationConfig) -> None:
         """Groups, replica kernels and held-gradient buffers for ``config``'s tiers."""
@@ -289,9 +294,9 @@ class ReplicaWrites:
             return ids[:0], grads[:0], None
         if sparse_bytes(counts, g.dim) <= dense_bytes(g.hot.numel(), g.dim, self._ws):
             self.stats["sparse_syncs"] += 1
-            return (*combine_sparse(ids, grads, counts, self._pg), None)
+            return (*self._hosts.combine_sparse(ids, grads), None)
         self.stats["dense_syncs"] += 1
-        ids, grads, _ = combine_dense(ids, grads, g.hot, self._pg)
+        ids, grads, _ = combine_dense(ids, grads, g.hot, self._pg, self._hosts)
         return ids, grads, None
 
     def _release_pending(self, index: int, g: ReplicaGroup):
@@ -310,10 +315,10 @@ class ReplicaWrites:
         counts = gather_counts(touched_here.numel(), self._pg)
         if sparse_bytes(counts, pending.size(1)) <= dense_bytes(g.hot.numel(), pending.size(1) - 1, self._ws):
             self.stats["sparse_syncs"] += 1
-            ids, summed = combine_sparse(g.hot[touched_here], pending[touched_here], counts, self._pg)
+            ids, summed = self._hosts.combine_sparse(g.hot[touched_here], pending[touched_here])
         else:
             self.stats["dense_syncs"] += 1
-            dist.all_reduce(pending, group=self._pg)
+            self._hosts.all_reduce(pending)
             touched = pending[:, -1] > 0
             ids, summed = g.hot[touched], pending[touched].clone()
         pending.zero_()
