@@ -5,13 +5,17 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_ARGS ?= --preset default --out bench_out
 
-.PHONY: bench test setup clean
+.PHONY: bench test docs setup clean
 
 bench: $(STAMP)
 	$(PY) -m torchrec_het_bench $(BENCH_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# docs/benchmarks.md from the committed results (python -m torchrec_het_bench.docs).
+docs: $(STAMP)
+	$(PY) -m torchrec_het_bench.docs $(sort $(wildcard docs/results/*.json)) --out docs/benchmarks.md
 
 setup: $(STAMP)
 

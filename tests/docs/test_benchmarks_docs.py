@@ -1,0 +1,54 @@
+"""docs/benchmarks.md is generated from docs/results/*.json by one command, and is up to date."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from torchrec_het_bench import docs
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = sorted((ROOT / "docs" / "results").glob("*.json"))
+PAGE = ROOT / "docs" / "benchmarks.md"
+
+
+def _small_results(tmp_path: Path) -> Path:
+    """A committed run cut down to its stock entry and one plugin entry under each pipeline."""
+    results = json.loads(RESULTS[0].read_text())
+    keep = [c for c in results["configs"] if c["config"] in {"stock_table_wise", results["configs"][-1]["config"]}]
+    results["configs"] = keep[:4]
+    results["commit"], results["date"] = "abc1234", "2026-11-24"
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(results))
+    return path
+
+
+def test_generator_renders_a_small_results_file(tmp_path, capsys):
+    small = _small_results(tmp_path)
+    out = tmp_path / "bench.md"
+    assert docs.main([str(small), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# Benchmarks\n")
+    assert "## small\n" in text
+    for expected in ("commit abc1234; date 2026-11-24", "command: `python -m torchrec_het_bench --preset",
+                     "### Against stock TorchRec", "| stock_table_wise", "1.00x", "fwd ids", "emb fwd",
+                     "staleness max", "samples/s median"):
+        assert expected in text, expected
+    names = [c["name"] for c in json.loads(small.read_text())["configs"]]
+    assert all(f"| {name} |" in text for name in names)
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_generator_names_a_missing_file(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        docs.main([str(tmp_path / "nope.json"), "--out", str(tmp_path / "x.md")])
+    assert exit_.value.code == 2
+    assert "nope.json" in capsys.readouterr().err
+
+
+def test_benchmarks_page_is_up_to_date(monkeypatch):
+    assert RESULTS, "docs/results/ holds no results.json"
+    monkeypatch.chdir(ROOT)
+    paths = [path.relative_to(ROOT) for path in RESULTS]
+    expected = docs.render(paths, docs.command_line(paths, Path("docs/benchmarks.md")))
+    assert PAGE.read_text() == expected, "docs/benchmarks.md is stale: run `make docs`"
