@@ -83,7 +83,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.network == "emulated" and args.world_size % args.hosts:
         parser.error(f"--world-size {args.world_size} is not a multiple of --hosts {args.hosts}")
+    # Checked here, in the parent, before any rank starts: argparse exits with code 2 and the message
+    # names the flag, the bad value and the valid ones.
+    args.chosen = [] if args.list else _configs(parser, args)
+    try:
+        args.runs = parse_pipelines(args.pipeline, args.embedding_staleness, BENCH_DEVICE)
+    except PipelineUnavailable as error:  # its message names the flag
+        parser.error(str(error))
     return args
+
+
+def _configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list:
+    """``--configs``: the configurations named, in order, or the preset's defaults."""
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    try:
+        return bench_configs.select(names, get_preset(args.preset))
+    except ValueError as error:
+        parser.error(f"argument --configs: {error}")
 
 
 def _staleness(text: str) -> int:
@@ -116,15 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             mark = "" if config.applies(preset) else f"  (does not apply to preset {preset.name})"
             print(f"{config.name:24s} {config.description}{mark}")
         return 0
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    try:
-        chosen = bench_configs.select(names, preset)
-    except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
-    try:
-        runs = parse_pipelines(args.pipeline, args.embedding_staleness, BENCH_DEVICE)  # before any rank starts
-    except PipelineUnavailable as error:
-        raise SystemExit(f"error: {error}") from None
+    chosen, runs = args.chosen, args.runs
     network = {"mode": args.network}
     if args.network == "emulated":
         from torchrec_het_bench.netem import NetworkEmulationUnavailable, check_available

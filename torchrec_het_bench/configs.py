@@ -133,16 +133,24 @@ DEFAULT_CONFIGS = ("stock_table_wise", "stock_row_wise", "stock_dp_small")
 
 
 def select(names: list[str] | None, preset: BenchPreset) -> list[BenchConfig]:
-    """The configurations to run: ``names`` in order, or the defaults that apply to ``preset``."""
+    """The configurations to run: ``names`` in order, or the defaults that apply to ``preset``.
+
+    Raises:
+        ValueError: an unknown or repeated name, or one that does not apply to ``preset``; the
+            message lists the valid names.
+    """
     if not names:
         return [CONFIGS[n] for n in DEFAULT_CONFIGS if CONFIGS[n].applies(preset)]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
-        raise ValueError(f"unknown configuration(s) {unknown}; --list shows {sorted(CONFIGS)}")
+        raise ValueError(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(CONFIGS)} (--list describes them)")
     if len(set(names)) != len(names):
-        raise ValueError(f"configuration named twice in {names}")
+        raise ValueError(f"configuration named twice in {','.join(names)}")
     chosen = [CONFIGS[n] for n in names]
     idle = [c.name for c in chosen if not c.applies(preset)]
     if idle:
-        raise ValueError(f"configuration(s) {idle} do not apply to preset {preset.name!r}")
+        fit = [n for n, c in CONFIGS.items() if c.applies(preset)]
+        raise ValueError(
+            f"configuration(s) {', '.join(idle)} do not apply to preset {preset.name!r}; it runs {', '.join(fit)}"
+        )
     return chosen

@@ -384,7 +384,7 @@ def check_pipeline(name: str, device: torch.device) -> PipelineKind:
     """
     kind = PIPELINES.get(name)
     if kind is None:
-        raise PipelineUnavailable(f"unknown pipeline {name!r}; choose from {sorted(PIPELINES)}")
+        raise PipelineUnavailable(f"--pipeline: unknown pipeline {name!r}; choose from {sorted(PIPELINES)}")
     if device.type not in kind.device_types:
         raise PipelineUnavailable(
             f"--pipeline {name} cannot run on this device ({device.type}): {kind.why_not}; "

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from torchrec_het.replication.profile import AccessProfiler
+from torchrec_het_bench.flags import float_above, int_at_least
 
 __all__ = ["AccessProfiler", "main"]
 
@@ -19,13 +20,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(prog="python -m torchrec_het_bench.profile", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
-    parser.add_argument("--alpha", type=float, default=None, help="Zipf exponent (overrides the preset)")
+    parser.add_argument(
+        "--alpha", type=float_above(0, inclusive=True), default=None, help="Zipf exponent, >= 0 (overrides the preset)"
+    )
     parser.add_argument("--data", default=None, help="Criteo data (TSV file/dir or npy); default: synthetic")
     parser.add_argument("--steps", type=int, default=400, help="training batches the profile looks at (>= 1)")
     parser.add_argument("--every", type=int, default=20, help="count every N-th batch (20: a 5%% sample; >= 1)")
     parser.add_argument("--rank", type=int, default=0, help="whose batches to read")
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--out", required=True, help="where to write the profile (any iopath path)")
     args = parser.parse_args(argv)
     for flag in ("steps", "every", "world_size"):

@@ -77,3 +77,44 @@ def test_micro_refuses_a_bad_number_naming_the_flag(flag, value, rule, capsys, t
 def test_micro_refuses_an_unknown_type(capsys, tmp_path) -> None:
     err = _refused(micro.main, ["--preset", "smoke", "--out", str(tmp_path), "--types", "nope"], capsys)
     assert "--types" in err and "nope" in err
+
+
+@pytest.mark.parametrize(
+    "flag, value, valid",
+    [
+        ("--configs", "stock_table_wise,nope", "stock_row_wise"),
+        ("--configs", "het_het_s2_c1,het_het_s2_c1", "configuration named twice"),
+        ("--pipeline", "sparse_dist,nope", "'semi_sync'"),
+        ("--pipeline", "hybrid,hybrid", "names a pipeline twice"),
+    ],
+)
+def test_bench_refuses_an_unknown_name_naming_the_flag_and_the_valid_ones(flag, value, valid, capsys, tmp_path) -> None:
+    err = _refused(bench_main.main, ["--preset", "smoke", "--out", str(tmp_path), flag, value], capsys)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("torchrec-het-bench: error:") and flag in last and valid in last
+    if "nope" in value:
+        assert "nope" in last
+
+
+def test_bench_refuses_a_configuration_the_preset_does_not_run(capsys, tmp_path) -> None:
+    err = _refused(bench_main.main, ["--preset", "full", "--out", str(tmp_path), "--configs", "stock_dp_small"], capsys)
+    last = err.strip().splitlines()[-1]
+    assert "argument --configs: configuration(s) stock_dp_small do not apply to preset 'full'" in last
+    assert "stock_table_wise" in last  # what it runs instead
+
+
+def test_bench_list_ignores_the_configs_flag(capsys) -> None:
+    assert bench_main.main(["--preset", "smoke", "--list", "--configs", "nope"]) == 0
+    assert "stock_dp_small" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flag, value, rule",
+    [("--alpha", "-1", ">= 0"), ("--alpha", "nan", ">= 0"), ("--seed", "-1", ">= 0"), ("--steps", "0", ">= 1"),
+     ("--every", "0", ">= 1"), ("--world-size", "0", ">= 1"), ("--rank", "2", "--rank must lie in [0, --world-size 2)")],
+)
+def test_profile_refuses_a_bad_flag_naming_it(flag, value, rule, capsys, tmp_path) -> None:
+    from torchrec_het_bench import profile
+
+    err = _refused(profile.main, ["--preset", "smoke", "--out", str(tmp_path / "p.pt"), flag, value], capsys)
+    assert flag in err and rule in err and not (tmp_path / "p.pt").exists()
