@@ -27,7 +27,7 @@ HEADER = (
     "steps and vary between runs on a shared machine, bytes and AUC do not. In \"Against stock TorchRec\", "
     "\"x stock\" is the ratio to the run's stock table_wise under `sparse_dist` (TorchRec's "
     "`TrainPipelineSparseDist`, what users train with) where the run has it, else under the entry's own "
-    "pipeline; the last column names it.\n"
+    "pipeline; the last column names it. What each column means: [measuring.md](measuring.md).\n"
 )
 
 
