@@ -217,6 +217,28 @@ def stale(world_size: int) -> dict:
     return out
 
 
+def replicated_as_row_wise(world_size: int) -> dict:  # noqa: ARG001
+    """k = 0, 1, 2: replicas synced every step train exactly as row_wise under the same pipeline
+    (every row of a batch is read at its lookup, hot ones from the replicas too)."""
+    configs = _configs(mean=True)
+    out = {}
+    for optimizer in ("sgd", "rowwise_adagrad"):
+        for k in (0, 1, 2):
+            make = lambda m, o, k=k: HybridTrainPipeline(  # noqa: E731
+                m, o, torch.device("cpu"), embedding_staleness=k, backward_on_worker=True
+            )
+            runs = {}
+            for kind in ("row_wise", "replicated"):
+                model, _, losses = _train(kind, configs, make, optimizer)
+                runs[kind] = (_tables(model, configs), losses)
+            (want, want_losses), (got, got_losses) = runs["row_wise"], runs["replicated"]
+            out[f"{optimizer}/k{k}"] = {
+                "weights": _max_diff(got, want),
+                "losses": max(abs(a - b) for a, b in zip(got_losses, want_losses)),
+            }
+    return out
+
+
 def placement(world_size: int) -> dict:
     """k = 2 with the embedding backward on the main thread, on the worker, and measured (None):
     the same weights (where it runs changes no arithmetic), and the measured run chooses one way."""
@@ -280,6 +302,7 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
     with gloo_rank(rank, world_size, port, timeout_s=120):
         result = {
             "exact": exact(world_size), "stale": stale(world_size), "placement": placement(world_size),
+            "replicated_as_row_wise": replicated_as_row_wise(world_size),
             "errors": errors(world_size),
         }
     write_rank_result(out_dir, rank, result)

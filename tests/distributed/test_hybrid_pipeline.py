@@ -37,6 +37,15 @@ def test_gradient_mass_is_conserved_through_the_drain(world: list[dict]) -> None
             assert r["mass_error"] <= 1e-4, (rank, case, r)
 
 
+def test_replicas_synced_every_step_train_as_row_wise_at_every_k(world: list[dict]) -> None:
+    # hot rows are read at the lookup, beside the cold ones: pooling them when the output dist
+    # finishes (a step later at k = 2) read them fresher than the cold rows and cost AUC
+    for rank, results in enumerate(world):
+        assert len(results["replicated_as_row_wise"]) == 6, results["replicated_as_row_wise"]
+        for case, r in results["replicated_as_row_wise"].items():
+            assert r["weights"] <= 1e-5 and r["losses"] <= 1e-4, (rank, case, r)
+
+
 def test_bad_settings_raise_clear_errors(world: list[dict]) -> None:
     errors = world[0]["errors"]
     for bad in ("k=-1", "k=1.5", "k=True"):

@@ -5,6 +5,8 @@ once); :class:`ReplicaHolder` is the lookup mixin that keeps the hot-row replica
 syncs, the online profile and the checkpoint hooks.
 """
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -127,6 +129,19 @@ def gather_counts(dest: torch.Tensor, batch: int, pg):
     counts = torch.cat([torch.bincount(dest, minlength=world_size), torch.tensor([batch], device=dest.device)])
     gathered = [torch.empty_like(counts) for _ in range(world_size)]
     return dist.all_gather(gathered, counts, group=pg, async_op=True), gathered
+
+
+@dataclass
+class HotRead:
+    """The replica rows one batch read at its lookup (one per value), and their block."""
+
+    block: ReplicaBlock
+    slots: torch.Tensor  # the block's row of each value read
+    rows: torch.Tensor  # [values, dim]: those rows, as they were at the lookup
+
+    def add_grads(self, _slots, grads: torch.Tensor) -> None:
+        """An output layout's sink: the per-value gradients go to the block's rows read."""
+        self.block.add_grads(self.slots, grads)
 
 
 class ReplicaHolder:
@@ -256,6 +271,16 @@ class ReplicaHolder:
         for block in self._blocks:
             self.stats["sparse_syncs"] += int(block.wait())  # the previous step's replica sync
         self.stats["steps"] += 1
+
+    def read_hot(self, slots_per_block: list[torch.Tensor]) -> list[HotRead]:
+        """At the lookup, right after :meth:`begin_read`: per block, the rows a batch reads.
+
+        The rows are copied now, beside the owners' pooling of the cold ids, so every row of a
+        batch is read at one moment even when its output dist finishes steps later (the hybrid
+        pipeline looks a batch up k steps ahead and finishes it one step ahead: pooling hot rows
+        then read them fresher than its cold rows, and cost AUC). Their gradients go to the
+        block the batch read."""
+        return [HotRead(block, slots, block.weights.index_select(0, slots)) for block, slots in zip(self._blocks, slots_per_block)]
 
     def samples_read_here(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """bool ``[batch]``: samples whose ids are all hot or owned here (they need no other rank),

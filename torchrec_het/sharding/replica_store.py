@@ -125,9 +125,15 @@ class ReplicaBlock:
         self.steps_held = 0
 
     def add_grads(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
-        """Backward: this rank's gradients of rows ``slots`` (repeats summed); starts the sync when due."""
+        """Backward: this rank's gradients of rows ``slots`` (repeats summed); starts the sync when due.
+
+        A sync started by an earlier backward and not yet applied (a pipeline that runs several
+        backwards between two lookups, as the hybrid pipeline does while it drains) is applied
+        first: its steps stay separate steps, which an Adagrad-family state tells apart."""
         if self.weights.size(0) == 0:  # no hot rows: nothing to keep in sync (the same on every rank)
             return
+        if self.steps_held >= self.sync_every:
+            self.wait()
         if self.holds_squares:  # the step's gradient of each row (repeats summed) is squared on its own
             rows, inverse = torch.unique(slots, return_inverse=True)
             step = torch.zeros(rows.numel(), self.dim, device=grads.device).index_add_(0, inverse, grads)

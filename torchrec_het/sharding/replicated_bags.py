@@ -12,7 +12,7 @@ lookup (:class:`ReplicatedBagLookup`, local compute)
   keeps only the partial sums of bags that had ids (DES).
 output dist (:class:`PartialSumsDist`)
   partial sums back to their readers (one all-to-all, sparse: no empty bags), added to
-  the reader's hot rows from its replica blocks, mean pooling applied (the shared
+  the reader's hot rows (read from its replica blocks at the lookup), mean pooling applied (the shared
   :mod:`~torchrec_het.sharding.output_layout`). Backward: partial gradients go back the same
   way into the owners' fused kernels (their optimizer steps as in stock row-wise); hot
   gradients are summed over ranks by one asynchronous all-reduce (every
@@ -56,6 +56,7 @@ class _Batch:
     local_only: bool = False
     served_entries: torch.Tensor | None = None  # owner: (source, position, sample) of bags received
     partial_at: tuple | None = None  # owner: (row, position, rows) of each partial in the kernels' compact output
+    hot_read: list | None = None  # reader: per block, the hot rows read at the lookup (HotRead)
 
 
 class _Splits(Awaitable[Awaitable[KeyedJaggedTensor]]):
@@ -185,6 +186,7 @@ class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         step: _Batch = getattr(sparse_features, STEP_ATTR)
         self.begin_read(step.hot_version)
+        step.hot_read = self.read_hot([slots for slots, _, _ in step.hot])
         positions = self.layout.num_positions
         pooled = super().forward(sparse_features)  # [compact bags, width]: the kernels' fused forward and backward
         rows, position, stride = step.partial_at
@@ -251,7 +253,8 @@ class PartialSumsDist(BaseEmbeddingDist):
             widths = layout.dims.index_select(0, position)
             starts = torch.cumsum(widths, 0) - widths
         parts = []
-        for index, (block, (slots, bags, weights)) in enumerate(zip(lookup._blocks, step.hot)):
+        for index, (read, (_, bags, weights)) in enumerate(zip(step.hot_read, step.hot)):
+            block = read.block
             at, columns = layout.group_part(index)
             if one_width:
                 mine, partials = entries, received.view(-1, block.dim)
@@ -261,7 +264,7 @@ class PartialSumsDist(BaseEmbeddingDist):
                 elements = starts.index_select(0, chosen).unsqueeze(1) + torch.arange(block.dim, device=received.device)
                 partials = received.index_select(0, elements.view(-1)).view(-1, block.dim)
             sources = [
-                Source(block.weights, bags, slots, weights, sink=block.add_grads),
+                Source(read.rows, bags, None, weights, sink=read.add_grads),
                 Source(partials, layout.group_bags(mine, batch, index)),
             ]
             divisors = None

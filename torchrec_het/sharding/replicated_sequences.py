@@ -52,6 +52,7 @@ class _Rows:
     received: torch.Tensor | None = None  # owner: int32 [ids, 2] (position, row), by source
     kernel_order: torch.Tensor | None = None  # owner: arrival index of each id in the KJT's order
     rows: torch.Tensor | None = None  # owner: the rows asked for, in arrival order
+    hot_read: list | None = None  # reader: per block, the hot rows read at the lookup (HotRead)
 
 
 class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
@@ -118,6 +119,7 @@ class ReplicatedSequenceLookup(ReplicaHolder, GroupedEmbeddingsLookup):
     def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         step: _Rows = getattr(sparse_features, STEP_ATTR)
         self.begin_read(step.hot_version)
+        step.hot_read = self.read_hot([slots for slots, _ in step.hot])
         # the kernels' own forward and fused backward, the rows put back in arrival order
         by_position = super().forward(sparse_features).view(-1, self.layout.uniform_dim)
         step.rows = torch.empty_like(by_position).index_copy(0, step.kernel_order, by_position)
@@ -138,7 +140,7 @@ class _SequenceRows(Awaitable[torch.Tensor]):
         received = self.exchange.wait().float()
         step, dim = self.step, self.dist.layout.uniform_dim
         # every position's row: one gather from the blocks' rows read and the rows received
-        sources = [Source(block.weights, at, slots, sink=block.add_grads) for block, (slots, at) in zip(lookup._blocks, step.hot)]
+        sources = [Source(read.rows, at, sink=read.add_grads) for read, (_, at) in zip(step.hot_read, step.hot)]
         sources.append(Source(received.view(-1, dim), step.cold, step.need_of))
         plan = OutputPlan([Part(sources, step.num_values, dim, one_per_bag=True)], (step.num_values, dim), scale)
         return output_layout(plan, lookup._anchor)
