@@ -301,6 +301,8 @@ def _torchrec(class_name: str) -> LoopMaker:
 
 
 def _semi_sync_refuses(sharded: ShardedModel) -> str | None:
+    from torchrec.distributed.types import ShardingType
+
     from torchrec_het.types import HET_CACHED_ROW_WISE
 
     if HET_CACHED_ROW_WISE in sharded.sharding_types:
@@ -308,6 +310,15 @@ def _semi_sync_refuses(sharded: ShardedModel) -> str | None:
             "TorchRec's TrainPipelineSemiSync starts a batch's embedding lookup before the previous batch's "
             "embedding backward, and het_cached_row_wise needs each batch's backward before the next forward "
             "(it raises 'a backward must follow its own forward before the next forward runs')"
+        )
+    if ShardingType.DATA_PARALLEL.value in sharded.sharding_types:
+        return (
+            "TorchRec 1.8's TrainPipelineSemiSync cannot train data_parallel tables: their weights are dense "
+            "parameters (TorchRec keeps them out of the fused optimizer), so the optimizer the pipeline steps "
+            "after each batch updates them in place, after it has started the next batch's lookup, whose "
+            "backward needs the weights that lookup read (autograd: 'one of the variables needed for gradient "
+            "computation has been modified by an inplace operation'; TorchRec warns first: 'SemiSync pipelined "
+            "ShardedEmbeddingBagCollection and optimizer share parameters')"
         )
     return None
 

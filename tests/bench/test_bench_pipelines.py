@@ -139,3 +139,20 @@ def test_evaluating_mid_run_changes_nothing_the_pipelines_train(side_by_side, wi
         assert evaluated["losses"] == e["losses"], e["name"]
         assert evaluated["auc"] == e["auc"] and evaluated["bytes_per_step"] == e["bytes_per_step"]
         assert evaluated.get("staleness_gauge") == e.get("staleness_gauge")
+
+
+def test_semi_sync_leaves_data_parallel_tables_not_run_with_the_reason(tmp_path) -> None:
+    """TorchRec's semi-sync steps the data_parallel tables' weights (dense parameters) after it has
+    started the next batch's lookup: autograd fails, after TorchRec warns that the pipelined module
+    and the optimizer share parameters. The entry is not run, with the reason, and nothing warns."""
+    run = subprocess.run(
+        [sys.executable, "-m", "torchrec_het_bench", "--preset", "smoke", "--configs", "stock_dp_small",
+         "--pipeline", "semi_sync", "--world-size", "2", "--out", str(tmp_path), "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    (entry,) = json.loads((tmp_path / "results.json").read_text())["configs"]
+    assert entry["name"] == "stock_dp_small" and "data_parallel" in entry["sharding_types"]
+    assert "TrainPipelineSemiSync cannot train data_parallel tables" in entry["not_run"]
+    assert f"not run: stock_dp_small: {entry['not_run']}" in run.stdout
+    assert "share parameters" not in run.stderr and "inplace operation" not in run.stderr
