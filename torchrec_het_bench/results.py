@@ -10,6 +10,8 @@ measurements.
 
 import json
 import statistics
+import subprocess
+from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -87,6 +89,21 @@ def versions() -> dict[str, str]:
         "fbgemm_gpu": fbgemm,
         "torchrec_het": _version("torchrec-het"),
     }
+
+
+def provenance() -> dict[str, str]:
+    """The commit the run's code came from (with ``+dirty`` when its tree had changes) and the UTC
+    date: which code a results file measured. ``unknown`` commit outside a git checkout."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
+                                text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                               text=True, check=True, timeout=10).stdout.strip()
+        commit += "+dirty" if dirty else ""
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    return {"commit": commit, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
 # The reference of ``convergence``: stock table_wise of the entry's workload.
@@ -272,6 +289,7 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
         "data": spec.data_path or "synthetic",
         "configs": entries,
         "versions": versions(),
+        **provenance(),
     }
     convergence(entries)
     # The fields above the configs describe the DLRM workload; the sequence workload's own
