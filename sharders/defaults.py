@@ -21,6 +21,7 @@ def get_het_sharders(
     replication: ReplicationConfig | None = None,
     stock=get_default_sharders,
     profile: AccessProfile | str | None = None,
+    topology=None,
 ) -> list:
     """``stock()`` (TorchRec's ``get_default_sharders``), with its ``EmbeddingBagCollectionSharder``
     and ``EmbeddingCollectionSharder`` replaced by the plugin's, built with ``cache`` and ``replication``.
@@ -30,9 +31,13 @@ def get_het_sharders(
             planned ``het_row_replicated`` replicate its hot rows (``ProfileTiers`` with
             ``replication``'s sync interval). Without it, or tiers in ``replication``, or online
             counting, sharding a ``het_row_replicated`` table raises a ValueError naming it.
+        topology: the planner's ``Topology``: on several hosts, the profile's tiers take the
+            per-host tier the planner priced (and ``replication`` its ranks per host, unless set).
+            None: the rows are replicated on every rank; give the planner
+            ``PluginPricing(per_host_tier=False)`` then, so it prices those.
     """
     if profile is not None:
-        replication = with_profile_tiers(replication, profile)
+        replication = with_profile_tiers(replication, profile, topology)
     out = []
     for sharder in stock():
         if type(sharder) is EmbeddingBagCollectionSharder:
@@ -43,8 +48,9 @@ def get_het_sharders(
     return out
 
 
-def with_profile_tiers(replication: ReplicationConfig | None, profile: AccessProfile | str) -> ReplicationConfig:
-    """``replication`` (default ``ReplicationConfig()``) with the hot rows of ``profile`` as its tiers.
+def with_profile_tiers(replication: ReplicationConfig | None, profile: AccessProfile | str, topology=None) -> ReplicationConfig:
+    """``replication`` (default ``ReplicationConfig()``) with the hot rows of ``profile`` as its
+    tiers (per host too on a ``topology`` of several hosts).
 
     Raises:
         ValueError: ``replication`` has tiers already, or the profile is empty (naming its path).
@@ -56,5 +62,7 @@ def with_profile_tiers(replication: ReplicationConfig | None, profile: AccessPro
     if isinstance(profile, str):
         profile = load_profile(profile)
     check_not_empty(profile, source)
-    tiers = ProfileTiers(profile, replica_sync_every=replication.replica_sync_every)
+    tiers = ProfileTiers(profile, replica_sync_every=replication.replica_sync_every, topology=topology)
+    if topology is not None and replication.local_world_size is None:
+        replication = dataclasses.replace(replication, local_world_size=tiers.topology.local_world_size)
     return dataclasses.replace(replication, tiers=tiers)

@@ -123,6 +123,7 @@ def install(
     pricing = PluginPricing(
         AccessModel(profile, alpha, source), cache, sync, max_hot_fraction, online,
         **({"compute": compute_costs} if compute_costs is not None else {}),
+        per_host_tier=False,  # the tiers below know no topology: the planner prices what they build
     )
     tiers = ProfileTiers(profile, None, sync, max_hot_fraction) if profile is not None else None
     replication = ReplicationConfig(

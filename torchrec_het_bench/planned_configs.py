@@ -32,10 +32,21 @@ def _cache(staleness: int) -> HetCacheConfig:
     return HetCacheConfig(default=CacheSettings(s_read=staleness, s_write=staleness) if staleness > 1 else CacheSettings())
 
 
+def _planner_topology(context: ShardingContext, topology: Topology | None = None) -> Topology:
+    """The topology the planner prices with: the emulated link's rate within and between
+    hosts, else ``topology`` (default: the benchmark's CPU topology)."""
+    if context.link_bytes_per_s is not None:  # TorchRec's bandwidths are bytes per ms
+        per_ms = context.link_bytes_per_s / 1e3
+        return cpu_topology(context.world_size, context.local_world_size, per_ms, per_ms)
+    return topology if topology is not None else cpu_topology(context.world_size, context.local_world_size)
+
+
 def _make_sharders(staleness: int):
     def build(context: ShardingContext):
+        # the planner's topology: the per-host tier it priced is the one built
+        tiers = ProfileTiers(per_rank_profile(context), replica_sync_every=staleness, topology=_planner_topology(context))
         replication = ReplicationConfig(
-            tiers=ProfileTiers(per_rank_profile(context), context.world_size, staleness),
+            tiers=tiers,
             replica_sync_every=staleness,
             local_world_size=context.local_world_size,
         )
@@ -47,10 +58,7 @@ def _make_sharders(staleness: int):
 def _make_planner(staleness: int):
     def build(context: ShardingContext, topology: Topology, **planner_args):
         pricing = PluginPricing(AccessModel(per_rank_profile(context)), _cache(staleness), staleness)
-        if context.link_bytes_per_s is not None:  # TorchRec's bandwidths are bytes per ms
-            per_ms = context.link_bytes_per_s / 1e3
-            topology = cpu_topology(topology.world_size, topology.local_world_size, per_ms, per_ms)
-        return HetEmbeddingShardingPlanner(topology=topology, pricing=pricing, **planner_args)
+        return HetEmbeddingShardingPlanner(topology=_planner_topology(context, topology), pricing=pricing, **planner_args)
 
     return build
 

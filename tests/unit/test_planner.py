@@ -9,6 +9,7 @@ These plans price the plugin's types by their bytes alone (``ComputeCosts.bytes_
 """
 
 import logging
+import math
 
 import pytest
 import torch
@@ -30,7 +31,9 @@ from torchrec_het.replication.tiers import hot_row_count
 from torchrec_het.planner.compute_costs import ComputeCosts
 from torchrec_het.planner.traffic import TableLoad, row_replicated_bytes, row_wise_bytes, table_wise_bytes
 from torchrec_het.replication.profile import AccessProfile
-from torchrec_het.replication.tiers import bytes_per_row
+from torchrec_het.replication.tiers import TierTopology, bytes_per_row
+from torchrec_het.planner.access import tier_topology
+from torchrec_het.planner.planner import cpu_network
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
 
 SIZES = {"tiny": 40, "small": 2000, "mid": 100_000, "big": 1_000_000, "cold": 300_000}
@@ -223,6 +226,81 @@ def test_profile_tiers_pick_the_rows_the_planner_priced() -> None:
         assert tiers[name].replicated.numel() == hot
         assert torch.equal(tiers[name].replicated, torch.sort(reads.rows[:hot]).values)
     assert tiers["small"].replicated[:3].tolist() == [0, 1, 2]  # Zipf: the lowest ids are hottest
+
+
+# (replicated, per-host) rows of the profile's tables on 2 hosts x 2 ranks: with the link between
+# hosts 10x slower than within, the rows after the replicated ones that are cheaper held once per
+# host; at gloo's CPU speeds (2 GB/s within, 10 Gbit/s between) or on one host, none
+GOLDEN_HOST_TIERS = {
+    (4, 2, 2e6, 2e5): {"tiny": (20, 0), "small": (172, 296), "mid": (140, 240), "big": (129, 223)},
+    (4, 2, None, None): {"tiny": (20, 0), "small": (172, 0), "mid": (140, 0), "big": (129, 0)},
+    (4, 4, 2e6, 2e5): {"tiny": (20, 0), "small": (172, 0), "mid": (140, 0), "big": (129, 0)},
+    (8, 4, 2e6, 2.5e5): {"tiny": (20, 0), "small": (249, 219), "mid": (202, 178), "big": (187, 165)},
+}
+
+
+def _topology(world_size: int, local_world_size: int, intra=None, inter=None) -> Topology:
+    bandwidths = {} if intra is None else {"intra_host_bw": intra, "inter_host_bw": inter}
+    return Topology(world_size=world_size, local_world_size=local_world_size, compute_device="cpu", **bandwidths)
+
+
+@pytest.mark.parametrize("key", sorted(GOLDEN_HOST_TIERS, key=str), ids=str)
+def test_profile_tiers_take_the_per_host_tier_the_planner_priced(key) -> None:
+    """ProfileTiers given the planner's topology builds the tiers the planner priced: its storage
+    holds the per-host rows as (hosts - 1) / world_size of a row per rank, and the per-host rows
+    and the hierarchical sync are priced below the same table's row_wise communication."""
+    world_size, local, intra, inter = key
+    topology = _topology(*key)
+    tiers = ProfileTiers(_profile(), replica_sync_every=1, topology=topology).tables
+    assert {n: (tiers[n].replicated.numel(), tiers[n].per_host.numel()) for n in MEASURED} == GOLDEN_HOST_TIERS[key]
+    pricing = _pricing()
+    options = HetEmbeddingEnumerator(cpu_network(topology), BATCH, pricing=pricing).enumerate(
+        _ebc(), [HetEmbeddingBagCollectionSharder()]
+    )
+    by_key = {(o.name, o.sharding_type): o for o in options}
+    hosts = world_size // local
+    for name in MEASURED:
+        rep, rw = by_key[(name, "het_row_replicated")], by_key[(name, "row_wise")]
+        hot, host = GOLDEN_HOST_TIERS[key][name]
+        extra = (hot + math.ceil(host * (hosts - 1) / world_size)) * bytes_per_row(32, "exact_row_wise_adagrad")
+        assert rep.shards[0].storage.ddr == rw.shards[0].storage.ddr + extra, name
+        rep_comms = rep.shards[0].perf.fwd_comms + rep.shards[0].perf.bwd_comms
+        assert rep_comms < rw.shards[0].perf.fwd_comms + rw.shards[0].perf.bwd_comms, name
+    assert torch.equal(tiers["small"].per_host, ProfileTiers(_profile(), topology=topology).tables["small"].per_host)
+    if tiers["small"].per_host.numel():  # the per-host rows are the next hottest after the replicated ones
+        reads = AccessModel(_profile()).reads("small", SIZES["small"], 0.0, world_size)
+        both = torch.sort(torch.cat([tiers["small"].replicated, tiers["small"].per_host])).values
+        assert torch.equal(both, torch.sort(reads.rows[: both.numel()]).values)
+
+
+def test_the_per_host_tier_lowers_the_price_and_install_does_not_price_it() -> None:
+    """On 2 hosts x 2 with a slow link, pricing the per-host tier lowers het_row_replicated's
+    communication; with ``per_host_tier=False`` (what ``install()`` prices: its tiers know no
+    topology) the table is priced with replicated rows only, as the sharders then build it."""
+    topology = cpu_network(_topology(4, 2, 2e6, 2e5))
+
+    def comms(pricing: PluginPricing) -> float:
+        options = HetEmbeddingEnumerator(topology, BATCH, pricing=pricing).enumerate(_ebc(), [HetEmbeddingBagCollectionSharder()])
+        rep = next(o for o in options if (o.name, o.sharding_type) == ("mid", "het_row_replicated"))
+        return rep.shards[0].perf.fwd_comms + rep.shards[0].perf.bwd_comms
+
+    assert comms(_pricing()) < comms(_pricing(per_host_tier=False))
+    flat = _pricing(per_host_tier=False)
+    load = flat.load(_options()[("mid", "het_row_replicated")], 4, tier_topology(topology))
+    assert flat.host_rows(load, "mid") == 0 and _pricing().host_rows(load, "mid") == 240
+    assert _pricing().host_rows(load, "cold") == 0  # not profiled: hot rows counted online are replicated
+
+
+def test_hierarchical_sync_sends_one_copy_per_host_between_hosts() -> None:
+    """The replicated rows' sync on 2 hosts x 2: of the flat sync's bytes, 1 in 3 crosses hosts
+    (within hosts, then between the 2 leaders); on one host nothing is marked within-host."""
+    reads = zipf_shares(100_000, 1.1) * 2048
+    flat = row_replicated_bytes(TableLoad(reads, 2048.0, 64, 4), 1000)
+    hier = row_replicated_bytes(TableLoad(reads, 2048.0, 64, 4, TierTopology(4, 2, 2e9, 2e8)), 1000)
+    assert hier.total == pytest.approx(flat.total) and flat.intra_backward == 0.0
+    assert hier.sync - hier.intra_backward == pytest.approx(flat.sync / 3)
+    with_host = row_replicated_bytes(TableLoad(reads, 2048.0, 64, 4, TierTopology(4, 2, 2e9, 2e8)), 1000, host_rows=2000)
+    assert with_host.forward - with_host.intra_forward < hier.forward  # per-host reads stay within hosts
 
 
 # --- constraints ----------------------------------------------------------------------------

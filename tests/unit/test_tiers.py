@@ -319,3 +319,39 @@ def test_blocked_selection_matches_one_at_a_time(topo: TierTopology, small_block
         got = {n: (tt.replicated.tolist(), tt.per_host.tolist()) for n, tt in plan.tables.items()}
         assert got == expected and plan.peak_bytes == peak <= base + extra
         assert layout_bytes_per_rank(tables, plan.tables, topo) == _brute_layout(tables, plan.tables, topo)
+
+
+# --- the per-host tier without a budget (ProfileTiers and the planner) ---------------------
+
+
+def test_host_tier_saving_by_hand() -> None:
+    """Sharded: 2 rows per read, over the slow link for the owners on the other host; per host:
+    2 rows per read within the host, and 1 row from every host that read it to the other host."""
+    topo = TierTopology(4, 2, 10.0, 1.0)  # 2 hosts x 2 ranks, the link between hosts 10x slower
+    reads = torch.tensor([0.0, 0.1, 1.0, 4.0], dtype=torch.float64)
+    got = tiers_module.host_tier_saving(reads, topo)
+    for r, saving in zip(reads.tolist(), got.tolist()):
+        sharded = r * 2 * (1 / 4 / 10.0 + 2 / 4 / 1.0)
+        per_host = r * 2 * (1 / 2) / 10.0 + 2 * (1 - math.exp(-r / 2)) * 1 / 1.0
+        assert saving == pytest.approx(sharded - per_host, abs=1e-12)
+    assert got[0] == 0.0 and got[1] < 0 < got[2] < got[3]  # rarely read rows stay sharded
+    # one host, or one rank per host (the per-host tier is the replicated one): no saving
+    for flat in (TierTopology(4, 4, 10.0, 1.0), TierTopology(4, 1, 10.0, 1.0)):
+        assert bool((tiers_module.host_tier_saving(reads, flat) == 0).all())
+    # the break-even read rate follows the bandwidth ratio
+    grid = torch.linspace(0.01, 4.0, 400, dtype=torch.float64)
+    first = [float(grid[tiers_module.host_tier_saving(grid, TierTopology(4, 2, ratio, 1.0)) > 0][0]) for ratio in (2.0, 10.0, 100.0)]
+    assert first[0] > first[1] > first[2]
+
+
+def test_per_host_rows_golden() -> None:
+    """Rows 1, 3, 5 replicated; the rest by reads per step, 2 hosts x 2 ranks, inter-host link 10x slower."""
+    topo = TierTopology(4, 2, 10.0, 1.0)
+    reads = torch.tensor([0.9, 5.0, 0.05, 3.0, 0.4, 2.0, 0.9, 0.0], dtype=torch.float64)
+    replicated = _ids(1, 3, 5)
+    assert tiers_module.per_host_rows(reads, replicated, topo, max_rows=8).tolist() == [0, 4, 6]
+    assert tiers_module.per_host_rows(reads, replicated, topo, max_rows=2).tolist() == [0, 6]  # hottest first, ties: lower id
+    assert tiers_module.per_host_rows(reads, replicated, topo, max_rows=0).numel() == 0
+    assert tiers_module.per_host_rows(reads, replicated, TierTopology(4, 4, 10.0, 1.0), 8).numel() == 0
+    ordered = torch.sort(reads, descending=True).values  # the planner's view: hottest first
+    assert tiers_module.host_row_count(ordered, 3, topo, 8) == 3 and tiers_module.host_row_count(ordered, 3, topo, 1) == 1

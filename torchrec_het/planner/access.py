@@ -13,12 +13,13 @@ Profile semantics: ``AccessProfile.counts / batches`` are reads per batch of *on
 count); a training step reads ``world_size`` such batches.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from torchrec_het.replication.profile import AccessProfile
-from torchrec_het.replication.tiers import TableTiers, hottest_rows
+from torchrec_het.replication.tiers import TableTiers, TierTopology, hottest_rows, per_host_rows
 
 @dataclass(frozen=True)
 class TableReads:
@@ -126,7 +127,16 @@ def zipf_shares(num_rows: int, alpha: float) -> torch.Tensor:
 
 
 class ProfileTiers:
-    """Hot rows of every profiled table, by :func:`~torchrec_het.replication.tiers.hottest_rows` (a ``ReplicationConfig.tiers``).
+    """Hot rows of every profiled table (a ``ReplicationConfig.tiers``): the rule the planner prices.
+
+    Rows read at least once per replica sync (over all ranks,
+    :func:`~torchrec_het.replication.tiers.hottest_rows`) are replicated on every rank. On a
+    topology of several hosts with several ranks each, the next rows, hot enough for one host
+    but not for all, get the *per-host* tier (one copy per host, read within the host; their
+    gradients cross between hosts once per host and step) where the topology's intra- and
+    inter-host bandwidths make that cheaper than sharding them
+    (:func:`~torchrec_het.replication.tiers.per_host_rows`); both tiers together stay within
+    ``max_hot_fraction`` of a table. On one host the per-host tier is empty.
 
     It names the tables of a whole model (``spans_modules``): each sharded module takes its own.
 
@@ -135,12 +145,23 @@ class ProfileTiers:
         world_size: ranks of the training job (None: torch.distributed's world size when first read).
         replica_sync_every: the replicas' sync interval s: rows read at least once per s steps are hot.
         max_hot_fraction: at most this share of a table's rows is hot.
+        topology: the planner's ``Topology`` (or a :class:`~torchrec_het.replication.tiers.TierTopology`):
+            hosts and bandwidths. Give the planner's, so that the tiers built are the ones it
+            priced. None: ``world_size`` ranks on one host (no per-host tier).
     """
 
-    def __init__(self, profile: AccessProfile, world_size: int | None = None, replica_sync_every: int = 1, max_hot_fraction: float = 0.5):
+    def __init__(
+        self, profile: AccessProfile, world_size: int | None = None, replica_sync_every: int = 1,
+        max_hot_fraction: float = 0.5, topology=None,
+    ) -> None:  # fmt: skip
         self.profile, self.world_size = profile, world_size
         self.spans_modules = True
         self.min_reads_per_step, self.max_hot_fraction = 1.0 / replica_sync_every, max_hot_fraction
+        self.topology = tier_topology(topology) if topology is not None else None
+        if self.topology is not None:
+            if world_size is not None and world_size != self.topology.world_size:
+                raise ValueError(f"world_size {world_size} differs from the topology's {self.topology.world_size}")
+            self.world_size = self.topology.world_size
         self._tables: dict[str, TableTiers] | None = None
 
     @property
@@ -153,7 +174,23 @@ class ProfileTiers:
             scale = self.world_size / max(self.profile.batches, 1)  # reads per step, as AccessModel.reads
             tables = {}
             for name, rows, counts in zip(self.profile.tables, self.profile.num_rows, self.profile.counts):
-                hot = hottest_rows(counts.double() * scale, self.min_reads_per_step, self.max_hot_fraction)
-                tables[name] = TableTiers(name, rows, hot, torch.zeros(0, dtype=torch.int64))
+                reads = counts.double() * scale
+                hot = hottest_rows(reads, self.min_reads_per_step, self.max_hot_fraction)
+                host = torch.zeros(0, dtype=torch.int64)
+                if self.topology is not None:
+                    room = math.floor(self.max_hot_fraction * rows) - hot.numel()
+                    host = per_host_rows(reads, hot, self.topology, room)
+                tables[name] = TableTiers(name, rows, hot, host)
             self._tables = tables
         return self._tables
+
+
+def tier_topology(topology) -> TierTopology:
+    """A :class:`TierTopology` from a planner ``Topology`` (on a CPU topology with TorchRec's
+    default GPU bandwidths, the gloo-over-TCP ones the planner prices with,
+    :func:`~torchrec_het.planner.planner.cpu_network`), or ``topology`` itself."""
+    if isinstance(topology, TierTopology):
+        return topology
+    from torchrec_het.planner.planner import cpu_network
+
+    return TierTopology.from_torchrec(cpu_network(topology))

@@ -2,7 +2,9 @@
 
 A plugin option is first priced by TorchRec as the row_wise option it is built on (same
 shards); then its communication is replaced by the plugin's expected bytes
-(:mod:`torchrec_het.planner.traffic`) over the topology's bandwidth, its compute grows by
+(:mod:`torchrec_het.planner.traffic`) over the topology's bandwidth (on several hosts,
+the bytes that stay within a host, of the per-host tier and the hierarchical replica sync,
+over the intra-host bandwidth), its compute grows by
 the lookups' measured extra cost per id (:mod:`torchrec_het.planner.compute_costs`) times the
 table's ids per rank, and its storage grows by the rows each rank keeps beyond its shard
 (replicas or cache slots).
@@ -16,7 +18,7 @@ from torchrec.distributed.types import ShardingType
 
 from torchrec_het import _compat
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
-from torchrec_het.replication.tiers import bytes_per_row
+from torchrec_het.replication.tiers import TierTopology, bytes_per_row
 
 DEFAULT_OPTIMIZER = "exact_row_wise_adagrad"
 
@@ -60,19 +62,24 @@ class HetPerfEstimator(EmbeddingPerfEstimator):
     def estimate(self, sharding_options: list[ShardingOption], sharder_data_map=None) -> None:
         pairs = estimate_with_twins(super().estimate, sharding_options, sharder_data_map)
         topology = _compat.estimator_topology(self)
-        ws = topology.world_size
-        bandwidth = topology.comms_bandwidths.get_bw(topology.local_world_size, ws, CollectiveType.ALL_TO_ALL)
+        ws, local = topology.world_size, topology.local_world_size
+        bandwidth = topology.comms_bandwidths.get_bw(local, ws, CollectiveType.ALL_TO_ALL)
+        intra_bandwidth = topology.comms_bandwidths.get_bw(local, min(local, ws), CollectiveType.ALL_TO_ALL)
+        tiers = TierTopology.from_torchrec(topology) if ws > local > 1 else None
         for option, twin in pairs:
-            traffic = self.pricing.bytes(option, self.pricing.load(option, ws))
-            per_rank = 1.0 / (ws * bandwidth)
+            traffic = self.pricing.bytes(option, self.pricing.load(option, ws, tiers))
+            # bytes that stay within a host (several hosts: the per-host tier, the hierarchical sync) at its bandwidth
+            fwd_comms = (traffic.forward - traffic.intra_forward) / (ws * bandwidth) + traffic.intra_forward / (ws * intra_bandwidth)
+            bwd = traffic.backward + traffic.sync
+            bwd_comms = (bwd - traffic.intra_backward) / (ws * bandwidth) + traffic.intra_backward / (ws * intra_bandwidth)
             extra_ms = self.pricing.extra_compute_seconds(option, topology.compute_device) * 1e3  # perf is in ms
             for shard, base in zip(option.shards, twin.shards):
                 fwd_compute, bwd_compute = with_extra_compute(base.perf.fwd_compute, base.perf.bwd_compute, extra_ms)
                 shard.perf = Perf(
                     fwd_compute=fwd_compute,
-                    fwd_comms=traffic.forward * per_rank,
+                    fwd_comms=fwd_comms,
                     bwd_compute=bwd_compute,
-                    bwd_comms=(traffic.backward + traffic.sync) * per_rank,
+                    bwd_comms=bwd_comms,
                     prefetch_compute=base.perf.prefetch_compute,
                 )
 
@@ -104,11 +111,12 @@ class HetStorageEstimator(EmbeddingStorageEstimator):
         pairs = estimate_with_twins(super().estimate, sharding_options, sharder_data_map)
         topology = _compat.estimator_topology(self)
         ws, on_device = topology.world_size, topology.compute_device in ("cuda", "mtia")
+        tiers = TierTopology.from_torchrec(topology) if ws > topology.local_world_size > 1 else None
         for option, twin in pairs:
             data = (sharder_data_map or {}).get(option.module_type_key)
             optimizer = (data.fused_params if data else {}).get("optimizer", DEFAULT_OPTIMIZER)
             row_bytes = bytes_per_row(option.tensor.shape[1], optimizer)
-            extra = self.pricing.extra_rows(option, self.pricing.load(option, ws)) * row_bytes
+            extra = self.pricing.extra_rows(option, self.pricing.load(option, ws, tiers)) * row_bytes
             more = Storage(hbm=extra, ddr=0) if on_device else Storage(hbm=0, ddr=extra)
             for shard, base in zip(option.shards, twin.shards):
                 shard.storage = base.storage + more

@@ -1,6 +1,7 @@
 """What the planner assumes about the plugin's types: their settings, the reads behind them and
 their lookups' compute (:mod:`torchrec_het.planner.compute_costs`)."""
 
+import math
 from dataclasses import dataclass, field
 
 from torchrec.distributed.planner.types import ShardingOption
@@ -8,7 +9,7 @@ from torchrec.distributed.planner.types import ShardingOption
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.planner.access import AccessModel
 from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
-from torchrec_het.replication.tiers import hot_row_count
+from torchrec_het.replication.tiers import TierTopology, host_row_count, hot_row_count
 from torchrec_het.planner.traffic import Bytes, TableLoad, cached_bytes, row_replicated_bytes, sequence_replicated_bytes
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
@@ -34,6 +35,11 @@ class PluginPricing:
         compute: the lookups' extra compute per id beyond row_wise (default:
             ``$TORCHREC_HET_COMPUTE_COSTS`` when set, else the table shipped with the package,
             ``compute_costs.json``, measured on CPU; on other devices no extra is priced). ``ComputeCosts.bytes_only()`` prices bytes alone.
+        per_host_tier: on a topology of several hosts with several ranks each, price the
+            per-host tier of profiled ``het_row_replicated`` tables (the rows
+            :class:`~torchrec_het.planner.ProfileTiers` given the same topology puts there). False
+            when the sharders' tiers know no topology (hot rows counted online are always
+            replicated on every rank).
     """
 
     access: AccessModel = field(default_factory=AccessModel)
@@ -42,6 +48,7 @@ class PluginPricing:
     max_hot_fraction: float = 0.5
     online_profile_steps: int = 0
     compute: ComputeCosts = field(default_factory=default_compute_costs)
+    per_host_tier: bool = True
 
     def offers(self, sharding_type: str, table: str) -> bool:
         """Whether the sharders can build ``sharding_type`` for ``table``: row replication needs
@@ -54,12 +61,13 @@ class PluginPricing:
             return self.access.measured(table) or self.online_profile_steps > 0
         return sharding_type in PLUGIN_TYPES
 
-    def load(self, option: ShardingOption, world_size: int) -> TableLoad:
+    def load(self, option: ShardingOption, world_size: int, topology: TierTopology | None = None) -> TableLoad:
+        """The table's traffic inputs; ``topology``: hosts and bandwidths (None: one host)."""
         rows, dim = option.tensor.shape
         bags = option.batch_size * world_size * len(option.input_lengths)
         reads_per_step = option.batch_size * world_size * float(sum(option.input_lengths))
         reads = self.access.reads(option.name, rows, reads_per_step, world_size)
-        return TableLoad(reads.reads, float(bags), int(dim), world_size)
+        return TableLoad(reads.reads, float(bags), int(dim), world_size, topology)
 
     def ids_per_rank(self, option: ShardingOption) -> float:
         """Ids of the table one rank's batch holds per step (``load``'s reads over the ranks)."""
@@ -81,18 +89,32 @@ class PluginPricing:
         return self.compute.per_id(option.sharding_type, self.setting_class(option)) * self.ids_per_rank(option)
 
     def hot_rows(self, load: TableLoad) -> int:
+        """Rows replicated on every rank (read at least once per replica sync)."""
         return hot_row_count(load.reads, 1.0 / self.replica_sync_every, self.max_hot_fraction)
 
+    def host_rows(self, load: TableLoad, table: str | None = None) -> int:
+        """Rows of the per-host tier (several hosts, ``load.topology``): the next hottest that
+        are cheaper held once per host than sharded, within ``max_hot_fraction`` with the
+        replicated ones (:class:`~torchrec_het.planner.ProfileTiers`' rule). None unless
+        ``per_host_tier``, or for a ``table`` the profile does not name (its hot rows are counted online)."""
+        if load.hosts == 1 or not self.per_host_tier or (table is not None and not self.access.measured(table)):
+            return 0
+        hot = self.hot_rows(load)
+        return host_row_count(load.reads, hot, load.topology, math.floor(self.max_hot_fraction * load.reads.numel()) - hot)
+
     def extra_rows(self, option: ShardingOption, load: TableLoad) -> int:
-        """Rows each rank holds beyond its row-wise shard (replicas, or cache slots)."""
+        """Rows each rank holds beyond its row-wise shard (replicas, or cache slots); a per-host
+        row is held by ``hosts - 1`` ranks besides its owner, counted as that share of a row per rank."""
         if option.sharding_type == HET_ROW_REPLICATED:
-            return self.hot_rows(load)
+            per_host = self.host_rows(load, option.name) * (load.hosts - 1) / load.world_size
+            return self.hot_rows(load) + math.ceil(per_host)
         return self.cache.for_table(option.name).capacity_rows(option.tensor.shape[0])
 
     def bytes(self, option: ShardingOption, load: TableLoad) -> Bytes:
         if option.sharding_type == HET_ROW_REPLICATED:
-            traffic = row_replicated_bytes if option.is_pooled else sequence_replicated_bytes
-            return traffic(load, self.hot_rows(load), self.replica_sync_every)
+            if not option.is_pooled:
+                return sequence_replicated_bytes(load, self.hot_rows(load), self.replica_sync_every)
+            return row_replicated_bytes(load, self.hot_rows(load), self.replica_sync_every, self.host_rows(load, option.name))
         settings = self.cache.for_table(option.name)
         capacity = settings.capacity_rows(option.tensor.shape[0])
         return cached_bytes(load, capacity, settings.s_read, settings.s_write, settings.protocol)

@@ -8,7 +8,11 @@ for one table, from its rows' reads per step (:mod:`torchrec_het.planner.access`
   gets one partial (dim floats) back from every remote server its cold ids live on.
   backward: one gradient per partial, and the replicated rows' gradients combined over
   ranks every ``sync_every`` steps: a sparse all-gather of the touched rows or a dense
-  all-reduce of the hot block, whichever is smaller.
+  all-reduce of the hot block, whichever is smaller. On several hosts the combine runs
+  within hosts, then between host leaders: 1 in ``world_size - 1`` of its bytes crosses
+  hosts. Rows of the per-host tier are read from their host's holder (the partial and its
+  gradient stay within the host) and every host that read one in a step sends its summed
+  gradient (and id) to the other hosts' holders.
 ``het_row_replicated`` for sequences (EmbeddingCollection, unpooled)
   each rank asks every remote server once per distinct cold row it needs (id, 8 bytes)
   and gets the row back; the backward sends one summed gradient per such row; replicated
@@ -29,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from torchrec_het.replication.tiers import TierTopology
+
 FLOAT, ID = 4, 8
 
 
@@ -41,16 +47,25 @@ class TableLoad:
         bags: bags per step over all ranks (batch size x world size x features of the table).
         dim: embedding dimension.
         world_size: ranks.
+        topology: hosts and bandwidths (None: one host): several hosts take the per-host
+            tier and sync replicated rows hierarchically.
     """
 
     reads: torch.Tensor
     bags: float
     dim: int
     world_size: int
+    topology: TierTopology | None = None
 
     @property
     def ids(self) -> float:
         return float(self.reads.sum())
+
+    @property
+    def hosts(self) -> int:
+        """Hosts whose ranks sync hierarchically (1: one host, or one rank per host: flat)."""
+        t = self.topology
+        return t.num_hosts if t is not None and t.num_hosts > 1 and t.local_world_size > 1 else 1
 
     @property
     def remote(self) -> float:
@@ -65,28 +80,44 @@ class Bytes:
     forward: float
     backward: float
     sync: float = 0.0
+    intra_forward: float = 0.0  # of ``forward``, the bytes that stay within a host (several hosts only)
+    intra_backward: float = 0.0  # of ``backward + sync``, likewise
 
     @property
     def total(self) -> float:
         return self.forward + self.backward + self.sync
 
 
-def row_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1) -> Bytes:
-    """``het_row_replicated`` with the ``hot_rows`` hottest rows on every rank."""
+def row_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1, host_rows: int = 0) -> Bytes:
+    """``het_row_replicated`` with the ``hot_rows`` hottest rows on every rank and the next
+    ``host_rows`` once per host (several hosts)."""
     ws, dim = load.world_size, load.dim
     hot = load.reads[:hot_rows]
-    cold_ids = max(load.ids - float(hot.sum()), 0.0)
+    host = load.reads[hot_rows : hot_rows + host_rows]
+    cold_ids = max(load.ids - float(hot.sum()) - float(host.sum()), 0.0)
     remote_cold = cold_ids * load.remote
     partials = _distinct_servers(load, remote_cold)
     forward = remote_cold * 2 * ID + partials * dim * FLOAT
     backward = partials * dim * FLOAT
+    intra_forward = intra_backward = 0.0
+    if host_rows and load.hosts > 1:  # read within the host; each host's summed gradient to the others' holders
+        local, hosts = ws // load.hosts, load.hosts
+        reads_here = float(host.sum()) * (local - 1) / local
+        intra_forward = reads_here * (2 * ID + dim * FLOAT)
+        intra_backward = reads_here * dim * FLOAT
+        touched = float((1.0 - torch.exp(-host / hosts)).sum())  # per host and step
+        forward += intra_forward
+        backward += intra_backward + hosts * touched * (hosts - 1) * (dim * FLOAT + ID)
     if hot_rows == 0 or ws == 1:
-        return Bytes(forward, backward)
+        return Bytes(forward, backward, 0.0, intra_forward, intra_backward)
     window = float(sync_every)
     touched = float((1.0 - torch.exp(-hot * window / ws)).sum())  # distinct hot rows one rank touches per sync
     sparse = ws * touched * (dim * FLOAT + FLOAT + ID) * (ws - 1)
     dense = ws * hot_rows * (dim + 1) * FLOAT * 2 * (ws - 1) / ws
-    return Bytes(forward, backward, min(sparse, dense) / window)
+    sync = min(sparse, dense) / window
+    if load.hosts > 1:  # summed within hosts, then between leaders: 1 in (ws - 1) of the flat bytes between hosts
+        intra_backward += sync * (ws - load.hosts) / (ws - 1)
+    return Bytes(forward, backward, sync, intra_forward, intra_backward)
 
 
 def sequence_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1) -> Bytes:
@@ -95,7 +126,7 @@ def sequence_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 
     cold = load.reads[hot_rows:]
     fetched = float((1.0 - torch.exp(-cold / ws)).sum()) * ws * load.remote  # distinct rows per rank, summed
     pooled = row_replicated_bytes(load, hot_rows, sync_every)  # for its sync term
-    return Bytes(fetched * (ID + dim * FLOAT), fetched * (ID + dim * FLOAT), pooled.sync)
+    return Bytes(fetched * (ID + dim * FLOAT), fetched * (ID + dim * FLOAT), pooled.sync, 0.0, pooled.intra_backward)
 
 
 def cached_bytes(load: TableLoad, capacity_rows: int, s_read: int, s_write: int, protocol: str = "het") -> Bytes:
