@@ -6,9 +6,12 @@ summed hierarchically, bytes inside and between hosts), and checkpoints saved on
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torchrec.distributed.planner import Topology
 
 from torchrec_het.comm import CommAccountant, EMBEDDING_PHASES, sum_over_ranks
+from torchrec_het.planner import ProfileTiers
 from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.replication.profile import count_accesses
 from torchrec_het_testing.het_ranks import (
     STEPS,
     _local_shard_errors,
@@ -71,7 +74,9 @@ def _bytes_by_link(model, rank: int, configs, proj) -> dict:
 def two_hosts_hierarchical(rank: int, world_size: int, optimizer: str = "rowwise_adagrad", hot: int = 12) -> dict:
     """The replicated tier alone (the pipelined lookup) on 2 hosts x 2 ranks: replica gradients
     summed within each host, then between host leaders; against the unsharded model, and its
-    bytes against the same tiers synced flat (one host of 4) and stock row_wise."""
+    bytes against the same tiers synced flat (one host of 4) and stock row_wise. And tiers that
+    :class:`ProfileTiers` chose from a profile of the batches and a 2 x 2 topology with a slow
+    link between hosts (a per-host tier: the lookup that has one), trained the same way."""
     configs = table_configs(False)
     proj = projections(configs)
     reference = unsharded(configs, False, optimizer)
@@ -81,6 +86,13 @@ def two_hosts_hierarchical(rank: int, world_size: int, optimizer: str = "rowwise
         config = ReplicationConfig(tiers=tiers(configs, hot=hot), local_world_size=local)
         models[name] = replicated(configs, False, optimizer, config)
         errors["bytes"][name] = _bytes_by_link(models[name], rank, configs, proj)
+    # the planner's rule: tiers from a profile of the batches on 2 hosts x 2 whose link between hosts is 10x slower
+    profile = count_accesses([batch(r, s, False, configs) for r in range(world_size) for s in range(STEPS)], configs)
+    topology = Topology(world_size=world_size, local_world_size=2, compute_device="cpu", intra_host_bw=2e6, inter_host_bw=2e5)
+    config = ReplicationConfig(tiers=ProfileTiers(profile, topology=topology, max_hot_fraction=0.25), local_world_size=2)
+    models["profiled"] = replicated(configs, False, optimizer, config)
+    errors["bytes"]["profiled"] = _bytes_by_link(models["profiled"], rank, configs, proj)
+    errors["profiled_tiers"] = {n: [t.replicated.numel(), t.per_host.numel()] for n, t in config.tiers.tables.items()}
     errors["bytes"]["row_wise"] = _bytes_by_link(sharded("row_wise", configs, False, optimizer), rank, configs, proj)
     for step in range(STEPS):
         batches = [batch(r, step, False, configs) for r in range(world_size)]
@@ -91,7 +103,7 @@ def two_hosts_hierarchical(rank: int, world_size: int, optimizer: str = "rowwise
         errors[f"replica_disagreement_{name}"] = replica_disagreement(model)
         lookup = model.module.replicated_lookups()[0]
         errors[f"hierarchical_{name}"] = lookup._hosts.hierarchical
-        errors[f"syncs_{name}"] = lookup.stats["sparse_syncs"]
+        errors[f"syncs_{name}"] = lookup.stats["sparse_syncs"] + lookup.stats["dense_syncs"]
     return errors
 
 

@@ -43,16 +43,21 @@ def test_checkpoint_holds_each_table_once_and_loads_into_another_world_size(tmp_
 
 def test_two_hosts_sync_replicas_hierarchically_exactly(tmp_path) -> None:
     """Replicated rows' gradients: within a host, between host leaders, back within the host.
-    Exact against the unsharded model; half the flat sync's bytes between hosts."""
+    Exact against the unsharded model, fewer bytes between hosts than the flat sync; and the
+    tiers ProfileTiers chooses on the topology (per-host rows included) train exactly too."""
     world = spawn_world(run_two_hosts_hierarchical, 4, tmp_path)
     for rank, errors in enumerate(world):
-        for name in ("hier", "flat"):
+        for name in ("hier", "flat", "profiled"):
             assert errors[f"weights_{name}_vs_unsharded/sum"] < TOLERANCE, (rank, name, errors)
             assert errors[f"weights_{name}_vs_unsharded/mean"] < TOLERANCE, (rank, name, errors)
             assert errors[f"replica_disagreement_{name}"] == 0.0, (rank, name, errors)
         assert errors["hierarchical_hier"] and not errors["hierarchical_flat"], errors
-        assert errors["syncs_hier"] > 0, errors
+        assert errors["syncs_hier"] > 0 and errors["syncs_profiled"] > 0, errors
+        assert errors["hierarchical_profiled"], errors
+    tiers = world[0]["profiled_tiers"]  # the topology's rule: replicated rows, then per-host ones
+    assert all(replicated > 0 for replicated, _ in tiers.values()) and sum(host for _, host in tiers.values()) > 0, tiers
     got = world[0]["bytes"]
     hier, flat, stock = got["hier"]["inter_host"], got["flat"]["inter_host"], got["row_wise"]["inter_host"]
     assert 0 < hier < flat < stock, got
     assert got["hier"]["cross_rank"] > hier, got  # the within-host sums stay inside hosts
+    assert got["profiled"]["inter_host"] < stock, got
