@@ -6,8 +6,9 @@ rank) or *dense* (one all-reduce over the whole hot block). Both give every rank
 same bits: dense through the collective, sparse by summing the same inputs in rank order.
 
 On several hosts (:class:`HostGroups`) both run hierarchically: summed within each host,
-then between the host leaders (one copy of each host's sum crosses the slow link), then
-handed back within the host: the same sum, in another float summation order.
+then between the host leaders (one copy of each host's sum crosses the slow link, and of a
+dense block only the rows the host touched, with a bit mask), then handed back within the
+host: the same sum, in another float summation order.
 """
 
 import torch
@@ -173,6 +174,37 @@ class _HostSum:
         self.work.wait()
         self.work = None
         if self.hosts.is_leader:
-            dist.all_reduce(self.tensor, group=self.hosts.cross)  # between leaders: one copy per host
+            _sum_nonzero_rows(self.tensor, self.hosts.cross)  # between leaders: one copy per host
         dist.broadcast(self.tensor, src=self.hosts.leader, group=self.hosts.host)
         return True
+
+
+_BITS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+
+
+def _sum_nonzero_rows(tensor: torch.Tensor, pg: dist.ProcessGroup) -> None:
+    """Sums ``tensor`` (rows along dim 0) over ``pg`` in place, sending only the rows that are not
+    all zero (a bit mask says which): the rows a host did not touch cost a bit, not a row.
+
+    Every rank adds the same contributions in rank order, from zero, so all get the same bits
+    (an omitted row adds exactly 0)."""
+    rows = tensor.view(tensor.size(0), -1)
+    nonzero = (rows != 0).any(1)
+    mine = rows[nonzero]
+    counts = gather_counts(mine.size(0), pg)
+    width = max(counts)
+    if width == 0:
+        return
+    pad = (-nonzero.numel()) % 8
+    bits = torch.cat([nonzero, nonzero.new_zeros(pad)]).view(-1, 8).to(torch.uint8)
+    mask = (bits * _BITS.to(bits.device)).sum(1, dtype=torch.uint8)
+    padded = rows.new_zeros(width, rows.size(1))
+    padded[: mine.size(0)] = mine
+    masks, parts = [torch.empty_like(mask) for _ in counts], [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(masks, mask, group=pg)
+    dist.all_gather(parts, padded, group=pg)
+    total = torch.zeros_like(rows)
+    for other, part, count in zip(masks, parts, counts):
+        present = ((other.view(-1, 1) & _BITS.to(other.device)) != 0).view(-1)[: rows.size(0)]
+        total[present] += part[:count]
+    rows.copy_(total)
