@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=0, help="samples per rank per step (0: the preset's)")
     parser.add_argument("--learning-rate", type=float, default=0.05, help="embedding and dense learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the synthetic data")
+    parser.add_argument(
+        "--alpha", type=float, default=DataConfig.alpha,
+        help=f"Zipf exponent of the synthetic ids (0: uniform; default {DataConfig.alpha}); ignored with --data",
+    )  # fmt: skip
     parser.add_argument("--checkpoint-path", default=None, help="checkpoint directory (local path or file:// URI); omit for none")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps (0: only at the end)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
@@ -110,6 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "batch_size", "checkpoint_every", "eval_batches"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.alpha < 0:
+        parser.error(f"--alpha must be >= 0, got {args.alpha}")
     if args.log_every < 1:
         parser.error(f"--log-every must be >= 1, got {args.log_every}")
     for flag, given in (("--resume", args.resume), ("--evaluate-only", args.evaluate_only),
@@ -383,9 +389,8 @@ def main(argv: list[str] | None = None) -> None:
     say(f"worker rank {rank} pid {os.getpid()} attempt {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
     preset = PRESETS[args.preset]()
     batch_size = args.batch_size or preset.batch_size
-    source = open_source(
-        args.data, DataConfig(table_sizes=preset.table_sizes, batch_size=batch_size, seed=args.seed), world_size
-    )
+    config = DataConfig(table_sizes=preset.table_sizes, batch_size=batch_size, alpha=args.alpha, seed=args.seed)
+    source = open_source(args.data, config, world_size)
     torch.manual_seed(args.seed)
     train_model = build_model(preset, source.feature_names, source.num_dense)
     model, optimizer = shard(train_model, batch_size, args.learning_rate, args.print_plan, args.seed)
