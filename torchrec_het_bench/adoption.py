@@ -1,0 +1,384 @@
+"""``python -m torchrec_het_bench.adoption``: an unchanged trainer through the launcher vs. without it.
+
+    python -m torchrec_het_bench.adoption --out adoption/            # ~200 steps, 3 repeats
+    python -m torchrec_het_bench.adoption --out /tmp/a --quick       # a smoke check
+
+The trainer is the recipe ``torchrec_het_bench.recipes.train_dlrm`` (stock planner,
+``get_default_sharders()``, ``TrainPipelineSparseDist``), on 2 ranks, smoke sizes, as a user
+would start it: ``torchrun --nproc-per-node 2 -m ...`` (arm ``stock``) or
+``python -m torchrec_het.launch --nproc-per-node 2 -m ...`` (arm ``launcher``). Cases:
+
+- ``uniform``: ids uniform (``--alpha 0`` of the trainer); the launcher has no profile.
+- ``zipf``: Zipf(``--alpha``, 1.1) ids; the launcher gets ``TORCHREC_HET_PROFILE``, a profile
+  of the same batches made first with ``python -m torchrec_het_bench.profile``.
+
+Repeats interleave (uniform stock, uniform launcher, zipf stock, zipf launcher, again...).
+Every run is a fresh process tree in a network namespace of its own (one emulated host of
+:mod:`torchrec_het_bench.netem`), so its loopback carries this run's traffic and nothing else:
+the kernel's ``lo`` counters there are the bytes the ranks, their rendezvous store and
+torchrun's agent exchanged (TCP payload plus TCP/IP headers; each packet counted once).
+Without root or ``ip`` the runs go on in this namespace and bytes are not reported.
+
+Per run: the trainer's own ``trained N steps in S s (X it/s)`` (training loop only), a
+steady rate from the times its step lines arrive (from step N/10 to the last), the bytes of
+the whole run and of that steady window, the sharding types of the printed plan, and the
+final held-out AUC. ``results.json`` and ``results.md`` in ``--out`` hold the runs, medians
+and launcher/stock ratios; ``logs/`` holds every run's stdout and stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchrec_het_bench.flags import float_above, int_at_least
+
+TRAINER = "torchrec_het_bench.recipes.train_dlrm"
+WORLD_SIZE = 2
+PLUGIN_PREFIX = "het_"
+NETNS_PREFIX = "trhadopt"
+RUN_TIMEOUT_S = 900
+QUICK = {"steps": 20, "repeats": 1, "eval_batches": 1}
+FULL = {"steps": 200, "repeats": 3, "eval_batches": 4}
+
+_STEP = re.compile(r"^step (\d+) loss ")
+_TRAINED = re.compile(r"^trained (\d+) steps in ([\d.]+) s \(([\d.]+) it/s\)$", re.M)
+_FINAL = re.compile(r"^final step (\d+) auc (0\.\d+|1\.0+)$", re.M)
+_PLAN_ROW = re.compile(r"^(t_\w+?)\s+\|\s+(\w+)\s+\|\s+(\w+)\s+\|", re.M)  # param | sharding type | kernel |
+
+
+@dataclass(frozen=True)
+class Case:
+    """One data set and what the launcher is told about it."""
+
+    name: str
+    alpha: float
+    with_profile: bool
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m torchrec_het_bench.adoption", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="directory for results.json, results.md, logs/ and the profile")
+    parser.add_argument("--steps", type=int_at_least(2), default=None, help=f"training steps per run ({FULL['steps']})")
+    parser.add_argument("--repeats", type=int_at_least(1), default=None, help=f"runs per case and arm ({FULL['repeats']})")
+    parser.add_argument("--alpha", type=float_above(0), default=1.1, help="Zipf exponent of the skewed case (1.1)")
+    parser.add_argument("--eval-batches", type=int_at_least(1), default=None, help="held-out batches per rank for the AUC")
+    parser.add_argument("--profile-every", type=int_at_least(1), default=4, help="the profile counts every N-th batch")
+    parser.add_argument("--cases", nargs="+", choices=("uniform", "zipf"), default=["uniform", "zipf"])
+    parser.add_argument("--quick", action="store_true", help=f"a smoke check: {QUICK} unless given")
+    parser.add_argument(
+        "--launcher-env", action="append", default=[], metavar="TORCHREC_HET_X=VALUE",
+        help="a setting for the launcher arm only (repeatable), e.g. TORCHREC_HET_COMPUTE_COSTS=table.json; "
+        "no other TORCHREC_HET_* variable of this shell reaches either arm",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    for setting in args.launcher_env:
+        key, eq, _value = setting.partition("=")
+        if not eq or not key.startswith("TORCHREC_HET_"):
+            parser.error(f"--launcher-env: expected TORCHREC_HET_X=VALUE, got {setting!r}")
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+# ---- network namespace and its counters --------------------------------------------------------
+
+
+def namespace_unavailable() -> str | None:
+    """Why runs cannot get a namespace of their own here (None: they can)."""
+    from torchrec_het_bench.netem import NetworkEmulationUnavailable, check_available
+
+    try:
+        check_available()
+    except NetworkEmulationUnavailable as error:
+        return str(error)
+    return None
+
+
+def loopback_bytes(pid: int) -> int | None:
+    """Bytes sent over ``lo`` in the network namespace of process ``pid`` (None once it is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/net/dev").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        name, _, fields = line.partition(":")
+        if name.strip() == "lo":
+            return int(fields.split()[8])  # receive: 8 fields, then transmit bytes
+    return None
+
+
+def namespace_loopback_bytes(netns: str) -> int:
+    """Bytes sent over ``lo`` in the named namespace (``ip -s``)."""
+    from torchrec_het_bench.netem import run_command
+
+    (link,) = json.loads(run_command("ip", "-j", "-s", "-n", netns, "link", "show", "lo"))
+    return int(link["stats64"]["tx"]["bytes"])
+
+
+# ---- one run ------------------------------------------------------------------------------------
+
+
+def command(arm: str, case: Case, args: argparse.Namespace) -> list[str]:
+    """The command line of one arm: torchrun, or the plugin's launcher, running the unchanged trainer."""
+    head = ["-m", "torch.distributed.run"] if arm == "stock" else ["-m", "torchrec_het.launch"]
+    trainer = ["--preset", "smoke", "--steps", str(args.steps), "--alpha", f"{case.alpha:g}",
+               "--eval-batches", str(args.eval_batches), "--print-plan"]  # fmt: skip
+    return [sys.executable, *head, "--nproc-per-node", str(WORLD_SIZE), "-m", TRAINER, *trainer]
+
+
+def run_env(arm: str, case: Case, profile: Path | None, in_netns: bool, launcher_env: list[str]) -> dict[str, str]:
+    """The caller's environment without any ``TORCHREC_HET_*`` setting, plus, for the launcher,
+    ``launcher_env`` and on skewed ids the profile; ranks in a namespace of their own talk over its loopback."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("TORCHREC_HET_")}
+    if arm == "launcher":
+        env.update(setting.partition("=")[::2] for setting in launcher_env)
+        if case.with_profile:
+            env["TORCHREC_HET_PROFILE"] = str(profile)
+    if in_netns:
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    return env
+
+
+def run_once(arm: str, case: Case, args: argparse.Namespace, profile: Path | None, log: Path, in_netns: bool) -> dict:
+    """Runs the trainer once (in a namespace of its own when ``in_netns``); returns its record."""
+    argv = command(arm, case, args)
+    env = run_env(arm, case, profile, in_netns, args.launcher_env)
+    warm_step = max(1, args.steps // 10)
+    if not in_netns:
+        return _watch(argv, env, args.steps, warm_step, log, None)
+    from torchrec_het_bench.netem import EmulatedHosts, LinkSpec
+
+    with EmulatedHosts(1, LinkSpec(gbit=100.0, delay_ms=0.0), name_prefix=NETNS_PREFIX) as hosts:
+        netns = hosts.host_netns(0)
+        return _watch(["ip", "netns", "exec", netns, *argv], env, args.steps, warm_step, log, netns)
+
+
+def _watch(argv: list[str], env: dict[str, str], steps: int, warm_step: int, log: Path, netns: str | None) -> dict:
+    """Runs ``argv``, timing its step lines and reading its namespace's counters at the warm and last step."""
+    before = namespace_loopback_bytes(netns) if netns else None
+    marks: dict[int, tuple[float, int | None]] = {}
+    lines = []
+    with open(log.with_suffix(".stderr"), "w") as stderr:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1,
+                                start_new_session=True)  # fmt: skip
+        watchdog = threading.Timer(RUN_TIMEOUT_S, _kill_group, (proc,))  # this run's own process group
+        watchdog.start()
+        try:
+            for line in proc.stdout:
+                now = time.perf_counter()
+                lines.append(line)
+                step = _STEP.match(line)
+                if step and int(step.group(1)) in (warm_step, steps):
+                    marks[int(step.group(1))] = (now, loopback_bytes(proc.pid) if netns else None)
+            proc.wait(timeout=60)
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                _kill_group(proc)
+                proc.wait()
+    stdout = "".join(lines)
+    log.with_suffix(".stdout").write_text(stdout)
+    after = namespace_loopback_bytes(netns) if netns else None
+    trained, final = _TRAINED.search(stdout), _FINAL.search(stdout)
+    if proc.returncode != 0 or not trained or not final:
+        tail = log.with_suffix(".stderr").read_text()[-3000:]
+        raise RuntimeError(f"run failed (exit {proc.returncode}; logs {log}.*): {' '.join(argv)}\n{stdout[-1500:]}\n{tail}")
+    plan = Counter(kind for _param, kind, _kernel in _PLAN_ROW.findall(stdout))
+    record = {
+        "it_per_s": float(trained.group(3)),
+        "train_s": float(trained.group(2)),
+        "steady_it_per_s": None,
+        "auc": float(final.group(2)),
+        "plan": dict(sorted(plan.items())),
+        "wire_bytes_run": None if before is None else after - before,
+        "wire_bytes_per_step": None,
+        "notes": sorted({line.strip() for line in open(log.with_suffix(".stderr")) if "torchrec_het:" in line}),
+    }
+    if warm_step in marks and steps in marks and steps > warm_step:
+        (t0, b0), (t1, b1) = marks[warm_step], marks[steps]
+        record["steady_it_per_s"] = (steps - warm_step) / (t1 - t0)
+        if b0 is not None and b1 is not None:
+            record["wire_bytes_per_step"] = (b1 - b0) / (steps - warm_step)
+    return record
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def make_profile(case: Case, args: argparse.Namespace, out: Path) -> Path:
+    """Profiles rank 0's training batches of the case's data with the profile CLI."""
+    path = out / f"profile_{case.name}.pt"
+    argv = [sys.executable, "-m", "torchrec_het_bench.profile", "--preset", "smoke", "--alpha", f"{case.alpha:g}",
+            "--steps", str(args.steps), "--every", str(args.profile_every), "--world-size", str(WORLD_SIZE),
+            "--out", str(path)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"profile failed: {' '.join(argv)}\n{done.stderr[-2000:]}")
+    print(done.stdout.strip(), flush=True)
+    return path
+
+
+# ---- summary ------------------------------------------------------------------------------------
+
+
+def _median(values: list) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def summarize_arm(runs: list[dict]) -> dict:
+    plans = [run["plan"] for run in runs]
+    types = sorted({kind for plan in plans for kind in plan})
+    keys = ("it_per_s", "steady_it_per_s", "wire_bytes_run", "wire_bytes_per_step", "auc")
+    return {
+        **{f"median_{key}": _median([run[key] for run in runs]) for key in keys},
+        "plan_types": types,
+        "plugin_types_planned": any(kind.startswith(PLUGIN_PREFIX) for kind in types),
+        "plan_same_every_run": all(plan == plans[0] for plan in plans),
+        "runs": runs,
+    }
+
+
+def summarize_case(case: Case, arms: dict[str, list[dict]]) -> dict:
+    stock, launcher = summarize_arm(arms["stock"]), summarize_arm(arms["launcher"])
+    ratios = {
+        key: _ratio(launcher[f"median_{key}"], stock[f"median_{key}"])
+        for key in ("it_per_s", "steady_it_per_s", "wire_bytes_run", "wire_bytes_per_step")
+    }
+    ratios["auc_difference"] = (
+        None if launcher["median_auc"] is None else launcher["median_auc"] - stock["median_auc"]
+    )
+    if case.with_profile:  # issue 12: plugin types planned, bytes <= 0.75x, no slower
+        targets = {"plugin_types_planned": launcher["plugin_types_planned"],
+                   "wire_bytes_at_most_0.75x": _at_most(ratios["wire_bytes_run"], 0.75),
+                   "no_slower": _at_least(ratios["it_per_s"], 1.0)}  # fmt: skip
+    else:  # within 5% of stock's speed, no more bytes
+        targets = {"within_5pct_of_stock_speed": _at_least(ratios["it_per_s"], 0.95),
+                   "no_more_wire_bytes": _at_most(ratios["wire_bytes_run"], 1.0)}  # fmt: skip
+    return {"alpha": case.alpha, "launcher_profile": case.with_profile, "stock": stock, "launcher": launcher,
+            "launcher_over_stock": ratios, "targets": targets}  # fmt: skip
+
+
+def _at_most(value: float | None, bound: float) -> bool | None:
+    return None if value is None else value <= bound
+
+
+def _at_least(value: float | None, bound: float) -> bool | None:
+    return None if value is None else value >= bound
+
+
+def _fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        "# An unchanged trainer through the launcher vs. without it",
+        "",
+        f"`{results['command']}` at {results['provenance']['commit']}, {results['provenance']['date']}; "
+        f"{results['steps']} steps, {results['repeats']} repeat(s) per arm, 2 ranks (gloo), smoke sizes. "
+        f"Load average {results['loadavg_start']:.1f} before, {results['loadavg_end']:.1f} after, "
+        f"on {os.cpu_count()} cores: speeds are noisy on a shared machine.",
+        "",
+        f"Wire bytes: {results['wire_bytes']}",
+        "",
+        f"Launcher settings: {', '.join(results['launcher_env']) or 'none'} (+ TORCHREC_HET_PROFILE on zipf).",
+        "",
+        "| case | arm | it/s (trainer) | it/s (steady) | wire MB (run) | wire KB/step | AUC | planned types |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, case in results["cases"].items():
+        for arm in ("stock", "launcher"):
+            s = case[arm]
+            run_mb = None if s["median_wire_bytes_run"] is None else s["median_wire_bytes_run"] / 1e6
+            step_kb = None if s["median_wire_bytes_per_step"] is None else s["median_wire_bytes_per_step"] / 1e3
+            plan = ", ".join(f"{kind} {n}" for kind, n in s["runs"][0]["plan"].items())
+            lines.append(f"| {name} (alpha {case['alpha']:g}) | {arm} | {_fmt(s['median_it_per_s'], '.2f')} "
+                         f"| {_fmt(s['median_steady_it_per_s'], '.2f')} | {_fmt(run_mb, '.1f')} | {_fmt(step_kb, '.1f')} "
+                         f"| {_fmt(s['median_auc'], '.4f')} | {plan}{'' if s['plan_same_every_run'] else ' (varied)'} |")  # fmt: skip
+    lines += ["", "Medians over the repeats. Launcher / stock:", "",
+              "| case | it/s | steady it/s | wire bytes (run) | wire bytes/step | AUC diff | targets (issue 12) |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for name, case in results["cases"].items():
+        r = case["launcher_over_stock"]
+        targets = ", ".join(f"{key}: {'n/a' if ok is None else ('met' if ok else 'MISSED')}" for key, ok in case["targets"].items())
+        lines.append(f"| {name} | {_fmt(r['it_per_s'], '.3f')} | {_fmt(r['steady_it_per_s'], '.3f')} "
+                     f"| {_fmt(r['wire_bytes_run'], '.3f')} | {_fmt(r['wire_bytes_per_step'], '.3f')} "
+                     f"| {_fmt(r['auc_difference'], '+.4f')} | {targets} |")  # fmt: skip
+    notes = sorted({note for case in results["cases"].values() for run in case["launcher"]["runs"] for note in run["notes"]})
+    if notes:
+        lines += ["", "The launcher said (stderr):", "", *[f"- `{note}`" for note in notes]]
+    return "\n".join(lines) + "\n"
+
+
+# ---- main ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from torchrec_het_bench.results import provenance
+
+    out = Path(args.out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    unavailable = namespace_unavailable()
+    if unavailable is None:
+        from torchrec_het_bench.netem import remove_stale
+
+        remove_stale(NETNS_PREFIX)  # namespaces a killed earlier run of this command left
+    cases = [Case("uniform", 0.0, False) if name == "uniform" else Case("zipf", args.alpha, True) for name in args.cases]
+    profiles = {case.name: make_profile(case, args, out) for case in cases if case.with_profile}
+    loadavg_start = os.getloadavg()[0]
+    runs: dict[str, dict[str, list[dict]]] = {case.name: {"stock": [], "launcher": []} for case in cases}
+    for repeat in range(args.repeats):
+        for case in cases:
+            for arm in ("stock", "launcher"):  # interleaved: A, B, A, B, ...
+                log = out / "logs" / f"{case.name}_{arm}_{repeat}"
+                record = run_once(arm, case, args, profiles.get(case.name), log, unavailable is None)
+                runs[case.name][arm].append(record)
+                print(f"[{repeat + 1}/{args.repeats}] {case.name} {arm}: {record['it_per_s']:.2f} it/s, "
+                      f"auc {record['auc']:.4f}, wire {record['wire_bytes_run']} B, plan {record['plan']}", flush=True)  # fmt: skip
+    results = {
+        "command": "python -m torchrec_het_bench.adoption " + " ".join(sys.argv[1:] if argv is None else argv),
+        "provenance": provenance(),
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "world_size": WORLD_SIZE,
+        "trainer": TRAINER,
+        "launcher_env": args.launcher_env,
+        "wire_bytes": (
+            "kernel counters of the loopback of a network namespace made for each run (all of that run's "
+            "traffic: ranks, rendezvous store, torchrun agent; TCP/IP headers included; each packet once). "
+            "'run': launch to exit; 'per step': from the step N/10 line to the last step line."
+            if unavailable is None else f"not measured: {unavailable}"
+        ),
+        "loadavg_start": loadavg_start,
+        "loadavg_end": os.getloadavg()[0],
+        "cases": {case.name: summarize_case(case, runs[case.name]) for case in cases},
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "results.md").write_text(markdown(results))
+    print(markdown(results), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
