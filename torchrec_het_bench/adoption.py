@@ -49,6 +49,9 @@ WORLD_SIZE = 2
 PLUGIN_PREFIX = "het_"
 NETNS_PREFIX = "trhadopt"
 RUN_TIMEOUT_S = 900
+# Runs of one plan differ by ~0.05% in bytes (store polls, TCP acks and retransmits vary):
+# "no more bytes" allows 0.2%.
+BYTES_TOLERANCE = 0.002
 QUICK = {"steps": 20, "repeats": 1, "eval_batches": 1}
 FULL = {"steps": 200, "repeats": 3, "eval_batches": 4}
 
@@ -271,9 +274,9 @@ def summarize_case(case: Case, arms: dict[str, list[dict]]) -> dict:
         targets = {"plugin_types_planned": launcher["plugin_types_planned"],
                    "wire_bytes_at_most_0.75x": _at_most(ratios["wire_bytes_run"], 0.75),
                    "no_slower": _at_least(ratios["it_per_s"], 1.0)}  # fmt: skip
-    else:  # within 5% of stock's speed, no more bytes
+    else:  # within 5% of stock's speed, no more bytes (than identical plans differ by)
         targets = {"within_5pct_of_stock_speed": _at_least(ratios["it_per_s"], 0.95),
-                   "no_more_wire_bytes": _at_most(ratios["wire_bytes_run"], 1.0)}  # fmt: skip
+                   "no_more_wire_bytes": _at_most(ratios["wire_bytes_run"], 1.0 + BYTES_TOLERANCE)}  # fmt: skip
     return {"alpha": case.alpha, "launcher_profile": case.with_profile, "stock": stock, "launcher": launcher,
             "launcher_over_stock": ratios, "targets": targets}  # fmt: skip
 
@@ -322,7 +325,7 @@ def markdown(results: dict) -> str:
         r = case["launcher_over_stock"]
         targets = ", ".join(f"{key}: {'n/a' if ok is None else ('met' if ok else 'MISSED')}" for key, ok in case["targets"].items())
         lines.append(f"| {name} | {_fmt(r['it_per_s'], '.3f')} | {_fmt(r['steady_it_per_s'], '.3f')} "
-                     f"| {_fmt(r['wire_bytes_run'], '.3f')} | {_fmt(r['wire_bytes_per_step'], '.3f')} "
+                     f"| {_fmt(r['wire_bytes_run'], '.4f')} | {_fmt(r['wire_bytes_per_step'], '.4f')} "
                      f"| {_fmt(r['auc_difference'], '+.4f')} | {targets} |")  # fmt: skip
     notes = sorted({note for case in results["cases"].values() for run in case["launcher"]["runs"] for note in run["notes"]})
     if notes:
@@ -367,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         "wire_bytes": (
             "kernel counters of the loopback of a network namespace made for each run (all of that run's "
             "traffic: ranks, rendezvous store, torchrun agent; TCP/IP headers included; each packet once). "
-            "'run': launch to exit; 'per step': from the step N/10 line to the last step line."
+            "'run': launch to exit; 'per step': from the step N/10 line to the last step line. "
+            f"'No more bytes' allows {BYTES_TOLERANCE:.1%}, more than runs of one plan differ."
             if unavailable is None else f"not measured: {unavailable}"
         ),
         "loadavg_start": loadavg_start,
