@@ -6,6 +6,8 @@ planner would choose as the memory-neutral budget, scales it by ``memory_budget_
 and lets :func:`~torchrec_het.replication.tiers.select_tiers` choose the hot rows.
 """
 
+import dataclasses
+
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
@@ -66,8 +68,9 @@ def tier_plan(context: ShardingContext, ratio: float, sync_every: int) -> TierPl
     """The hot rows for a budget of ``ratio`` x the stock peak; rows read less than once per
     replica sync do not pay for their sync and stay sharded."""
     budget = int(stock_peak_bytes(context) * ratio)
+    copies = 2 if sync_every > 1 else 1  # stale replicas keep the agreed rows besides their own steps
     return select_tiers(
-        table_memory(context),
+        [dataclasses.replace(t, replica_copies=copies) for t in table_memory(context)],
         stream_profile(context),
         TierTopology.from_torchrec(_topology(context)),
         budget,

@@ -2,7 +2,8 @@
 synced every k steps grows its Adagrad state as k synchronous steps would.
 
 Row 0 is read by rank 0 only, k steps; row 1 by every rank, in one step; row 2 by every rank,
-every step. The block starts from known weights and state; after the sync, row 0's state and
+every step. The block starts from known weights and state; before the sync, rank 0's copy of
+row 0 has taken its own k steps (the other ranks' copies none); after the sync, row 0's state and
 row 1's (weights too) are compared with synchronous steps of the summed gradients, and row 2
 with the square of its sum (the rule this replaces).
 """
@@ -31,8 +32,7 @@ def check(optimizer: str) -> dict:
                          torch.full((3,), 1e-8, dtype=torch.float64), [], K, dist.group.WORLD, torch.device("cpu"))
     start_w = torch.randn(3, DIM, generator=torch.Generator().manual_seed(0))
     start_s = torch.rand(3, width, generator=torch.Generator().manual_seed(1)) + 0.5
-    block.weights.copy_(start_w)
-    block.state.copy_(start_s)
+    block.load(start_w, start_s)
     for step in range(K):
         slots, grads = [torch.tensor([2])], [_grads(rank, step, 2)]
         if rank == 0:
@@ -42,6 +42,7 @@ def check(optimizer: str) -> dict:
             slots.append(torch.tensor([1]))
             grads.append(_grads(rank, 0, 1))
         block.add_grads(torch.cat(slots), torch.cat(grads))
+    local_w, local_s = block.weights[0:1].clone(), block.state[0:1].clone()  # rank 0's own steps, before the sync
     block.wait()
     lr = torch.tensor(LR)
     w0, s0 = start_w[0:1], start_s[0:1]
@@ -55,6 +56,8 @@ def check(optimizer: str) -> dict:
         per_step = step_rows(optimizer, start_w[2:3], per_step, sum(_grads(r, step, 2) for r in range(ws)), lr, 1e-8)[1]
     rel = lambda a, b: float((a - b).abs().max() / b.abs().max())  # noqa: E731
     return {
+        "local_weights": rel(local_w, w0) if rank == 0 else rel(local_w, start_w[0:1]),
+        "local_state": rel(local_s, s0) if rank == 0 else rel(local_s, start_s[0:1]),
         "one_rank_state": rel(block.state[0:1], s0),
         "one_step_state": rel(block.state[1:2], s1),
         "one_step_weights": rel(block.weights[1:2], w1),

@@ -1,6 +1,6 @@
 """Stale replicas keep the optimizer honest: a ReplicaBlock synced every k steps grows the Adagrad
 state by the steps' squares (exactly where one rank held them, or in one step), not by the square
-of their sum."""
+of their sum; between syncs a rank's copy takes its own steps at once."""
 
 import pytest
 
@@ -17,6 +17,7 @@ def world(request, tmp_path_factory) -> list[dict]:
 def test_held_steps_grow_the_state_as_synchronous_steps(world: list[dict], optimizer: str) -> None:
     for rank, results in enumerate(world):
         r = results[optimizer]
+        assert r["local_weights"] < 1e-6 and r["local_state"] < 1e-6, (rank, r)  # own steps at once, no one else's
         assert r["one_rank_state"] < 1e-5, (rank, r)  # k steps of one rank: exact
         assert r["one_step_state"] < 1e-6 and r["one_step_weights"] < 1e-6, (rank, r)  # one step: the sync step
         # rows every rank reads every step: the estimate is nearer the k steps than the square of the sum

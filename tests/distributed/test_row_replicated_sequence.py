@@ -76,7 +76,7 @@ def test_held_replica_gradients_are_applied_whole_at_flush(world: list[dict]) ->
     for rank, results in enumerate(world):
         held = results["held"]
         assert held["held_rows"] > 0, (rank, held)
-        assert held["moved_while_held"] == 0.0, (rank, held)
+        assert held["moved_beyond_own_steps"] < TOLERANCE, (rank, held)
         assert held["flushed_vs_sum"] < TOLERANCE, (rank, held)
         assert held["replica_disagreement"] == 0.0, (rank, held)
 

@@ -157,6 +157,20 @@ def test_table_tiers_and_layout_by_hand() -> None:
     assert TierPlan.empty([table], TWO_HOSTS).peak_bytes == 20
 
 
+def test_stale_replicas_count_twice_and_stay_within_the_budget() -> None:
+    # replicas synced every s > 1 steps keep the agreed rows besides the rank's own steps
+    tt = TableTiers("t", 8, replicated=_ids(3), per_host=NONE)
+    once, twice = TableMemory("t", 8, 4, 10), TableMemory("t", 8, 4, 10, replica_copies=2)
+    assert layout_bytes_per_rank([once], {"t": tt}, ONE_HOST) == [30, 20, 30, 30]
+    assert layout_bytes_per_rank([twice], {"t": tt}, ONE_HOST) == [40, 20, 40, 40]
+    tables = [TableMemory("a", 40, 8, 36, replica_copies=2)]
+    profile = _profile(tables, [torch.arange(40, 0, -1) * 30], batches=20)
+    budget = TierPlan.empty(tables, ONE_HOST).peak_bytes + 400
+    plan = select_tiers(tables, profile, ONE_HOST, budget, max_hot_fraction=0.4)
+    assert plan.for_table("a").replicated.numel() == 5  # 400 bytes hold 5 rows of 2 x 36, not 11 of 36
+    assert plan.peak_bytes == max(layout_bytes_per_rank(tables, plan.tables, ONE_HOST)) <= budget
+
+
 def test_cost_model_by_hand() -> None:
     """Saved seconds per step per added byte (over all ranks) of each promotion, as the model states it."""
     table = TableMemory("t", 40, 8, 36)

@@ -104,10 +104,13 @@ class PluginPricing:
 
     def extra_rows(self, option: ShardingOption, load: TableLoad) -> int:
         """Rows each rank holds beyond its row-wise shard (replicas, or cache slots); a per-host
-        row is held by ``hosts - 1`` ranks besides its owner, counted as that share of a row per rank."""
+        row is held by ``hosts - 1`` ranks besides its owner, counted as that share of a row per rank.
+        Replicas synced every s > 1 steps are held twice (the agreed rows, and the rank's copy with its
+        own steps since the last sync)."""
         if option.sharding_type == HET_ROW_REPLICATED:
             per_host = self.host_rows(load, option.name) * (load.hosts - 1) / load.world_size
-            return self.hot_rows(load) + math.ceil(per_host)
+            copies = 2 if self.replica_sync_every > 1 else 1
+            return copies * self.hot_rows(load) + math.ceil(per_host)
         return self.cache.for_table(option.name).capacity_rows(option.tensor.shape[0])
 
     def bytes(self, option: ShardingOption, load: TableLoad) -> Bytes:

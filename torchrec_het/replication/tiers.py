@@ -63,12 +63,21 @@ class TierTopology:
 
 @dataclass(frozen=True)
 class TableMemory:
-    """One table as the memory model sees it (``bytes_per_row``: weights plus optimizer state)."""
+    """One table as the memory model sees it (``bytes_per_row``: weights plus optimizer state).
+
+    ``replica_copies``: copies a rank holds of each row replicated to it (2 for replicas synced
+    every s > 1 steps: the agreed rows and the rank's own steps since the last sync).
+    """
 
     name: str
     num_rows: int
     dim: int
     bytes_per_row: int
+    replica_copies: int = 1
+
+    @property
+    def replica_bytes_per_row(self) -> int:
+        return self.bytes_per_row * self.replica_copies
 
     def __post_init__(self) -> None:
         if self.num_rows < 1 or self.dim < 1 or self.bytes_per_row < 1:
@@ -205,7 +214,7 @@ def layout_bytes_per_rank(tables: list[TableMemory], tiers: dict[str, TableTiers
             raise ValueError(f"table {table.name!r}: tiers made for {tt.num_rows} rows, the table has {table.num_rows}")
         for ids, mask in ((tt.replicated, masks[_TO_ALL]), (tt.per_host, masks[_TO_HOST])):
             per_owner = torch.bincount(row_owner(ids, table.num_rows, ws), minlength=ws)
-            total += (per_owner[:, None] * mask).sum(0) * table.bytes_per_row
+            total += (per_owner[:, None] * mask).sum(0) * table.replica_bytes_per_row
     return total.tolist()
 
 
@@ -232,7 +241,7 @@ class _Scorer:
         self.host_read = wire * (local - 1) / local / intra
         self.host_combine = wire * (hosts - 1) / hosts / inter
         self.use_host = hosts > 1 and local > 1  # with one rank per host, per_host is replicated
-        self.cost = torch.tensor([hosts - 1, ws - 1, ws - hosts], dtype=torch.float64) * table.bytes_per_row
+        self.cost = torch.tensor([hosts - 1, ws - 1, ws - hosts], dtype=torch.float64) * table.replica_bytes_per_row
 
     def scores(self, rps: torch.Tensor) -> torch.Tensor:
         """float64 [n, 3]: score of each kind (_TO_HOST, _TO_ALL, _HOST_TO_ALL) at each reads-per-step."""
@@ -309,7 +318,7 @@ class _Admission:
         ws = topology.world_size
         shard_ends = [base + torch.tensor(row_wise_sizes(t.num_rows, ws)).cumsum(0) for t, base in zip(tables, offsets)]
         self.ends = torch.cat(shard_ends)  # of all tables' rows in a row: owner and table of a row at once
-        self.bpr = torch.tensor([t.bytes_per_row for t in tables], dtype=torch.int64)
+        self.bpr = torch.tensor([t.replica_bytes_per_row for t in tables], dtype=torch.int64)
         self.state = torch.zeros(offsets[-1], dtype=torch.int8)
         self.masks, self.load, self.budget, self.ws = _holder_masks(topology), load, budget, ws
         self.chunk = max(1, _CHUNK_CELLS // ws)  # candidates per pass
@@ -451,7 +460,7 @@ def select_tiers(tables: list[TableMemory], profile: AccessProfile, topology: Ti
         for t, base in zip(tables, offsets)
     ]
     pool: list[_Block] = []  # emitted, not yet admitted
-    smallest_row, bounds = min((t.bytes_per_row for t in tables), default=0), [s.bound() for s in streams]
+    smallest_row, bounds = min((t.replica_bytes_per_row for t in tables), default=0), [s.bound() for s in streams]
     while streams and int(load.min()) + smallest_row <= budget_bytes:  # else no rank has room for any row
         best = max(range(len(streams)), key=lambda i: (bounds[i], -i))
         if bounds[best] == -math.inf:

@@ -60,7 +60,13 @@ class ReplicaBlock:
 
     A sync is sparse: one all-reduce of how often each row was touched (started in the
     backward, 4 bytes a row), then, before the next read, one all-reduce of the gradients of
-    the rows any rank touched. Every rank then applies the same sums: copies stay identical.
+    the rows any rank touched. Every rank then applies the same sums to the same agreed rows:
+    after a sync, copies are identical.
+
+    Synced every k > 1 steps, a rank also steps its own copy with its own gradients at once
+    (the optimizer's step, on its local state), so its reads between syncs miss only the other
+    ranks' updates, as a HET cache's reads do; the agreed rows and state (``agreed_weights``,
+    ``agreed_state``) are what the next sync steps from, and the sync replaces the local steps.
 
     Args:
         hot_ids: sorted fused ids of the hot rows (the lookup's id space).
@@ -95,13 +101,18 @@ class ReplicaBlock:
         self.holds_squares = optimizer != "sgd" and sync_every > 1
         self.squares = torch.zeros(rows, square_width(optimizer, dim) if self.holds_squares else 0, device=device)
         self.touches = torch.zeros(rows, device=device)  # how many bags read each row since the last sync
+        # synced every k > 1 steps: the rows and state every rank agreed on at the last sync
+        # (``weights`` and ``state`` are this rank's copy with its own steps since)
+        self.steps_locally = sync_every > 1
+        self.agreed_weights = torch.zeros(rows if self.steps_locally else 0, dim, device=device)
+        self.agreed_state = torch.zeros(self.agreed_weights.size(0), self.state.size(1), device=device)
         self.steps_held = 0
         self._touches = None  # the started all-reduce of touch counts, and its buffer
         self._grads = None  # the started all-reduce of the touched rows' gradients
         self.syncs = 0
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.weights, self.state))
+        return sum(t.numel() * t.element_size() for t in (self.weights, self.state, self.agreed_weights, self.agreed_state))
 
     @torch.no_grad()
     def refresh(self) -> None:
@@ -113,8 +124,15 @@ class ReplicaBlock:
             if self.state.size(1):
                 block[part.slots, self.dim :] = _flat(part.kernel, "momentum1")[0][part.state_index].float()
         self._all_reduce(block)
-        self.weights.copy_(block[:, : self.dim])
-        self.state.copy_(block[:, self.dim :])
+        self.load(block[:, : self.dim], block[:, self.dim :])
+
+    @torch.no_grad()
+    def load(self, weights: torch.Tensor, state: torch.Tensor) -> None:
+        """Takes every row and its optimizer state as agreed (what a refresh copies); drops what is held."""
+        for copy in (self.weights, self.agreed_weights) if self.steps_locally else (self.weights,):
+            copy.copy_(weights)
+        for copy in (self.state, self.agreed_state) if self.steps_locally else (self.state,):
+            copy.copy_(state)
         self.drop_held()
 
     def drop_held(self) -> None:
@@ -134,17 +152,35 @@ class ReplicaBlock:
             return
         if self.steps_held >= self.sync_every:
             self.wait()
-        if self.holds_squares:  # the step's gradient of each row (repeats summed) is squared on its own
+        if self.steps_locally:  # the step's gradient of each row, repeats summed
             rows, inverse = torch.unique(slots, return_inverse=True)
             step = torch.zeros(rows.numel(), self.dim, device=grads.device).index_add_(0, inverse, grads)
             self.pending.index_add_(0, rows, step)
-            self.squares.index_add_(0, rows, squares_of(self.optimizer, step).float())
+            if self.holds_squares:  # squared on its own
+                self.squares.index_add_(0, rows, squares_of(self.optimizer, step).float())
+            self._step_locally(rows, step)
         else:
             self.pending.index_add_(0, slots, grads)  # contiguous: a strided target takes a 7x slower path
         self.touches.index_add_(0, slots, torch.ones_like(slots, dtype=self.touches.dtype))
         self.steps_held += 1
         if self.steps_held >= self.sync_every:
             self._start()
+
+    @torch.no_grad()
+    def _step_locally(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        """This rank's copy takes its own step at once (the optimizer's, on its local state)."""
+        weights, state = step_rows(
+            self.optimizer, self.weights.index_select(0, rows), self.state.index_select(0, rows), grads,
+            self._rates(rows), self.eps.index_select(0, rows),
+        )
+        self.weights.index_copy_(0, rows, weights)
+        if self.state.size(1):
+            self.state.index_copy_(0, rows, state)
+
+    def _rates(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[rows, 1]``: each row's learning rate, read from its owner kernel now (a scheduler may change it)."""
+        rates = torch.stack([k.learning_rate_tensor for k in self.kernels]).to(self.weights.device)
+        return rates.index_select(0, self.kernel_of.index_select(0, rows)).view(-1, 1)
 
     def _start(self) -> None:
         touches = self.touches.clone()
@@ -205,9 +241,9 @@ class ReplicaBlock:
         of the same step, and the growth is never below ``S**2 / k`` (opposite-signed holders
         could cancel the estimate). The step is :func:`~torchrec_het.sharding.row_optim.step_rows_held`.
         """
-        rates = torch.stack([k.learning_rate_tensor for k in self.kernels]).to(summed.device)
-        lr = rates.index_select(0, self.kernel_of.index_select(0, touched)).view(-1, 1)
-        weight, state = self.weights.index_select(0, touched), self.state.index_select(0, touched)
+        lr = self._rates(touched)
+        agreed_weights, agreed_state = (self.agreed_weights, self.agreed_state) if self.steps_locally else (self.weights, self.state)
+        weight, state = agreed_weights.index_select(0, touched), agreed_state.index_select(0, touched)
         eps = self.eps.index_select(0, touched)
         if self.holds_squares:
             grads, beyond = summed[:, : self.dim], summed[:, self.dim :]
@@ -215,8 +251,11 @@ class ReplicaBlock:
             weights, state = step_rows_held(self.optimizer, weight, state, grads, squares, lr, eps, max(self.steps_held, 1))
         else:
             weights, state = step_rows(self.optimizer, weight, state, summed, lr, eps)
-        self.weights.index_copy_(0, touched, weights)
+        self.weights.index_copy_(0, touched, weights)  # the sync's step replaces the local ones
         self.state.index_copy_(0, touched, state)
+        if self.steps_locally:
+            self.agreed_weights.index_copy_(0, touched, weights)
+            self.agreed_state.index_copy_(0, touched, state)
         self.drop_held()
         self._write_through(touched)
 
