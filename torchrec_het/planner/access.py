@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from torchrec_het.planner.network import cpu_network
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.replication.tiers import TableTiers, TierTopology, hottest_rows, per_host_rows
 
@@ -188,9 +189,7 @@ class ProfileTiers:
 def tier_topology(topology) -> TierTopology:
     """A :class:`TierTopology` from a planner ``Topology`` (on a CPU topology with TorchRec's
     default GPU bandwidths, the gloo-over-TCP ones the planner prices with,
-    :func:`~torchrec_het.planner.planner.cpu_network`), or ``topology`` itself."""
+    :func:`~torchrec_het.planner.network.cpu_network`), or ``topology`` itself."""
     if isinstance(topology, TierTopology):
         return topology
-    from torchrec_het.planner.planner import cpu_network
-
     return TierTopology.from_torchrec(cpu_network(topology))
