@@ -267,6 +267,9 @@ def summarize_case(case: Case, arms: dict[str, list[dict]]) -> dict:
         key: _ratio(launcher[f"median_{key}"], stock[f"median_{key}"])
         for key in ("it_per_s", "steady_it_per_s", "wire_bytes_run", "wire_bytes_per_step")
     }
+    ratios["it_per_s_paired"] = _median(  # each repeat's launcher run over the stock run just before it
+        [b["it_per_s"] / a["it_per_s"] for a, b in zip(arms["stock"], arms["launcher"], strict=True)]
+    )
     ratios["auc_difference"] = (
         None if launcher["median_auc"] is None else launcher["median_auc"] - stock["median_auc"]
     )
@@ -318,13 +321,14 @@ def markdown(results: dict) -> str:
             lines.append(f"| {name} (alpha {case['alpha']:g}) | {arm} | {_fmt(s['median_it_per_s'], '.2f')} "
                          f"| {_fmt(s['median_steady_it_per_s'], '.2f')} | {_fmt(run_mb, '.1f')} | {_fmt(step_kb, '.1f')} "
                          f"| {_fmt(s['median_auc'], '.4f')} | {plan}{'' if s['plan_same_every_run'] else ' (varied)'} |")  # fmt: skip
-    lines += ["", "Medians over the repeats. Launcher / stock:", "",
-              "| case | it/s | steady it/s | wire bytes (run) | wire bytes/step | AUC diff | targets (issue 12) |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines += ["", "Medians over the repeats. Launcher / stock (paired: the median of each repeat's own ratio):", "",
+              "| case | it/s | it/s paired | steady it/s | wire bytes (run) | wire bytes/step | AUC diff | targets (issue 12) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for name, case in results["cases"].items():
         r = case["launcher_over_stock"]
         targets = ", ".join(f"{key}: {'n/a' if ok is None else ('met' if ok else 'MISSED')}" for key, ok in case["targets"].items())
-        lines.append(f"| {name} | {_fmt(r['it_per_s'], '.3f')} | {_fmt(r['steady_it_per_s'], '.3f')} "
+        lines.append(f"| {name} | {_fmt(r['it_per_s'], '.3f')} | {_fmt(r['it_per_s_paired'], '.3f')} "
+                     f"| {_fmt(r['steady_it_per_s'], '.3f')} "
                      f"| {_fmt(r['wire_bytes_run'], '.4f')} | {_fmt(r['wire_bytes_per_step'], '.4f')} "
                      f"| {_fmt(r['auc_difference'], '+.4f')} | {targets} |")  # fmt: skip
     notes = sorted({note for case in results["cases"].values() for run in case["launcher"]["runs"] for note in run["notes"]})
