@@ -33,7 +33,13 @@ class Exchange:
         return work, out
 
     def wait(self) -> torch.Tensor:
-        return _Receive.apply(self, self.dummy)
+        """What arrived (call once). The link to the forward send is handed to autograd here and
+        dropped: kept, ``dummy`` -> its ``_Send`` node -> ``ctx.exchange`` -> ``dummy`` would be a
+        cycle through an autograd node, which Python's gc cannot free (every step's graph leaked)."""
+        dummy, self.dummy = self.dummy, None
+        if dummy is None:
+            raise RuntimeError("Exchange.wait() called twice")
+        return _Receive.apply(self, dummy)
 
 
 class _Send(torch.autograd.Function):
@@ -50,7 +56,8 @@ class _Send(torch.autograd.Function):
         exchange = ctx.exchange
         if exchange.grad_work is not None:
             exchange.grad_work.wait()
-        return None, exchange.grad_sent.to(ctx.dtype).view(ctx.shape)
+        grad, exchange.grad_work, exchange.grad_sent = exchange.grad_sent, None, None
+        return None, grad.to(ctx.dtype).view(ctx.shape)
 
 
 class _Receive(torch.autograd.Function):
@@ -59,7 +66,11 @@ class _Receive(torch.autograd.Function):
         ctx.exchange = exchange
         if exchange.work is not None:
             exchange.work.wait()
-        return exchange.received.to(dummy.dtype)
+        # The exchange lets go of what arrived: ``.to`` of the same dtype is that tensor itself,
+        # which autograd makes this node's output; kept on the exchange, output -> node ->
+        # ctx.exchange -> output would be a cycle gc cannot free.
+        received, exchange.work, exchange.received = exchange.received, None, None
+        return received.to(dummy.dtype)
 
     @staticmethod
     def backward(ctx, grad):
