@@ -126,7 +126,8 @@ def auc_curves(results: dict) -> list[str]:
 
 def render_run(title: str, results: dict) -> str:
     """The section of one results.json."""
-    lines = [f"## {title}", "", *run_params(results), "", "### Against stock TorchRec", "", *versus_stock(results)]
+    note = [results["note"], ""] if results.get("note") else []  # what a reader must know of the run (added by hand)
+    lines = [f"## {title}", "", *note, *run_params(results), "", "### Against stock TorchRec", "", *versus_stock(results)]
     lines += ["", "### All measurements", "", report.markdown_table(results).rstrip("\n")]
     curve = auc_curves(results)
     if curve:
