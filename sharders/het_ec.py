@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-from torchrec.distributed.types import ParameterSharding, ShardingEnv
+from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -140,7 +140,14 @@ class HetEmbeddingCollectionSharder(PluginSharder, EmbeddingCollectionSharder):
         self._replication = replication if replication is not None else ReplicationConfig()
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
-        return list(super().sharding_types(compute_device_type)) + list(SEQUENCE_PLUGIN_TYPES)
+        """TorchRec's types and ``het_row_replicated``; on CPU without ``data_parallel``: TorchRec
+        1.8's data-parallel EmbeddingCollection returns one row per bag there, not one per id,
+        and its output dist fails on the first batch (``split_with_sizes``; found with the stock
+        sharder and planner, a small table planned data_parallel)."""
+        stock = list(super().sharding_types(compute_device_type))
+        if compute_device_type == "cpu":
+            stock = [t for t in stock if t != ShardingType.DATA_PARALLEL.value]
+        return stock + list(SEQUENCE_PLUGIN_TYPES)
 
     def shard(
         self,

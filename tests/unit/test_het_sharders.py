@@ -58,3 +58,12 @@ def test_hot_rows_from_the_profile_or_online_counting_are_accepted(one_rank_env)
     online, online_seq = _het(get_het_sharders(replication=ReplicationConfig(online_profile_steps=2)))
     _shard(_bags(), online, one_rank_env)
     _shard(_sequences(), online_seq, one_rank_env)
+
+
+def test_embedding_collection_sharder_offers_no_data_parallel_on_cpu() -> None:
+    # TorchRec 1.8's data-parallel EmbeddingCollection fails its first batch on CPU (one row per
+    # bag comes back, not one per id); the planner must not choose it there
+    sharder = HetEmbeddingCollectionSharder()
+    assert "data_parallel" not in sharder.sharding_types("cpu")
+    assert {"row_wise", "table_wise", "het_row_replicated"} <= set(sharder.sharding_types("cpu"))
+    assert "data_parallel" in sharder.sharding_types("cuda")
