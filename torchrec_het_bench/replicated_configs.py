@@ -17,7 +17,15 @@ from torchrec.distributed.planner.storage_reservations import FixedPercentageSto
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile, count_accesses
-from torchrec_het.replication.tiers import TableMemory, TierPlan, TierTopology, bytes_per_row, plan_peak_bytes, select_tiers
+from torchrec_het.replication.tiers import (
+    TableMemory,
+    TierPlan,
+    TierTopology,
+    bytes_per_row,
+    plan_peak_bytes,
+    replica_copies,
+    select_tiers,
+)
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
 from torchrec_het.sharding import het_row_replicated
 from torchrec_het_bench.config_types import BenchConfig, ShardingContext
@@ -68,9 +76,8 @@ def tier_plan(context: ShardingContext, ratio: float, sync_every: int) -> TierPl
     """The hot rows for a budget of ``ratio`` x the stock peak; rows read less than once per
     replica sync do not pay for their sync and stay sharded."""
     budget = int(stock_peak_bytes(context) * ratio)
-    copies = 2 if sync_every > 1 else 1  # stale replicas keep the agreed rows besides their own steps
     return select_tiers(
-        [dataclasses.replace(t, replica_copies=copies) for t in table_memory(context)],
+        [dataclasses.replace(t, replica_copies=replica_copies(sync_every)) for t in table_memory(context)],
         stream_profile(context),
         TierTopology.from_torchrec(_topology(context)),
         budget,

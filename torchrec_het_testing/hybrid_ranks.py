@@ -146,6 +146,15 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
+def _differences(got: tuple, want: tuple) -> dict:
+    """Largest differences of two runs' (tables, losses): {"weights", "losses"}."""
+    (got_tables, got_losses), (want_tables, want_losses) = got, want
+    return {
+        "weights": _max_diff(got_tables, want_tables),
+        "losses": max(abs(a - b) for a, b in zip(got_losses, want_losses)),
+    }
+
+
 def exact(world_size: int) -> dict:
     """k = 0 against TrainPipelineSparseDist, per sharding kind and optimizer."""
     configs = _configs(mean=True)
@@ -159,11 +168,7 @@ def exact(world_size: int) -> dict:
             ):
                 model, _, losses = _train(kind, configs, make, optimizer)
                 runs[name] = (_tables(model, configs), losses)
-            (want, want_losses), (got, got_losses) = runs["sparse_dist"], runs["hybrid"]
-            out[f"{kind}/{optimizer}"] = {
-                "weights": _max_diff(got, want),
-                "losses": max(abs(a - b) for a, b in zip(got_losses, want_losses)),
-            }
+            out[f"{kind}/{optimizer}"] = _differences(runs["hybrid"], runs["sparse_dist"])
     return out
 
 
@@ -231,11 +236,7 @@ def replicated_as_row_wise(world_size: int) -> dict:  # noqa: ARG001
             for kind in ("row_wise", "replicated"):
                 model, _, losses = _train(kind, configs, make, optimizer)
                 runs[kind] = (_tables(model, configs), losses)
-            (want, want_losses), (got, got_losses) = runs["row_wise"], runs["replicated"]
-            out[f"{optimizer}/k{k}"] = {
-                "weights": _max_diff(got, want),
-                "losses": max(abs(a - b) for a, b in zip(got_losses, want_losses)),
-            }
+            out[f"{optimizer}/k{k}"] = _differences(runs["replicated"], runs["row_wise"])
     return out
 
 

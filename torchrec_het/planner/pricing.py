@@ -9,7 +9,7 @@ from torchrec.distributed.planner.types import ShardingOption
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.planner.access import AccessModel
 from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
-from torchrec_het.replication.tiers import TierTopology, host_row_count, hot_row_count
+from torchrec_het.replication.tiers import TierTopology, host_row_count, hot_row_count, replica_copies
 from torchrec_het.planner.traffic import Bytes, TableLoad, cached_bytes, row_replicated_bytes, sequence_replicated_bytes
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
@@ -109,8 +109,7 @@ class PluginPricing:
         own steps since the last sync)."""
         if option.sharding_type == HET_ROW_REPLICATED:
             per_host = self.host_rows(load, option.name) * (load.hosts - 1) / load.world_size
-            copies = 2 if self.replica_sync_every > 1 else 1
-            return copies * self.hot_rows(load) + math.ceil(per_host)
+            return replica_copies(self.replica_sync_every) * self.hot_rows(load) + math.ceil(per_host)
         return self.cache.for_table(option.name).capacity_rows(option.tensor.shape[0])
 
     def bytes(self, option: ShardingOption, load: TableLoad) -> Bytes:

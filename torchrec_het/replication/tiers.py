@@ -79,6 +79,12 @@ class TableMemory:
     def replica_bytes_per_row(self) -> int:
         return self.bytes_per_row * self.replica_copies
 
+
+def replica_copies(sync_every: int) -> int:
+    """Copies a rank holds of a row replicated to it: 2 when replicas sync every s > 1 steps (the
+    agreed rows, and the rank's own steps since the last sync: ``ReplicaBlock.steps_locally``), else 1."""
+    return 2 if sync_every > 1 else 1
+
     def __post_init__(self) -> None:
         if self.num_rows < 1 or self.dim < 1 or self.bytes_per_row < 1:
             raise ValueError(f"table {self.name!r}: num_rows, dim and bytes_per_row must be positive")

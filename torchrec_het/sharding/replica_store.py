@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
+from torchrec_het.replication.tiers import replica_copies
 from torchrec_het.sharding.replica_sync import HostGroups
 from torchrec_het.sharding.row_optim import _buffer, optimizer_kind, square_width, squares_of, step_rows, step_rows_held
 
@@ -103,7 +104,7 @@ class ReplicaBlock:
         self.touches = torch.zeros(rows, device=device)  # how many bags read each row since the last sync
         # synced every k > 1 steps: the rows and state every rank agreed on at the last sync
         # (``weights`` and ``state`` are this rank's copy with its own steps since)
-        self.steps_locally = sync_every > 1
+        self.steps_locally = replica_copies(sync_every) == 2
         self.agreed_weights = torch.zeros(rows if self.steps_locally else 0, dim, device=device)
         self.agreed_state = torch.zeros(self.agreed_weights.size(0), self.state.size(1), device=device)
         self.steps_held = 0
