@@ -16,11 +16,13 @@ so each worker runs in worker mode. The ``TORCHREC_HET_*`` settings (and the pro
 here first: a bad one ends the launcher with one message before any worker starts.
 ``--max-restarts R`` lets torchrun restart all
 workers up to R times when one fails; a script that resumes from its newest
-checkpoint then goes on from there. A worker whose collective timed out or lost its peer
-ends with :class:`~torchrec_het.collective_errors.CollectiveFailure`: one line that says which
-collective, after how long, and that a link or a peer is gone. With restarts, every attempt gets a rendezvous store
+checkpoint then goes on from there. With restarts, every attempt gets a rendezvous store
 of its own (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless set): torchrun's shared store
 keeps the dead attempt's addresses, which restarted gloo/NCCL groups may connect to.
+
+A worker whose collective timed out or lost its peer ends with
+:class:`~torchrec_het.collective_errors.CollectiveFailure`: one line that says which
+collective, after how long, and that a link or a peer is gone.
 """
 
 import argparse
