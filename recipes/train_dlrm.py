@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -98,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--save-weights", default=None, help="rank 0 saves the unsharded weights here (torch.save)")
     parser.add_argument("--log-every", type=int, default=1, help="print the loss every N steps")
     parser.add_argument(
+        "--pg-timeout", type=float, default=None, metavar="SECONDS",
+        help="process group timeout: a collective that waits longer for its peers fails (default: torch's, "
+        "30 min for gloo; under python -m torchrec_het.launch, $TORCHREC_HET_PG_TIMEOUT when set)",
+    )  # fmt: skip
+    parser.add_argument(
         "--pipeline", default="sparse_dist", choices=("sparse_dist", "plain"),
         help="sparse_dist: TorchRec's TrainPipelineSparseDist (the next batch's input dist overlaps this step); "
         "plain: forward, backward, optimizer step, one batch at a time",
@@ -118,6 +124,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--alpha must be >= 0, got {args.alpha}")
     if args.log_every < 1:
         parser.error(f"--log-every must be >= 1, got {args.log_every}")
+    if args.pg_timeout is not None and not 0 < args.pg_timeout < float("inf"):
+        parser.error(f"--pg-timeout must be a number of seconds > 0, got {args.pg_timeout}")
     for flag, given in (("--resume", args.resume), ("--evaluate-only", args.evaluate_only),
                         ("--checkpoint-every", args.checkpoint_every > 0)):  # fmt: skip
         if given and args.checkpoint_path is None:
@@ -357,14 +365,14 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def init_distributed() -> None:
+def init_distributed(timeout_s: float | None = None) -> None:
     """gloo from torchrun's environment; a one-rank world when started with plain ``python``."""
     if "RANK" not in os.environ:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=None if timeout_s is None else timedelta(seconds=timeout_s))
 
 
 def restore(args: argparse.Namespace, model, optimizer) -> int:
@@ -384,7 +392,7 @@ def restore(args: argparse.Namespace, model, optimizer) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    init_distributed()
+    init_distributed(args.pg_timeout)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     say(f"worker rank {rank} pid {os.getpid()} attempt {os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
     preset = PRESETS[args.preset]()

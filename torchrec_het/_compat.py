@@ -340,3 +340,18 @@ def cpu_semi_sync_class() -> type:
             return None
 
     return CpuTrainPipelineSemiSync
+
+
+def process_group_timeout(pg: Any) -> Any:
+    """The timeout (a ``timedelta``) of ``pg``'s collectives (None: the default group), or None when
+    torch does not say. ``dist.new_group`` without a ``timeout`` takes the backend's default (30
+    minutes for gloo), not its parent's: the plugin's groups pass this instead."""
+    import torch.distributed as dist
+
+    group = dist.group.WORLD if pg is None else pg
+    for device_type in getattr(group, "_device_types", ()):
+        try:
+            return group._get_backend(torch.device(device_type)).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+    return None

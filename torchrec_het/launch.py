@@ -19,6 +19,10 @@ workers up to R times when one fails; a script that resumes from its newest
 checkpoint then goes on from there. With restarts, every attempt gets a rendezvous store
 of its own (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless set): torchrun's shared store
 keeps the dead attempt's addresses, which restarted gloo/NCCL groups may connect to.
+
+A worker whose collective timed out or lost its peer ends with
+:class:`~torchrec_het.collective_errors.CollectiveFailure`: one line that says which
+collective, after how long, and that a link or a peer is gone.
 """
 
 import argparse
@@ -41,6 +45,8 @@ _OPTIONS: dict[str, tuple[type, str]] = {
     "--rdzv-id": (str, "job id shared by the nodes of one job (launcher mode)"),
     "--master-addr": (str, "address of node 0, for a static rendezvous (launcher mode)"),
     "--master-port": (int, "port on node 0, for a static rendezvous (launcher mode)"),
+    "--local-addr": (str, "this node's address, which the other nodes reach it by (launcher mode)"),
+    "--rdzv-conf": (str, "KEY=VALUE,... of the rendezvous, e.g. is_host=1 (launcher mode)"),
 }
 
 
@@ -120,16 +126,23 @@ def run_worker(command: Command) -> None:
         _require_script(command.script)
 
     import torchrec_het
+    from torchrec_het.collective_errors import CollectiveFailure, describe_collective_error
 
     torchrec_het.install()
-    if command.module is not None:
-        sys.argv = [command.module, *command.args]  # runpy puts the module's file in argv[0]
-        runpy.run_module(command.module, run_name="__main__", alter_sys=True)
-    else:
-        script = command.script
-        sys.argv = [script, *command.args]
-        sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` would
-        runpy.run_path(script, run_name="__main__")
+    try:
+        if command.module is not None:
+            sys.argv = [command.module, *command.args]  # runpy puts the module's file in argv[0]
+            runpy.run_module(command.module, run_name="__main__", alter_sys=True)
+        else:
+            script = command.script
+            sys.argv = [script, *command.args]
+            sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` would
+            runpy.run_path(script, run_name="__main__")
+    except Exception as error:  # a lost peer or link: one line that says so ends the traceback
+        described = describe_collective_error(error, _default_group_timeout_s())
+        if described is None:
+            raise
+        raise CollectiveFailure(described) from error
 
 
 def torchrun_argv(command: Command) -> list[str]:
@@ -140,7 +153,7 @@ def torchrun_argv(command: Command) -> list[str]:
     argv += ["--max-restarts", str(options["max_restarts"] or 0)]
     if options["rdzv_endpoint"] is not None:
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", str(options["rdzv_endpoint"])]
-    for name in ("rdzv_id", "node_rank", "master_addr", "master_port"):
+    for name in ("rdzv_id", "rdzv_conf", "node_rank", "master_addr", "master_port", "local_addr"):
         if options[name] is not None:
             argv += [f"--{name.replace('_', '-')}", str(options[name])]
     return [*argv, "-m", "torchrec_het.launch", *command.target]
@@ -181,6 +194,18 @@ def main(argv: list[str] | None = None) -> int:
         return run_launcher(command)
     run_worker(command)
     return 0
+
+
+def _default_group_timeout_s() -> float | None:
+    """The default process group's timeout in seconds, while it exists."""
+    import torch.distributed as dist
+
+    from torchrec_het._compat import process_group_timeout
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    timeout = process_group_timeout(None)
+    return timeout.total_seconds() if timeout is not None else None
 
 
 def _require_script(script: str | None) -> None:

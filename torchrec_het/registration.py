@@ -4,18 +4,21 @@ Nothing here runs on import. :func:`install` makes TorchRec's ``get_default_shar
 return the plugin's EmbeddingBagCollection / EmbeddingCollection sharders (the rest of
 TorchRec's defaults unchanged) and makes a stock ``EmbeddingShardingPlanner(...)`` built
 without its own enumerator, performance model, partitioner or stats use the plugin's,
-so the planner can choose the plugin's sharding types. :func:`uninstall` puts every
-replaced attribute back. Every change is made here and nowhere else.
+so the planner can choose the plugin's sharding types; with a process group timeout set,
+``torch.distributed.init_process_group`` calls that pass no ``timeout`` get it. :func:`uninstall`
+puts every replaced attribute back. Every change is made here and nowhere else.
 
 Scripts that ran ``from torchrec.distributed.model_parallel import get_default_sharders``
 before ``install()`` keep the stock function: install first (``python -m torchrec_het.launch``
 does), then import the script.
 """
 
+import functools
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from torchrec_het import _compat
 from torchrec_het.config import HetCacheConfig
@@ -31,6 +34,7 @@ ENV_PROFILE, ENV_ALPHA, ENV_SYNC = "TORCHREC_HET_PROFILE", "TORCHREC_HET_ALPHA",
 ENV_ONLINE = "TORCHREC_HET_ONLINE_PROFILE_STEPS"
 ENV_STALENESS = "TORCHREC_HET_EMBEDDING_STALENESS"
 ENV_COMPUTE = ENV_COSTS
+ENV_PG_TIMEOUT = "TORCHREC_HET_PG_TIMEOUT"  # seconds
 PROFILE_HINT = "python -m torchrec_het_bench.profile, or torchrec_het.replication.AccessProfiler on your own batches"
 
 
@@ -59,6 +63,7 @@ def install(
     online_profile_steps: int | None = None,
     embedding_staleness: int | None = None,
     compute_costs: ComputeCosts | str | None = None,
+    pg_timeout: float | timedelta | None = None,
 ) -> None:
     """Registers the plugin with TorchRec until :func:`uninstall` (calling it again re-installs).
 
@@ -92,6 +97,11 @@ def install(
             or the path of a table from ``python -m torchrec_het.planner.calibrate``, measured on
             your machines); default ``$TORCHREC_HET_COMPUTE_COSTS``, else the table shipped
             with the package (measured on a 2-core CPU VM).
+        pg_timeout: the process group timeout, in seconds (or a ``timedelta``): how long a
+            collective waits for its peers before it fails. Given to the script's
+            ``torch.distributed.init_process_group`` calls that pass no ``timeout`` of their own
+            (the plugin's own groups take their parent group's); default ``$TORCHREC_HET_PG_TIMEOUT``,
+            else torch's (30 minutes for gloo).
     """
     global _state
     uninstall()
@@ -115,6 +125,7 @@ def install(
         isinstance(embedding_staleness, bool) or not isinstance(embedding_staleness, int) or embedding_staleness < 0
     ):
         raise ValueError(f"embedding_staleness must be an int >= 0, got {embedding_staleness!r}")
+    pg_timeout = env["pg_timeout"] if pg_timeout is None else _checked_timeout(pg_timeout)
     cache = cache or HetCacheConfig()
     if compute_costs is None and env["compute_costs"] is not None:
         compute_costs = read_compute_costs(env["compute_costs"], f"${ENV_COMPUTE}")
@@ -141,6 +152,8 @@ def install(
         hybrid = _hybrid_sparse_dist(embedding_staleness)
         for home in _compat.train_pipeline_homes():
             _replace(state, home, "TrainPipelineSparseDist", hybrid)
+    if pg_timeout is not None:
+        _default_pg_timeout(state, pg_timeout)
     _state = state
     if os.environ.get("RANK", "0") == "0":
         print(f"torchrec_het: {pricing_rule(pricing)}", file=sys.stderr, flush=True)
@@ -184,6 +197,7 @@ def env_settings() -> dict:
         "online_profile_steps": _env_number(ENV_ONLINE, int, 0, 0),
         "embedding_staleness": _env_number(ENV_STALENESS, int, None, 0),
         "compute_costs": os.environ.get(ENV_COMPUTE) or None,
+        "pg_timeout": _env_timeout(ENV_PG_TIMEOUT),
     }
 
 
@@ -233,6 +247,45 @@ def _env_number(name: str, kind: type, default, minimum):
         what = "an int" if kind is int else "a number"
         raise ValueError(f"{name} must be {what} >= {minimum}, got {text!r}")
     return value
+
+
+def _env_timeout(name: str) -> timedelta | None:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = None
+    if seconds is None or not 0 < seconds < float("inf"):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {text!r}")
+    return timedelta(seconds=seconds)
+
+
+def _checked_timeout(value: float | timedelta) -> timedelta:
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < float("inf"):
+        raise ValueError(f"pg_timeout must be a number of seconds > 0 or a positive timedelta, got {value!r}")
+    return timedelta(seconds=seconds)
+
+
+def _default_pg_timeout(state: _Installed, timeout: timedelta) -> None:
+    """``init_process_group`` (both homes) passes ``timeout`` where its caller gives none."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    stock = distributed_c10d.init_process_group
+
+    @functools.wraps(stock)
+    def init_process_group(*args, **kwargs):
+        if len(args) >= 3:  # timeout is the third parameter
+            args = (*args[:2], timeout if args[2] is None else args[2], *args[3:])
+        elif kwargs.get("timeout") is None:
+            kwargs["timeout"] = timeout
+        return stock(*args, **kwargs)
+
+    for home in (dist, distributed_c10d):
+        _replace(state, home, "init_process_group", init_process_group)
 
 
 def installed_pricing() -> PluginPricing | None:

@@ -116,3 +116,11 @@ def test_a_missing_profile_is_one_message_from_the_launcher(tmp_path: Path) -> N
     assert done.returncode != 0 and "a worker ran" not in done.stderr + done.stdout
     lines = [line for line in done.stderr.splitlines() if "TORCHREC_HET_PROFILE" in line]
     assert lines == [f"python -m torchrec_het.launch: $TORCHREC_HET_PROFILE='{missing}': no such access profile file"], done.stderr
+
+
+def test_a_node_of_a_multi_host_job_passes_its_address_and_rendezvous_settings() -> None:
+    argv = ["--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400", "--local-addr", "10.0.0.1",
+            "--rdzv-conf", "is_host=1", "train.py", "--steps", "3"]
+    got = torchrun_argv(parse_command(argv))
+    assert got[got.index("--local-addr") + 1] == "10.0.0.1" and got[got.index("--rdzv-conf") + 1] == "is_host=1"
+    assert got[-5:] == ["-m", "torchrec_het.launch", "train.py", "--steps", "3"]

@@ -87,7 +87,7 @@ from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.types import ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het._compat import lookup_kernels
+from torchrec_het._compat import lookup_kernels, process_group_timeout
 from torchrec_het.cache import PendingRows
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.sharding.exchange import exchange_flat
@@ -188,7 +188,8 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(self._ws))
         # the cache's exchanges and pushes run on a group of their own, so they neither wait behind
         # nor hold up the model's other collectives (DDP's dense all-reduce) on the default group
-        self._exchange_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True)
+        self._exchange_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True,
+                                           timeout=process_group_timeout(pg))
         self._features = list(feature_names)
         self._config = config
         self._step = 0

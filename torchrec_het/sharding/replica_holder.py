@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het._compat import lookup_kernels, sharding_lookup_arguments
+from torchrec_het._compat import lookup_kernels, process_group_timeout, sharding_lookup_arguments
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.replication.tiers import hottest_rows
 from torchrec_het.sharding.id_space import TableInfo, flatten_batch, members, tensors_to
@@ -162,8 +162,9 @@ class ReplicaHolder:
         ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(self._ws))
         # The plugin's exchanges and replica syncs run on groups of their own, so they neither wait
         # behind nor hold up the model's other collectives (DDP's dense all-reduce) on the default group.
-        self._exchange_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True)
-        self._sync_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True)
+        timeout = process_group_timeout(pg)  # the parent's, not the backend's default
+        self._exchange_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True, timeout=timeout)
+        self._sync_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True, timeout=timeout)
         # replicated rows' gradients sum within each host, then between host leaders (created once)
         self._hosts = HostGroups(self._sync_pg, config.ranks_per_host(self._ws))
         self._tables, tiers = self._table_infos(config, shards_by_table)

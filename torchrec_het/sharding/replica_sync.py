@@ -14,6 +14,8 @@ host: the same sum, in another float summation order.
 import torch
 import torch.distributed as dist
 
+from torchrec_het._compat import process_group_timeout
+
 
 def collective_device(pg: dist.ProcessGroup | None) -> torch.device:
     """Where a small tensor of host facts must be for a collective on ``pg``: the current CUDA
@@ -116,13 +118,13 @@ class HostGroups:
         self.leader = ranks[me - me % local]  # global rank of this host's leader
         if self.num_hosts == 1 or local == 1:
             return
-        backend = dist.get_backend(pg)
+        backend, timeout = dist.get_backend(pg), process_group_timeout(pg)
         for host in range(self.num_hosts):
-            group = dist.new_group(ranks[host * local : (host + 1) * local], backend=backend)
+            group = dist.new_group(ranks[host * local : (host + 1) * local], backend=backend, timeout=timeout)
             if me // local == host:
                 self.host = group
         for index in range(local):
-            group = dist.new_group(ranks[index::local], backend=backend)
+            group = dist.new_group(ranks[index::local], backend=backend, timeout=timeout)
             if me % local == index:
                 self.cross = group
 

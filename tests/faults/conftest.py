@@ -1,0 +1,39 @@
+"""Settings shared by the fault tests: the launcher environment that plans each case."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchrec_het.planner.compute_costs import save_bytes_only_table
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def case_settings(tmp_path_factory) -> dict[str, dict[str, str]]:
+    """``TORCHREC_HET_*`` settings per case: the plugin's lookups priced on par with row_wise (so
+    the plan follows the bytes at the smoke sizes) and the evidence for the case's type: a stated
+    skew plans ``het_cached_row_wise``, a profile ``het_row_replicated``, and ``hybrid`` is the
+    first with the recipe's ``TrainPipelineSparseDist`` made the hybrid pipeline (k = 1)."""
+    folder = tmp_path_factory.mktemp("settings")
+    costs = str(save_bytes_only_table(folder / "on_par.json", "tests: lookups on par with row_wise"))
+    profile = str(folder / "smoke.pt")
+    argv = [sys.executable, "-m", "torchrec_het_bench.profile", "--preset", "smoke", "--steps", "40", "--every", "4",
+            "--out", profile]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    common = {"TORCHREC_HET_COMPUTE_COSTS": costs}
+    return {
+        "het_cached_row_wise": {**common, "TORCHREC_HET_ALPHA": "1.05"},
+        "het_row_replicated": {**common, "TORCHREC_HET_PROFILE": profile},
+        "hybrid": {**common, "TORCHREC_HET_ALPHA": "1.05", "TORCHREC_HET_EMBEDDING_STALENESS": "1"},
+    }
+
+
+@pytest.fixture(scope="session")
+def planned_types() -> dict[str, str]:
+    """The sharding type each case's settings plan for ``t_cat_0``."""
+    return {"het_cached_row_wise": "het_cached_row_wise", "het_row_replicated": "het_row_replicated",
+            "hybrid": "het_cached_row_wise"}
