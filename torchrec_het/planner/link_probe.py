@@ -50,14 +50,14 @@ class ProbeBudget:
         first_bytes: bytes one rank sends in the first escalating round of a kind.
         max_bytes: at most this many bytes one rank sends in a round.
         target_s: escalation stops at the first size whose round takes this long twice.
-        repeats: more rounds of the final size.
+        repeats: at most this many more rounds of the final size, while the time allows.
     """
 
     seconds: float = 2.0
     first_bytes: int = 1 << 16
     max_bytes: int = 1 << 26
     target_s: float = 0.05
-    repeats: int = 3
+    repeats: int = 5
 
     def __post_init__(self) -> None:
         if not self.seconds > 0 or not self.target_s > 0:
