@@ -94,19 +94,15 @@ def all_to_all_seconds_rank(
 
 
 def planner_links_rank(rank: int, envs: list[dict[str, str]], netns_of_rank: list[str], out: str) -> None:
-    """The plugin's planner measures the links of a job of one rank per host (``measure_links``, as
-    ``collective_plan`` does first); rank 0 writes ``planner.links.as_dict()`` to ``out``."""
-    from torchrec.distributed.planner import Topology
-
-    from torchrec_het.planner import HetEmbeddingShardingPlanner
+    """The links of a job of one rank per host as the benchmark records them (the planner's figures,
+    and every probe kind: also one way between hosts); rank 0 writes them to ``out``."""
+    from torchrec_het_bench.run_links import measure_run_links
 
     _start(rank, envs, netns_of_rank)
     try:
-        world_size = dist.get_world_size()
-        planner = HetEmbeddingShardingPlanner(topology=Topology(world_size=world_size, local_world_size=1, compute_device="cpu"))
-        figures = planner.measure_links(dist.GroupMember.WORLD)
+        links = measure_run_links(dist.get_world_size(), 1)
         if rank == 0:
-            Path(out).write_text(json.dumps(figures.as_dict()))
+            Path(out).write_text(json.dumps(links))
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -11,10 +11,11 @@ and reports the rate at which one rank's bytes leave it:
   share its link, so with ``L`` ranks per host each gets about ``1/L`` of it (TorchRec's own
   constants assume a NIC per GPU; a figure per rank prices both alike).
 
-It also times ``inter_one_way``: the ranks of every other host send to the same local rank of
-the next host, which sends nothing back. That is the link's rate one way, what a bulk TCP
-transfer reports (``torchrec_het_bench.netem_measure``). An exchange can be slower than it:
-gloo's TCP pairs do not send and receive at full rate at once (about 0.6x on a shaped link).
+On request (``kinds``) it also times ``inter_one_way``: the ranks of every other host send to
+the same local rank of the next host, which sends nothing back. That is the link's rate one way,
+what a bulk TCP transfer reports (``torchrec_het_bench.netem_measure``); the planner does not
+price it. An exchange can be slower: gloo's TCP pairs do not send and receive at full rate at
+once (about 0.5-0.7x of one way on a shaped link that TCP fills both ways at once).
 
 Hosts are TorchRec's: rank ``r`` is on host ``r // local_world_size``.
 
@@ -115,7 +116,7 @@ class ProbeResult:
         intra: exchange within hosts (None: one rank per host).
         inter: exchange between hosts (None: one host).
         inter_one_way: one way between hosts (None: one host).
-        seconds: the probe's duration (the slowest rank's).
+        seconds: the probe's duration (the slowest rank's), from when every rank had arrived.
         budget: the budget it ran under.
     """
 
@@ -239,6 +240,10 @@ class _Rounds:
     def time_left(self) -> float:
         return self.deadline_s - self.spent_s
 
+    def restart_clock(self) -> None:
+        """Counts the kind's time from now (after a round every rank has left: they are in step)."""
+        self.start, self.spent_s = time.perf_counter(), 0.0
+
     def _sync(self) -> None:
         if self.device.type != "cpu":
             torch.accelerator.synchronize(self.device)
@@ -250,6 +255,7 @@ def measure_kind(rounds: _Rounds, budget: ProbeBudget) -> LinkMeasurement:
     takes ``target_s`` twice (a noisy round alone does not stop them), reach ``max_bytes`` or the
     time runs short; that size ``repeats`` more times; the fit through the fastest of each."""
     rounds.run(1)
+    rounds.restart_clock()  # every rank has arrived: a rank that came late does not eat the budget
     tiny_s = min(rounds.run(1) for _ in range(TINY_ROUNDS))
     size, confirmed = budget.first_bytes, False
     seconds = rounds.run(size)
@@ -302,6 +308,8 @@ def probe_links(
     if unknown:
         raise ValueError(f"unknown link kinds {sorted(unknown)}; choose from {KINDS}")
     kinds = [k for k in KINDS if k in kinds and pattern(0, world_size, local_world_size, k).fanout > 0]
+    arrived = torch.zeros(1, device=device)
+    dist.all_reduce(arrived, group=group)  # the probe's time starts when every rank is here
     start = time.perf_counter()
     measured: dict[str, LinkMeasurement] = {}
     spent = 0.0

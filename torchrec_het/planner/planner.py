@@ -13,7 +13,7 @@ from torchrec.distributed.types import ShardingPlan
 
 from torchrec_het import _compat
 from torchrec_het.planner.enumerator import HetEmbeddingEnumerator
-from torchrec_het.planner.link_probe import KINDS, ProbeBudget, ProbeResult, probe_device, probe_links
+from torchrec_het.planner.link_probe import ProbeBudget, ProbeResult, probe_device, probe_links
 from torchrec_het.planner.network import (  # noqa: F401 (CPU_* and cpu_network re-exported)
     CPU_INTER_HOST_BW,
     CPU_INTRA_HOST_BW,
@@ -101,7 +101,8 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
 
     def measure_links(self, pg: dist.ProcessGroup) -> LinkFigures:
         """Probes on ``pg`` the figures nothing states (a collective: every rank of ``pg`` calls it;
-        once per group) and prices with them; returns the figures."""
+        once per group) and prices with them; returns the figures. Only what it prices: the
+        exchanges within and between hosts (not ``inter_one_way``)."""
         topology = self._het_topology
         kinds = kinds_to_probe(topology, self.link_settings)
         if not kinds:
@@ -111,9 +112,8 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             self._use_links(link_figures(topology, self.link_settings, None, self._het_cpu_bandwidths, why))
             return self.links
         if self._het_probed is None or self._het_probed[0] is not pg:
-            wanted = [k for k in KINDS if k in kinds or (k == "inter_one_way" and "inter" in kinds)]
             device = probe_device(pg, topology.compute_device)
-            self._het_probed = pg, probe_links(pg, topology.local_world_size, device, self._het_budget, wanted)
+            self._het_probed = pg, probe_links(pg, topology.local_world_size, device, self._het_budget, kinds)
         self._use_links(link_figures(topology, self.link_settings, self._het_probed[1], self._het_cpu_bandwidths))
         return self.links
 
