@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     for gbit in args.gbit:
         result = measure(LinkSpec(gbit, args.delay_ms), args.megabytes << 20, args.repeats)
         print(f"| {gbit:g} | {args.delay_ms:g} / {result['delay_added_ms']:g} | {result['cross_gbit']:.3f} "
-              f"| {result['cross_both_ways_gbit']:.3f} | {result['same_gbit']:.2f} | {result['cross_rtt_ms']:.3f} | {result['same_rtt_ms']:.3f} |")
+              f"| {result['cross_both_ways_gbit']:.3f} | {result['same_gbit']:.2f} | {result['cross_rtt_ms']:.3f} "
+              f"| {result['same_rtt_ms']:.3f} |")
     return 0
 
 

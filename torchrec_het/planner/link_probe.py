@@ -187,7 +187,9 @@ def fit_link(small_bytes: int, small_s: float, large_bytes: int, large_s: float)
     """(bytes per ms, latency ms, fitted) of ``time = latency + bytes / bandwidth`` through two
     rounds; when the larger round is not slower (noise), its bytes over its time, latency 0, not fitted."""
     if large_bytes <= small_bytes or not large_s > 0:
-        raise ValueError(f"fit_link needs large_bytes > small_bytes and a positive time, got {small_bytes}, {large_bytes}, {large_s}")
+        raise ValueError(
+            f"fit_link needs large_bytes > small_bytes and a positive time, got {small_bytes}, {large_bytes}, {large_s}"
+        )
     if large_s <= small_s:
         return large_bytes / (large_s * 1e3), 0.0, False
     seconds_per_byte = (large_s - small_s) / (large_bytes - small_bytes)

@@ -49,7 +49,8 @@ class LinkSettings:
     def __post_init__(self) -> None:
         for name in ("intra_gbit", "inter_gbit"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf):
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if value is not None and (not number or not 0 < value < math.inf):
                 raise ValueError(f"{self.origin}: {name} must be a number of Gbit/s > 0, got {value!r}")
         if not isinstance(self.probe, bool):
             raise ValueError(f"link_probe must be True or False, got {self.probe!r}")
@@ -211,7 +212,9 @@ def with_links(topology: Topology, figures: LinkFigures, settings: LinkSettings)
 def cpu_network(topology: Topology) -> Topology:
     """``topology`` with gloo-over-TCP bandwidths if it is a CPU topology with TorchRec's
     default (GPU) bandwidths; otherwise ``topology`` itself."""
-    if topology.compute_device != "cpu" or stated_in_topology(topology) or isinstance(topology.comms_bandwidths, HetCommsBandwidths):
+    if topology.compute_device != "cpu" or stated_in_topology(topology):
+        return topology
+    if isinstance(topology.comms_bandwidths, HetCommsBandwidths):  # the planner's figures already
         return topology
     return _compat.with_comms_bandwidths(
         topology, BasicCommsBandwidths(intra_host_bw=CPU_INTRA_HOST_BW, inter_host_bw=CPU_INTER_HOST_BW)
@@ -224,7 +227,8 @@ def _measured_note(measured: LinkMeasurement) -> str:
 
 
 def _measurement_dict(m: LinkMeasurement) -> dict:
-    return {"gbit": m.gbit_per_s, "latency_ms": m.latency_ms, "rounds": m.rounds, "bytes_sent": m.bytes_sent, "fitted": m.fitted}
+    return {"gbit": m.gbit_per_s, "latency_ms": m.latency_ms, "rounds": m.rounds, "bytes_sent": m.bytes_sent,
+            "fitted": m.fitted}  # fmt: skip
 
 
 def _gbit(bytes_per_ms: float) -> str:
