@@ -12,7 +12,7 @@ from torchrec.distributed.planner.constants import CROSS_NODE_BANDWIDTH, INTRA_N
 
 import torchrec_het
 from torchrec_het import _compat
-from torchrec_het.planner import HetEmbeddingShardingPlanner
+from torchrec_het.planner import HetEmbeddingEnumerator, HetEmbeddingShardingPlanner
 from torchrec_het.planner.link_probe import (
     FLOAT,
     KINDS,
@@ -284,3 +284,5 @@ def test_the_planner_prices_and_prints_the_figures_it_has(caplog) -> None:
     assert "torchrec_het links (per rank, all ranks sending at once): within a host 16 Gbit/s (stated: link_gbit)" in caplog.text
     off = HetEmbeddingShardingPlanner(topology=_topology(4, 2), link_probe=False)
     assert off.links.intra_note == "gloo over TCP; probe off"
+    own = HetEmbeddingShardingPlanner(topology=_topology(4, 2), enumerator=HetEmbeddingEnumerator(_topology(4, 2)))
+    assert "the enumerator given prices with its own topology" in own.links.inter_note

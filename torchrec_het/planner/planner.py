@@ -46,7 +46,8 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             describe GPU interconnects), assume gloo-over-TCP speeds for what is not measured or stated.
         link_gbit: ``(intra, inter)`` Gbit/s per rank, every rank sending at once, that you state
             instead of measuring (either may be None); default: what ``install()`` was given.
-        link_probe: measure the links in ``collective_plan`` (default True, or what ``install()`` was given).
+        link_probe: measure the links in ``collective_plan`` (default True, or what ``install()`` was
+            given); not with an ``enumerator`` of your own (its estimators price with its own topology).
         link_budget: what the probe may spend (default ``ProbeBudget()``).
         *args, **kwargs: as ``EmbeddingShardingPlanner``.
     """
@@ -81,6 +82,8 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         if given.get("stats") is None:
             _compat.set_planner_parts(self, stats=[HetEmbeddingStats()])
         why = "plan() has no process group" if self.link_settings.probe else "probe off"
+        if not self._het_own_enumerator:
+            why = "not measured: the enumerator given prices with its own topology"
         self._use_links(link_figures(topology, self.link_settings, None, cpu_bandwidths, why))
 
     @property
@@ -105,7 +108,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         exchanges within and between hosts (not ``inter_one_way``)."""
         topology = self._het_topology
         kinds = kinds_to_probe(topology, self.link_settings)
-        if not kinds:
+        if not kinds or not self._het_own_enumerator:  # a given enumerator would not price what it measured
             return self.links
         if dist.get_world_size(pg) != topology.world_size:
             why = f"the Topology's world size {topology.world_size} is not the group's {dist.get_world_size(pg)}"
