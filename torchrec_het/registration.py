@@ -24,6 +24,7 @@ from torchrec_het import _compat
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.planner.access import AccessModel, ProfileTiers, check_not_empty
 from torchrec_het.planner.compute_costs import ENV_COSTS, ComputeCosts, load_compute_costs
+from torchrec_het.planner.network import LinkSettings, parse_link_gbit, parse_switch
 from torchrec_het.planner.planner import HetEmbeddingShardingPlanner
 from torchrec_het.planner.pricing import PluginPricing
 from torchrec_het.replication.config import ReplicationConfig
@@ -35,6 +36,7 @@ ENV_ONLINE = "TORCHREC_HET_ONLINE_PROFILE_STEPS"
 ENV_STALENESS = "TORCHREC_HET_EMBEDDING_STALENESS"
 ENV_COMPUTE = ENV_COSTS
 ENV_PG_TIMEOUT = "TORCHREC_HET_PG_TIMEOUT"  # seconds
+ENV_LINK_GBIT, ENV_LINK_PROBE = "TORCHREC_HET_LINK_GBIT", "TORCHREC_HET_LINK_PROBE"
 PROFILE_HINT = "python -m torchrec_het_bench.profile, or torchrec_het.replication.AccessProfiler on your own batches"
 
 
@@ -64,6 +66,8 @@ def install(
     embedding_staleness: int | None = None,
     compute_costs: ComputeCosts | str | None = None,
     pg_timeout: float | timedelta | None = None,
+    link_gbit: tuple[float | None, float | None] | str | None = None,
+    link_probe: bool | None = None,
 ) -> None:
     """Registers the plugin with TorchRec until :func:`uninstall` (calling it again re-installs).
 
@@ -102,6 +106,11 @@ def install(
             ``torch.distributed.init_process_group`` calls that pass no ``timeout`` of their own
             (the plugin's own groups take their parent group's); default ``$TORCHREC_HET_PG_TIMEOUT``,
             else torch's (30 minutes for gloo).
+        link_gbit: ``(intra, inter)`` Gbit/s per rank, every rank sending at once, that the planner
+            prices with instead of measuring them (either may be None; a string ``"intra,inter"``
+            as the variable takes); default ``$TORCHREC_HET_LINK_GBIT``, else measured.
+        link_probe: False: the planner measures nothing (it assumes what is not stated); default
+            ``$TORCHREC_HET_LINK_PROBE`` (1/0), else True: ``collective_plan`` probes the links.
     """
     global _state
     uninstall()
@@ -136,6 +145,7 @@ def install(
         **({"compute": compute_costs} if compute_costs is not None else {}),
         per_host_tier=False,  # the tiers below know no topology: the planner prices what they build
     )
+    links = install_links(link_gbit, link_probe, env)
     tiers = ProfileTiers(profile, None, sync, max_hot_fraction) if profile is not None else None
     replication = ReplicationConfig(
         tiers=tiers, replica_sync_every=sync, online_profile_steps=online, online_max_hot_fraction=max_hot_fraction
@@ -146,6 +156,7 @@ def install(
     for home in sharder_homes:
         _replace(state, home, "get_default_sharders", plugin_sharders)
     _replace(state, HetEmbeddingShardingPlanner, "installed_pricing", pricing)  # its default pricing
+    _replace(state, HetEmbeddingShardingPlanner, "installed_links", links)  # its link settings; rank 0 prints the figures
     for home in _compat.planner_homes():
         _replace(state, home, "EmbeddingShardingPlanner", HetEmbeddingShardingPlanner)
     if embedding_staleness is not None:
@@ -157,6 +168,20 @@ def install(
     _state = state
     if os.environ.get("RANK", "0") == "0":
         print(f"torchrec_het: {pricing_rule(pricing)}", file=sys.stderr, flush=True)
+
+
+def install_links(link_gbit, link_probe: bool | None, env: dict) -> LinkSettings:
+    """The planner's link settings from ``install()``'s arguments, else the environment's."""
+    origin = "install(link_gbit=...)"
+    if link_gbit is None and env["link_gbit"] is not None:
+        link_gbit, origin = env["link_gbit"], f"${ENV_LINK_GBIT}"
+    elif isinstance(link_gbit, str):
+        link_gbit = parse_link_gbit(link_gbit, origin)
+    elif link_gbit is not None and (not isinstance(link_gbit, tuple | list) or len(link_gbit) != 2):
+        raise ValueError(f"{origin}: expected (intra, inter) in Gbit/s per rank (either may be None), got {link_gbit!r}")
+    intra, inter = link_gbit if link_gbit is not None else (None, None)
+    probe = env["link_probe"] if link_probe is None else link_probe
+    return LinkSettings(intra, inter, True if probe is None else probe, origin)
 
 
 def pricing_rule(pricing: PluginPricing) -> str:
@@ -198,6 +223,8 @@ def env_settings() -> dict:
         "embedding_staleness": _env_number(ENV_STALENESS, int, None, 0),
         "compute_costs": os.environ.get(ENV_COMPUTE) or None,
         "pg_timeout": _env_timeout(ENV_PG_TIMEOUT),
+        "link_gbit": _env_parsed(ENV_LINK_GBIT, parse_link_gbit),
+        "link_probe": _env_parsed(ENV_LINK_PROBE, parse_switch),
     }
 
 
@@ -233,6 +260,11 @@ def read_profile(path: str, origin: str) -> AccessProfile:
         raise ValueError(f"{origin}={path!r}: no such access profile file") from None
     except (OSError, ValueError) as error:
         raise ValueError(f"{origin}={path!r}: cannot read the access profile ({error})") from None
+
+
+def _env_parsed(name: str, parse: Callable[[str, str], object]):
+    text = os.environ.get(name, "").strip()
+    return parse(text, name) if text else None
 
 
 def _env_number(name: str, kind: type, default, minimum):

@@ -2,22 +2,28 @@
 
     python -m torchrec_het_bench.adoption --out adoption/            # ~200 steps, 3 repeats
     python -m torchrec_het_bench.adoption --out /tmp/a --quick       # a smoke check
+    python -m torchrec_het_bench.adoption --out /tmp/e --network emulated --hosts 2 --gbit 1.25
 
 The trainer is the recipe ``torchrec_het_bench.recipes.train_dlrm`` (stock planner,
-``get_default_sharders()``, ``TrainPipelineSparseDist``), on 2 ranks, smoke sizes, as a user
-would start it: ``torchrun --nproc-per-node 2 -m ...`` (arm ``stock``) or
-``python -m torchrec_het.launch --nproc-per-node 2 -m ...`` (arm ``launcher``). Cases:
+``get_default_sharders()``, ``TrainPipelineSparseDist``), smoke sizes, as a user would start
+it. On loopback (default): 2 ranks, ``torchrun --nproc-per-node 2 -m ...`` (arm ``stock``) or
+``python -m torchrec_het.launch --nproc-per-node 2 -m ...`` (arm ``launcher``). With
+``--network emulated``: one rank on each of ``--hosts`` emulated hosts joined at ``--gbit``,
+each started by its own torchrun (or launcher) in its host's namespace, with a multi-node
+rendezvous at host 0 (:mod:`torchrec_het_bench.adoption_hosts`). Cases:
 
 - ``uniform``: ids uniform (``--alpha 0`` of the trainer); the launcher has no profile.
 - ``zipf``: Zipf(``--alpha``, 1.1) ids; the launcher gets ``TORCHREC_HET_PROFILE``, a profile
   of the same batches made first with ``python -m torchrec_het_bench.profile``.
 
 Repeats interleave (uniform stock, uniform launcher, zipf stock, zipf launcher, again...).
-Every run is a fresh process tree in a network namespace of its own (one emulated host of
-:mod:`torchrec_het_bench.netem`), so its loopback carries this run's traffic and nothing else:
-the kernel's ``lo`` counters there are the bytes the ranks, their rendezvous store and
+On loopback every run is a fresh process tree in a network namespace of its own (one emulated
+host of :mod:`torchrec_het_bench.netem`), so its loopback carries this run's traffic and nothing
+else: the kernel's ``lo`` counters there are the bytes the ranks, their rendezvous store and
 torchrun's agent exchanged (TCP payload plus TCP/IP headers; each packet counted once).
-Without root or ``ip`` the runs go on in this namespace and bytes are not reported.
+Without root or ``ip`` the runs go on in this namespace and bytes are not reported. On emulated
+hosts every run gets fresh hosts, and the wire bytes are what the hosts' links carried (the
+sum of their ``eth0`` transmit counters).
 
 Per run: the trainer's own ``trained N steps in S s (X it/s)`` (training loop only), a
 steady rate from the times its step lines arrive (from step N/10 to the last), the bytes of
@@ -31,43 +37,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import signal
 import statistics
 import subprocess
 import sys
-import threading
-import time
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
+from torchrec_het_bench.adoption_runs import TRAINER, Case, trainer_args, watch
 from torchrec_het_bench.flags import float_above, int_at_least
 
-TRAINER = "torchrec_het_bench.recipes.train_dlrm"
-WORLD_SIZE = 2
+WORLD_SIZE = 2  # on loopback; on emulated hosts one rank per host
 PLUGIN_PREFIX = "het_"
 NETNS_PREFIX = "trhadopt"
-RUN_TIMEOUT_S = 900
 # Runs of one plan differ by ~0.05% in bytes (store polls, TCP acks and retransmits vary):
 # "no more bytes" allows 0.2%.
 BYTES_TOLERANCE = 0.002
 QUICK = {"steps": 20, "repeats": 1, "eval_batches": 1}
 FULL = {"steps": 200, "repeats": 3, "eval_batches": 4}
-
-_STEP = re.compile(r"^step (\d+) loss ")
-_TRAINED = re.compile(r"^trained (\d+) steps in ([\d.]+) s \(([\d.]+) it/s\)$", re.M)
-_FINAL = re.compile(r"^final step (\d+) auc (0\.\d+|1\.0+)$", re.M)
-_PLAN_ROW = re.compile(r"^(t_\w+?)\s+\|\s+(\w+)\s+\|\s+(\w+)\s+\|", re.M)  # param | sharding type | kernel |
-
-
-@dataclass(frozen=True)
-class Case:
-    """One data set and what the launcher is told about it."""
-
-    name: str
-    alpha: float
-    with_profile: bool
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -80,12 +65,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile-every", type=int_at_least(1), default=4, help="the profile counts every N-th batch")
     parser.add_argument("--cases", nargs="+", choices=("uniform", "zipf"), default=["uniform", "zipf"])
     parser.add_argument("--quick", action="store_true", help=f"a smoke check: {QUICK} unless given")
+    parser.add_argument("--network", choices=("loopback", "emulated"), default="loopback",
+                        help="loopback: 2 ranks on this host; emulated: one rank per emulated host (needs root and ip)")
+    parser.add_argument("--hosts", type=int_at_least(2), default=2, help="emulated hosts, one rank each (2)")
+    parser.add_argument("--gbit", type=float_above(0), default=1.25, help="the emulated hosts' link rate, Gbit/s (1.25)")
     parser.add_argument(
         "--launcher-env", action="append", default=[], metavar="TORCHREC_HET_X=VALUE",
         help="a setting for the launcher arm only (repeatable), e.g. TORCHREC_HET_COMPUTE_COSTS=table.json; "
         "no other TORCHREC_HET_* variable of this shell reaches either arm",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.network == "emulated":
+        unavailable = namespace_unavailable()
+        if unavailable is not None:
+            parser.error(f"--network emulated is not possible here: {unavailable}")
     for setting in args.launcher_env:
         key, eq, _value = setting.partition("=")
         if not eq or not key.startswith("TORCHREC_HET_"):
@@ -110,19 +103,6 @@ def namespace_unavailable() -> str | None:
     return None
 
 
-def loopback_bytes(pid: int) -> int | None:
-    """Bytes sent over ``lo`` in the network namespace of process ``pid`` (None once it is gone)."""
-    try:
-        lines = Path(f"/proc/{pid}/net/dev").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        name, _, fields = line.partition(":")
-        if name.strip() == "lo":
-            return int(fields.split()[8])  # receive: 8 fields, then transmit bytes
-    return None
-
-
 def namespace_loopback_bytes(netns: str) -> int:
     """Bytes sent over ``lo`` in the named namespace (``ip -s``)."""
     from torchrec_het_bench.netem import run_command
@@ -134,12 +114,15 @@ def namespace_loopback_bytes(netns: str) -> int:
 # ---- one run ------------------------------------------------------------------------------------
 
 
+def world_size(args: argparse.Namespace) -> int:
+    """Ranks of a run: 2 on loopback, one per emulated host."""
+    return args.hosts if args.network == "emulated" else WORLD_SIZE
+
+
 def command(arm: str, case: Case, args: argparse.Namespace) -> list[str]:
-    """The command line of one arm: torchrun, or the plugin's launcher, running the unchanged trainer."""
+    """The command line of one arm on loopback: torchrun, or the plugin's launcher, running the unchanged trainer."""
     head = ["-m", "torch.distributed.run"] if arm == "stock" else ["-m", "torchrec_het.launch"]
-    trainer = ["--preset", "smoke", "--steps", str(args.steps), "--alpha", f"{case.alpha:g}",
-               "--eval-batches", str(args.eval_batches), "--print-plan"]  # fmt: skip
-    return [sys.executable, *head, "--nproc-per-node", str(WORLD_SIZE), "-m", TRAINER, *trainer]
+    return [sys.executable, *head, "--nproc-per-node", str(WORLD_SIZE), *trainer_args(case, args.steps, args.eval_batches)]
 
 
 def run_env(arm: str, case: Case, profile: Path | None, in_netns: bool, launcher_env: list[str]) -> dict[str, str]:
@@ -157,77 +140,29 @@ def run_env(arm: str, case: Case, profile: Path | None, in_netns: bool, launcher
 
 def run_once(arm: str, case: Case, args: argparse.Namespace, profile: Path | None, log: Path, in_netns: bool) -> dict:
     """Runs the trainer once (in a namespace of its own when ``in_netns``); returns its record."""
+    warm_step = max(1, args.steps // 10)
+    if args.network == "emulated":
+        from torchrec_het_bench.adoption_hosts import run_on_hosts
+
+        env = run_env(arm, case, profile, False, args.launcher_env)
+        return run_on_hosts(arm, case, args, env, log, warm_step, NETNS_PREFIX)
     argv = command(arm, case, args)
     env = run_env(arm, case, profile, in_netns, args.launcher_env)
-    warm_step = max(1, args.steps // 10)
     if not in_netns:
-        return _watch(argv, env, args.steps, warm_step, log, None)
+        return watch([(argv, env)], args.steps, warm_step, log, None)
     from torchrec_het_bench.netem import EmulatedHosts, LinkSpec
 
     with EmulatedHosts(1, LinkSpec(gbit=100.0, delay_ms=0.0), name_prefix=NETNS_PREFIX) as hosts:
         netns = hosts.host_netns(0)
-        return _watch(["ip", "netns", "exec", netns, *argv], env, args.steps, warm_step, log, netns)
-
-
-def _watch(argv: list[str], env: dict[str, str], steps: int, warm_step: int, log: Path, netns: str | None) -> dict:
-    """Runs ``argv``, timing its step lines and reading its namespace's counters at the warm and last step."""
-    before = namespace_loopback_bytes(netns) if netns else None
-    marks: dict[int, tuple[float, int | None]] = {}
-    lines = []
-    with open(log.with_suffix(".stderr"), "w") as stderr:
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1,
-                                start_new_session=True)  # fmt: skip
-        watchdog = threading.Timer(RUN_TIMEOUT_S, _kill_group, (proc,))  # this run's own process group
-        watchdog.start()
-        try:
-            for line in proc.stdout:
-                now = time.perf_counter()
-                lines.append(line)
-                step = _STEP.match(line)
-                if step and int(step.group(1)) in (warm_step, steps):
-                    marks[int(step.group(1))] = (now, loopback_bytes(proc.pid) if netns else None)
-            proc.wait(timeout=60)
-        finally:
-            watchdog.cancel()
-            if proc.poll() is None:
-                _kill_group(proc)
-                proc.wait()
-    stdout = "".join(lines)
-    log.with_suffix(".stdout").write_text(stdout)
-    after = namespace_loopback_bytes(netns) if netns else None
-    trained, final = _TRAINED.search(stdout), _FINAL.search(stdout)
-    if proc.returncode != 0 or not trained or not final:
-        tail = log.with_suffix(".stderr").read_text()[-3000:]
-        raise RuntimeError(f"run failed (exit {proc.returncode}; logs {log}.*): {' '.join(argv)}\n{stdout[-1500:]}\n{tail}")
-    plan = Counter(kind for _param, kind, _kernel in _PLAN_ROW.findall(stdout))
-    record = {
-        "it_per_s": float(trained.group(3)),
-        "train_s": float(trained.group(2)),
-        "steady_it_per_s": None,
-        "auc": float(final.group(2)),
-        "plan": dict(sorted(plan.items())),
-        "wire_bytes_run": None if before is None else after - before,
-        "wire_bytes_per_step": None,
-        "notes": sorted({line.strip() for line in open(log.with_suffix(".stderr")) if "torchrec_het:" in line}),
-    }
-    if warm_step in marks and steps in marks and steps > warm_step:
-        (t0, b0), (t1, b1) = marks[warm_step], marks[steps]
-        record["steady_it_per_s"] = (steps - warm_step) / (t1 - t0)
-        if b0 is not None and b1 is not None:
-            record["wire_bytes_per_step"] = (b1 - b0) / (steps - warm_step)
-    return record
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+        argv = ["ip", "netns", "exec", netns, *argv]
+        return watch([(argv, env)], args.steps, warm_step, log, lambda: namespace_loopback_bytes(netns))
 
 
 def make_profile(case: Case, args: argparse.Namespace, out: Path) -> Path:
     """Profiles rank 0's training batches of the case's data with the profile CLI."""
     path = out / f"profile_{case.name}.pt"
     argv = [sys.executable, "-m", "torchrec_het_bench.profile", "--preset", "smoke", "--alpha", f"{case.alpha:g}",
-            "--steps", str(args.steps), "--every", str(args.profile_every), "--world-size", str(WORLD_SIZE),
+            "--steps", str(args.steps), "--every", str(args.profile_every), "--world-size", str(world_size(args)),
             "--out", str(path)]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
@@ -296,17 +231,25 @@ def _fmt(value, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _where(results: dict) -> str:
+    net = results.get("network", {"mode": "loopback"})
+    if net["mode"] == "loopback":
+        return f"{results['world_size']} ranks (gloo) on loopback"
+    return f"{results['world_size']} ranks (gloo), one on each of {net['hosts']} emulated hosts at {net['gbit']:g} Gbit/s"
+
+
 def markdown(results: dict) -> str:
     lines = [
         "# An unchanged trainer through the launcher vs. without it",
         "",
         f"`{results['command']}` at {results['provenance']['commit']}, {results['provenance']['date']}; "
-        f"{results['steps']} steps, {results['repeats']} repeat(s) per arm, 2 ranks (gloo), smoke sizes. "
+        f"{results['steps']} steps, {results['repeats']} repeat(s) per arm, {_where(results)}, smoke sizes. "
         f"Load average {results['loadavg_start']:.1f} before, {results['loadavg_end']:.1f} after, "
         f"on {os.cpu_count()} cores: speeds are noisy on a shared machine.",
         "",
         f"Wire bytes: {results['wire_bytes']}",
         "",
+        *([f"Link: {results['network']['link']}", ""] if results.get("network", {}).get("link") else []),
         f"Launcher settings: {', '.join(results['launcher_env']) or 'none'} (+ TORCHREC_HET_PROFILE on zipf).",
         "",
         "| case | arm | it/s (trainer) | it/s (steady) | wire MB (run) | wire KB/step | AUC | planned types |",
@@ -351,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
         from torchrec_het_bench.netem import remove_stale
 
         remove_stale(NETNS_PREFIX)  # namespaces a killed earlier run of this command left
+    network = {"mode": args.network}
+    if args.network == "emulated":
+        from torchrec_het_bench.adoption_hosts import describe_link, measure_link
+
+        network.update(hosts=args.hosts, gbit=args.gbit, tcp=measure_link(args, NETNS_PREFIX))
+        network["link"] = describe_link(network)
     cases = [Case("uniform", 0.0, False) if name == "uniform" else Case("zipf", args.alpha, True) for name in args.cases]
     profiles = {case.name: make_profile(case, args, out) for case in cases if case.with_profile}
     loadavg_start = os.getloadavg()[0]
@@ -368,10 +317,15 @@ def main(argv: list[str] | None = None) -> int:
         "provenance": provenance(),
         "steps": args.steps,
         "repeats": args.repeats,
-        "world_size": WORLD_SIZE,
+        "world_size": world_size(args),
+        "network": network,
         "trainer": TRAINER,
         "launcher_env": args.launcher_env,
         "wire_bytes": (
+            "kernel counters of the hosts' links (the sum of every host's eth0 transmit bytes: what crossed the "
+            "emulated network, TCP/IP headers included, each packet once; traffic within a host is not counted). "
+            "'run': launch to exit; 'per step': from the step N/10 line to the last step line."
+            if args.network == "emulated" else
             "kernel counters of the loopback of a network namespace made for each run (all of that run's "
             "traffic: ranks, rendezvous store, torchrun agent; TCP/IP headers included; each packet once). "
             "'run': launch to exit; 'per step': from the step N/10 line to the last step line. "

@@ -60,11 +60,13 @@ def run_params(results: dict) -> list[str]:
     versions = ", ".join(f"{name} {v}" for name, v in results.get("versions", {}).items())
     sizes = results["table_sizes"]
     recorded = [f"{key} {results[key]}" for key in ("commit", "date") if results.get(key)]
+    links = report.links_line(results["network"])
     return [
         f"- preset `{results['preset']}`: {len(sizes)} tables of {min(sizes)}..{max(sizes)} rows, dim "
         f"{results['embedding_dim']}, batch {results['batch_size_per_rank']} per rank, Zipf alpha {results['alpha']}, "
         f"data {results.get('data', 'synthetic')}",
         f"- {results['world_size']} ranks, {_network(results)}; {report.pipeline_words(results)}",
+        *([f"- {links}"] if links else []),
         f"- {results['warmup_steps']} warm-up steps, then {results['rounds']} rounds of {results['steps_per_round']} "
         f"steps per configuration; held-out AUC on {results['eval_samples']} samples",
         f"- versions: {versions or 'not recorded'}; " + ("; ".join(recorded) if recorded else "commit and date not recorded"),

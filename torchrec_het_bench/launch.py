@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from torchrec_het_bench.run_links import measure_run_links
 from torchrec_het_bench.worker import RunSpec, run_benchmark
 
 _LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -47,12 +48,18 @@ def _rank_main(
     os.environ.update(env_of_rank[rank])
     dist.init_process_group("gloo", rank=rank, world_size=spec.world_size)
     try:
+        spec = _with_links(spec)
         gathered = body(spec)
         if rank == 0:
             on_done(spec, gathered)
         dist.barrier()  # no rank closes its connections while another still reads from them
     finally:
         dist.destroy_process_group()
+
+
+def _with_links(spec: RunSpec) -> RunSpec:
+    """``spec`` with the links the planner measures on this run's group (``network["links"]``)."""
+    return replace(spec, network=dict(spec.network, links=measure_run_links(spec.world_size, spec.local_world_size)))
 
 
 def spawn(spec: RunSpec, on_done, body=run_benchmark) -> None:
@@ -67,12 +74,15 @@ def spawn(spec: RunSpec, on_done, body=run_benchmark) -> None:
         mp.start_processes(_rank_main, args=(spec, env, None, on_done, body), nprocs=spec.world_size, start_method="spawn")
         return
     from torchrec_het_bench.netem import EmulatedHosts, LinkSpec, remove_stale
+    from torchrec_het_bench.netem_measure import link_truth
 
     remove_stale()  # namespaces left by an earlier run that was killed
     link = LinkSpec(gbit=spec.network["gbit"], delay_ms=spec.network["delay_ms"])
     with EmulatedHosts(spec.network["hosts"], link) as hosts:
-        # Record what the link really adds: kernels without sch_netem get rate shaping only.
-        spec = replace(spec, network=dict(spec.network, delay_ms_effective=hosts.effective_delay_ms))
+        # Record what the link really adds (kernels without sch_netem get rate shaping only) and what
+        # bulk TCP gets over it, beside which the planner's measured figures are recorded.
+        tcp = link_truth(hosts) if spec.network["hosts"] > 1 else None
+        spec = replace(spec, network=dict(spec.network, delay_ms_effective=hosts.effective_delay_ms, tcp=tcp))
         host_of_rank = list(spec.host_of_rank)
         env = [dict(hosts.rank_env(r, host_of_rank), MASTER_PORT=port) for r in range(spec.world_size)]
         netns = [hosts.host_netns(h) for h in host_of_rank]
@@ -86,6 +96,7 @@ def run_under_torchrun(spec: RunSpec, on_done, body=run_benchmark) -> None:
     spec = replace(spec, world_size=world_size, host_of_rank=tuple(r // local for r in range(world_size)))
     dist.init_process_group("gloo")
     try:
+        spec = _with_links(spec)
         gathered = body(spec)
         if dist.get_rank() == 0:
             on_done(spec, gathered)

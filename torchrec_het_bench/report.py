@@ -13,6 +13,27 @@ def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.2f}"
 
 
+def links_line(network: dict) -> str | None:
+    """One line for the report: the measured figures beside the emulated link's rate (None: not recorded)."""
+    links = network.get("links")
+    if links is None:
+        return None
+    parts = []
+    for kind, where in (("intra", "within a host"), ("inter", "between hosts")):
+        if links[f"{kind}_source"] == "measured":
+            parts.append(f"{where} {links[f'{kind}_gbit']:.3g} Gbit/s")
+    one_way = links.get("probe", {}).get("inter_one_way")
+    if one_way is not None:
+        parts.append(f"one way between hosts {one_way['gbit']:.3g} Gbit/s")
+    line = "links measured at plan time (per rank, all ranks sending at once): " + (", ".join(parts) or "nothing to measure")
+    if network.get("mode") == "emulated":
+        line += f"; emulated link {network['gbit']:g} Gbit/s each way"
+        tcp = network.get("tcp")
+        if tcp is not None:
+            line += f", bulk TCP {tcp['one_way_gbit']:.3g} Gbit/s one way, {tcp['both_ways_gbit']:.3g} each way both at once"
+    return line
+
+
 def by_workload(configs: list[dict]) -> list[dict]:
     """The entries that ran, grouped by workload (workloads in order of first appearance, entries in run order)."""
     configs = ran(configs)
@@ -60,6 +81,9 @@ def markdown_table(results: dict) -> str:
         "| other | embedding cross-rank | inter-host | HET hit rate (ideal LRU) | hot rows | AUC | loss | peak RSS MiB/rank |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    links = links_line(net)
+    if links is not None:
+        lines[1:1] = ["", links]
     for c in by_workload(results["configs"]):
         b = c["bytes_per_step"]
         sps = c["samples_per_s"]

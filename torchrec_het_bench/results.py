@@ -273,6 +273,8 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
             "hosts": spec.network.get("hosts", 1) if emulated else 1,
             "delay_ms": spec.network.get("delay_ms") if emulated else None,
             "delay_ms_effective": spec.network.get("delay_ms_effective") if emulated else None,
+            "tcp": spec.network.get("tcp") if emulated else None,  # bulk TCP over the link (netem_measure)
+            "links": spec.network.get("links"),  # what the plugin's planner measures (run_links)
         },
         "alpha": preset.alpha,
         "batch_size_per_rank": preset.batch_size,

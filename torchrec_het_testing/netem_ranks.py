@@ -91,3 +91,18 @@ def all_to_all_seconds_rank(
             Path(out).write_text(json.dumps({"seconds": best, "world_size": world_size}))
     finally:
         dist.destroy_process_group()
+
+
+def planner_links_rank(rank: int, envs: list[dict[str, str]], netns_of_rank: list[str], out: str) -> None:
+    """The links of a job of one rank per host as the benchmark records them (the planner's figures,
+    and every probe kind: also one way between hosts); rank 0 writes them to ``out``."""
+    from torchrec_het_bench.run_links import measure_run_links
+
+    _start(rank, envs, netns_of_rank)
+    try:
+        links = measure_run_links(dist.get_world_size(), 1)
+        if rank == 0:
+            Path(out).write_text(json.dumps(links))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -1,5 +1,7 @@
 """``python -m torchrec_het_bench.adoption --quick``: the unchanged trainer via torchrun and via the
-launcher on uniform ids, summarized; without a profile the launched trainer plans TorchRec's types."""
+launcher on uniform ids, summarized; without a profile the launched trainer plans TorchRec's types.
+On 2 emulated hosts (root and iproute2), with a profile: the launched planner measures the link
+and plans the plugin's types."""
 
 import json
 import subprocess
@@ -14,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_bad_flags_fail_in_the_parent_naming_the_flag(capsys) -> None:
-    for argv in (["--steps", "1"], ["--alpha", "0"], ["--launcher-env", "PATH=/x"]):
+    for argv in (["--steps", "1"], ["--alpha", "0"], ["--launcher-env", "PATH=/x"], ["--hosts", "1"], ["--gbit", "0"]):
         with pytest.raises(SystemExit):
             parse_args(["--out", "x", *argv])
         assert argv[0] in capsys.readouterr().err
@@ -43,3 +45,28 @@ def test_quick_uniform_run_reports_speed_bytes_plans_and_auc(tmp_path: Path) -> 
     assert case["launcher_over_stock"]["auc_difference"] == pytest.approx(0, abs=1e-3)  # same plan, same weights
     assert set(case["targets"]) == {"within_5pct_of_stock_speed", "no_more_wire_bytes"}
     assert any("no access profile" in note for note in case["launcher"]["runs"][0]["notes"])
+
+
+@pytest.mark.skipif(namespace_unavailable() is not None, reason=f"no emulated hosts here: {namespace_unavailable()}")
+def test_quick_zipf_run_on_two_emulated_hosts_plans_the_plugin_from_the_measured_link(tmp_path: Path) -> None:
+    """At 0.5 Gbit/s the measured link makes table_wise clearly dearer than row replication (at 1.25 Gbit/s
+    the two are priced within a few percent, so the choice there follows the probe's noise)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "torchrec_het_bench.adoption", "--out", str(tmp_path), "--quick", "--steps", "10",
+         "--cases", "zipf", "--network", "emulated", "--hosts", "2", "--gbit", "0.5"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    network = results["network"]
+    assert (network["mode"], network["hosts"], network["gbit"], results["world_size"]) == ("emulated", 2, 0.5, 2)
+    assert 0 < network["tcp"]["one_way_gbit"] <= 0.55 and "bulk TCP" in (tmp_path / "results.md").read_text()
+    case = results["cases"]["zipf"]
+    for arm in ("stock", "launcher"):
+        (record,) = case[arm]["runs"]
+        assert sum(record["plan"].values()) == 26 and 0 < record["auc"] < 1
+        assert record["wire_bytes_run"] > 0 and record["wire_bytes_per_step"] > 0  # the hosts' links carried them
+    assert not case["stock"]["plugin_types_planned"] and case["launcher"]["plugin_types_planned"], case["launcher"]["plan_types"]
+    assert case["launcher_over_stock"]["wire_bytes_per_step"] < 1.0  # fewer bytes cross the link each step
+    notes = case["launcher"]["runs"][0]["notes"]
+    assert any("between hosts" in note and "(measured: probe" in note for note in notes), notes

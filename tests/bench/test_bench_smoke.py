@@ -56,13 +56,18 @@ def plain_results(tmp_path_factory) -> dict:
 def test_top_level_shape(results: dict) -> None:
     assert results["preset"] == "smoke"
     assert results["world_size"] == 2
+    links = results["network"].pop("links")
     assert results["network"] == {
         "mode": "loopback",
         "gbit": None,
         "hosts": 1,
         "delay_ms": None,
         "delay_ms_effective": None,
+        "tcp": None,
     }
+    # what the plugin's planner measures on the run's ranks (one host: within it only)
+    assert (links["intra_source"], links["inter_source"]) == ("measured", "assumed") and links["intra_gbit"] > 0
+    assert set(links["probe"]) == {"seconds", "rounds", "bytes_sent", "intra"}
     assert set(results["versions"]) >= {"torch", "torchrec", "fbgemm_gpu", "torchrec_het"}
     assert [c["name"] for c in results["configs"]] == RUN
     preset = get_preset("smoke")

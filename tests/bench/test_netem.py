@@ -24,8 +24,8 @@ from torchrec_het_bench.netem import (
     remove_stale,
     run_command,
 )
-from torchrec_het_bench.netem_measure import transfer_seconds
-from torchrec_het_testing.netem_ranks import collectives_rank
+from torchrec_het_bench.netem_measure import link_truth, transfer_seconds
+from torchrec_het_testing.netem_ranks import collectives_rank, planner_links_rank
 
 PREFIX = "trhtest"
 
@@ -266,6 +266,33 @@ def test_link_rate_slows_cross_host_but_not_same_host_traffic() -> None:
     assert cross <= 4 * theoretical, f"{cross:.3f} s across hosts, expected about {theoretical:.2f} s"
     assert same < cross / 4, f"same host {same:.3f} s vs across hosts {cross:.3f} s"
     assert crossed_the_link < 1_000_000, f"same-host transfer sent {crossed_the_link} bytes over the host's link"
+
+
+@needs_netns
+def test_the_planners_probe_measures_the_emulated_link(tmp_path) -> None:
+    out = tmp_path / "links.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # no netem: rate only
+        with _hosts(2, gbit=1.25, delay_ms=0.05) as hosts:
+            truth = link_truth(hosts)  # bulk TCP: one way, and each way with both at once
+            envs = [hosts.rank_env(rank, [0, 1], master_port=29500) for rank in range(2)]
+            netns_of_rank = [hosts.host_netns(host) for host in (0, 1)]
+            mp.start_processes(planner_links_rank, args=(envs, netns_of_rank, str(out)), nprocs=2, start_method="spawn")
+    links = json.loads(out.read_text())
+    one_way = links["probe"]["inter_one_way"]["gbit"]
+    assert abs(one_way / truth["best_gbit"] - 1) <= 0.25, (links, truth)  # the link's rate, as TCP sees it
+    # What the planner prices: every rank sending at once. The link is full duplex (TCP gets ~the same both
+    # ways), gloo's pair gets less of it both ways than one way (~0.5-0.7x here): never more than the link.
+    assert links["inter_source"] == "measured" and links["intra_source"] == "assumed"
+    assert 0.25 * truth["both_ways_gbit"] <= links["inter_gbit"] <= 1.25 * truth["both_ways_gbit"], (links, truth)
+    assert links["probe"]["rounds"] <= 2 * links_budget_rounds()
+    assert _our_namespaces() == []
+
+
+def links_budget_rounds() -> int:
+    from torchrec_het.planner.link_probe import ProbeBudget
+
+    return ProbeBudget().max_rounds
 
 
 @needs_netns

@@ -382,6 +382,23 @@ def test_cpu_topologies_with_torchrec_default_bandwidths_are_priced_at_gloo_spee
     assert {t for t, _ in _plan(2, 2, pricing=pricing).values()} <= PLUGIN
 
 
+def test_stated_link_figures_are_what_the_plugin_types_are_priced_with() -> None:
+    from torchrec.distributed.planner.constants import INTRA_NODE_BANDWIDTH
+
+    from torchrec_het.planner.network import GBIT
+
+    pricing = PluginPricing(AccessModel(_profile(list(SIZES))))  # with the lookups' measured compute
+    topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
+
+    def planned(link_gbit) -> dict[str, str]:
+        planner = HetEmbeddingShardingPlanner(topology=topology, batch_size=BATCH, pricing=pricing, link_gbit=link_gbit)
+        return {n: p.sharding_type for n, p in planner.plan(_ebc(), [HetEmbeddingBagCollectionSharder()]).plan[""].items()}
+
+    slow, fast = planned((0.5, None)), planned((INTRA_NODE_BANDWIDTH / GBIT, None))
+    assert {slow[name] for name in ("mid", "big", "cold")} == {"het_row_replicated"}  # a slow link: bytes matter
+    assert not set(fast.values()) & PLUGIN  # NVLink-fast: the lookups' extra compute is not worth it
+
+
 def test_measured_tables_are_priced_with_the_profiles_ids_per_sample_for_every_type() -> None:
     sizes = {"hist": 5000, "plain": 5000}
     tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=16, num_embeddings=r) for n, r in sizes.items()]

@@ -2,7 +2,8 @@
 
 TorchRec's stats table abbreviates sharding types through a private lookup that rejects
 types it does not know; :class:`HetEmbeddingStats` extends that lookup for the duration of
-its own ``log`` call only (restored afterwards, also on error) and adds a legend. Input
+its own ``log`` call only (restored afterwards, also on error) and adds a legend and, from
+:class:`~torchrec_het.planner.HetEmbeddingShardingPlanner`, the link figures it priced. Input
 and output sizes of a plugin option are shown as those of its row_wise twin.
 """
 
@@ -33,6 +34,9 @@ class HetEmbeddingStats(_compat.EmbeddingStatsWithShardOption):
         used = sorted({o.sharding_type for o in best_plan} & set(ABBREVIATIONS))
         if used:
             logger.info("torchrec_het sharding types: %s", ", ".join(f"{ABBREVIATIONS[t]} = {t}" for t in used))
+        figures = getattr(topology.comms_bandwidths, "figures", None)  # HetCommsBandwidths: the planner's
+        if figures is not None:
+            logger.info("torchrec_het %s", figures.describe())
 
     def shard_stats_option(self, sharding_option):
         """A plugin option's shard stats (input and output sizes) are those of its row_wise twin."""

@@ -1,0 +1,22 @@
+"""The links a benchmark run trains over, as the plugin's planner measures them at plan time.
+
+Recorded in results.json beside the emulated link's rate (``network.gbit``, what ``tc`` shapes)
+and what bulk TCP gets over it (``network.tcp``, :func:`~torchrec_het_bench.netem_measure.link_truth`).
+The run's own configurations plan as before: ``planned`` ones state the emulated rate (or loopback's
+stated figure), so that runs compare; these figures are what a user's planner would price with.
+"""
+
+import torch
+import torch.distributed as dist
+
+from torchrec_het.planner.link_probe import probe_links
+from torchrec_het.planner.network import LinkSettings, link_figures
+from torchrec_het_bench.topology import cpu_topology
+
+
+def measure_run_links(world_size: int, local_world_size: int) -> dict:
+    """The planner's link figures on the default group (a collective: every rank calls it), as
+    ``LinkFigures.as_dict()``: Gbit/s per rank within and between hosts, their sources, the probe."""
+    probe = probe_links(dist.GroupMember.WORLD, local_world_size, torch.device("cpu"))
+    return link_figures(cpu_topology(world_size, local_world_size), LinkSettings(), probe).as_dict()
+

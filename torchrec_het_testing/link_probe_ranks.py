@@ -1,0 +1,46 @@
+"""Rank bodies for the link probe on a gloo group (tests/distributed/test_link_probe.py)."""
+
+import torch
+import torch.distributed as dist
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.distributed.planner import Topology
+
+from torchrec_het.planner import HetEmbeddingShardingPlanner
+from torchrec_het.planner.link_probe import ProbeBudget, probe_links
+from torchrec_het.planner.network import LinkSettings, link_figures
+from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
+from torchrec_het_testing.spawn import gloo_rank, write_rank_result
+
+# small enough that a 2-core machine probes in well under a second
+TIGHT = ProbeBudget(seconds=1.0, first_bytes=1 << 12, max_bytes=1 << 20, repeats=2)
+
+
+def _ebc() -> EmbeddingBagCollection:
+    tables = [EmbeddingBagConfig(name=f"t{i}", feature_names=[f"f{i}"], embedding_dim=8, num_embeddings=500) for i in range(2)]
+    return EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+
+
+def planner_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """One host per rank: the planner's ``collective_plan`` probes between hosts once (a second call
+    reuses it), and a probe of every kind on a tight budget; writes what each rank got."""
+    with gloo_rank(rank, world_size, port):
+        topology = Topology(world_size=world_size, local_world_size=1, compute_device="cpu")
+        planner = HetEmbeddingShardingPlanner(topology=topology, batch_size=64, link_budget=TIGHT)
+        plan = planner.collective_plan(_ebc(), [HetEmbeddingBagCollectionSharder()], dist.GroupMember.WORLD)
+        first = planner.links
+        planner.collective_plan(_ebc(), [HetEmbeddingBagCollectionSharder()], dist.GroupMember.WORLD)
+        result = {
+            "planner": first.as_dict(),
+            "probed_once": planner.links.probe is first.probe,
+            "tables": sorted(plan.plan[""]),
+        }
+        write_rank_result(out_dir, rank, result)
+
+
+def probe_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Two hosts of ``world_size // 2`` ranks: every kind probed on the tight budget; writes the figures."""
+    with gloo_rank(rank, world_size, port):
+        local = world_size // 2
+        probe = probe_links(dist.GroupMember.WORLD, local, torch.device("cpu"), TIGHT)
+        topology = Topology(world_size=world_size, local_world_size=local, compute_device="cpu")
+        write_rank_result(out_dir, rank, link_figures(topology, LinkSettings(), probe).as_dict())
