@@ -75,6 +75,28 @@ def release_free_memory() -> bool:
     return True
 
 
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (glibc >= 2.33): byte counts over all arenas."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+    ]
+
+
+def heap_mb() -> tuple[float, float] | None:
+    """``(in use, free)`` MiB of the C heap (glibc's ``mallinfo2``): bytes handed out by malloc (tensors' storage
+    included, mmapped chunks too) and bytes freed but kept by the allocator. RSS that grows while ``in use`` stays
+    flat is freed memory the allocator keeps, not live data. None without glibc >= 2.33."""
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return (info.uordblks + info.hblkhd) / 2**20, info.fordblks / 2**20
+
+
 def live_objects(by_type: bool = False) -> tuple[int, int, Counter | None]:
     """Objects that survive a full garbage collection: ``(torch tensors, all gc-tracked objects,
     counts by type or None)``. Takes a fraction of a second with TorchRec loaded. Counting touches no

@@ -4,8 +4,9 @@ Each entry (a configuration under a pipeline, as in the benchmark) trains ``step
 alone, one entry after the other in the same ranks, on the workload's data from step 0 on.
 Every ``sample_every`` steps, at the end of the warm-up and after the last step, each rank
 settles the pipeline (nothing runs beside the main thread) and records its resident set size
-(``VmRSS``), its peak since the entry started (``VmHWM``, reset when the entry starts) and the
-wall time and mean loss of the steps since the previous sample; from the end of the warm-up on
+(``VmRSS``), its peak since the entry started (``VmHWM``, reset when the entry starts), the C heap's
+bytes in use and freed-but-kept (glibc's ``mallinfo2``: RSS that grows while the bytes in use stay
+flat is the allocator keeping freed memory, not live data) and the wall time and mean loss of the steps since the previous sample; from the end of the warm-up on
 also the objects that survive a full garbage collection: torch tensors and all gc-tracked
 objects (:func:`~torchrec_het_bench.memory.live_objects`). The counts by type at the end of the
 warm-up and after the last step give the types that grew most. What a leak looks like: a live
@@ -30,6 +31,7 @@ import torch.distributed as dist
 
 from torchrec_het_bench import configs as bench_configs
 from torchrec_het_bench.memory import (
+    heap_mb,
     live_objects,
     peak_rss_mb,
     release_free_memory,
@@ -97,6 +99,8 @@ class SoakRecord:
     step: list[int] = field(default_factory=list)
     rss_mb: list[float] = field(default_factory=list)
     peak_rss_mb: list[float] = field(default_factory=list)
+    heap_in_use_mb: list[float | None] = field(default_factory=list)  # the C heap (glibc's mallinfo2), None elsewhere
+    heap_free_mb: list[float | None] = field(default_factory=list)  # freed, kept by the allocator
     live_tensors: list[int | None] = field(default_factory=list)
     gc_objects: list[int | None] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)  # wall time of the steps since the previous sample
@@ -206,6 +210,9 @@ def _soak_entry(spec: RunSpec, soak: SoakSpec, entry: Entry, source, bar) -> Soa
             record.loss.append(losses / window)
             record.rss_mb.append(round(rss_mb(), 1))
             record.peak_rss_mb.append(round(peak_rss_mb(), 1))
+            heap = heap_mb()
+            record.heap_in_use_mb.append(None if heap is None else round(heap[0], 1))
+            record.heap_free_mb.append(None if heap is None else round(heap[1], 1))
             if step >= soak.warmup_steps:
                 tensors, objects, by_type = live_objects(by_type=step in (soak.warmup_steps, soak.steps))
                 record.live_tensors.append(tensors)

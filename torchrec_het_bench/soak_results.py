@@ -6,6 +6,8 @@ The verdict of an entry, on every rank, from the end of the warm-up on:
 - ``peak_rss_growth_pct``: how much the peak RSS (``VmHWM`` since the entry started) grew from the end
   of the warm-up to the last step, in percent of its value at the end of the warm-up; within
   :data:`RSS_GROWTH_LIMIT_PCT` it holds.
+- ``heap_in_use_mb`` and ``heap_free_mb`` (glibc): the C heap's bytes in use and freed-but-kept at the end of
+  the warm-up and at the end, which tell a leak (in use grows) from the allocator keeping freed memory.
 - live objects (torch tensors, all gc-tracked objects): their counts at the end of the warm-up, at the
   midpoint of the measured steps and at the end, and their least-squares slope per 1,000 steps. They are
   flat when the count at the end exceeds the midpoint's by at most :data:`LIVE_SLACK`: a leak keeps
@@ -23,7 +25,7 @@ from torchrec_het_bench.worker import RunSpec
 
 RSS_GROWTH_LIMIT_PCT = 5.0
 LIVE_SLACK = {"live_tensors": 32, "gc_objects": 512}
-SERIES = ("step", "rss_mb", "peak_rss_mb", "live_tensors", "gc_objects", "seconds", "loss")
+SERIES = ("step", "rss_mb", "peak_rss_mb", "heap_in_use_mb", "heap_free_mb", "live_tensors", "gc_objects", "seconds", "loss")
 
 
 def slope_per_1k_steps(steps: list[int], counts: list[float]) -> float:
@@ -57,9 +59,16 @@ def verdict(series: list[dict], soak: SoakSpec) -> dict:
     tensors = _live(series, "live_tensors", soak.warmup_steps, soak.steps)
     objects = _live(series, "gc_objects", soak.warmup_steps, soak.steps)
     rss_ok = max(growth) <= RSS_GROWTH_LIMIT_PCT
+    warmup_index = [rank["step"].index(soak.warmup_steps) for rank in series]
+    heap = {
+        key: {"warmup": [rank[key][i] for rank, i in zip(series, warmup_index)], "end": [rank[key][-1] for rank in series]}
+        for key in ("heap_in_use_mb", "heap_free_mb")
+        if all(rank.get(key) and None not in rank[key] for rank in series)  # glibc only
+    }
     return {
         "peak_rss_mb": {"warmup": at_warmup, "end": at_end},
         "peak_rss_growth_pct": growth,
+        **heap,
         "rss_within_limit": rss_ok,
         "live_tensors": tensors,
         "gc_objects": objects,
@@ -141,10 +150,23 @@ def _ms_per_step(entry: dict, warmup: int) -> float:
     return 1e3 * seconds / trained if trained else 0.0
 
 
+def _heap(v: dict) -> str:
+    """MiB of the C heap in use and freed-but-kept at the warm-up's end and at the end, per rank; - without glibc."""
+    if "heap_in_use_mb" not in v:
+        return "-"
+    use, free = v["heap_in_use_mb"], v["heap_free_mb"]
+    return f"in use {_ranks(use['warmup'])} -> {_ranks(use['end'])}; free {_ranks(free['warmup'])} -> {_ranks(free['end'])}"
+
+
 def _verdict_words(v: dict) -> str:
     problems = []
     if not v["rss_within_limit"]:
-        problems.append(f"peak RSS +{max(v['peak_rss_growth_pct']):.1f}% > {RSS_GROWTH_LIMIT_PCT:g}%")
+        words = f"peak RSS +{max(v['peak_rss_growth_pct']):.1f}% > {RSS_GROWTH_LIMIT_PCT:g}%"
+        if "heap_in_use_mb" in v:
+            use = [end - start for start, end in zip(v["heap_in_use_mb"]["warmup"], v["heap_in_use_mb"]["end"])]
+            free = [end - start for start, end in zip(v["heap_free_mb"]["warmup"], v["heap_free_mb"]["end"])]
+            words += f" (heap in use {_ranks(use, '{:+.1f}')} MiB, freed but kept {_ranks(free, '{:+.1f}')} MiB)"
+        problems.append(words)
     for key, what in (("live_tensors", "tensors"), ("gc_objects", "gc objects")):
         if not v[key]["flat"]:
             problems.append(f"live {what} grow")
@@ -161,9 +183,10 @@ def markdown_table(results: dict) -> str:
         f"<= {soak['live_slack']['gc_objects']} gc objects on every rank; peak RSS growth limit "
         f"{soak['rss_growth_limit_pct']:g}%",
         "",
-        "| entry | sharding | peak RSS MiB warm-up -> end | peak RSS growth % | live tensors warm-up -> mid -> end "
-        "| tensors / 1k steps | gc objects warm-up -> end | gc objects / 1k steps | ms/step | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| entry | sharding | peak RSS MiB warm-up -> end | peak RSS growth % | C heap MiB warm-up -> end "
+        "| live tensors warm-up -> mid -> end | tensors / 1k steps | gc objects warm-up -> end | gc objects / 1k steps "
+        "| ms/step | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in results["configs"]:
         if "not_run" in c:
@@ -173,7 +196,7 @@ def markdown_table(results: dict) -> str:
         lines.append(
             f"| {c['name']} | {'+'.join(c['sharding_types'])} "
             f"| {_ranks(v['peak_rss_mb']['warmup'])} -> {_ranks(v['peak_rss_mb']['end'])} "
-            f"| {_ranks(v['peak_rss_growth_pct'], '{:+.2f}')} "
+            f"| {_ranks(v['peak_rss_growth_pct'], '{:+.2f}')} | {_heap(v)} "
             f"| {_ranks(t['warmup'])} -> {_ranks(t['midpoint'])} -> {_ranks(t['end'])} | {_ranks(t['per_1k_steps'], '{:+.1f}')} "
             f"| {_ranks(g['warmup'])} -> {_ranks(g['end'])} | {_ranks(g['per_1k_steps'], '{:+.1f}')} "
             f"| {_ms_per_step(c, soak['warmup_steps']):.1f} | {_verdict_words(v)} |"

@@ -80,6 +80,11 @@ def test_the_verdict_fails_a_steady_leak_and_passes_a_first_time_bump() -> None:
     assert bump["live_flat"] and bump["holds"]
     grown = verdict(_series([None, 100] + [100] * 6, [390.0, 400.0, 410, 415, 420, 421, 421, 421], steps), soak)
     assert grown["peak_rss_growth_pct"] == [5.25] and not grown["rss_within_limit"] and grown["live_flat"]
+    assert "heap_in_use_mb" not in grown  # no allocator figures recorded (not glibc)
+    kept = _series([None, 100] + [100] * 6, [390.0, 400.0, 410, 415, 420, 421, 421, 421], steps)
+    kept[0].update(heap_in_use_mb=[150.0] * 8, heap_free_mb=[40.0, 50, 60, 65, 70, 71, 71, 71])
+    assert verdict(kept, soak)["heap_free_mb"] == {"warmup": [50], "end": [71]}
+    assert verdict(kept, soak)["heap_in_use_mb"] == {"warmup": [150.0], "end": [150.0]}
 
 
 def test_slope_is_per_thousand_steps() -> None:
