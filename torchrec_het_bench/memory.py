@@ -86,8 +86,9 @@ class _MallInfo2(ctypes.Structure):
 
 def heap_mb() -> tuple[float, float] | None:
     """``(in use, free)`` MiB of the C heap (glibc's ``mallinfo2``): bytes handed out by malloc (tensors' storage
-    included, mmapped chunks too) and bytes freed but kept by the allocator. RSS that grows while ``in use`` stays
-    flat is freed memory the allocator keeps, not live data. None without glibc >= 2.33."""
+    included, mmapped chunks too) and bytes freed but kept by the allocator (resident or not: ``malloc_trim``
+    returns their pages but they stay counted). RSS that grows while ``in use`` stays flat is freed memory the
+    allocator keeps, not live data. None without glibc >= 2.33."""
     try:
         mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
     except (OSError, AttributeError):
