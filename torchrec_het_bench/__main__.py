@@ -6,9 +6,11 @@
     python -m torchrec_het_bench --pipeline plain     # default: TorchRec's TrainPipelineSparseDist
     python -m torchrec_het_bench --pipeline sparse_dist,hybrid,semi_sync --embedding-staleness 2
     python -m torchrec_het_bench --preset converge --configs stock_table_wise,planned_s10 --pipeline sparse_dist,hybrid
+    python -m torchrec_het_bench --soak 3000 --preset smoke --configs het_het_s10_c1,rep_m100_s1 --pipeline sparse_dist,hybrid
 """
 
 import argparse
+import functools
 import sys
 
 from torchrec_het_bench import configs as bench_configs
@@ -25,7 +27,9 @@ from torchrec_het_bench.pipelines import (
 )
 from torchrec_het_bench.presets import MIN_ROUNDS, PRESETS, REFERENCE_GBIT, get_preset
 from torchrec_het_bench.results import write_outputs
-from torchrec_het_bench.worker import RunSpec
+from torchrec_het_bench.soak import SoakSpec, run_soak
+from torchrec_het_bench.soak_results import write_outputs as write_soak_outputs
+from torchrec_het_bench.worker import RunSpec, run_benchmark
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -80,7 +84,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--soak",
+        type=int_at_least(2),
+        metavar="STEPS",
+        help="soak mode: every entry trains STEPS steps alone; per rank RSS, peak RSS and, after the warm-up "
+        "(--warmup-steps, default STEPS/5), live tensors and gc objects are sampled; results.json gets the series "
+        "and a verdict per entry (peak RSS growth after warm-up, live-object slope)",
+    )
+    parser.add_argument(
+        "--soak-every", type=int_at_least(1), metavar="N", help="with --soak: trained steps between samples (default STEPS/40)"
+    )
     args = parser.parse_args(argv)
+    args.soak_spec = _soak(parser, args)
     if args.network == "emulated" and args.world_size % args.hosts:
         parser.error(f"--world-size {args.world_size} is not a multiple of --hosts {args.hosts}")
     # Checked here, in the parent, before any rank starts: argparse exits with code 2 and the message
@@ -100,6 +116,21 @@ def _configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list:
         return bench_configs.select(names, get_preset(args.preset))
     except ValueError as error:
         parser.error(f"argument --configs: {error}")
+
+
+def _soak(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SoakSpec | None:
+    """``--soak`` and its flags (None: not a soak run); the flags that only a measured run takes are refused."""
+    if args.soak is None:
+        if args.soak_every is not None:
+            parser.error("argument --soak-every: only with --soak")
+        return None
+    for flag in ("rounds", "steps_per_round", "eval_every"):
+        if getattr(args, flag) is not None:
+            parser.error(f"argument --{flag.replace('_', '-')}: not with --soak (a soak trains each entry --soak steps)")
+    try:
+        return SoakSpec.of(args.soak, args.warmup_steps, args.soak_every)
+    except ValueError as error:
+        parser.error(f"argument --warmup-steps: {error}")
 
 
 def _staleness(text: str) -> int:
@@ -156,10 +187,14 @@ def main(argv: list[str] | None = None) -> int:
         pipeline=",".join(run.name for run in runs),
         embedding_staleness=args.embedding_staleness,
     )
+    body, on_done = run_benchmark, write_outputs
+    if args.soak_spec is not None:
+        body = functools.partial(run_soak, soak=args.soak_spec)
+        on_done = functools.partial(write_soak_outputs, soak=args.soak_spec)
     if launched_by_torchrun():
-        run_under_torchrun(spec, write_outputs)
+        run_under_torchrun(spec, on_done, body)
     else:
-        spawn(spec, write_outputs)
+        spawn(spec, on_done, body)
     return 0
 
 
