@@ -6,7 +6,7 @@ from typing import ClassVar
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
 from torchrec_het import _compat
-from torchrec_het.planner.enumerator import HetEmbeddingEnumerator
+from torchrec_het.planner.enumerator import HetEmbeddingEnumerator, table_rows
 from torchrec_het.planner.network import CPU_INTER_HOST_BW, CPU_INTRA_HOST_BW, cpu_network  # noqa: F401 (re-exported)
 from torchrec_het.planner.pricing import PluginPricing
 from torchrec_het.planner.stats import HetEmbeddingStats
@@ -36,13 +36,24 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         topology, batch_size, constraints = _compat.planner_settings(self)
         if cpu_bandwidths:
             topology = cpu_network(topology)
-        enumerator = None
-        if given.get("enumerator") is None:
+        enumerator = given.get("enumerator")
+        if enumerator is None:
             enumerator = HetEmbeddingEnumerator(
                 topology=topology, batch_size=batch_size, constraints=constraints, pricing=pricing or default_pricing()
             )
+            _compat.set_planner_parts(self, enumerator=enumerator)
+        self.het_pricing: PluginPricing | None = getattr(enumerator, "pricing", None)  # None: not the plugin's enumerator
         stats = [HetEmbeddingStats()] if given.get("stats") is None else None
-        _compat.set_planner_parts(self, topology=topology, enumerator=enumerator, stats=stats)
+        _compat.set_planner_parts(self, topology=topology, stats=stats)
+
+    def collective_plan(self, module, sharders=None, pg=None):
+        """TorchRec's ``collective_plan`` (rank 0 plans, every rank gets the plan), after every rank
+        has checked that the access profile fits the model: a profile of other tables (or other
+        row counts) raises :class:`~torchrec_het.errors.ConfigurationError` on every rank at
+        once, before any collective, rather than on rank 0 only while the others wait."""
+        if self.het_pricing is not None:
+            self.het_pricing.access.check_matches(table_rows(module))
+        return super().collective_plan(module, sharders, pg)
 
 
 def default_pricing() -> PluginPricing:
