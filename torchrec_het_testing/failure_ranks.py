@@ -225,6 +225,7 @@ class PositionWeighted(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         ebc = EmbeddingBagCollection(tables=FP_TABLES, is_weighted=True, device=torch.device("meta"))
+        apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": LR})  # the tables, not the processors
         processors = PositionWeightedModuleCollection({c.feature_names[0]: MAX_LENGTH for c in FP_TABLES})
         self.fp_ebc = FeatureProcessedEmbeddingBagCollection(ebc, processors)
         generator = torch.Generator().manual_seed(SEED)
@@ -241,7 +242,6 @@ class PositionWeighted(nn.Module):
 
 def _position_weighted() -> DistributedModelParallel:
     model = PositionWeighted()
-    apply_optimizer_in_backward(torch.optim.SGD, model.fp_ebc._embedding_bag_collection.parameters(), {"lr": LR})
     sharders = get_het_sharders()
     sharder = next(s for s in sharders if s.module_type is FeatureProcessedEmbeddingBagCollection)
     plan = construct_module_sharding_plan(
