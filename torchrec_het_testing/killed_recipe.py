@@ -23,8 +23,8 @@ import signal
 import sys
 import threading
 
-from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
-from torchrec_het.sharding.replica_sync import HostGroups
+from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
+from torchrec_het.sharding.row_replicated.sync import HostGroups
 from torchrec_het_bench.recipes import train_dlrm
 
 KILL_ENV = "TORCHREC_HET_TESTING_KILL"

@@ -3,11 +3,11 @@
 Each rank owns a row range of every table (TorchRec's row-wise shard, held by the
 stock fused FBGEMM kernel this class extends) and caches rows of the other ranges.
 Tables of one dim and one cache setting share a fused id space and a cache
-(:mod:`torchrec_het.sharding.het_group`); all groups of a lookup travel in the same
+(:mod:`torchrec_het.sharding.het_cache.groups`); all groups of a lookup travel in the same
 exchanges (a request is a *global* id: the group's base plus its fused id), so the
 number of collectives per step does not grow with the groups.
 
-A step in TorchRec's three stages (the dists are in :mod:`torchrec_het.sharding.het_dists`):
+A step in TorchRec's three stages (the dists are in :mod:`torchrec_het.sharding.het_cache.dists`):
 
 input dist (:meth:`plan_requests`, then the requests' two awaitables)
   the requester dedupes its batch's ids per group and, for the remote ids the bound
@@ -32,15 +32,15 @@ output dist (:meth:`finish`, from the output dist's awaitable)
   and travel as a header in the rows' all-to-all. Then the requester settles the
   cache (refresh stale copies, fill new ones, renew leases, count) and pools its
   bags locally (one ``embedding_bag`` per group) with the shared output layout
-  (:mod:`~torchrec_het.sharding.output_layout`), whose backward produces the row gradients.
-backward (:meth:`write_back`, in :mod:`torchrec_het.sharding.het_writes`)
+  (:mod:`~torchrec_het.sharding.common.output_layout`), whose backward produces the row gradients.
+backward (:meth:`write_back`, in :mod:`torchrec_het.sharding.het_cache.pushes`)
   gradients of owned rows, of rows that found no cache slot, of cached rows with more
   than ``s_write`` pending updates and of dirty rows evicted this step go to their
   owners in one all-to-all that is *started* here (its sizes are known from the
   header) and waited for at the next lookup, at :meth:`flush` (and so before
   ``state_dict``) or at :meth:`purge`. The owner applies the table's fused optimizer
   (one update per row with the summed gradient, as stock row-wise does;
-  :func:`~torchrec_het.sharding.row_optim.apply_rows`) and bumps the row's version by
+  :func:`~torchrec_het.sharding.common.row_optim.apply_rows`) and bumps the row's version by
   the number of updates received. Other cached rows keep their gradient pending and
   get a local SGD step so later reads see this rank's own writes.
 
@@ -76,10 +76,8 @@ version after applying every earlier push) and every gradient is applied at its 
 before the next read: the same training as stock row-wise, also under the pipeline.
 """
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
 from collections import deque
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -87,77 +85,20 @@ from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.types import ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het._compat import lookup_kernels, process_group_timeout
+from torchrec_het._compat import lookup_kernels
 from torchrec_het.cache import PendingRows
 from torchrec_het.config import HetCacheConfig
-from torchrec_het.sharding.exchange import exchange_flat
-from torchrec_het.sharding.het_group import HetGroup
-from torchrec_het.sharding.het_writes import HetWrites, _flatten_rows
-from torchrec_het.sharding.id_space import TableInfo, bag_divisors, flatten_batch
-from torchrec_het.sharding.output_layout import OutputPlan, Part, Source, bag_offsets, output_layout
-from torchrec_het.sharding.row_apply import row_state
-from torchrec_het.sharding.row_optim import _buffer, optimizer_kind
+from torchrec_het.sharding.common.exchange import exchange_flat
+from torchrec_het.sharding.common.groups import dedicated_group
+from torchrec_het.sharding.common.id_space import TableInfo, bag_divisors, flatten_batch
+from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source, bag_offsets, output_layout
+from torchrec_het.sharding.common.row_apply import row_state
+from torchrec_het.sharding.common.row_optim import flat_buffer, optimizer_kind
+from torchrec_het.sharding.het_cache.batch import CachedBatch, GroupRead
+from torchrec_het.sharding.het_cache.groups import HetGroup
+from torchrec_het.sharding.het_cache.pushes import HetWrites, flatten_rows
 
 STEP_ATTR = "_het_cached_step"  # where the input dist leaves a batch's bookkeeping on its KJT
-
-
-@dataclass
-class _Read:
-    """One group's read of one batch, from the input dist to that batch's backward."""
-
-    step: int
-    lengths: torch.Tensor  # [F, B] bag lengths of the group's features
-    weights: torch.Tensor | None  # per-id weights, or None
-    value_bags: torch.Tensor  # bag of every id, the group's features one after the other (f * batch + sample)
-    uniq: torch.Tensor  # distinct fused ids of the batch, ascending
-    inverse: torch.Tensor  # position in uniq of every id
-    by_row: torch.Tensor  # positions of the ids sorted by row (stable): the backward's bags
-    uses: torch.Tensor  # occurrences of each distinct id
-    tables: torch.Tensor  # group table index of each distinct id
-    local: torch.Tensor  # positions in uniq of owned ids
-    remote: torch.Tensor  # positions in uniq of ids owned elsewhere
-    asked: torch.Tensor | None = None  # positions in remote of the ids asked about (ascending)
-    pinned: torch.Tensor | None = None  # cache slots pinned by the input dist until the settle
-    slots: torch.Tensor | None = None  # cache slot of each remote id at the settle (-1: none)
-    rows: torch.Tensor | None = None  # [len(uniq), dim] values used this step
-    bags: torch.Tensor | None = None  # bag of every id, bags ordered sample by sample
-    by_bag: torch.Tensor | None = None  # the ids in that bag order
-    bag_offsets: torch.Tensor | None = None  # [bags + 1] where each bag starts in that order
-    uncached: torch.Tensor | None = None  # positions in uniq of fetched rows that found no slot
-    due: torch.Tensor | None = None  # cache slots whose pending gradients go out in this step's backward
-    outbox: list[PendingRows] = field(default_factory=list)  # evicted dirty rows that go out with them
-    push_counts: torch.Tensor | None = None  # rows this rank pushes to each rank in the backward
-
-
-@dataclass
-class _Batch:
-    """One batch's bookkeeping, from the input dist to its backward (it rides the KJT, see ``STEP_ATTR``).
-
-    Requests are merged over the groups: ordered by owner, then group, then id.
-    """
-
-    step: int
-    batch: int
-    reads: list[_Read]
-    ids: torch.Tensor  # requester: global id of each request
-    held: torch.Tensor  # requester: the cached version sent with it (-1: none)
-    dest: torch.Tensor  # requester: owner of each request
-    group: torch.Tensor  # requester: group of each request
-    at: torch.Tensor  # requester: position of each request in its group's ``asked``
-    send_splits: list[int] = field(default_factory=list)  # requests to each rank
-    recv_splits: list[int] = field(default_factory=list)  # requests from each rank
-    local_only: bool = False  # no rank asked another one anything
-    received: torch.Tensor | None = None  # owner: [n, 2] (global id, held) asked of this rank, by source
-    current: torch.Tensor | None = None  # owner: the current version of each
-    rows_out: torch.Tensor | None = None  # owner: float32 elements of rows it sends to each rank
-    payload: torch.Tensor | None = None  # owner: those rows, flat, in request order
-    writes: bool = False  # a backward is expected
-    pull_counts: torch.Tensor | None = None  # [ws, groups] rows each rank pushes to this one in the backward
-    push_counts: torch.Tensor | None = None  # [ws, groups] rows this rank pushes to each rank in the backward
-    replies: torch.Tensor | None = None  # fetched ahead: the owners' versions
-    brings: torch.Tensor | None = None  # fetched ahead: which requests brought a row
-    rows_received: torch.Tensor | None = None  # fetched ahead: the rows, flat, by source
-    rows_work: object = None  # fetched ahead: the rows' all-to-all in flight
 
 
 class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
@@ -185,19 +126,15 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         self._rank = dist.get_rank(pg)
         self._ws = dist.get_world_size(pg)
         self._compute_device = torch.device(device) if device is not None else torch.device("cpu")
-        ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(self._ws))
-        # the cache's exchanges and pushes run on a group of their own, so they neither wait behind
-        # nor hold up the model's other collectives (DDP's dense all-reduce) on the default group
-        self._exchange_pg = dist.new_group(ranks, backend=dist.get_backend(pg), use_local_synchronization=True,
-                                           timeout=process_group_timeout(pg))
+        self._exchange_pg = dedicated_group(pg)  # the cache's exchanges and pushes
         self._features = list(feature_names)
         self._config = config
         self._step = 0
-        self._awaiting: deque[_Batch] = deque()  # settled batches whose backward is due, oldest first
+        self._awaiting: deque[CachedBatch] = deque()  # settled batches whose backward is due, oldest first
         self.batches_ahead = False  # see :meth:`allow_batches_ahead`
         self._inflight = None  # (work, received, pull counts) of the last backward's pushes
-        self.last_batch: _Batch | None = None  # the batch the output dist finishes next
-        self.prefetched: _Batch | None = None  # the last batch ``prefetch`` prepared
+        self.last_batch: CachedBatch | None = None  # the batch the output dist finishes next
+        self.prefetched: CachedBatch | None = None  # the last batch ``prefetch`` prepared
         self._anchor = torch.zeros(1, device=self._compute_device, requires_grad=True)  # lets backward reach the write path
         self._views: dict[tuple, tuple] = {}  # (module, group) -> (buffer attribute, its data_ptr, (view, first rows))
         self.on_serve: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor, int], None] | None = None
@@ -303,7 +240,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
             attr, pointer, view = cached
             if getattr(tbe, attr).data_ptr() == pointer:  # the kernel kept its buffer
                 return view
-        found = _buffer(tbe, prefix)
+        found = flat_buffer(tbe, prefix)
         if found is None:
             return None
         width = g.dim if prefix == "weights" else g.state_width
@@ -363,7 +300,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
 
     # --- input dist: what to ask the owners ---------------------------------------------
 
-    def plan_requests(self, sparse_features: KeyedJaggedTensor) -> _Batch:
+    def plan_requests(self, sparse_features: KeyedJaggedTensor) -> CachedBatch:
         """Requester side of the input dist: the batch's reads, the requests, slots pinned."""
         if sparse_features.keys() != self._features:
             raise ValueError(f"het_cached_row_wise lookup expects features {self._features}, got {sparse_features.keys()}")
@@ -406,16 +343,16 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         dest_all = torch.cat([empty] + dest)
         order = torch.sort(dest_all, stable=True).indices  # by owner, then group, then id
         pick = lambda parts: torch.cat([empty] + parts).index_select(0, order)  # noqa: E731
-        return _Batch(step, batch, reads, pick(ids), pick(held), dest_all.index_select(0, order), pick(group), pick(at))
+        return CachedBatch(step, batch, reads, pick(ids), pick(held), dest_all.index_select(0, order), pick(group), pick(at))
 
-    def _plan_read(self, g: HetGroup, ids, bags, weights, lengths, counts, step: int) -> _Read:
+    def _plan_read(self, g: HetGroup, ids, bags, weights, lengths, counts, step: int) -> GroupRead:
         sorted_ids, by_row = torch.sort(ids, stable=True)
         uniq, sorted_inverse, uses = torch.unique_consecutive(sorted_ids, return_inverse=True, return_counts=True)
         inverse = torch.empty_like(sorted_inverse).index_copy_(0, by_row, sorted_inverse)
         owned = g.owner_of(uniq) == self._rank
         local, remote = owned.nonzero().flatten(), (~owned).nonzero().flatten()
         tables = g.table_of(uniq)
-        read = _Read(step, lengths, weights, bags, uniq, inverse, by_row, uses, tables, local, remote)
+        read = GroupRead(step, lengths, weights, bags, uniq, inverse, by_row, uses, tables, local, remote)
         remote_tables = tables.index_select(0, remote)
         g.stats.add_per_table("lookups", torch.zeros(len(g.tables), dtype=torch.int64, device=self._compute_device).index_add_(
             0, g.feature_table, counts))
@@ -467,7 +404,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         """Owner side: the current version of every requested row, and the rows the rule sends
         (flat, in request order), which the output dist carries back. Fetching ahead, the input
         dist has done all of it: nothing is left here but the previous backward's pushes."""
-        step: _Batch = getattr(sparse_features, STEP_ATTR)
+        step: CachedBatch = getattr(sparse_features, STEP_ATTR)
         self.wait_pushes()  # the previous backward's pushes: versions and rows below include them
         while self._awaiting and not self.batches_ahead:  # a batch that got no backward: its pushes stay queued
             self._requeue(self._awaiting.popleft())
@@ -476,7 +413,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         self.last_batch = step
         return step.payload
 
-    def _answer(self, step: _Batch, bounds: torch.Tensor) -> None:
+    def _answer(self, step: CachedBatch, bounds: torch.Tensor) -> None:
         """Owner side: ``step.current`` (version of each request), ``step.payload`` (the rows the
         rule sends, flat, in request order) and ``step.rows_out`` (their elements per requester)."""
         received = step.received
@@ -508,11 +445,11 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
                 for index, g in enumerate(self._groups)
             ]
             place = torch.empty_like(by_group).index_copy_(0, by_group, torch.arange(by_group.numel(), device=self._compute_device))
-            step.payload = _flatten_rows(rows, place, widths.index_select(0, sent).index_select(0, by_group))
+            step.payload = flatten_rows(rows, place, widths.index_select(0, sent).index_select(0, by_group))
 
     # --- fetching ahead: the whole exchange in the input dist ------------------------------
 
-    def fetch_ahead(self, step: _Batch) -> None:
+    def fetch_ahead(self, step: CachedBatch) -> None:
         """From the input dist's first awaitable, once the requests arrived: the owners answer
         with the margin rule (:data:`ahead`), versions come back, and the rows' all-to-all is
         started (``step.rows_work``; the second awaitable waits for it).
@@ -541,7 +478,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         step.replies, step.brings, step.rows_received = replies, brings, received
         step.payload = step.payload.new_empty(0)  # nothing left for the output dist to carry
 
-    def finish_ahead(self, step: _Batch) -> torch.Tensor:
+    def finish_ahead(self, step: CachedBatch) -> torch.Tensor:
         """Requester side of a batch fetched ahead: slots for the rows it lacks, the settle, the
         pooled bags (no exchange; the backward's push counts go out with the pushes)."""
         groups, device = len(self._groups), self._compute_device
@@ -565,7 +502,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
 
     # --- output dist: versions back, rows back, settle, pool -------------------------------
 
-    def _plan_slots(self, step: _Batch, brings: torch.Tensor) -> list[tuple]:
+    def _plan_slots(self, step: CachedBatch, brings: torch.Tensor) -> list[tuple]:
         """Per group: where its requests are, their slots now, which lack a slot, what to protect,
         and whether the cache must rescan to find room (a 1-element tensor, read with other data)."""
         plans = []
@@ -582,7 +519,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
             plans.append((mine, asked, held_slots, group_brings, missing, missing_ids, protect, shortfall))
         return plans
 
-    def _reserve(self, step: _Batch, plans: list[tuple], rescans: list[int]) -> torch.Tensor:
+    def _reserve(self, step: CachedBatch, plans: list[tuple], rescans: list[int]) -> torch.Tensor:
         """Slots for the rows each group lacks (evicting by the policy), and the backward's plan:
         returns ``[ws, groups]`` rows this rank will push to each rank."""
         push_counts = torch.zeros(self._ws, max(len(self._groups), 1), dtype=torch.int64, device=self._compute_device)
@@ -602,7 +539,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
             push_counts[:, index] = read.push_counts
         return push_counts
 
-    def _pooled(self, step: _Batch, groups: int) -> torch.Tensor:
+    def _pooled(self, step: CachedBatch, groups: int) -> torch.Tensor:
         if step.writes:
             self._awaiting.append(step)
         else:  # no backward will come: evicted dirty rows stay queued
@@ -610,7 +547,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
                 read.outbox = []
         return output_layout(self._output_plan(step), self._anchor)
 
-    def _output_plan(self, step: _Batch) -> OutputPlan:
+    def _output_plan(self, step: CachedBatch) -> OutputPlan:
         """The ``[batch, width]`` output: per group, its bags pooled from the rows read this step
         (one ``embedding_bag``, columns ``g.columns``); the backward's row gradients (one more)
         go to the write path (:meth:`write_back`, which scales them)."""
@@ -630,7 +567,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
 
     # --- output dist: versions back, rows back, settle, pool -------------------------------
 
-    def finish(self, step: _Batch, replies: torch.Tensor) -> torch.Tensor:
+    def finish(self, step: CachedBatch, replies: torch.Tensor) -> torch.Tensor:
         """Requester side, once the owners' versions arrived: which rows come, slots for them, the
         rows' all-to-all (with the backward's push counts as a header), the settle, the pooled bags."""
         ws, groups, device = self._ws, len(self._groups), self._compute_device
@@ -672,7 +609,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         step.pull_counts = pull_counts[:, :groups]
         return self._pooled(step, groups)
 
-    def _plan_push(self, index: int, g: HetGroup, read: _Read, writes: bool) -> None:
+    def _plan_push(self, index: int, g: HetGroup, read: GroupRead, writes: bool) -> None:
         """What this batch's backward will push to each owner: owned and uncached rows, cached rows
         that pass the write bound with this step's update, and dirty evicted rows."""
         if not writes or self.batches_ahead:  # no backward will come, or its counts go out with it
@@ -689,7 +626,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         ]
         read.push_counts = torch.bincount(g.owner_of(torch.cat(ids)), minlength=self._ws)
 
-    def _settle(self, g: HetGroup, read: _Read, asked, held_slots, versions, brings, rows, missing, step: int,
+    def _settle(self, g: HetGroup, read: GroupRead, asked, held_slots, versions, brings, rows, missing, step: int,
                 validated: int) -> None:
         """Requester side: refresh stale copies, fill new rows, renew leases, count, and gather the rows.
 
@@ -745,7 +682,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
                 self.on_serve(t.name, ids[mine] - g.offsets[i], cache.versions[hit[mine]], cache.validated_step[hit[mine]], step)
 
 
-def _sample_major(read: _Read) -> None:
+def _sample_major(read: GroupRead) -> None:
     """Orders the bags sample by sample (the output's layout, so pooling writes it in place):
     ``read.bags`` is each id's bag in that order, ``read.by_bag`` the ids in that order."""
     features, batch = read.lengths.shape

@@ -1,6 +1,6 @@
 """The write path of ``het_cached_row_wise``: pushing gradients to their owners and applying them there.
 
-A mixin of :class:`~torchrec_het.sharding.het_lookup.HetCachedEmbeddingLookup`. The backward
+A mixin of :class:`~torchrec_het.sharding.het_cache.lookup.HetCachedEmbeddingLookup`. The backward
 of a batch calls :meth:`HetWrites.write_back` with every distinct row's gradient: cached
 rows take a local optimizer step (with the row's state as this rank knows it) and keep their
 gradient pending until the write bound is due;
@@ -10,20 +10,16 @@ in one asynchronous all-to-all, which the next lookup, ``flush`` or ``purge`` wa
 with the summed gradient and move the row's version on.
 """
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.distributed as dist
 from torchrec.distributed.comm_ops import get_gradient_division
 
 from torchrec_het._compat import lookup_kernels
 from torchrec_het.cache import PendingRows
-from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
-from torchrec_het.sharding.het_group import HetGroup
-from torchrec_het.sharding.row_optim import apply_rows, optimizer_kind, squares_of, step_rows
-
-if TYPE_CHECKING:
-    from torchrec_het.sharding.het_lookup import _Batch
+from torchrec_het.sharding.common.exchange import exchange_counts, exchange_flat
+from torchrec_het.sharding.common.row_optim import apply_rows, optimizer_kind, squares_of, step_rows
+from torchrec_het.sharding.het_cache.batch import CachedBatch
+from torchrec_het.sharding.het_cache.groups import HetGroup
 
 _PUSH_HEAD = 4  # a pushed row: id and update count as int64 bit patterns (two float32 words each), then the gradient
 
@@ -31,7 +27,7 @@ _PUSH_HEAD = 4  # a pushed row: id and update count as int64 bit patterns (two f
 class HetWrites:
     """Pushes and owner-side updates; uses the lookup's groups, process groups and step state."""
 
-    def write_back(self, step: "_Batch", row_grads: list[torch.Tensor]) -> None:
+    def write_back(self, step: CachedBatch, row_grads: list[torch.Tensor]) -> None:
         """Called by the backward of a batch with the gradient of every distinct row it read:
         starts the pushes (one all-to-all), which the next lookup, ``flush`` or ``purge`` waits for."""
         while self._awaiting and self._awaiting[0] is not step:  # older batches that got no backward
@@ -76,7 +72,7 @@ class HetWrites:
             widths.append(torch.full_like(dest, self._push_width(g)))
         key, width = torch.cat(keys), torch.cat(widths)
         order = torch.sort(key, stable=True).indices  # by owner, then group
-        flat = _flatten_rows(packed, order, width)
+        flat = flatten_rows(packed, order, width)
         send = torch.bincount(key // len(self._groups), width, minlength=ws).long()
         if self.batches_ahead:  # the counts of what this backward pushes go out now
             counts = torch.bincount(key, minlength=ws * len(self._groups)).view(ws, len(self._groups))
@@ -119,7 +115,7 @@ class HetWrites:
 
     def _keep_optimizer_state(self) -> None:
         """At construction: a group whose kernels share one Adagrad-family optimizer keeps each
-        cached row's optimizer state (:meth:`~torchrec_het.sharding.het_group.HetGroup.keep_optimizer_state`)."""
+        cached row's optimizer state (:meth:`~torchrec_het.sharding.het_cache.groups.HetGroup.keep_optimizer_state`)."""
         kernels = lookup_kernels(self)
         for g in self._groups:
             found = {optimizer_kind(kernels[m].emb_module) for m in g.modules}
@@ -130,7 +126,7 @@ class HetWrites:
 
     def _local_step(self, g: HetGroup, slots: torch.Tensor, grad: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
         """The update a cached copy takes now for its gradient ``grad``: the table's optimizer step
-        as this rank knows the row (:func:`~torchrec_het.sharding.row_optim.step_rows` from the
+        as this rank knows the row (:func:`~torchrec_het.sharding.common.row_optim.step_rows` from the
         cached value and the state the owner sent plus this rank's squares not yet pushed). When
         this rank is the row's only writer, k local steps are the k synchronous steps; SGD's is
         ``-lr * grad``. The owner still applies the pushed gradients (this delta only serves this
@@ -150,7 +146,7 @@ class HetWrites:
     def _push_widths(self) -> torch.Tensor:
         return torch.tensor([self._push_width(g) for g in self._groups], device=self._compute_device)
 
-    def _requeue(self, step: "_Batch") -> None:
+    def _requeue(self, step: CachedBatch) -> None:
         """A settled batch got no backward: the dirty rows it was to push wait for the next push."""
         for index, (g, read) in enumerate(zip(self._groups, step.reads)):
             self._outbox[index] = read.outbox + self._outbox[index]
@@ -208,7 +204,7 @@ class HetWrites:
         Adagrad family: a push of k held updates carries their squares beyond the square of
         their sum (``beyond``), so the row's state grows as the k steps would have grown it
         (pushes of one update each, from several ranks in one step, add up to the synchronous
-        step): :func:`~torchrec_het.sharding.row_optim.apply_rows`.
+        step): :func:`~torchrec_het.sharding.common.row_optim.apply_rows`.
         """
         if ids.numel() == 0:
             return
@@ -239,8 +235,7 @@ def _pack_push(pending: PendingRows, kind: str | None = None) -> torch.Tensor:
     return torch.cat(parts, 1)
 
 
-
-def _flatten_rows(parts: list[torch.Tensor], order: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
+def flatten_rows(parts: list[torch.Tensor], order: torch.Tensor, width: torch.Tensor) -> torch.Tensor:
     """The rows of ``parts`` (one after the other; row i has ``width[i]`` values) flattened in ``order``."""
     if len(parts) == 1:
         return parts[0].index_select(0, order).reshape(-1)

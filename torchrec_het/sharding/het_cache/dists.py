@@ -1,9 +1,9 @@
-"""The input and output dists of ``het_cached_row_wise`` (the protocol is in :mod:`~torchrec_het.sharding.het_lookup`).
+"""The input and output dists of ``het_cached_row_wise`` (the protocol is in :mod:`~torchrec_het.sharding.het_cache.lookup`).
 
 input dist (:class:`HetRequestsDist`, two awaitables as TorchRec's row-wise dist)
   the requester plans its reads and requests (:meth:`HetCachedEmbeddingLookup.plan_requests`).
   First awaitable: every rank's request counts (and batch size), one all-gather
-  (:func:`~torchrec_het.sharding.replica_holder.gather_counts`). Second: the requests,
+  (:func:`~torchrec_het.sharding.common.counts.gather_counts`). Second: the requests,
   one int64 all-to-all (none when no rank asks another anything). The batch's own KJT
   comes out, carrying the bookkeeping (``STEP_ATTR``) to the lookup.
 output dist (:class:`HetRowsDist`)
@@ -32,15 +32,16 @@ from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSpars
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het.sharding.exchange_async import Exchange, start_exchange
-from torchrec_het.sharding.het_lookup import STEP_ATTR, HetCachedEmbeddingLookup, _Batch
-from torchrec_het.sharding.replica_holder import gather_counts
+from torchrec_het.sharding.common.counts import gather_counts
+from torchrec_het.sharding.common.exchange import Exchange, start_exchange
+from torchrec_het.sharding.het_cache.batch import CachedBatch
+from torchrec_het.sharding.het_cache.lookup import STEP_ATTR, HetCachedEmbeddingLookup
 
 
 class _RequestSplits(Awaitable[Awaitable[KeyedJaggedTensor]]):
     """First stage: every rank's request counts known; starts the requests' all-to-all."""
 
-    def __init__(self, dist_: "HetRequestsDist", features: KeyedJaggedTensor, step: _Batch, work, gathered):
+    def __init__(self, dist_: "HetRequestsDist", features: KeyedJaggedTensor, step: CachedBatch, work, gathered):
         super().__init__()
         self.dist, self.features, self.step, self.work, self.gathered = dist_, features, step, work, gathered
 
@@ -68,7 +69,7 @@ class _RequestSplits(Awaitable[Awaitable[KeyedJaggedTensor]]):
 class _RowsAhead(Awaitable[KeyedJaggedTensor]):
     """Second stage when fetching ahead: the rows arrived; the batch's KJT carries them on."""
 
-    def __init__(self, features: KeyedJaggedTensor, step: _Batch):
+    def __init__(self, features: KeyedJaggedTensor, step: CachedBatch):
         super().__init__()
         self.features, self.step = features, step
 
@@ -82,7 +83,7 @@ class _RowsAhead(Awaitable[KeyedJaggedTensor]):
 class _Requests(Awaitable[KeyedJaggedTensor]):
     """Second stage: the requests asked of this rank arrived; the batch's KJT carries them on."""
 
-    def __init__(self, features: KeyedJaggedTensor, step: _Batch, exchange: Exchange):
+    def __init__(self, features: KeyedJaggedTensor, step: CachedBatch, exchange: Exchange):
         super().__init__()
         self.features, self.step, self.exchange = features, step, exchange
 
@@ -107,8 +108,8 @@ class HetRequestsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         return _RequestSplits(self, sparse_features, step, work, gathered)
 
 
-class _Rows(Awaitable[torch.Tensor]):
-    def __init__(self, lookup: HetCachedEmbeddingLookup, step: _Batch, exchange: Exchange):
+class _FetchedBags(Awaitable[torch.Tensor]):
+    def __init__(self, lookup: HetCachedEmbeddingLookup, step: CachedBatch, exchange: Exchange):
         super().__init__()
         self.lookup, self.step, self.exchange = lookup, step, exchange
 
@@ -117,7 +118,7 @@ class _Rows(Awaitable[torch.Tensor]):
 
 
 class _Settled(Awaitable[torch.Tensor]):
-    def __init__(self, lookup: HetCachedEmbeddingLookup, step: _Batch):
+    def __init__(self, lookup: HetCachedEmbeddingLookup, step: CachedBatch):
         super().__init__()
         self.lookup, self.step = lookup, step
 
@@ -140,4 +141,4 @@ class HetRowsDist(BaseEmbeddingDist):
             return _Settled(lookup, step)
         exchange = start_exchange(step.current, step.recv_splits, step.send_splits, self.pg, torch.int64,
                                   step.local_only)
-        return _Rows(lookup, step, exchange)
+        return _FetchedBags(lookup, step, exchange)

@@ -2,7 +2,7 @@
 
 The plugin's lookups compute row gradients themselves (after exchanging them). Instead
 of running the kernel's forward and backward on bags of one row to reach its fused
-optimizer (:func:`~torchrec_het.sharding.row_apply.apply_row_grads`), :func:`apply_rows`
+optimizer (:func:`~torchrec_het.sharding.common.row_apply.apply_row_grads`), :func:`apply_rows`
 updates the kernel's weight and optimizer-state tensors in place, and the replica blocks
 of ``het_row_replicated`` step their copies of hot rows; both through :func:`step_rows`,
 the formulas of FBGEMM's CPU kernels (``split_weight_update_cpu`` of its optimizer templates):
@@ -32,7 +32,7 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
-from torchrec_het.sharding.row_apply import apply_row_grads
+from torchrec_het.sharding.common.row_apply import apply_row_grads
 
 KINDS = {
     "sgd": "sgd",
@@ -57,7 +57,7 @@ def optimizer_kind(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
 
 
 @dataclass(frozen=True)
-class _Layout:
+class KernelLayout:
     """Where a kernel keeps each table's rows: a flat buffer name and element offsets per table."""
 
     kind: str
@@ -79,12 +79,12 @@ class _Layout:
         return self.aligned[dim]
 
 
-_layouts: "weakref.WeakKeyDictionary[SplitTableBatchedEmbeddingBagsCodegen, _Layout | None]" = (
+_layouts: "weakref.WeakKeyDictionary[SplitTableBatchedEmbeddingBagsCodegen, KernelLayout | None]" = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _buffer(tbe, prefix: str) -> tuple[str, torch.Tensor] | None:
+def flat_buffer(tbe, prefix: str) -> tuple[str, torch.Tensor] | None:
     """(attribute, per-table offsets) of a state kept in one flat buffer, or None."""
     placements = {int(getattr(p, "value", p)) for p in getattr(tbe, f"{prefix}_physical_placements")}
     if len(placements) != 1 or next(iter(placements)) not in _BUFFERS:
@@ -93,7 +93,7 @@ def _buffer(tbe, prefix: str) -> tuple[str, torch.Tensor] | None:
     return f"{prefix}_{_BUFFERS[next(iter(placements))]}", offsets
 
 
-def _layout(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> _Layout | None:
+def kernel_layout(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> KernelLayout | None:
     """The kernel's layout when :func:`apply_rows` can update it directly (cached per kernel)."""
     if tbe in _layouts:
         return _layouts[tbe]
@@ -103,11 +103,11 @@ def _layout(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> _Layout | None:
     decay = float(getattr(tbe.optimizer_args, "weight_decay", 0.0)) and int(tbe.optimizer_args.weight_decay_mode)
     fp32 = str(getattr(tbe.weights_precision, "value", tbe.weights_precision)).lower() in ("fp32", "0")
     if kind is not None and fp32 and not decay:
-        weights = _buffer(tbe, "weights")
-        state = None if kind == "sgd" else _buffer(tbe, "momentum1")
+        weights = flat_buffer(tbe, "weights")
+        state = None if kind == "sgd" else flat_buffer(tbe, "momentum1")
         if weights is not None and (kind == "sgd" or state is not None):
             device = getattr(tbe, weights[0]).device
-            layout = _Layout(
+            layout = KernelLayout(
                 kind,
                 weights[0],
                 weights[1].to(device),
@@ -145,7 +145,7 @@ def apply_rows(
     """
     if rows.numel() == 0:
         return
-    layout = _layout(tbe)
+    layout = kernel_layout(tbe)
     if layout is None:
         apply_row_grads(tbe, tables, rows, grads)
         return
@@ -160,7 +160,7 @@ def apply_rows(
     grad = torch.zeros(starts.numel(), dim, dtype=torch.float32, device=flat.device)
     grad.index_add_(0, inverse, grads.to(grad.dtype))
     aligned = layout.rows_aligned(dim)
-    weights = _Rows(flat, starts, dim, aligned)
+    weights = FlatRows(flat, starts, dim, aligned)
     weight = weights.read()
     lr = tbe.learning_rate_tensor.to(flat.device)
     if layout.kind == "sgd":
@@ -170,7 +170,7 @@ def apply_rows(
     first = torch.empty_like(starts).scatter_(0, inverse, torch.arange(rows.numel(), device=flat.device))
     width = dim if layout.kind == "adagrad" else 1
     state_starts = layout.state_offsets.index_select(0, tables.index_select(0, first)) + rows.index_select(0, first) * width
-    states = _Rows(state, state_starts, width, aligned if layout.kind == "adagrad" else True)
+    states = FlatRows(state, state_starts, width, aligned if layout.kind == "adagrad" else True)
     if beyond is None:
         weight, momentum = step_rows(layout.kind, weight, states.read(), grad, lr, tbe.optimizer_args.eps)
     else:
@@ -284,7 +284,7 @@ def step_rows_held(
     return weight - grad_sum * (lr / (momentum.sqrt() + _as(eps, torch.float32))), momentum
 
 
-class _Rows:
+class FlatRows:
     """Rows of ``dim`` elements starting at ``starts`` of a flat buffer: read and written as rows of a
     ``[n, dim]`` view when every start is a multiple of ``dim`` (fast), else element by element."""
 
@@ -308,4 +308,8 @@ class _Rows:
         else:
             self.flat[self.index] = values
 
-__all__ = ["KINDS", "apply_rows", "optimizer_kind", "square_width", "squares_of", "step_rows", "step_rows_held"]
+
+__all__ = [
+    "KINDS", "KernelLayout", "apply_rows", "flat_buffer", "kernel_layout", "optimizer_kind", "square_width", "squares_of",
+    "step_rows", "step_rows_held",
+]

@@ -5,7 +5,7 @@ tensor plus the optimizer state the owners' FBGEMM kernels keep for them. Every 
 reads its hot ids from it; the backward adds the rows' gradients to a pending buffer, and
 every ``sync_every`` steps a sync starts: touch counts are all-reduced at once, the touched
 rows' gradients once those are in (:meth:`ReplicaBlock.advance`). :meth:`ReplicaBlock.wait`
-applies the sums with the owners' optimizer arithmetic (:func:`~torchrec_het.sharding.row_optim.step_rows`,
+applies the sums with the owners' optimizer arithmetic (:func:`~torchrec_het.sharding.common.row_optim.step_rows`,
 the one the owners' row updates use) before the next
 read and writes the new rows and state through to the owners' shards, so a state dict or
 checkpoint always sees current values.
@@ -18,11 +18,11 @@ import torch.distributed as dist
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
 from torchrec_het.replication.tiers import replica_copies
-from torchrec_het.sharding.replica_sync import HostGroups
-from torchrec_het.sharding.row_optim import _buffer, optimizer_kind, square_width, squares_of, step_rows, step_rows_held
+from torchrec_het.sharding.common.row_optim import flat_buffer, optimizer_kind, square_width, squares_of, step_rows, step_rows_held
+from torchrec_het.sharding.row_replicated.sync import HostGroups
 
 
-def optimizer_name(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
+def replica_kind(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
     """``sgd``, ``adagrad`` or ``rowwise_adagrad``; ValueError for a kernel whose update has no row form here."""
     kind = optimizer_kind(tbe)
     if float(tbe.optimizer_args.weight_decay) != 0.0:
@@ -38,9 +38,9 @@ def state_width(kind: str, dim: int) -> int:
 def _flat(tbe: SplitTableBatchedEmbeddingBagsCodegen, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(the kernel's flat weights or momentum buffer, each table's first element in it).
 
-    As ``.data``: writing a synced row is an optimizer write (see :func:`~torchrec_het.sharding.row_optim.apply_rows`),
+    As ``.data``: writing a synced row is an optimizer write (see :func:`~torchrec_het.sharding.common.row_optim.apply_rows`),
     which must not bump the version of weights a forward still in flight saved."""
-    found = _buffer(tbe, prefix)
+    found = flat_buffer(tbe, prefix)
     if found is None:
         raise ValueError(f"het_row_replicated: the kernel's {prefix} are not in one flat buffer (mixed placements or a cache)")
     return getattr(tbe, found[0]).data, found[1]
@@ -81,7 +81,7 @@ class ReplicaBlock:
         pg: the process group.
         device: where the block lives.
         hosts: ``pg``'s host subgroups: the sums run within each host, then between host
-            leaders, then back within the host (:class:`~torchrec_het.sharding.replica_sync.HostGroups`);
+            leaders, then back within the host (:class:`~torchrec_het.sharding.row_replicated.sync.HostGroups`);
             None: flat all-reduces on ``pg``.
     """
 
@@ -240,7 +240,7 @@ class ReplicaBlock:
         exactly the k steps' squares when one rank touched the row, and the synchronous step's
         when k = 1; in between, the cross-rank products of different steps stand in for those
         of the same step, and the growth is never below ``S**2 / k`` (opposite-signed holders
-        could cancel the estimate). The step is :func:`~torchrec_het.sharding.row_optim.step_rows_held`.
+        could cancel the estimate). The step is :func:`~torchrec_het.sharding.common.row_optim.step_rows_held`.
         """
         lr = self._rates(touched)
         agreed_weights, agreed_state = (self.agreed_weights, self.agreed_state) if self.steps_locally else (self.weights, self.state)
@@ -278,7 +278,7 @@ class ReplicaBlock:
 
 def owned_rows(kernel, table_index: torch.Tensor, local_rows: torch.Tensor, slots: torch.Tensor, dim: int) -> OwnedRows:
     """Flat positions of rows ``local_rows`` of tables ``table_index`` in ``kernel`` (rows of width ``dim``)."""
-    name = optimizer_name(kernel)
+    name = replica_kind(kernel)
     table_index, local_rows = table_index.cpu(), local_rows.cpu()
     weights, weight_offsets = _flat(kernel, "weights")
     weight_index = (weight_offsets.cpu()[table_index] + local_rows * dim).unsqueeze(1) + torch.arange(dim)
