@@ -1,4 +1,5 @@
-"""Every TorchRec (and FBGEMM) private the plugin reads or patches, behind one small function each.
+"""Every TorchRec private the plugin reads or patches, behind one small function each (FBGEMM's are in
+:mod:`torchrec_het._tbe`).
 
 TorchRec gives no promise about names with a leading underscore; when one moves, this module
 (and ``tests/unit/test_compat.py``, which calls every function here on real TorchRec
@@ -227,12 +228,6 @@ def sharding_lookup_arguments(sharding: Any) -> dict[str, Any]:
         "device": sharding._device,
         "env": sharding._env,
     }
-
-
-def tbe_optimizer_name(tbe: nn.Module) -> str:
-    """FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen.optimizer`` (an ``EmbOptimType``) as its lowercase name."""
-    return str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
-
 
 
 # ---- for the train pipelines (torchrec_het.pipeline) ----------------------------------------

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+from torchrec_het._tbe import step_rows
 from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock
-from torchrec_het.sharding.common.row_optim import step_rows
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
 
 DIM, K, LR = 4, 5, 0.1

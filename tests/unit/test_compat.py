@@ -34,7 +34,7 @@ from torchrec.distributed.sharding_plan import construct_module_sharding_plan, r
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-from torchrec_het import _compat
+from torchrec_het import _compat, _tbe
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ("torchrec_het", "sharders", "recipes")
@@ -426,7 +426,7 @@ def test_sharded_module_accessors(one_rank_env) -> None:
         assert len(lookups) == len(shardings) == 1
         assert [c.name for c in _compat.sharded_table_configs(module)] == names
         kernels = _compat.lookup_kernels(lookups[0])
-        assert kernels and _compat.tbe_optimizer_name(kernels[0].emb_module) == "exact_row_wise_adagrad"
+        assert kernels and _tbe.optimizer_name(kernels[0].emb_module) == "exact_row_wise_adagrad"
         arguments = _compat.sharding_lookup_arguments(shardings[0])
         assert arguments["pg"] is not None and arguments["env"] is one_rank_env and arguments["grouped_configs"]
     assert _compat.uses_index_dedup(seq_sharder) is False

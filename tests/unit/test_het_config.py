@@ -103,7 +103,7 @@ def test_adagrad_family_is_recognized_for_scaled_pushes() -> None:
 
     from types import SimpleNamespace
 
-    from torchrec_het.sharding.common.row_apply import accumulates_squares
+    from torchrec_het._tbe import accumulates_squares
 
     assert accumulates_squares(SimpleNamespace(optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD))
     assert accumulates_squares(SimpleNamespace(optimizer=EmbOptimType.EXACT_ADAGRAD))

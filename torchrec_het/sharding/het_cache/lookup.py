@@ -40,7 +40,7 @@ backward (:meth:`write_back`, in :mod:`torchrec_het.sharding.het_cache.pushes`)
   header) and waited for at the next lookup, at :meth:`flush` (and so before
   ``state_dict``) or at :meth:`purge`. The owner applies the table's fused optimizer
   (one update per row with the summed gradient, as stock row-wise does;
-  :func:`~torchrec_het.sharding.common.row_optim.apply_rows`) and bumps the row's version by
+  :func:`~torchrec_het._tbe.apply_rows`) and bumps the row's version by
   the number of updates received. Other cached rows keep their gradient pending and
   get a local SGD step so later reads see this rank's own writes.
 
@@ -85,6 +85,7 @@ from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.types import ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het import _tbe
 from torchrec_het._compat import lookup_kernels
 from torchrec_het.cache import PendingRows
 from torchrec_het.config import HetCacheConfig
@@ -92,8 +93,6 @@ from torchrec_het.sharding.common.exchange import exchange_flat
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.common.id_space import TableInfo, bag_divisors, flatten_batch
 from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source, bag_offsets, output_layout
-from torchrec_het.sharding.common.row_apply import row_state
-from torchrec_het.sharding.common.row_optim import flat_buffer, optimizer_kind
 from torchrec_het.sharding.het_cache.batch import CachedBatch, GroupRead
 from torchrec_het.sharding.het_cache.groups import HetGroup
 from torchrec_het.sharding.het_cache.pushes import HetWrites, flatten_rows
@@ -187,7 +186,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         )
         self._build_layout(positions)
         for m in lookup_kernels(self):
-            optimizer_kind(m.emb_module)  # a clear error now for an optimizer the write path cannot step
+            _tbe.optimizer_kind(m.emb_module)  # a clear error now for an optimizer the write path cannot step
         self._keep_optimizer_state()
         self._fetch_widths = torch.tensor([g.fetch_width for g in self._groups], dtype=torch.int64, device=device)
 
@@ -229,21 +228,21 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
 
     # --- the local shards, as one [rows, dim] view per kernel -------------------------------
 
-    def _owned_view(self, module_index: int, g: HetGroup, prefix: str = "weights") -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(``[rows, width]`` view of a kernel's flat ``prefix`` buffer (``weights``: width ``dim``;
-        ``momentum1``: the optimizer state's width), first row there of each of its tables) for the
+    def _owned_view(self, module_index: int, g: HetGroup, prefix: str = _tbe.WEIGHTS) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(``[rows, width]`` view of a kernel's flat ``prefix`` buffer (``_tbe.WEIGHTS``: width ``dim``;
+        ``_tbe.STATE``: the optimizer state's width), first row there of each of its tables) for the
         group's tables in that kernel, or None (then they are read table by table)."""
         tbe = lookup_kernels(self)[module_index].emb_module
         key = (module_index, id(g), prefix)
         cached = self._views.get(key)
         if cached is not None:
             attr, pointer, view = cached
-            if getattr(tbe, attr).data_ptr() == pointer:  # the kernel kept its buffer
+            if _tbe.buffer(tbe, attr).data_ptr() == pointer:  # the kernel kept its buffer
                 return view
-        found = flat_buffer(tbe, prefix)
+        found = _tbe.flat_buffer(tbe, prefix)
         if found is None:
             return None
-        width = g.dim if prefix == "weights" else g.state_width
+        width = g.dim if prefix == _tbe.WEIGHTS else g.state_width
         attr, offsets = found
         offsets = offsets.to(self._compute_device)
         mine = g.kernel_table[g.table_module == module_index]
@@ -251,15 +250,15 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         if phases.numel() != 1:
             return None
         phase = int(phases)
-        flat = getattr(tbe, attr).detach().view(-1)
+        flat = _tbe.buffer(tbe, attr).detach().view(-1)
         rows = (flat.numel() - phase) // width
         view = (flat[phase : phase + rows * width].view(rows, width), (offsets - phase) // width)
         self._views[key] = (attr, flat.data_ptr(), view)
         return view
 
-    def _read_owned(self, g: HetGroup, ids: torch.Tensor, prefix: str = "weights") -> torch.Tensor:
-        """Rows of owned fused ids from the local shards (``prefix="momentum1"``: their optimizer state)."""
-        width = g.dim if prefix == "weights" else g.state_width
+    def _read_owned(self, g: HetGroup, ids: torch.Tensor, prefix: str = _tbe.WEIGHTS) -> torch.Tensor:
+        """Rows of owned fused ids from the local shards (``prefix=_tbe.STATE``: their optimizer state)."""
+        width = g.dim if prefix == _tbe.WEIGHTS else g.state_width
         tables = g.table_of(ids)
         rows = g.local_rows(ids, tables)
         out = None
@@ -279,7 +278,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
     def _read_owned_by_table(self, g: HetGroup, ids: torch.Tensor, prefix: str) -> torch.Tensor:
         """:meth:`_read_owned` for kernels whose buffers are not one flat tensor (mixed placements)."""
         kernels = lookup_kernels(self)
-        if prefix == "weights":
+        if prefix == _tbe.WEIGHTS:
             weights = [m.split_embedding_weights() for m in kernels]
             return g.read_owned(ids, [weights[t.module_index][t.table_index] for t in g.tables])
         tables = g.table_of(ids)
@@ -287,7 +286,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         out = torch.empty(ids.numel(), g.state_width, device=self._compute_device)
         for i in torch.unique(tables).tolist():
             t, mine = g.tables[i], tables == i
-            out[mine] = row_state(kernels[t.module_index].emb_module, t.table_index)[1][rows[mine]].float()
+            out[mine] = _tbe.row_state(kernels[t.module_index].emb_module, t.table_index)[1][rows[mine]].float()
         return out
 
     def _read_fetched(self, g: HetGroup, ids: torch.Tensor) -> torch.Tensor:
@@ -296,7 +295,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         rows = self._read_owned(g, ids)
         if not g.state_width:
             return rows
-        return torch.cat([rows, self._read_owned(g, ids, "momentum1")], 1)
+        return torch.cat([rows, self._read_owned(g, ids, _tbe.STATE)], 1)
 
     # --- input dist: what to ask the owners ---------------------------------------------
 

@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.comm_ops import get_gradient_division
 
+from torchrec_het import _tbe
 from torchrec_het._compat import lookup_kernels
 from torchrec_het.cache import PendingRows
 from torchrec_het.sharding.common.exchange import exchange_counts, exchange_flat
-from torchrec_het.sharding.common.row_optim import apply_rows, optimizer_kind, squares_of, step_rows
 from torchrec_het.sharding.het_cache.batch import CachedBatch
 from torchrec_het.sharding.het_cache.groups import HetGroup
 
@@ -48,7 +48,7 @@ class HetWrites:
             slots = read.slots.index_select(0, cached)
             cached_grad = grad.index_select(0, read.remote.index_select(0, cached))
             tables = read.tables.index_select(0, read.remote.index_select(0, cached))
-            squares = squares_of(g.held_kind, cached_grad) if g.held_kind is not None else None
+            squares = _tbe.squares_of(g.held_kind, cached_grad) if g.held_kind is not None else None
             g.cache.accumulate(slots, cached_grad, self._local_step(g, slots, cached_grad, tables), squares)
             if self.batches_ahead:  # due now; dirty rows evicted by any batch since the last push go too
                 due = g.cache.take_due(g.settings.s_write, slots)
@@ -118,15 +118,15 @@ class HetWrites:
         cached row's optimizer state (:meth:`~torchrec_het.sharding.het_cache.groups.HetGroup.keep_optimizer_state`)."""
         kernels = lookup_kernels(self)
         for g in self._groups:
-            found = {optimizer_kind(kernels[m].emb_module) for m in g.modules}
+            found = {_tbe.optimizer_kind(kernels[m].emb_module) for m in g.modules}
             kind = found.pop() if len(found) == 1 else None
             if kind in ("adagrad", "rowwise_adagrad"):
-                eps = torch.tensor([float(kernels[t.module_index].emb_module.optimizer_args.eps) for t in g.tables])
+                eps = torch.tensor([_tbe.optimizer_eps(kernels[t.module_index].emb_module) for t in g.tables])
                 g.keep_optimizer_state(kind, eps)
 
     def _local_step(self, g: HetGroup, slots: torch.Tensor, grad: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
         """The update a cached copy takes now for its gradient ``grad``: the table's optimizer step
-        as this rank knows the row (:func:`~torchrec_het.sharding.common.row_optim.step_rows` from the
+        as this rank knows the row (:func:`~torchrec_het._tbe.step_rows` from the
         cached value and the state the owner sent plus this rank's squares not yet pushed). When
         this rank is the row's only writer, k local steps are the k synchronous steps; SGD's is
         ``-lr * grad``. The owner still applies the pushed gradients (this delta only serves this
@@ -135,7 +135,7 @@ class HetWrites:
         if g.held_kind is None:
             return -lr * grad
         weight = g.cache.values.index_select(0, slots)
-        new, _ = step_rows(g.held_kind, weight, g.cache.known_states(slots), grad, lr,
+        new, _ = _tbe.step_rows(g.held_kind, weight, g.cache.known_states(slots), grad, lr,
                            g.eps.index_select(0, tables).unsqueeze(1))
         return new - weight
 
@@ -157,7 +157,7 @@ class HetWrites:
 
     def _learning_rates(self, g: HetGroup) -> torch.Tensor:
         """Each table's current learning rate (its kernel's, so schedules apply; no host sync)."""
-        rates = torch.stack([m.emb_module.learning_rate_tensor for m in lookup_kernels(self)]).to(self._compute_device)
+        rates = torch.stack([_tbe.learning_rate(m.emb_module) for m in lookup_kernels(self)]).to(self._compute_device)
         return rates.index_select(0, g.table_module)
 
     @torch.no_grad()
@@ -204,7 +204,7 @@ class HetWrites:
         Adagrad family: a push of k held updates carries their squares beyond the square of
         their sum (``beyond``), so the row's state grows as the k steps would have grown it
         (pushes of one update each, from several ranks in one step, add up to the synchronous
-        step): :func:`~torchrec_het.sharding.common.row_optim.apply_rows`.
+        step): :func:`~torchrec_het._tbe.apply_rows`.
         """
         if ids.numel() == 0:
             return
@@ -218,7 +218,7 @@ class HetWrites:
                 step, mine_rows = grads.index_select(0, mine), rows.index_select(0, mine)
                 mine_tables, mine_updates = tables.index_select(0, mine), updates.index_select(0, mine)
                 mine_beyond = beyond.index_select(0, mine) if beyond is not None else None
-            apply_rows(tbe, g.kernel_table.index_select(0, mine_tables), mine_rows, step, mine_beyond, mine_updates)
+            _tbe.apply_rows(tbe, g.kernel_table.index_select(0, mine_tables), mine_rows, step, mine_beyond, mine_updates)
         g.versions.index_add_(0, g.local_index_of(ids), updates)
         g.stats.add_mass("grad_applied", tables, grads)
 
@@ -229,8 +229,8 @@ def _pack_push(pending: PendingRows, kind: str | None = None) -> torch.Tensor:
     parts = [pending.ids.view(torch.float32).view(-1, 2), pending.counts.view(torch.float32).view(-1, 2),
              pending.grads.float()]
     if kind is not None:  # a row of one update has none beyond (exactly: the synchronous step stays bit-exact)
-        squares = pending.squares if pending.squares is not None else squares_of(kind, pending.grads)
-        beyond = (squares.double() - squares_of(kind, pending.grads).double()).float()
+        squares = pending.squares if pending.squares is not None else _tbe.squares_of(kind, pending.grads)
+        beyond = (squares.double() - _tbe.squares_of(kind, pending.grads).double()).float()
         parts.append(torch.where(pending.counts.unsqueeze(1) > 1, beyond, 0.0))
     return torch.cat(parts, 1)
 

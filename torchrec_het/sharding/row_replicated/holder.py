@@ -10,12 +10,13 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het import _tbe
 from torchrec_het._compat import lookup_kernels
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.replication.tiers import hottest_rows
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.common.id_space import TableInfo
-from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock, owned_rows, replica_kind
+from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock, owned_rows
 from torchrec_het.sharding.row_replicated.routing import IdLayout, ReplicaGroup
 from torchrec_het.sharding.row_replicated.sync import HostGroups
 
@@ -124,10 +125,10 @@ class ReplicaHolder:
         tables = g.table_of(g.hot)
         module_of = torch.tensor([t.module_index for t in g.tables], dtype=torch.int64)
         table_of = torch.tensor([t.table_index for t in g.tables], dtype=torch.int64)
-        names = {replica_kind(kernels[t.module_index]) for t in g.tables}
+        names = {_tbe.replica_kind(kernels[t.module_index]) for t in g.tables}
         if len(names) > 1:
             raise ValueError(f"tables {[t.name for t in g.tables]} of width {g.dim} mix optimizers {sorted(names)}")
-        eps = torch.tensor([float(kernels[t.module_index].optimizer_args.eps) for t in g.tables], dtype=torch.float64)[tables]
+        eps = torch.tensor([_tbe.optimizer_eps(kernels[t.module_index]) for t in g.tables], dtype=torch.float64)[tables]
         mine = (g.owner_of(g.hot) == self._rank).nonzero().flatten()
         owned = []
         for module_index in torch.unique(module_of[tables[mine]]).tolist():  # once, at build

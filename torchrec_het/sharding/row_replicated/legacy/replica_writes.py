@@ -34,11 +34,20 @@ from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het._compat import lookup_kernels
+from torchrec_het._tbe import (
+    apply_row_grads,
+    apply_rows,
+    check_row_local,
+    num_tables,
+    optimizer_kind,
+    replica_kernel,
+    row_state,
+    square_width,
+    squares_of,
+)
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.sharding.common.exchange import exchange_flat
 from torchrec_het.sharding.common.id_space import TableInfo, members
-from torchrec_het.sharding.common.row_apply import apply_row_grads, check_row_local, replica_kernel, row_state
-from torchrec_het.sharding.common.row_optim import apply_rows, optimizer_kind, square_width, squares_of
 from torchrec_het.sharding.row_replicated.routing import ReplicaGroup
 from torchrec_het.sharding.row_replicated.sync import (
     HostGroups,
@@ -138,7 +147,7 @@ class ReplicaWrites:
         """Bytes of the replica kernels' weights and optimizer state."""
         total = 0
         for kernel in self._replicas:
-            for t in range(len(kernel.embedding_specs)):
+            for t in range(num_tables(kernel)):
                 total += sum(state.numel() * state.element_size() for state in row_state(kernel, t))
         return total
 
@@ -335,7 +344,7 @@ class ReplicaWrites:
     @torch.no_grad()
     def _apply(self, g: ReplicaGroup, ids: torch.Tensor, grads: torch.Tensor, beyond: torch.Tensor | None = None) -> None:
         """One fused-optimizer step per row this rank owns (its shard) or holds (its replica);
-        with ``beyond``, the held-gradient step (:func:`~torchrec_het.sharding.common.row_optim.apply_rows`)."""
+        with ``beyond``, the held-gradient step (:func:`~torchrec_het._tbe.apply_rows`)."""
         if ids.numel() == 0:
             return
         tables = g.table_of(ids)

@@ -1,59 +1,146 @@
-"""Optimizer steps on given rows, as tensor ops: the owner-side arithmetic of every plugin lookup.
+"""Every FBGEMM internal the plugin touches, in one place (as ``_compat`` is for TorchRec's).
 
-The plugin's lookups compute row gradients themselves (after exchanging them). Instead
-of running the kernel's forward and backward on bags of one row to reach its fused
-optimizer (:func:`~torchrec_het.sharding.common.row_apply.apply_row_grads`), :func:`apply_rows`
-updates the kernel's weight and optimizer-state tensors in place, and the replica blocks
-of ``het_row_replicated`` step their copies of hot rows; both through :func:`step_rows`,
-the formulas of FBGEMM's CPU kernels (``split_weight_update_cpu`` of its optimizer templates):
+The plugin's lookups compute row gradients themselves and step rows of FBGEMM's table-batched
+kernels (TBE) and dense copies of rows (the replica blocks) as those kernels would. Here:
+the optimizer's name (:func:`optimizer_name`, the one expression that reads it), kind
+(``sgd``, ``adagrad``, ``rowwise_adagrad``), epsilon and learning rate; the kernel's flat
+buffers (``weights_{dev,host,uvm}``, ``momentum1_...``) and where each table starts in them;
+and the row steps. :func:`apply_rows` updates a kernel's weight and state tensors in place and
+:func:`step_rows` / :func:`step_rows_held` step dense rows, with the formulas of FBGEMM's CPU
+kernels (``split_weight_update_cpu`` of its optimizer templates), in float32, the learning rate
+read from the kernel's ``learning_rate_tensor`` (no host sync):
 
-``sgd``
-    ``w -= lr * g`` (one fused multiply-add)
-``adagrad`` (exact)
-    ``m += g * g`` (fused); ``w -= lr * g / (sqrt(m) + eps)``, the division in float64,
-    per element
-``rowwise_adagrad`` (exact)
-    ``m += mean(g * g)`` over the row; ``w -= g * lr / (sqrt(m) + eps)``
+- ``sgd``: ``w -= lr * g`` (one fused multiply-add);
+- ``adagrad`` (exact): ``m += g * g`` (fused); ``w -= lr * g / (sqrt(m) + eps)``, divided in float64;
+- ``rowwise_adagrad`` (exact): ``m += mean(g * g)`` over the row; ``w -= g * lr / (sqrt(m) + eps)``.
 
-in float32, the learning rate read from the kernel's ``learning_rate_tensor`` (no host
-sync). SGD and Adagrad give the kernel's bits; row-wise Adagrad differs in the last
-bit now and then (FBGEMM's JIT-compiled AVX kernel sums a row's squares in vector
-lanes, torch in its own order). Several gradients for one row are summed and applied once, as the kernel does
-for a row that appears in several bags. Kernels this cannot serve (other optimizers,
-weight decay, non-fp32 weights, rows cached in UVM) go through ``apply_row_grads``,
-which runs the kernel itself (fbgemm-gpu-cpu 1.8's row-wise Adagrad, for one, leaves
-weight decay out on CPU while its CUDA kernel applies it).
+SGD and Adagrad give the kernel's bits; row-wise Adagrad differs in the last bit now and then
+(FBGEMM's AVX kernel sums a row's squares in vector lanes). Several gradients for one row are
+summed and applied once, as the kernel does. Kernels this cannot serve (other optimizers,
+weight decay, non-fp32 weights, rows cached in UVM) go through :func:`apply_row_grads`, which
+runs the kernel's own forward and backward on bags of one row (fbgemm-gpu-cpu 1.8's row-wise
+Adagrad leaves weight decay out on CPU while its CUDA kernel applies it).
 """
 
 import weakref
 from dataclasses import dataclass, field
 
 import torch
-from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
-from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen
 
-from torchrec_het.sharding.common.row_apply import apply_row_grads
+TBE = SplitTableBatchedEmbeddingBagsCodegen
 
-KINDS = {
+KINDS = {  # FBGEMM optimizer names -> the row update they are
     "sgd": "sgd",
     "exact_sgd": "sgd",
     "exact_adagrad": "adagrad",
     "exact_row_wise_adagrad": "rowwise_adagrad",
     "row_wise_adagrad": "rowwise_adagrad",
 }
-_BUFFERS = {
+# Optimizers whose step on a row depends only on that row's gradient and state (no global
+# step counter), so two kernels given the same gradients keep identical copies.
+ROW_LOCAL_OPTIMIZERS = ("sgd", "exact_sgd", "exact_adagrad", "exact_row_wise_adagrad", "row_wise_adagrad")
+WEIGHTS, STATE = "weights", "momentum1"  # the two flat buffers rows are read from: the rows, their optimizer state
+_PLACEMENT_BUFFERS = {
     EmbeddingLocation.DEVICE.value: "dev",
     EmbeddingLocation.HOST.value: "host",
     EmbeddingLocation.MANAGED.value: "uvm",
 }
+__all__ = [  # EmbOptimType too: the planner's memory model names optimizers by it
+    "KINDS", "ROW_LOCAL_OPTIMIZERS", "STATE", "TBE", "WEIGHTS", "EmbOptimType", "FlatRows", "KernelLayout",
+    "accumulates_squares", "apply_row_grads", "apply_rows", "buffer", "check_row_local", "flat_buffer", "flat_data",
+    "kernel_layout", "learning_rate", "num_tables", "optimizer_eps", "optimizer_kind", "optimizer_name",
+    "replica_kernel", "replica_kind", "row_state", "square_width", "squares_of", "step_rows", "step_rows_held",
+]
 
 
-def optimizer_kind(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
+# ---- the optimizer --------------------------------------------------------------------------------
+
+
+def optimizer_name(tbe: TBE) -> str:
+    """The kernel's ``optimizer`` (an ``EmbOptimType``) as its lowercase FBGEMM name."""
+    return str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
+
+
+def optimizer_kind(tbe: TBE) -> str:
     """``sgd``, ``adagrad`` or ``rowwise_adagrad``: the kernel's fused optimizer; ValueError for others."""
-    name = str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
+    name = optimizer_name(tbe)
     if name not in KINDS:
         raise ValueError(f"fused optimizer {name!r} is not supported for row updates; use one of {sorted(KINDS)}")
     return KINDS[name]
+
+
+def replica_kind(tbe: TBE) -> str:
+    """:func:`optimizer_kind`; ValueError also with weight decay (a replica block's row step has none)."""
+    kind = optimizer_kind(tbe)
+    if float(tbe.optimizer_args.weight_decay) != 0.0:
+        raise ValueError(f"fused optimizer {kind!r} with weight decay has no replica update")
+    return kind
+
+
+def accumulates_squares(tbe: TBE) -> bool:
+    """Whether the kernel's optimizer keeps a running sum of squared gradients (the Adagrad family)."""
+    return "adagrad" in optimizer_name(tbe)
+
+
+def check_row_local(tbe: TBE, what: str) -> None:
+    """ValueError unless the kernel's optimizer keeps copies identical under identical gradients."""
+    name = optimizer_name(tbe)
+    if name not in ROW_LOCAL_OPTIMIZERS:
+        raise ValueError(f"{what}: fused optimizer {name!r} is not supported; use one of {ROW_LOCAL_OPTIMIZERS}")
+
+
+def optimizer_eps(tbe: TBE) -> float:
+    """The optimizer's epsilon."""
+    return float(tbe.optimizer_args.eps)
+
+
+def learning_rate(tbe: TBE) -> torch.Tensor:
+    """The kernel's current learning rate, a one-element tensor (a scheduler may change it; no host sync)."""
+    return tbe.learning_rate_tensor
+
+
+def num_tables(tbe: TBE) -> int:
+    return len(tbe.embedding_specs)
+
+
+# ---- the flat buffers -----------------------------------------------------------------------------
+
+
+def flat_buffer(tbe: TBE, part: str) -> tuple[str, torch.Tensor] | None:
+    """(attribute, first element of each table) of the kernel's flat ``part`` buffer (:data:`WEIGHTS`
+    or :data:`STATE`), or None when the tables are not in one (mixed placements, rows cached in HBM)."""
+    placements = {int(getattr(p, "value", p)) for p in getattr(tbe, f"{part}_physical_placements")}
+    if len(placements) != 1 or next(iter(placements)) not in _PLACEMENT_BUFFERS:
+        return None
+    offsets = torch.tensor(list(getattr(tbe, f"{part}_physical_offsets")), dtype=torch.int64)
+    return f"{part}_{_PLACEMENT_BUFFERS[next(iter(placements))]}", offsets
+
+
+def buffer(tbe: TBE, attribute: str) -> torch.Tensor:
+    """The kernel's buffer ``attribute`` (a name :func:`flat_buffer` gave)."""
+    return getattr(tbe, attribute)
+
+
+def flat_data(tbe: TBE, part: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the kernel's flat ``part`` buffer, each table's first element in it); ValueError when it has none.
+
+    As ``.data``: writing a synced row is an optimizer write (see :func:`apply_rows`), which must
+    not bump the version of weights a forward still in flight saved."""
+    found = flat_buffer(tbe, part)
+    if found is None:
+        raise ValueError(f"het_row_replicated: the kernel's {part} are not in one flat buffer (mixed placements or a cache)")
+    return getattr(tbe, found[0]).data, found[1]
+
+
+def row_state(tbe: TBE, table: int) -> list[torch.Tensor]:
+    """The table's weights and optimizer states as ``[rows, k]`` views (k = dim or 1)."""
+    weights = tbe.split_embedding_weights()[table]
+    rows = weights.size(0)
+    states = [] if optimizer_name(tbe) in ("sgd", "exact_sgd") else tbe.split_optimizer_states()[table]
+    return [weights] + [s.view(rows, -1) for s in states]
 
 
 @dataclass(frozen=True)
@@ -79,32 +166,20 @@ class KernelLayout:
         return self.aligned[dim]
 
 
-_layouts: "weakref.WeakKeyDictionary[SplitTableBatchedEmbeddingBagsCodegen, KernelLayout | None]" = (
-    weakref.WeakKeyDictionary()
-)
+_layouts: "weakref.WeakKeyDictionary[TBE, KernelLayout | None]" = weakref.WeakKeyDictionary()
 
 
-def flat_buffer(tbe, prefix: str) -> tuple[str, torch.Tensor] | None:
-    """(attribute, per-table offsets) of a state kept in one flat buffer, or None."""
-    placements = {int(getattr(p, "value", p)) for p in getattr(tbe, f"{prefix}_physical_placements")}
-    if len(placements) != 1 or next(iter(placements)) not in _BUFFERS:
-        return None  # mixed placements, or rows cached in HBM in front of UVM
-    offsets = torch.tensor(list(getattr(tbe, f"{prefix}_physical_offsets")), dtype=torch.int64)
-    return f"{prefix}_{_BUFFERS[next(iter(placements))]}", offsets
-
-
-def kernel_layout(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> KernelLayout | None:
+def kernel_layout(tbe: TBE) -> KernelLayout | None:
     """The kernel's layout when :func:`apply_rows` can update it directly (cached per kernel)."""
     if tbe in _layouts:
         return _layouts[tbe]
     layout = None
-    name = str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
-    kind = KINDS.get(name)
+    kind = KINDS.get(optimizer_name(tbe))
     decay = float(getattr(tbe.optimizer_args, "weight_decay", 0.0)) and int(tbe.optimizer_args.weight_decay_mode)
     fp32 = str(getattr(tbe.weights_precision, "value", tbe.weights_precision)).lower() in ("fp32", "0")
     if kind is not None and fp32 and not decay:
-        weights = flat_buffer(tbe, "weights")
-        state = None if kind == "sgd" else flat_buffer(tbe, "momentum1")
+        weights = flat_buffer(tbe, WEIGHTS)
+        state = None if kind == "sgd" else flat_buffer(tbe, STATE)
         if weights is not None and (kind == "sgd" or state is not None):
             device = getattr(tbe, weights[0]).device
             layout = KernelLayout(
@@ -119,9 +194,37 @@ def kernel_layout(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> KernelLayout | 
     return layout
 
 
+class FlatRows:
+    """Rows of ``dim`` elements starting at ``starts`` of a flat buffer: read and written as rows of a
+    ``[n, dim]`` view when every start is a multiple of ``dim`` (fast), else element by element."""
+
+    def __init__(self, flat: torch.Tensor, starts: torch.Tensor, dim: int, aligned: bool) -> None:
+        self.flat, self.starts, self.dim = flat, starts, dim
+        self.view = None
+        if aligned:
+            self.view = flat[: flat.numel() // dim * dim].view(-1, dim)
+            self.index = starts // dim
+        else:
+            self.index = starts.unsqueeze(1) + torch.arange(dim, device=flat.device)
+
+    def read(self) -> torch.Tensor:
+        if self.view is not None:
+            return self.view.index_select(0, self.index)
+        return self.flat[self.index]
+
+    def write(self, values: torch.Tensor) -> None:
+        if self.view is not None:
+            self.view.index_copy_(0, self.index, values)
+        else:
+            self.flat[self.index] = values
+
+
+# ---- the row steps ---------------------------------------------------------------------------------
+
+
 @torch.no_grad()
 def apply_rows(
-    tbe: SplitTableBatchedEmbeddingBagsCodegen, tables: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor,
+    tbe: TBE, tables: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor,
     beyond: torch.Tensor | None = None, steps: torch.Tensor | None = None,
 ) -> None:
     """One optimizer step of ``tbe``: row ``rows[i]`` of its table ``tables[i]`` gets ``grads[i]``.
@@ -162,7 +265,7 @@ def apply_rows(
     aligned = layout.rows_aligned(dim)
     weights = FlatRows(flat, starts, dim, aligned)
     weight = weights.read()
-    lr = tbe.learning_rate_tensor.to(flat.device)
+    lr = learning_rate(tbe).to(flat.device)
     if layout.kind == "sgd":
         weights.write(step_rows("sgd", weight, None, grad, lr, 0.0)[0])
         return
@@ -172,7 +275,7 @@ def apply_rows(
     state_starts = layout.state_offsets.index_select(0, tables.index_select(0, first)) + rows.index_select(0, first) * width
     states = FlatRows(state, state_starts, width, aligned if layout.kind == "adagrad" else True)
     if beyond is None:
-        weight, momentum = step_rows(layout.kind, weight, states.read(), grad, lr, tbe.optimizer_args.eps)
+        weight, momentum = step_rows(layout.kind, weight, states.read(), grad, lr, optimizer_eps(tbe))
     else:
         held = torch.zeros(starts.numel(), beyond.size(1), dtype=torch.float64, device=flat.device)
         held = (held.index_add_(0, inverse, beyond.double()) + squares_of(layout.kind, grad)).clamp(min=0)
@@ -180,7 +283,7 @@ def apply_rows(
         if steps is not None:
             spans = spans.scatter_reduce(0, inverse, steps.to(flat.device).clamp(min=1), "amax")
         weight, momentum = step_rows_held(
-            layout.kind, weight, states.read(), grad, held, lr, tbe.optimizer_args.eps, spans.unsqueeze(1)
+            layout.kind, weight, states.read(), grad, held, lr, optimizer_eps(tbe), spans.unsqueeze(1)
         )
     states.write(momentum)
     weights.write(weight)
@@ -284,32 +387,58 @@ def step_rows_held(
     return weight - grad_sum * (lr / (momentum.sqrt() + _as(eps, torch.float32))), momentum
 
 
-class FlatRows:
-    """Rows of ``dim`` elements starting at ``starts`` of a flat buffer: read and written as rows of a
-    ``[n, dim]`` view when every start is a multiple of ``dim`` (fast), else element by element."""
+@torch.no_grad()
+def apply_row_grads(tbe: TBE, tables: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor) -> None:
+    """One optimizer step of ``tbe``: row ``rows[i]`` of its table ``tables[i]`` gets ``grads[i]``.
 
-    def __init__(self, flat: torch.Tensor, starts: torch.Tensor, dim: int, aligned: bool) -> None:
-        self.flat, self.starts, self.dim = flat, starts, dim
-        self.view = None
-        if aligned:
-            self.view = flat[: flat.numel() // dim * dim].view(-1, dim)
-            self.index = starts // dim
-        else:
-            self.index = starts.unsqueeze(1) + torch.arange(dim, device=flat.device)
+    Several gradients for one row are summed by the kernel and applied once.
+    """
+    if rows.numel() == 0:
+        return
+    device = tbe.current_device
+    tables, rows, grads = tables.to(device), rows.to(device), grads.to(device)
+    feature_table = list(tbe.feature_table_map)
+    dims = [spec[1] for spec in tbe.embedding_specs]
+    first_feature = torch.tensor([feature_table.index(t) for t in range(len(dims))], device=device)
+    feature = first_feature[tables]
+    order = torch.sort(feature, stable=True).indices
+    feature, rows, grads = feature[order], rows[order], grads[order]
+    per_feature = torch.bincount(feature, minlength=len(feature_table))
+    batch = int(per_feature.max())
+    lengths = (torch.arange(batch, device=device).unsqueeze(0) < per_feature.unsqueeze(1)).long().view(-1)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(lengths, 0)])
+    if tbe.pooling_mode == PoolingMode.NONE:  # one output row per index, in index (= sorted) order
+        with torch.enable_grad():
+            rows_out = tbe(rows.long(), offsets)
+        rows_out.backward(grads.to(rows_out.dtype))
+        return
+    feature_dims = torch.tensor([dims[t] for t in feature_table], device=device)
+    column = torch.cumsum(feature_dims, 0) - feature_dims
+    position = torch.arange(rows.numel(), device=device) - (torch.cumsum(per_feature, 0) - per_feature)[feature]
+    out_grad = torch.zeros(batch, sum(dims[t] for t in feature_table), device=device)
+    dim = grads.size(1)
+    out_grad[position.unsqueeze(1), column[feature].unsqueeze(1) + torch.arange(dim, device=device)] = grads.float()
+    with torch.enable_grad():
+        pooled = tbe(rows.long(), offsets)
+    pooled.backward(out_grad.to(pooled.dtype))
 
-    def read(self) -> torch.Tensor:
-        if self.view is not None:
-            return self.view.index_select(0, self.index)
-        return self.flat[self.index]
 
-    def write(self, values: torch.Tensor) -> None:
-        if self.view is not None:
-            self.view.index_copy_(0, self.index, values)
-        else:
-            self.flat[self.index] = values
-
-
-__all__ = [
-    "KINDS", "KernelLayout", "apply_rows", "flat_buffer", "kernel_layout", "optimizer_kind", "square_width", "squares_of",
-    "step_rows", "step_rows_held",
-]
+def replica_kernel(shard: TBE, rows_per_table: list[int], fused_params: dict) -> TBE:
+    """A kernel shaped like ``shard`` (same tables, features, optimizer and settings, on its
+    device: host memory on the CPU, device memory on CUDA) with ``rows_per_table`` rows per
+    table (at least one: FBGEMM needs non-empty tables)."""
+    dims = [spec[1] for spec in shard.embedding_specs]
+    params = {k: v for k, v in fused_params.items() if k != "enable_raw_embedding_streaming"}
+    device = shard.current_device
+    if device.type == "cpu":
+        location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
+    else:
+        location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
+    return TBE(
+        embedding_specs=[(max(1, n), d, location, compute) for n, d in zip(rows_per_table, dims)],
+        feature_table_map=list(shard.feature_table_map),
+        pooling_mode=shard.pooling_mode,
+        weights_precision=shard.weights_precision,
+        device=device,
+        **params,
+    )
