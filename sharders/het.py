@@ -18,6 +18,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het._compat import sharded_embedding_shardings, sharded_lookups, sharded_table_configs
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.sharders.plugin_contexts import PluginContexts
 from torchrec_het.sharders.plugin_sharder import (
     HET_CACHE_KEY,
     REPLICATION_KEY,
@@ -66,8 +67,9 @@ class HetEmbeddingBagCollection(EmbeddingBagCollection):
             replication.check_tables({t.name: t.num_embeddings for t in tables})
 
 
-class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagCollection):
-    """TorchRec's sharded EBC, with the plugin's types routed to their shardings.
+class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, ShardedEmbeddingBagCollection):
+    """TorchRec's sharded EBC, with the plugin's types routed to their shardings (each given its
+    per-batch context, :mod:`~torchrec_het.sharders.plugin_contexts`).
 
     Settings are checked against the plan before TorchRec builds anything.
     """
@@ -95,6 +97,7 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
         for sharding, lookup in zip(sharded_embedding_shardings(self), sharded_lookups(self)):
             if isinstance(lookup, RowReplicatedEmbeddingLookup):
                 lookup.attach(replication, sharding.shards_by_table)
+        self.find_plugin_shardings()
 
     @classmethod
     def create_embedding_bag_sharding(cls, sharding_infos, env, device=None, permute_embeddings=False, qcomm_codecs_registry=None):

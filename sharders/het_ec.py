@@ -18,6 +18,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het._compat import sharded_embedding_shardings, sharded_lookups, sharded_table_configs, uses_index_dedup
 from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.sharders.plugin_contexts import PluginContexts
 from torchrec_het.sharders.plugin_sharder import (
     REPLICATION_KEY,
     PluginSharder,
@@ -61,8 +62,9 @@ class HetEmbeddingCollection(EmbeddingCollection):
             replication.check_tables({t.name: t.num_embeddings for t in tables})
 
 
-class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection):
-    """TorchRec's sharded EC, with ``het_row_replicated`` routed to its sharding.
+class HetShardedEmbeddingCollection(ReplicatedModule, PluginContexts, ShardedEmbeddingCollection):
+    """TorchRec's sharded EC, with ``het_row_replicated`` routed to its sharding (given its per-batch
+    context, :mod:`~torchrec_het.sharders.plugin_contexts`).
 
     The plan (fused kernel for ``het_row_replicated`` tables) and the replication
     settings (against the module's tables) are checked before TorchRec builds anything;
@@ -90,6 +92,7 @@ class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection
         for sharding, lookup in zip(sharded_embedding_shardings(self), sharded_lookups(self)):
             if isinstance(lookup, RowReplicatedSequenceLookup):
                 lookup.attach(replication, sharding.shards_by_table)
+        self.find_plugin_shardings()
 
     @classmethod
     def create_embedding_sharding(cls, sharding_type, sharding_infos, env, device=None, qcomm_codecs_registry=None):

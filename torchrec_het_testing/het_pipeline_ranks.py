@@ -272,10 +272,11 @@ def prefetch(rank: int, world_size: int) -> dict:
             dist_input = sharded.input_dist(ctx, features).wait().wait()
             if index == 1:
                 sharded.prefetch(dist_input=dist_input, forward_stream=None, ctx=ctx)
-                prefetched += sum(int(lookup.prefetched is not None) for lookup in sharded.het_lookups())
             pooled = sharded.compute_and_output_dist(ctx, dist_input).wait()
             loss = pooled_loss(pooled)
             loss.backward()
+        if index == 1:
+            prefetched = sum(lookup.prefetched_batches for lookup in sharded.het_lookups())
     states = [m.state_dict() for m in models]
     worst = 0.0
     for key, value in states[0].items():

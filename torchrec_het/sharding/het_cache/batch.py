@@ -38,7 +38,7 @@ class GroupRead:
 
 @dataclass
 class CachedBatch:
-    """One batch's bookkeeping, from the input dist to its backward (it rides the KJT, see ``STEP_ATTR``).
+    """One batch's bookkeeping, from the input dist to its backward (``HetShardingContext.batch``).
 
     Requests are merged over the groups: ordered by owner, then group, then id.
     """

@@ -5,7 +5,10 @@ input dist (:class:`HetRequestsDist`, two awaitables as TorchRec's row-wise dist
   First awaitable: every rank's request counts (and batch size), one all-gather
   (:func:`~torchrec_het.sharding.common.counts.gather_counts`). Second: the requests,
   one int64 all-to-all (none when no rank asks another anything). The batch's own KJT
-  comes out, carrying the bookkeeping (``STEP_ATTR``) to the lookup.
+  comes out; the batch's bookkeeping (:class:`~torchrec_het.sharding.het_cache.batch.CachedBatch`)
+  is the first awaitable's ``batch``, which the sharded module puts in the batch's sharding
+  context (:class:`~torchrec_het.sharding.common.context.HetShardingContext`) for the lookup
+  and the output dist.
 output dist (:class:`HetRowsDist`)
   starts the owners' versions on their way back (int64 all-to-all, sizes known from the
   input dist); its awaitable waits for them, then runs the rows' all-to-all, the settle
@@ -35,21 +38,22 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het.sharding.common.counts import gather_counts
 from torchrec_het.sharding.common.exchange import Exchange, start_exchange
 from torchrec_het.sharding.het_cache.batch import CachedBatch
-from torchrec_het.sharding.het_cache.lookup import STEP_ATTR, HetCachedEmbeddingLookup
+from torchrec_het.sharding.common.context import HetShardingContext
+from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
 
 
 class _RequestSplits(Awaitable[Awaitable[KeyedJaggedTensor]]):
-    """First stage: every rank's request counts known; starts the requests' all-to-all."""
+    """First stage: every rank's request counts known; starts the requests' all-to-all. ``batch``: the batch planned."""
 
-    def __init__(self, dist_: "HetRequestsDist", features: KeyedJaggedTensor, step: CachedBatch, work, gathered):
+    def __init__(self, dist_: "HetRequestsDist", features: KeyedJaggedTensor, batch: CachedBatch, work, gathered):
         super().__init__()
-        self.dist, self.features, self.step, self.work, self.gathered = dist_, features, step, work, gathered
+        self.dist, self.features, self.batch, self.work, self.gathered = dist_, features, batch, work, gathered
 
     def _wait_impl(self) -> Awaitable[KeyedJaggedTensor]:
         self.work.wait()
         ws, rank = self.dist.world_size, self.dist.rank
         table = torch.stack(self.gathered).tolist()  # [source][dest counts..., batch size]: the input dist's host sync
-        step = self.step
+        step = self.batch
         step.send_splits = [table[rank][d] for d in range(ws)]
         step.recv_splits = [table[s][rank] for s in range(ws)]
         step.local_only = not any(table[s][d] for s in range(ws) for d in range(ws))  # a requester never asks itself
@@ -67,7 +71,7 @@ class _RequestSplits(Awaitable[Awaitable[KeyedJaggedTensor]]):
 
 
 class _RowsAhead(Awaitable[KeyedJaggedTensor]):
-    """Second stage when fetching ahead: the rows arrived; the batch's KJT carries them on."""
+    """Second stage when fetching ahead: the rows arrived."""
 
     def __init__(self, features: KeyedJaggedTensor, step: CachedBatch):
         super().__init__()
@@ -76,12 +80,11 @@ class _RowsAhead(Awaitable[KeyedJaggedTensor]):
     def _wait_impl(self) -> KeyedJaggedTensor:
         if self.step.rows_work is not None:
             self.step.rows_work.wait()
-        setattr(self.features, STEP_ATTR, self.step)
         return self.features
 
 
 class _Requests(Awaitable[KeyedJaggedTensor]):
-    """Second stage: the requests asked of this rank arrived; the batch's KJT carries them on."""
+    """Second stage: the requests asked of this rank arrived."""
 
     def __init__(self, features: KeyedJaggedTensor, step: CachedBatch, exchange: Exchange):
         super().__init__()
@@ -89,7 +92,6 @@ class _Requests(Awaitable[KeyedJaggedTensor]):
 
     def _wait_impl(self) -> KeyedJaggedTensor:
         self.step.received = self.exchange.wait().view(-1, 2)
-        setattr(self.features, STEP_ATTR, self.step)
         return self.features
 
 
@@ -134,9 +136,8 @@ class HetRowsDist(BaseEmbeddingDist):
         self._lookup = [lookup]
         self.pg = lookup._exchange_pg
 
-    def forward(self, local_embs: torch.Tensor, sharding_ctx=None) -> Awaitable[torch.Tensor]:  # noqa: ARG002
-        lookup = self._lookup[0]
-        step = lookup.last_batch
+    def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[CachedBatch]) -> Awaitable[torch.Tensor]:
+        lookup, step = self._lookup[0], sharding_ctx.batch
         if lookup.ahead:  # fetched in the input dist: only local work is left
             return _Settled(lookup, step)
         exchange = start_exchange(step.current, step.recv_splits, step.send_splits, self.pg, torch.int64,

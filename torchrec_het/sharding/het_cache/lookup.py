@@ -89,6 +89,7 @@ from torchrec_het import _tbe
 from torchrec_het._compat import lookup_kernels
 from torchrec_het.cache import PendingRows
 from torchrec_het.config import HetCacheConfig
+from torchrec_het.sharding.common.context import HetShardingContext
 from torchrec_het.sharding.common.exchange import exchange_flat
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.common.id_space import TableInfo, bag_divisors, flatten_batch
@@ -96,9 +97,6 @@ from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source,
 from torchrec_het.sharding.het_cache.batch import CachedBatch, GroupRead
 from torchrec_het.sharding.het_cache.groups import HetGroup
 from torchrec_het.sharding.het_cache.pushes import HetWrites, flatten_rows
-
-STEP_ATTR = "_het_cached_step"  # where the input dist leaves a batch's bookkeeping on its KJT
-
 
 class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
     """TorchRec's row-wise fused lookup plus the HET read and write protocol.
@@ -132,8 +130,7 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         self._awaiting: deque[CachedBatch] = deque()  # settled batches whose backward is due, oldest first
         self.batches_ahead = False  # see :meth:`allow_batches_ahead`
         self._inflight = None  # (work, received, pull counts) of the last backward's pushes
-        self.last_batch: CachedBatch | None = None  # the batch the output dist finishes next
-        self.prefetched: CachedBatch | None = None  # the last batch ``prefetch`` prepared
+        self.prefetched_batches = 0  # batches ``prefetch`` prepared
         self._anchor = torch.zeros(1, device=self._compute_device, requires_grad=True)  # lets backward reach the write path
         self._views: dict[tuple, tuple] = {}  # (module, group) -> (buffer attribute, its data_ptr, (view, first rows))
         self.on_serve: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor, int], None] | None = None
@@ -381,35 +378,37 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
 
     # --- prefetch: batch-static work ahead of the forward ----------------------------------
 
-    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream=None) -> None:  # noqa: ARG002
+    def prefetch(
+        self, sparse_features: KeyedJaggedTensor, forward_stream=None, sharding_ctx: HetShardingContext[CachedBatch] | None = None,
+    ) -> None:  # noqa: ARG002
         """What ``PrefetchTrainPipelineSparseDist`` calls for batch i+1 after the forward of batch i
         and before its backward: the requests have arrived (the input dist's second awaitable was
         waited), and the bag orders the pooling needs (a pure function of the batch) are built
         here, off the forward's path. Nothing that batch i's backward changes is read: its pushes
         move owners' versions and rows, its write path moves pending counts and may not find
         its slots evicted, so versions, rows and slots are left to the lookup and the output dist.
+        Without the batch's sharding context (a caller that passes none) there is nothing to prepare.
         """
-        step = getattr(sparse_features, STEP_ATTR, None)
-        if step is None:
+        if sharding_ctx is None:
             return
-        for read in step.reads:
+        for read in sharding_ctx.batch.reads:
             if read.bags is None:
                 _sample_major(read)
-        self.prefetched = step
+        self.prefetched_batches += 1
 
     # --- lookup: the owner's answer (local compute) -----------------------------------------
 
-    def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+    def forward(self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[CachedBatch]) -> torch.Tensor:  # noqa: ARG002
         """Owner side: the current version of every requested row, and the rows the rule sends
         (flat, in request order), which the output dist carries back. Fetching ahead, the input
-        dist has done all of it: nothing is left here but the previous backward's pushes."""
-        step: CachedBatch = getattr(sparse_features, STEP_ATTR)
+        dist has done all of it: nothing is left here but the previous backward's pushes.
+        ``sharding_ctx.batch``: what the input dist planned and received for this batch."""
+        step = sharding_ctx.batch
         self.wait_pushes()  # the previous backward's pushes: versions and rows below include them
         while self._awaiting and not self.batches_ahead:  # a batch that got no backward: its pushes stay queued
             self._requeue(self._awaiting.popleft())
         if not self.ahead:
             self._answer(step, self._bounds)
-        self.last_batch = step
         return step.payload
 
     def _answer(self, step: CachedBatch, bounds: torch.Tensor) -> None:

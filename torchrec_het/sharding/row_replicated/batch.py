@@ -1,11 +1,10 @@
 """The per-batch state of ``het_row_replicated``: what its input dists plan, its lookups fill in and
-its output dists finish, one dataclass per variant (bags, sequences)."""
+its output dists finish, one dataclass per variant (bags, sequences); it travels in the batch's
+:class:`~torchrec_het.sharding.common.context.HetShardingContext`."""
 
 from dataclasses import dataclass, field
 
 import torch
-
-STEP_ATTR = "_het_replicated_step"  # where the input dist leaves a batch's bookkeeping on its KJT
 
 
 @dataclass

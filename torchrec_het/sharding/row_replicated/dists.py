@@ -3,7 +3,8 @@ but the replica syncs; the stages are described in :mod:`~torchrec_het.sharding.
 
 Both input dists keep hot ids on the reader and send the rest to their owners in two
 awaitables, as TorchRec's row-wise dist: every rank's send counts (and batch size) by one
-all-gather, then one all-to-all. The output dists bring the owners' partial sums (bags) or rows
+all-gather, then one all-to-all; the first awaitable's ``batch`` is the batch planned, which
+the sharded module puts in the batch's sharding context for the lookup and the output dist. The output dists bring the owners' partial sums (bags) or rows
 (sequences) back and finish the output with :mod:`~torchrec_het.sharding.common.output_layout`.
 """
 
@@ -14,21 +15,22 @@ from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSpars
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het.sharding.common.context import HetShardingContext
 from torchrec_het.sharding.common.counts import gather_counts
 from torchrec_het.sharding.common.exchange import Exchange, start_exchange
 from torchrec_het.sharding.common.id_space import bag_divisors
 from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source, output_layout
-from torchrec_het.sharding.row_replicated.batch import STEP_ATTR, ReplicatedBagBatch, ReplicatedSequenceBatch
+from torchrec_het.sharding.row_replicated.batch import ReplicatedBagBatch, ReplicatedSequenceBatch
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, ReplicatedSequenceLookup
 from torchrec_het.sharding.row_replicated.routing import IdLayout
 
 
 class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
-    """First stage: every rank's send counts known; starts the ids' all-to-all."""
+    """First stage: every rank's send counts known; starts the ids' all-to-all. ``batch``: the batch planned."""
 
-    def __init__(self, dist_: "ColdIdsDist", step: ReplicatedBagBatch, payload: torch.Tensor, width: int, work, gathered):
+    def __init__(self, dist_: "ColdIdsDist", batch: ReplicatedBagBatch | ReplicatedSequenceBatch, payload: torch.Tensor, width: int, work, gathered):
         super().__init__()
-        self.dist, self.step, self.payload, self.width, self.work, self.gathered = dist_, step, payload, width, work, gathered
+        self.dist, self.batch, self.payload, self.width, self.work, self.gathered = dist_, batch, payload, width, work, gathered
 
     def _wait_impl(self) -> Awaitable[KeyedJaggedTensor]:
         self.work.wait()
@@ -37,7 +39,7 @@ class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
         batches = {row[ws] for row in table}
         if len(batches) != 1:
             raise ValueError(f"het_row_replicated needs one batch size on every rank, got {sorted(batches)}")
-        step = self.step
+        step = self.batch
         step.send_splits = [table[rank][d] for d in range(ws)]
         step.recv_splits = [table[s][rank] for s in range(ws)]
         step.local_only = all(table[s][d] == 0 for s in range(ws) for d in range(ws) if s != d)
@@ -61,9 +63,7 @@ class _Ids(Awaitable[KeyedJaggedTensor]):
 
     def _wait_impl(self) -> KeyedJaggedTensor:
         received = self.exchange.wait().view(-1, self.width)
-        kjt = self.dist.owner_features(self.step, received)
-        setattr(kjt, STEP_ATTR, self.step)
-        return kjt
+        return self.dist.owner_features(self.step, received)
 
 
 class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
@@ -146,9 +146,8 @@ class PartialSumsDist(BaseEmbeddingDist):
         self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
         self.pg, self.layout = pg, lookup.layout
 
-    def forward(self, local_embs: torch.Tensor, sharding_ctx=None) -> Awaitable[torch.Tensor]:
-        lookup = self._lookup[0]
-        step = lookup.last_batch
+    def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]) -> Awaitable[torch.Tensor]:
+        lookup, step = self._lookup[0], sharding_ctx.batch
         layout = self.layout
         ws, bags = lookup._ws, step.batch * layout.num_positions
         served_source, sent_dest = step.served_entries // bags, step.sent_entries // bags
@@ -268,8 +267,8 @@ class SequenceRowsDist(BaseEmbeddingDist):
         self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
         self.pg, self.layout = pg, lookup.layout
 
-    def forward(self, local_embs: torch.Tensor, sharding_ctx=None) -> Awaitable[torch.Tensor]:
+    def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedSequenceBatch]) -> Awaitable[torch.Tensor]:
         lookup = self._lookup[0]
-        step, dim = lookup.last_batch, self.layout.uniform_dim
+        step, dim = sharding_ctx.batch, self.layout.uniform_dim
         send, recv = [c * dim for c in step.recv_splits], [c * dim for c in step.send_splits]
         return _SequenceOutput(self, step, start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only))

@@ -173,6 +173,10 @@ class ReplicaHolder:
         block the batch read."""
         return [HotRead(block, slots, block.weights.index_select(0, slots)) for block, slots in zip(self._blocks, slots_per_block)]
 
+    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream=None, sharding_ctx=None) -> None:  # noqa: ARG002
+        """TorchRec's prefetch of the kernels (the plugin lookups' signature: the batch's context unused)."""
+        super().prefetch(sparse_features, forward_stream)
+
     def samples_read_here(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """bool ``[batch]``: samples whose ids are all hot or owned here (they need no other rank),
         on the batch's device (a data loader's batch may still be on the host)."""

@@ -11,7 +11,8 @@ from torchrec.distributed.types import ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.sharding.row_replicated.batch import STEP_ATTR, ReplicatedBagBatch, ReplicatedSequenceBatch
+from torchrec_het.sharding.common.context import HetShardingContext
+from torchrec_het.sharding.row_replicated.batch import ReplicatedBagBatch, ReplicatedSequenceBatch
 from torchrec_het.sharding.row_replicated.holder import ReplicaHolder
 
 
@@ -31,10 +32,9 @@ class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
     def __init__(self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None):
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env)
         self.init_holder(pg, feature_names, config, shards_by_table, device)
-        self.last_batch: ReplicatedBagBatch | None = None
 
-    def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
-        step: ReplicatedBagBatch = getattr(sparse_features, STEP_ATTR)
+    def forward(self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]) -> torch.Tensor:
+        step = sharding_ctx.batch
         self.begin_read(step.hot_version)
         step.hot_read = self.read_hot([slots for slots, _, _ in step.hot])
         positions = self.layout.num_positions
@@ -46,7 +46,6 @@ class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
         else:
             partials = pooled.reshape(-1).index_select(0, self.layout.elements(rows, position, self.layout.width))
         self.stats["skipped_steps"] += int(step.local_only)
-        self.last_batch = step
         return partials
 
 
@@ -69,10 +68,9 @@ class ReplicatedSequenceLookup(ReplicaHolder, GroupedEmbeddingsLookup):
         if self.layout.uniform_dim is None:
             raise ValueError("het_row_replicated sequences need one embedding dimension for all their tables")
         self.stats["rows_fetched"] = 0  # distinct rows this rank read from other ranks
-        self.last_batch: ReplicatedSequenceBatch | None = None
 
-    def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
-        step: ReplicatedSequenceBatch = getattr(sparse_features, STEP_ATTR)
+    def forward(self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[ReplicatedSequenceBatch]) -> torch.Tensor:
+        step = sharding_ctx.batch
         self.begin_read(step.hot_version)
         step.hot_read = self.read_hot([slots for slots, _ in step.hot])
         # the kernels' own forward and fused backward, the rows put back in arrival order
@@ -80,5 +78,4 @@ class ReplicatedSequenceLookup(ReplicaHolder, GroupedEmbeddingsLookup):
         step.rows = torch.empty_like(by_position).index_copy(0, step.kernel_order, by_position)
         self.stats["skipped_steps"] += int(step.local_only)
         self.stats["rows_fetched"] += sum(c for r, c in enumerate(step.send_splits) if r != self._rank)
-        self.last_batch = step
         return step.rows.reshape(-1)
