@@ -1,5 +1,6 @@
 """The per-batch state of ``het_cached_row_wise``: what the input dist plans, the lookup answers
-and the output dist settles, kept for the batch's backward."""
+and the output dist settles, kept for the batch's backward. It travels in the batch's
+:class:`~torchrec_het.sharding.common.context.HetShardingContext` (``batch``)."""
 
 from dataclasses import dataclass, field
 
@@ -37,8 +38,23 @@ class GroupRead:
 
 
 @dataclass
+class SlotPlan:
+    """Requester side, per group, once the owners' versions are known: the group's requests, the
+    rows they bring and the slots those rows need (read by the reservation and the settle)."""
+
+    mine: torch.Tensor  # positions among the batch's requests of the group's
+    asked: torch.Tensor  # their positions in the group read's ``remote``
+    held_slots: torch.Tensor  # their cache slots before the reservation (-1: none)
+    brings: torch.Tensor  # bool: which bring a row
+    missing: torch.Tensor  # positions in ``mine`` of rows brought that have no slot
+    missing_ids: torch.Tensor  # their fused ids
+    protect: torch.Tensor  # slots the reservation may not evict
+    shortfall: torch.Tensor  # [1] int64: whether the reservation must rescan (read with other data)
+
+
+@dataclass
 class CachedBatch:
-    """One batch's bookkeeping, from the input dist to its backward (``HetShardingContext.batch``).
+    """One batch's bookkeeping, from the input dist to its backward.
 
     Requests are merged over the groups: ordered by owner, then group, then id.
     """
@@ -57,11 +73,12 @@ class CachedBatch:
     received: torch.Tensor | None = None  # owner: [n, 2] (global id, held) asked of this rank, by source
     current: torch.Tensor | None = None  # owner: the current version of each
     rows_out: torch.Tensor | None = None  # owner: float32 elements of rows it sends to each rank
+    rows_in: torch.Tensor | None = None  # requester: float32 elements of rows it receives from each rank
     payload: torch.Tensor | None = None  # owner: those rows, flat, in request order
     writes: bool = False  # a backward is expected
     pull_counts: torch.Tensor | None = None  # [ws, groups] rows each rank pushes to this one in the backward
     push_counts: torch.Tensor | None = None  # [ws, groups] rows this rank pushes to each rank in the backward
-    replies: torch.Tensor | None = None  # fetched ahead: the owners' versions
-    brings: torch.Tensor | None = None  # fetched ahead: which requests brought a row
+    replies: torch.Tensor | None = None  # requester: the owners' versions
+    brings: torch.Tensor | None = None  # requester: which requests bring a row
+    slot_plans: list[SlotPlan] | None = None  # requester: per group, between the versions and the rows
     rows_received: torch.Tensor | None = None  # fetched ahead: the rows, flat, by source
-    rows_work: object = None  # fetched ahead: the rows' all-to-all in flight
