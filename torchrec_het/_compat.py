@@ -300,12 +300,22 @@ def pipeline_data_dist_stream(pipeline: Any) -> Any:
     return pipeline._data_dist_stream
 
 
+def pec_train_pipeline_class() -> type | None:
+    """TorchRec 1.9's ``TrainPipelinePEC`` (a compute-ahead pipeline for PEC EmbeddingCollections); None on 1.8,
+    which has none."""
+    if TORCHREC_RELEASE < (1, 9):
+        return None
+    from torchrec.distributed.train_pipeline.pec_train_pipeline import TrainPipelinePEC
+
+    return TrainPipelinePEC
+
+
 def cpu_semi_sync_class() -> type:
     """TorchRec's ``TrainPipelineSemiSync`` made to run on CPU: the smallest adapter that works.
 
-    TorchRec 1.8's semi-sync pipeline calls ``record_stream`` on the batch, the input dist's
-    KJT and the pooled embeddings, with the current stream of the batch's device, even on
-    CPU, where ``record_stream`` rejects CPU tensors ("unknown parameter type"). The adapter
+    TorchRec's semi-sync pipeline (1.8.0 and 1.9.2) calls ``record_stream`` on the batch, the
+    input dist's KJT and the pooled embeddings, with the current stream of the batch's device,
+    even on CPU, where ``record_stream`` rejects CPU tensors ("unknown parameter type"). The adapter
     changes exactly that, and only on CPU (the stream bookkeeping is meaningless there: one
     stream, no caching allocator):
 
