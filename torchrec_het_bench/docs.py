@@ -10,7 +10,8 @@ rows, AUC, step-time breakdown, convergence and staleness gauge), and the held-o
 the run evaluated during training. A soak run (``--soak``) gets its parameters and its verdict table
 (:func:`torchrec_het_bench.soak_results.markdown_table`: peak RSS growth and live objects per entry,
 then the series at a few steps) instead. Nothing but the files is read, so the page is a pure function
-of them.
+of them. Where runs differ only in their TorchRec stack, a table puts them side by side first
+(:mod:`torchrec_het_bench.docs_stacks`).
 """
 
 import argparse
@@ -18,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from torchrec_het_bench import report, soak_results
+from torchrec_het_bench import docs_stacks, report, soak_results
 
 HEADER = (
     "# Benchmarks\n\n"
@@ -159,8 +160,10 @@ def render_run(title: str, results: dict) -> str:
 
 def render(paths: list[Path], command: str) -> str:
     """The whole page: a header naming ``command``, then one section per file (titled by its file name)."""
-    sections = [render_run(Path(path).stem, json.loads(Path(path).read_text())) for path in paths]
-    return HEADER.format(command=command) + "".join("\n" + section for section in sections)
+    runs = [json.loads(Path(path).read_text()) for path in paths]
+    sections = [render_run(Path(path).stem, results) for path, results in zip(paths, runs)]
+    stacks = docs_stacks.render_stacks(runs)
+    return HEADER.format(command=command) + ("\n" + stacks if stacks else "") + "".join("\n" + s for s in sections)
 
 
 def command_line(paths: list[Path], out: Path) -> str:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrec_het_bench import docs
+from torchrec_het_bench import docs, docs_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = sorted((ROOT / "docs" / "results").glob("*.json"))
@@ -52,3 +52,24 @@ def test_benchmarks_page_is_up_to_date(monkeypatch):
     paths = [path.relative_to(ROOT) for path in RESULTS]
     expected = docs.render(paths, docs.command_line(paths, Path("docs/benchmarks.md")))
     assert PAGE.read_text() == expected, "docs/benchmarks.md is stale: run `make docs`"
+
+
+def test_runs_that_differ_only_in_their_stack_sit_side_by_side(tmp_path):
+    small = json.loads(_small_results(tmp_path).read_text())
+    other = json.loads(json.dumps(small))
+    other["versions"] = dict(small["versions"], torchrec="9.9.9", torch="9.9")
+    other["configs"][0]["samples_per_s"]["median"] *= 2  # stock twice as fast: every ratio halves
+    paths = []
+    for name, results in (("a", small), ("b", other)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(results))
+    text = docs_stacks.render_stacks([small, other])
+    assert text in docs.render(paths, "cmd")
+    assert "## The supported TorchRec stacks side by side" in text
+    assert f"torchrec {small['versions']['torchrec']}" in text and "torchrec 9.9.9, torch 9.9" in text
+    stock, last = small["configs"][0], small["configs"][-1]
+    ratio = last["samples_per_s"]["median"] / stock["samples_per_s"]["median"]
+    row = next(line for line in text.splitlines() if line.startswith(f"| {last['name']} | "))
+    assert f"| {ratio:.2f}x |" in row and f"| {ratio / 2:.2f}x |" in row
+    # the same stack twice is not a comparison of stacks
+    assert docs_stacks.render_stacks([small, small]) == ""
