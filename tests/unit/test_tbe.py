@@ -20,7 +20,9 @@ from torchrec_het import _tbe
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("torchrec_het", "sharders", "recipes", "torchrec_het_bench")
-EXCLUDED = ("torchrec_het/_tbe.py",)
+# _tbe itself; and tbe_cost, the benchmark that times FBGEMM's own kernel on each stack (it builds one
+# with FBGEMM's public constructor and reads its version, no internals of a kernel the plugin uses)
+EXCLUDED = ("torchrec_het/_tbe.py", "torchrec_het_bench/tbe_cost.py")
 # a table-batched kernel's attributes the plugin reads only through _tbe
 KERNEL_ATTRIBUTES = {
     "optimizer_args", "learning_rate_tensor", "embedding_specs", "feature_table_map", "weights_precision",
