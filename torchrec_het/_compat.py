@@ -1,4 +1,5 @@
-"""Every TorchRec (and FBGEMM) private the plugin reads or patches, behind one small function each.
+"""Every TorchRec private the plugin reads or patches, behind one small function each (FBGEMM's are in
+:mod:`torchrec_het._tbe`).
 
 TorchRec gives no promise about names with a leading underscore; when one moves, this module
 (and ``tests/unit/test_compat.py``, which calls every function here on real TorchRec
@@ -249,10 +250,27 @@ def sharding_lookup_arguments(sharding: Any) -> dict[str, Any]:
     }
 
 
-def tbe_optimizer_name(tbe: nn.Module) -> str:
-    """FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen.optimizer`` (an ``EmbOptimType``) as its lowercase name."""
-    return str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
+def input_dist_awaitables(splits: Any) -> list:
+    """``KJTListSplitsAwaitable.awaitables``: what each sharding's input dist returned, in the order of
+    :func:`sharded_lookups` (a sharded module's ``input_dist`` returns the ``KJTListSplitsAwaitable``)."""
+    return splits.awaitables
 
+
+@contextmanager
+def lookups_called_with(module: nn.Module, replacements: dict[int, Callable]) -> Iterator[None]:
+    """Inside the block, TorchRec's loops over ``module._lookups`` (``compute``,
+    ``compute_and_output_dist``, ``prefetch`` of a sharded EBC or EC: a plain list) find
+    ``replacements[i]`` in place of lookup i (a plugin lookup bound to its batch's context); the
+    list itself is put back after, the registered submodules are never touched."""
+    if not replacements:
+        yield
+        return
+    lookups = module._lookups
+    module._lookups = [replacements.get(i, lookup) for i, lookup in enumerate(lookups)]
+    try:
+        yield
+    finally:
+        module._lookups = lookups
 
 
 # ---- for the train pipelines (torchrec_het.pipeline) ----------------------------------------

@@ -42,7 +42,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het._compat import lookup_kernels
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.sharders import HetShardedEmbeddingBagCollection
-from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
+from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
 from torchrec_het_testing.het_ranks import loss_of, projections, sharded, table_configs
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
 
@@ -132,7 +132,7 @@ def _apply_pushes(lookups: list[HetCachedEmbeddingLookup]) -> None:
     """Applies the pushes of the last backward at their owners (the next lookup would do it first):
     the owner's weights and versions are read here as that lookup will see them."""
     for lookup in lookups:
-        lookup.wait_pushes()
+        lookup.pushes.apply_arrived()
 
 
 def _owned_weights(lookups: list[HetCachedEmbeddingLookup], rank: int) -> dict[str, tuple[int, torch.Tensor]]:
@@ -170,7 +170,7 @@ def _cache_rows(lookups: list[HetCachedEmbeddingLookup]) -> int:
 def _pending(lookups: list[HetCachedEmbeddingLookup]) -> int:
     """Updates held back on this rank: in caches and in evicted rows not pushed yet."""
     cached = sum(int(g.cache.pending_count.sum()) for lookup in lookups for g in lookup.groups)
-    outbox = sum(int(p.counts.sum()) for lookup in lookups for parts in lookup._outbox for p in parts)
+    outbox = sum(int(p.counts.sum()) for lookup in lookups for parts in lookup.pushes.outbox for p in parts)
     return cached + outbox
 
 
@@ -194,8 +194,8 @@ def _snapshot(lookups: list[HetCachedEmbeddingLookup], rank: int) -> dict[str, t
     """Copies of everything a forward may change: weights, cache, versions, counters, step."""
     out = {f"weights/{name}": w.detach().clone() for name, (_, w) in _owned_weights(lookups, rank).items()}
     for li, lookup in enumerate(lookups):
-        out[f"{li}/step"] = torch.tensor(lookup._step)
-        out[f"{li}/outbox"] = torch.tensor([len(parts) for parts in lookup._outbox])
+        out[f"{li}/step"] = torch.tensor(lookup.clock)
+        out[f"{li}/outbox"] = torch.tensor([len(parts) for parts in lookup.pushes.outbox])
         for gi, g in enumerate(lookup.groups):
             cache = g.cache
             for attr in ("slot_ids", "values", "versions", "validated_step", "pending_count", "pending_grad",
@@ -272,7 +272,7 @@ class _ServeRecorder:
         record["min_age"] = min(record["min_age"], int(age.min()))
 
 
-def _bound_configs(cases: tuple = BOUND_CASES) -> tuple[list[EmbeddingBagConfig], HetCacheConfig]:
+def bound_configs(cases: tuple = BOUND_CASES) -> tuple[list[EmbeddingBagConfig], HetCacheConfig]:
     """Two tables per cache setting (one feature, two features) and the cache config that gives them it."""
     configs, per_table = [], {}
     for settings in cases:
@@ -292,7 +292,7 @@ def bounds(rank: int, world_size: int) -> dict:
     Returns:
         ``{"tables": {table: {...}}, "groups": int, "losses": [float]}``.
     """
-    configs, cache = _bound_configs()
+    configs, cache = bound_configs()
     model = _model(configs, cache)
     sharded = _sharded(model)
     lookups = sharded.het_lookups()

@@ -104,7 +104,7 @@ def _width(configs) -> int:
     return sum(c.embedding_dim * len(c.feature_names) for c in configs)
 
 
-def _model(kind: str, configs, weighted: bool, optimizer: str, cache: HetCacheConfig | None = None,
+def het_model(kind: str, configs, weighted: bool, optimizer: str, cache: HetCacheConfig | None = None,
            lr: float | None = None) -> DistributedModelParallel:
     ebc = _ebc(configs, weighted, optimizer, "meta", lr)
     if kind == "het":
@@ -135,7 +135,7 @@ def _weight_error(model, reference, configs) -> float:
     return worst
 
 
-def _pipeline(model) -> TrainPipelineSparseDist:
+def sparse_dist_pipeline(model) -> TrainPipelineSparseDist:
     return TrainPipelineSparseDist(model, CombinedOptimizer([model.fused_optimizer]), torch.device("cpu"))
 
 
@@ -152,8 +152,8 @@ def exact(rank: int, world_size: int, optimizer: str, weighted: bool) -> dict:
         (sum(losses) / world_size).backward()  # TorchRec averages over ranks
     result = {}
     for kind in ("het", "row_wise"):
-        model = _model(kind, configs, weighted, optimizer, HetCacheConfig(default=CacheSettings(capacity=0.3)))
-        pipeline = _pipeline(model)
+        model = het_model(kind, configs, weighted, optimizer, HetCacheConfig(default=CacheSettings(capacity=0.3)))
+        pipeline = sparse_dist_pipeline(model)
         iterator = iter([b[rank] for b in batches])
         got = [float(pipeline.progress(iterator)) for _ in range(STEPS)]
         result[f"loss/{kind}"] = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(got, want))
@@ -168,12 +168,12 @@ def exact(rank: int, world_size: int, optimizer: str, weighted: bool) -> dict:
 
 def bounds(rank: int, world_size: int) -> dict:
     """Read bounds of every behaviour case under the pipeline, then gradient mass after a flush."""
-    configs, cache = behaviour._bound_configs()
-    model = _model("het", configs, False, "sgd", cache, lr=behaviour.LR)
+    configs, cache = behaviour.bound_configs()
+    model = het_model("het", configs, False, "sgd", cache, lr=behaviour.LR)
     sharded = model.module.ebc
     lookups = sharded.het_lookups()
     recorder = behaviour._ServeRecorder.attach(lookups, rank)
-    pipeline = _pipeline(model)
+    pipeline = sparse_dist_pipeline(model)
     iterator = iter([behaviour.batch(rank, step, configs) for step in range(behaviour.BOUND_STEPS)])
     for step in range(behaviour.BOUND_STEPS):
         behaviour._apply_pushes(lookups)  # the lookup of this step applies them before it answers
@@ -228,14 +228,14 @@ class _Collectives:
 def ahead(rank: int, world_size: int, pipelined: bool) -> dict:
     """Tables whose bound allows fetching ahead, under the pipeline or in a plain loop: the read
     bound per table, collectives in the forward, and gradient mass after a flush."""
-    configs, cache = behaviour._bound_configs(AHEAD_CASES)
-    model = _model("het", configs, False, "sgd", cache, lr=behaviour.LR)
+    configs, cache = behaviour.bound_configs(AHEAD_CASES)
+    model = het_model("het", configs, False, "sgd", cache, lr=behaviour.LR)
     sharded = model.module.ebc
     lookups = sharded.het_lookups()
     recorder = behaviour._ServeRecorder.attach(lookups, rank)
     counter = _Collectives(model.module)
     batches = [behaviour.batch(rank, step, configs) for step in range(behaviour.BOUND_STEPS)]
-    pipeline, iterator = (_pipeline(model), iter(batches)) if pipelined else (None, None)
+    pipeline, iterator = (sparse_dist_pipeline(model), iter(batches)) if pipelined else (None, None)
     try:
         for step in range(behaviour.BOUND_STEPS):
             behaviour._apply_pushes(lookups)  # the lookup of this step applies them before serving
@@ -262,7 +262,7 @@ def prefetch(rank: int, world_size: int) -> dict:
     """Two s = 0 models on the same batches, one with ``prefetch()`` called as the prefetch pipeline calls it."""
     configs = table_configs(False)
     cache = HetCacheConfig(default=CacheSettings(capacity=0.3))
-    models = [_model("het", configs, False, "rowwise_adagrad", cache) for _ in range(2)]
+    models = [het_model("het", configs, False, "rowwise_adagrad", cache) for _ in range(2)]
     batches = [batch(rank, step, False, configs) for step in range(STEPS)]
     prefetched = 0
     for index, model in enumerate(models):
@@ -272,10 +272,11 @@ def prefetch(rank: int, world_size: int) -> dict:
             dist_input = sharded.input_dist(ctx, features).wait().wait()
             if index == 1:
                 sharded.prefetch(dist_input=dist_input, forward_stream=None, ctx=ctx)
-                prefetched += sum(int(lookup.prefetched is not None) for lookup in sharded.het_lookups())
             pooled = sharded.compute_and_output_dist(ctx, dist_input).wait()
             loss = pooled_loss(pooled)
             loss.backward()
+        if index == 1:
+            prefetched = sum(lookup.prefetched_batches for lookup in sharded.het_lookups())
     states = [m.state_dict() for m in models]
     worst = 0.0
     for key, value in states[0].items():

@@ -18,7 +18,7 @@ from torchrec_het_bench.table_init import init_tables_by_row
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders import HetEmbeddingBagCollection, HetEmbeddingBagCollectionSharder
 from torchrec_het.sharding import het_row_replicated
-from torchrec_het.sharding.replica_holder import ReplicaHolder
+from torchrec_het.sharding.row_replicated.holder import ReplicaHolder
 from torchrec_het_testing.het_ranks import (
     OPTIMIZERS,
     SEED,

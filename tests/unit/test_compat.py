@@ -36,8 +36,9 @@ from torchrec.distributed.planner.types import BasicCommsBandwidths
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het import _compat
+from torchrec_het import _compat, _tbe
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ("torchrec_het", "sharders", "recipes")
@@ -501,9 +502,19 @@ def test_sharded_module_accessors(one_rank_env) -> None:
         assert len(lookups) == len(shardings) == 1
         assert [c.name for c in _compat.sharded_table_configs(module)] == names
         kernels = _compat.lookup_kernels(lookups[0])
-        assert kernels and _compat.tbe_optimizer_name(kernels[0].emb_module) == "exact_row_wise_adagrad"
+        assert kernels and _tbe.optimizer_name(kernels[0].emb_module) == "exact_row_wise_adagrad"
         arguments = _compat.sharding_lookup_arguments(shardings[0])
         assert arguments["pg"] is not None and arguments["env"] is one_rank_env and arguments["grouped_configs"]
+        features = KeyedJaggedTensor.from_lengths_sync([f"f_{n}" for n in names], torch.arange(len(names)),
+                                                       torch.ones(len(names), dtype=torch.int32))
+        ctx = module.create_context()
+        splits = module.input_dist(ctx, features)
+        assert len(_compat.input_dist_awaitables(splits)) == 1  # one per sharding, as the lookups
+        dist_input = splits.wait().wait()
+        calls = []
+        with _compat.lookups_called_with(module, {0: lambda kjt: calls.append(kjt) or lookups[0](kjt)}):
+            module.compute_and_output_dist(ctx, dist_input).wait()
+        assert len(calls) == 1 and _compat.sharded_lookups(module)[0] is lookups[0]  # called in place; put back
     assert _compat.uses_index_dedup(seq_sharder) is False
     weights = bag.state_dict()
     assert all(_compat.is_sharded_tensor(weights[f"embedding_bags.{n}.weight"]) for n in "ab")

@@ -168,3 +168,41 @@ def test_no_runtime_module_imports_the_harness_or_plotting() -> None:
         if bad:
             offenders.append(f"{path.relative_to(REPO)}: {bad}")
     assert not offenders, "the runtime imports the harness or a plotting library:\n" + "\n".join(offenders)
+
+
+def private_imports(modules: dict[str, Path], root: Path = REPO) -> list[str]:
+    """``path:line: from module import _name`` for each private name a module of ``modules`` imports
+    from another module of this repository (a private module itself, such as ``_compat``, is fine:
+    it is the one place its privates are reached through)."""
+    roots = {name.split(".")[0] for name in modules}
+    found = []
+    for name, path in modules.items():
+        package = name.split(".") if path.stem == "__init__" else name.split(".")[:-1]
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+            if base.split(".")[0] not in roots:
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{base}.{alias.name}" not in modules:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: from {base} import {alias.name}")
+    return found
+
+
+def test_the_private_import_scan_finds_them(tmp_path) -> None:
+    (tmp_path / "a.py").write_text("from pkg.b import _hidden, shown\nfrom pkg import _compat\n")
+    (tmp_path / "b.py").write_text("_hidden = shown = 1\n")
+    (tmp_path / "_compat.py").write_text("")
+    modules = {"pkg.a": tmp_path / "a.py", "pkg.b": tmp_path / "b.py", "pkg._compat": tmp_path / "_compat.py"}
+    assert private_imports(modules, tmp_path) == ["a.py:1: from pkg.b import _hidden"]
+
+
+def test_no_runtime_module_imports_a_private_name_of_another() -> None:
+    runtime = {name: path for name, path in source_modules().items() if name.split(".")[0] == RUNTIME}
+    assert "torchrec_het.sharding.het_cache.lookup" in runtime and "torchrec_het.sharders.het" in runtime
+    found = private_imports(runtime)
+    assert not found, "make these public or move them where they are used:\n" + "\n".join(found)

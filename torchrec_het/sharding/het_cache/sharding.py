@@ -1,6 +1,6 @@
 """``het_cached_row_wise``: row-wise owners, a stale-tolerant cache of remote rows on every rank.
 
-In TorchRec's grammar (:mod:`~torchrec_het.sharding.het_dists`): the input dist sends
+In TorchRec's grammar (:mod:`~torchrec_het.sharding.het_cache.dists`): the input dist sends
 each batch's requests (id, cached version) to the owners; the lookup
 (:class:`HetCachedEmbeddingLookup`) is local compute (the owner's answer); the output
 dist brings versions and rows back, settles the cache and pools the bags where the
@@ -12,10 +12,9 @@ by the sharded module before TorchRec groups the tables).
 
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 
-from torchrec_het.sharding.het_dists import HetRequestsDist, HetRowsDist
-from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
-from torchrec_het.sharding.local_rw import row_wise_as
-from torchrec_het.sharding.replica_holder import StagedSharding
+from torchrec_het.sharding.common.row_wise import StagedSharding, row_wise_as
+from torchrec_het.sharding.het_cache.dists import HetRequestsDist, HetRowsDist
+from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
 from torchrec_het.types import HET_CACHED_ROW_WISE
 
 
@@ -31,11 +30,6 @@ class HetCachedRwPooledEmbeddingSharding(StagedSharding, RwPooledEmbeddingShardi
 
     lookup_class = HetCachedEmbeddingLookup
     sharding_type = HET_CACHED_ROW_WISE
-
-    def create_lookup(self, device=None, fused_params=None, feature_processor=None) -> HetCachedEmbeddingLookup:
-        if feature_processor is not None:
-            raise NotImplementedError(f"{self.sharding_type} does not support feature processors")
-        return super().create_lookup(device, fused_params)
 
     def create_input_dist(self, device=None) -> HetRequestsDist:
         return HetRequestsDist(self.create_lookup())

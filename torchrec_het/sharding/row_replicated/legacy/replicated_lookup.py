@@ -1,7 +1,7 @@
 """The lookup of ``het_row_replicated``: hot rows local, cold rows pooled at their owners (DES).
 
 Each rank keeps its own batch (no input dist). Per step, for the tables of one dimension
-(:class:`~torchrec_het.sharding.replica_group.ReplicaGroup`):
+(:class:`~torchrec_het.sharding.row_replicated.routing.ReplicaGroup`):
 
 forward
   every id is read from its nearest holder (:meth:`ReplicaGroup.server_of`). Ids this
@@ -31,13 +31,13 @@ from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.types import ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
-from torchrec_het.sharding.replica_group import ReplicaGroup
-from torchrec_het.sharding.replica_writes import ReplicaWrites, sum_by_id
+from torchrec_het.sharding.common.exchange import exchange_counts, exchange_flat
+from torchrec_het.sharding.row_replicated.legacy.replica_writes import ReplicaWrites, sum_by_id
+from torchrec_het.sharding.row_replicated.routing import ReplicaGroup
 
 
 @dataclass
-class _Step:
+class _BagStep:
     """One group's batch in one step, kept for the backward."""
 
     lengths: torch.Tensor  # [F * B] bag lengths, the group's features one after the other
@@ -80,10 +80,10 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
         steps, pooled = self.read_groups(sparse_features)
         return _ReplicatedPooling.apply(self._anchor, self, steps, pooled, sparse_features.stride())
 
-    def _facts(self, g: ReplicaGroup, step: _Step) -> tuple[int, int]:
+    def _facts(self, g: ReplicaGroup, step: _BagStep) -> tuple[int, int]:
         return step.ids.numel() - step.here.numel(), int(g.is_hot(torch.unique(step.ids)).sum())
 
-    def _plan(self, g: ReplicaGroup, by_feature) -> _Step:
+    def _plan(self, g: ReplicaGroup, by_feature) -> _BagStep:
         jts = [by_feature[f] for f in g.features]
         lengths = torch.cat([jt.lengths() for jt in jts]).long()
         weights = [jt.weights_or_none() for jt in jts]
@@ -91,9 +91,9 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
         ids = torch.cat([jt.values() for jt in jts]).long() + g.offsets[torch.repeat_interleave(g.feature_table, per_feature)]
         bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
         here = (g.server_of(ids) == self._rank).nonzero().flatten()
-        return _Step(lengths, torch.cat(weights) if weights[0] is not None else None, ids, bags, here)
+        return _BagStep(lengths, torch.cat(weights) if weights[0] is not None else None, ids, bags, here)
 
-    def _read(self, g: ReplicaGroup, step: _Step) -> torch.Tensor:
+    def _read(self, g: ReplicaGroup, step: _BagStep) -> torch.Tensor:
         """[F * B, dim] bag sums: local rows here, partial sums of the rest from their servers."""
         shards, replicas = self._shard_weights(g), self._replica_weights(g)
         values = g.read(step.ids[step.here], shards, replicas)
@@ -137,7 +137,7 @@ class RowReplicatedEmbeddingLookup(ReplicaWrites, GroupedPooledEmbeddingsLookup)
 
     # --- backward --------------------------------------------------------------------------
 
-    def _served_grads(self, g: ReplicaGroup, step: _Step, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _served_grads(self, g: ReplicaGroup, step: _BagStep, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(distinct ids this rank serves, the gradient its readers' bags give each); ``grad``: ``[F * B, dim]``
         of the group's bag sums (:meth:`ReplicaWrites.write_back`)."""
         values = grad[step.bags[step.here]]

@@ -1,11 +1,12 @@
-"""An all-to-all of variable segments that autograd can differentiate, started now and waited later.
+"""All-to-all exchanges of variable-size segments, the plugin's point-to-point traffic.
 
-:func:`start_exchange` sends ``send`` (segments ordered by destination) and returns an
-:class:`Exchange`; ``Exchange.wait()`` returns what arrived, by source. In the backward the
-gradient travels the reverse way: the receiving side's backward starts the reverse
-all-to-all and the sending side's backward waits for it, so other backward work can run
-in between (TorchRec's request/wait pattern in ``comm_ops``). When no rank sends to
-another (``local_only``), nothing is sent at all: each rank's own segment is its input.
+Every rank calls each function in the same order with its own segments. :func:`exchange_counts`
+and :func:`exchange_flat` block; :func:`start_exchange` starts one that autograd can
+differentiate and returns an :class:`Exchange` whose ``wait()`` returns what arrived, by
+source. In the backward the gradient travels the reverse way: the receiving side's backward
+starts the reverse all-to-all and the sending side's backward waits for it, so other backward
+work can run in between (TorchRec's request/wait pattern in ``comm_ops``). When no rank sends
+to another (``local_only``), nothing is sent at all: each rank's own segment is its input.
 """
 
 import torch
@@ -89,3 +90,32 @@ def start_exchange(
     exchange = Exchange(send_splits, recv_splits, pg, wire, local_only, dist.get_rank(pg))
     exchange.dummy = _Send.apply(exchange, send)
     return exchange
+
+
+def exchange_counts(counts: torch.Tensor, pg: dist.ProcessGroup | None) -> torch.Tensor:
+    """Row d of ``counts`` goes to rank d; returns the rows every rank sent to this one.
+
+    Args:
+        counts: int64 ``[world_size, k]``.
+        pg: the process group.
+    """
+    world_size, k = counts.shape
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received.view(-1), counts.contiguous().view(-1), [k] * world_size, [k] * world_size, group=pg)
+    return received
+
+
+def exchange_flat(
+    send: torch.Tensor, send_splits: list[int], recv_splits: list[int], pg: dist.ProcessGroup | None
+) -> torch.Tensor:
+    """Sends ``send[sum(send_splits[:d]) : ...]`` to rank d; returns what arrives, by source rank.
+
+    Args:
+        send: a 1-D tensor, its segments ordered by destination rank.
+        send_splits: elements for each destination.
+        recv_splits: elements from each source.
+        pg: the process group.
+    """
+    received = send.new_empty(sum(recv_splits))
+    dist.all_to_all_single(received, send.contiguous(), recv_splits, send_splits, group=pg)
+    return received

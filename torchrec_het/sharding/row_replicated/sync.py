@@ -25,7 +25,7 @@ def collective_device(pg: dist.ProcessGroup | None) -> torch.device:
     return torch.device("cpu")
 
 
-def gather_counts(count: int, pg: dist.ProcessGroup | None) -> list[int]:
+def every_rank_count(count: int, pg: dist.ProcessGroup | None) -> list[int]:
     """Every rank's ``count`` (one small all-gather)."""
     device = collective_device(pg)
     out = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(pg))]
@@ -147,10 +147,10 @@ class HostGroups:
         """(ids touched on any rank, their summed gradients), as :func:`combine_sparse` over ``pg``;
         only the leaders' host sums cross between hosts."""
         if not self.hierarchical:
-            return combine_sparse(ids, grads, gather_counts(ids.numel(), self.pg), self.pg)
-        ids, grads = combine_sparse(ids, grads, gather_counts(ids.numel(), self.host), self.host)
+            return combine_sparse(ids, grads, every_rank_count(ids.numel(), self.pg), self.pg)
+        ids, grads = combine_sparse(ids, grads, every_rank_count(ids.numel(), self.host), self.host)
         if self.is_leader:
-            ids, grads = combine_sparse(ids, grads, gather_counts(ids.numel(), self.cross), self.cross)
+            ids, grads = combine_sparse(ids, grads, every_rank_count(ids.numel(), self.cross), self.cross)
         device = collective_device(self.host)
         count = torch.tensor([ids.numel()], dtype=torch.int64, device=device)
         dist.broadcast(count, src=self.leader, group=self.host)
@@ -193,7 +193,7 @@ def _sum_nonzero_rows(tensor: torch.Tensor, pg: dist.ProcessGroup) -> None:
     rows = tensor.view(tensor.size(0), -1)
     nonzero = (rows != 0).any(1)
     mine = rows[nonzero]
-    counts = gather_counts(mine.size(0), pg)
+    counts = every_rank_count(mine.size(0), pg)
     width = max(counts)
     if width == 0:
         return

@@ -1,4 +1,4 @@
-"""``het_row_replicated``: row-wise owners, hot rows replicated (FlexShard), partial sums on the wire (DES).
+"""The old, unpipelined ``het_row_replicated`` bags (the per-host tier's path until the pipelined one has it): row-wise owners, hot rows replicated (FlexShard), partial sums on the wire (DES).
 
 In TorchRec's grammar: the input dist is a no-op (each rank keeps its own batch), the
 lookup (:class:`RowReplicatedEmbeddingLookup`) pools hot rows locally and asks owners
@@ -7,8 +7,8 @@ where the batch lives). Shards, grouping, state dict and fused optimizer are row
 own, so a checkpoint holds every table once and loads into any world size.
 """
 
-from torchrec_het.sharding.local_rw import LocalBatchRwPooledSharding, row_wise_as
-from torchrec_het.sharding.replicated_lookup import RowReplicatedEmbeddingLookup
+from torchrec_het.sharding.row_replicated.legacy.local_rw import LocalBatchRwPooledSharding
+from torchrec_het.sharding.row_replicated.legacy.replicated_lookup import RowReplicatedEmbeddingLookup
 from torchrec_het.types import HET_ROW_REPLICATED
 
 
@@ -17,13 +17,3 @@ class RowReplicatedPooledEmbeddingSharding(LocalBatchRwPooledSharding):
 
     lookup_class = RowReplicatedEmbeddingLookup
     sharding_type = HET_ROW_REPLICATED
-
-
-def het_row_replicated():
-    """A ``per_param_sharding`` generator for TorchRec's ``construct_module_sharding_plan``.
-
-    Shards a table row-wise over all ranks (TorchRec's own sizes and offsets, fused
-    kernel) and marks it ``het_row_replicated``; its hot rows come from the module's
-    :class:`~torchrec_het.replication.ReplicationConfig`.
-    """
-    return row_wise_as(HET_ROW_REPLICATED, compute_kernel="fused")

@@ -1,70 +1,36 @@
-"""``het_row_replicated`` for EmbeddingBagCollections, in TorchRec's three stages.
+"""The input and output dists of ``het_row_replicated``, bags and sequences (every collective of a step
+but the replica syncs; the stages are described in :mod:`~torchrec_het.sharding.row_replicated.sharding`).
 
-Row-wise shards (TorchRec's own, with their fused FBGEMM kernels) plus the hot rows of
-every table replicated on every rank (:mod:`~torchrec_het.sharding.replica_store`).
-
-input dist (:class:`ColdIdsDist`, two awaitables as TorchRec's row-wise dist)
-  hot ids stay on the reader; every other id goes to its owner as (bag, row[, weight]).
-  First awaitable: every rank's send counts (and batch size), one all-gather. Second: the
-  ids, one all-to-all (none when no rank reads a row owned elsewhere: FAE's all-hot step).
-lookup (:class:`ReplicatedBagLookup`, local compute)
-  the owner pools what it received with its fused kernel, as stock row-wise does, and
-  keeps only the partial sums of bags that had ids (DES).
-output dist (:class:`PartialSumsDist`)
-  partial sums back to their readers (one all-to-all, sparse: no empty bags), added to
-  the reader's hot rows (read from its replica blocks at the lookup), mean pooling applied (the shared
-  :mod:`~torchrec_het.sharding.output_layout`). Backward: partial gradients go back the same
-  way into the owners' fused kernels (their optimizer steps as in stock row-wise); hot
-  gradients are summed over ranks by one asynchronous all-reduce (every
-  ``replica_sync_every`` steps) applied before the next read.
-
-With no hot rows this is row-wise sharding with sparse partial sums in place of the
-reduce-scatter, and trains exactly as stock row-wise does.
+Both input dists keep hot ids on the reader and send the rest to their owners in two
+awaitables, as TorchRec's row-wise dist: every rank's send counts (and batch size) by one
+all-gather, then one all-to-all; the first awaitable's ``batch`` is the batch planned, which
+the sharded module puts in the batch's sharding context for the lookup and the output dist. The output dists bring the owners' partial sums (bags) or rows
+(sequences) back and finish the output with :mod:`~torchrec_het.sharding.common.output_layout`.
 """
-
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torchrec.distributed.comm_ops import get_gradient_division
-from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSparseFeaturesDist
-from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
-from torchrec.distributed.types import Awaitable, ShardingType
+from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.sharding.exchange_async import Exchange, start_exchange
-from torchrec_het.sharding.id_space import bag_divisors
-from torchrec_het.sharding.output_layout import OutputPlan, Part, Source, output_layout
-from torchrec_het.sharding.replica_holder import IdLayout, ReplicaHolder, StagedSharding, gather_counts
-
-STEP_ATTR = "_het_replicated_step"  # where the input dist leaves a batch's bookkeeping on its KJT
-
-
-@dataclass
-class _Batch:
-    """One batch's bookkeeping, from the input dist to the output dist."""
-
-    batch: int
-    hot_version: int  # the layout's hot rows this batch was routed with
-    lengths: torch.Tensor  # [F * B] reader's bag lengths (mean pooling)
-    hot: list  # per block: (slots, bags of its output part, weights) of the reader's hot values
-    sent_entries: torch.Tensor  # reader: distinct (dest, position, sample) keys of cold values sent
-    send_splits: list[int] = field(default_factory=list)
-    recv_splits: list[int] = field(default_factory=list)
-    local_only: bool = False
-    served_entries: torch.Tensor | None = None  # owner: (source, position, sample) of bags received
-    partial_at: tuple | None = None  # owner: (row, position, rows) of each partial in the kernels' compact output
-    hot_read: list | None = None  # reader: per block, the hot rows read at the lookup (HotRead)
+from torchrec_het.sharding.common.context import HetShardingContext
+from torchrec_het.sharding.common.counts import gather_counts
+from torchrec_het.sharding.common.exchange import Exchange, start_exchange
+from torchrec_het.sharding.common.id_space import bag_divisors
+from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source, output_layout
+from torchrec_het.sharding.row_replicated.batch import ReplicatedBagBatch, ReplicatedSequenceBatch
+from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, ReplicatedSequenceLookup
+from torchrec_het.sharding.row_replicated.routing import IdLayout
 
 
-class _Splits(Awaitable[Awaitable[KeyedJaggedTensor]]):
-    """First stage: every rank's send counts known; starts the ids' all-to-all."""
+class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
+    """First stage: every rank's send counts known; starts the ids' all-to-all. ``batch``: the batch planned."""
 
-    def __init__(self, dist_: "ColdIdsDist", step: _Batch, payload: torch.Tensor, width: int, work, gathered):
+    def __init__(self, dist_: "ColdIdsDist", batch: ReplicatedBagBatch | ReplicatedSequenceBatch, payload: torch.Tensor, width: int, work, gathered):
         super().__init__()
-        self.dist, self.step, self.payload, self.width, self.work, self.gathered = dist_, step, payload, width, work, gathered
+        self.dist, self.batch, self.payload, self.width, self.work, self.gathered = dist_, batch, payload, width, work, gathered
 
     def _wait_impl(self) -> Awaitable[KeyedJaggedTensor]:
         self.work.wait()
@@ -73,7 +39,7 @@ class _Splits(Awaitable[Awaitable[KeyedJaggedTensor]]):
         batches = {row[ws] for row in table}
         if len(batches) != 1:
             raise ValueError(f"het_row_replicated needs one batch size on every rank, got {sorted(batches)}")
-        step = self.step
+        step = self.batch
         step.send_splits = [table[rank][d] for d in range(ws)]
         step.recv_splits = [table[s][rank] for s in range(ws)]
         step.local_only = all(table[s][d] == 0 for s in range(ws) for d in range(ws) if s != d)
@@ -91,15 +57,13 @@ class _Splits(Awaitable[Awaitable[KeyedJaggedTensor]]):
 class _Ids(Awaitable[KeyedJaggedTensor]):
     """Second stage: the ids received, as the KJT the owner's kernels pool."""
 
-    def __init__(self, dist_: "ColdIdsDist", step: _Batch, exchange: Exchange, width: int):
+    def __init__(self, dist_: "ColdIdsDist", step: ReplicatedBagBatch, exchange: Exchange, width: int):
         super().__init__()
         self.dist, self.step, self.exchange, self.width = dist_, step, exchange, width
 
     def _wait_impl(self) -> KeyedJaggedTensor:
         received = self.exchange.wait().view(-1, self.width)
-        kjt = self.dist.owner_features(self.step, received)
-        setattr(kjt, STEP_ATTR, self.step)
-        return kjt
+        return self.dist.owner_features(self.step, received)
 
 
 class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
@@ -130,11 +94,11 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         if weights is not None:
             columns.append(weights.index_select(0, cold).float().view(torch.int32))
         num_bags = batch * layout.num_positions
-        step = _Batch(batch, layout.hot_version, sparse_features.lengths().long(), hot, torch.unique(dest * num_bags + cold_bags))
+        step = ReplicatedBagBatch(batch, layout.hot_version, sparse_features.lengths().long(), hot, torch.unique(dest * num_bags + cold_bags))
         work, gathered = gather_counts(dest, batch, self.pg)
-        return _Splits(self, step, torch.stack(columns, 1), len(columns), work, gathered)
+        return _CountsGathered(self, step, torch.stack(columns, 1), len(columns), work, gathered)
 
-    def owner_features(self, step: _Batch, received: torch.Tensor) -> KeyedJaggedTensor:
+    def owner_features(self, step: ReplicatedBagBatch, received: torch.Tensor) -> KeyedJaggedTensor:
         """The (bag, row) pairs received, as a compact KJT: per position, one bag per
         (source, sample) that sent ids, in that order, padded with empty bags to the position
         with the most. The owner's kernels pool it in one call per group."""
@@ -165,43 +129,8 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         )
 
 
-class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
-    """The owner pools received ids with its fused kernels; the reader pools hot ids from replicas.
-
-    Args:
-        grouped_configs: the local shards, grouped as row-wise groups them.
-        feature_names: the sharding's features.
-        pg: the sharding's process group.
-        config: replication settings (tiers, sync interval, wire dtype).
-        shards_by_table: each table's shard metadata.
-        device: compute device.
-        env: sharding environment.
-    """
-
-    def __init__(self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None):
-        super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env)
-        self.init_holder(pg, feature_names, config, shards_by_table, device)
-        self.last_batch: _Batch | None = None
-
-    def forward(self, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
-        step: _Batch = getattr(sparse_features, STEP_ATTR)
-        self.begin_read(step.hot_version)
-        step.hot_read = self.read_hot([slots for slots, _, _ in step.hot])
-        positions = self.layout.num_positions
-        pooled = super().forward(sparse_features)  # [compact bags, width]: the kernels' fused forward and backward
-        rows, position, stride = step.partial_at
-        if self.layout.uniform_dim is not None:  # the output dist pools hot rows as it finishes the bags
-            partials = pooled.view(stride * positions, self.layout.uniform_dim).index_select(0, rows * positions + position)
-            partials = partials.reshape(-1)
-        else:
-            partials = pooled.reshape(-1).index_select(0, self.layout.elements(rows, position, self.layout.width))
-        self.stats["skipped_steps"] += int(step.local_only)
-        self.last_batch = step
-        return partials
-
-
 class _Bags(Awaitable[torch.Tensor]):
-    def __init__(self, dist_: "PartialSumsDist", step: _Batch, exchange: Exchange):
+    def __init__(self, dist_: "PartialSumsDist", step: ReplicatedBagBatch, exchange: Exchange):
         super().__init__()
         self.dist, self.step, self.exchange = dist_, step, exchange
 
@@ -217,9 +146,8 @@ class PartialSumsDist(BaseEmbeddingDist):
         self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
         self.pg, self.layout = pg, lookup.layout
 
-    def forward(self, local_embs: torch.Tensor, sharding_ctx=None) -> Awaitable[torch.Tensor]:
-        lookup = self._lookup[0]
-        step = lookup.last_batch
+    def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]) -> Awaitable[torch.Tensor]:
+        lookup, step = self._lookup[0], sharding_ctx.batch
         layout = self.layout
         ws, bags = lookup._ws, step.batch * layout.num_positions
         served_source, sent_dest = step.served_entries // bags, step.sent_entries // bags
@@ -237,8 +165,8 @@ class PartialSumsDist(BaseEmbeddingDist):
         exchange = start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only)
         return _Bags(self, step, exchange)
 
-    def finish(self, step: _Batch, received: torch.Tensor) -> torch.Tensor:
-        """``[batch, width]`` bags, one part per width (:mod:`~torchrec_het.sharding.output_layout`):
+    def finish(self, step: ReplicatedBagBatch, received: torch.Tensor) -> torch.Tensor:
+        """``[batch, width]`` bags, one part per width (:mod:`~torchrec_het.sharding.common.output_layout`):
         the hot rows from the replica block (their gradients go to it) plus the partials received
         (theirs go back to the owners), mean applied, gradients scaled as TorchRec's row-wise
         backward scales them."""
@@ -274,16 +202,73 @@ class PartialSumsDist(BaseEmbeddingDist):
         return output_layout(OutputPlan(parts, (batch, layout.width), scale), lookup._anchor)
 
 
-class PipelinedRowReplicatedSharding(StagedSharding, RwPooledEmbeddingSharding):
-    """``het_row_replicated`` bags: row-wise shards, hot replicas, partial sums, in TorchRec's stages.
+class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
+    """Keeps hot ids on the reader and asks each owner once for every distinct cold id."""
 
-    Args:
-        sharding_infos: TorchRec's per-table sharding infos.
-        env: sharding environment.
-        config: replication settings for these tables.
-        device: compute device.
-    """
+    def __init__(self, layout: IdLayout, feature_names: list[str], pg):
+        super().__init__()
+        self.layout, self.feature_names, self.pg = layout, feature_names, pg
+        self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
+        self.observe = None  # the lookup's replica syncs and online profile
 
-    lookup_class = ReplicatedBagLookup
-    input_dist_class = ColdIdsDist
-    output_dist_class = PartialSumsDist
+    def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
+        layout = self.layout
+        bags, ids = layout.flatten(sparse_features)
+        positions = bags // sparse_features.stride()
+        if self.observe is not None:
+            self.observe(ids)
+        hot_pos, owner, row = layout.route(ids)
+        hot = [(slots, mine) for mine, slots in layout.hot_of(hot_pos)]
+        cold = (hot_pos < 0).nonzero().flatten()
+        key = owner.index_select(0, cold) * layout.total_rows + ids.index_select(0, cold)  # by owner, then id
+        need, need_of = torch.unique(key, return_inverse=True)
+        first = torch.empty_like(need).scatter_(0, need_of, torch.arange(cold.numel(), device=cold.device))
+        first = cold.index_select(0, first)
+        payload = torch.stack([positions.index_select(0, first).to(torch.int32), row.index_select(0, first).to(torch.int32)], 1)
+        step = ReplicatedSequenceBatch(layout.hot_version, ids.numel(), hot, cold, need_of)
+        work, gathered = gather_counts(need // layout.total_rows, sparse_features.stride(), self.pg)
+        return _CountsGathered(self, step, payload, 2, work, gathered)
+
+    def owner_features(self, step: ReplicatedSequenceBatch, received: torch.Tensor) -> KeyedJaggedTensor:
+        """The (position, row) pairs received, as a KJT of one bag per position."""
+        step.received = received
+        position = received[:, 0].long()
+        _, step.kernel_order = torch.sort(position, stable=True)
+        return KeyedJaggedTensor(
+            keys=self.feature_names,
+            values=received[:, 1].index_select(0, step.kernel_order).long(),
+            lengths=torch.bincount(position, minlength=self.layout.num_positions).int(),
+            stride=1,
+        )
+
+
+class _SequenceOutput(Awaitable[torch.Tensor]):
+    def __init__(self, dist_: "SequenceRowsDist", step: ReplicatedSequenceBatch, exchange: Exchange):
+        super().__init__()
+        self.dist, self.step, self.exchange = dist_, step, exchange
+
+    def _wait_impl(self) -> torch.Tensor:
+        lookup = self.dist._lookup[0]
+        scale = 1.0 / lookup._ws if get_gradient_division() else 1.0
+        received = self.exchange.wait().float()
+        step, dim = self.step, self.dist.layout.uniform_dim
+        # every position's row: one gather from the blocks' rows read and the rows received
+        sources = [Source(read.rows, at, sink=read.add_grads) for read, (_, at) in zip(step.hot_read, step.hot)]
+        sources.append(Source(received.view(-1, dim), step.cold, step.need_of))
+        plan = OutputPlan([Part(sources, step.num_values, dim, one_per_bag=True)], (step.num_values, dim), scale)
+        return output_layout(plan, lookup._anchor)
+
+
+class SequenceRowsDist(BaseEmbeddingDist):
+    """Sends the asked rows back and lays every position's row out in the reader's order."""
+
+    def __init__(self, lookup: ReplicatedSequenceLookup, pg):
+        super().__init__()
+        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
+        self.pg, self.layout = pg, lookup.layout
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedSequenceBatch]) -> Awaitable[torch.Tensor]:
+        lookup = self._lookup[0]
+        step, dim = sharding_ctx.batch, self.layout.uniform_dim
+        send, recv = [c * dim for c in step.recv_splits], [c * dim for c in step.send_splits]
+        return _SequenceOutput(self, step, start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only))

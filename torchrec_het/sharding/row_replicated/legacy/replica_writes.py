@@ -6,7 +6,7 @@ and ``grouped_configs``, as ``GroupedPooledEmbeddingsLookup`` and
 lookup reads rows or what its output looks like:
 
 set-up
-  :meth:`attach` builds one :class:`~torchrec_het.sharding.replica_group.ReplicaGroup`
+  :meth:`attach` builds one :class:`~torchrec_het.sharding.row_replicated.routing.ReplicaGroup`
   per embedding dimension, one replica kernel per fused kernel (shaped like it, pooled
   or not) and the holder groups of the per-host tier; :meth:`refresh` copies every held
   row, with its optimizer state, from its owner.
@@ -34,21 +34,30 @@ from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het._compat import lookup_kernels
+from torchrec_het._tbe import (
+    apply_row_grads,
+    apply_rows,
+    check_row_local,
+    num_tables,
+    optimizer_kind,
+    replica_kernel,
+    row_state,
+    square_width,
+    squares_of,
+)
 from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
-from torchrec_het.sharding.exchange import exchange_flat
-from torchrec_het.sharding.id_space import TableInfo, members
-from torchrec_het.sharding.replica_group import ReplicaGroup
-from torchrec_het.sharding.replica_sync import (
+from torchrec_het.sharding.common.exchange import exchange_flat
+from torchrec_het.sharding.common.id_space import TableInfo, members
+from torchrec_het.sharding.row_replicated.routing import ReplicaGroup
+from torchrec_het.sharding.row_replicated.sync import (
     HostGroups,
     collective_device,
     combine_dense,
     combine_sparse,
     dense_bytes,
-    gather_counts,
+    every_rank_count,
     sparse_bytes,
 )
-from torchrec_het.sharding.row_apply import apply_row_grads, check_row_local, replica_kernel, row_state
-from torchrec_het.sharding.row_optim import apply_rows, optimizer_kind, square_width, squares_of
 
 
 class ReplicaWrites:
@@ -138,7 +147,7 @@ class ReplicaWrites:
         """Bytes of the replica kernels' weights and optimizer state."""
         total = 0
         for kernel in self._replicas:
-            for t in range(len(kernel.embedding_specs)):
+            for t in range(num_tables(kernel)):
                 total += sum(state.numel() * state.element_size() for state in row_state(kernel, t))
         return total
 
@@ -270,7 +279,7 @@ class ReplicaWrites:
             apply_grads.append(grads[host])
         elif g.host.numel():
             host_ids, host_grads = ids[host], grads[host]
-            counts = gather_counts(host_ids.numel(), self._host_pg)
+            counts = every_rank_count(host_ids.numel(), self._host_pg)
             host_ids, host_grads = combine_sparse(host_ids, host_grads, counts, self._host_pg)
             apply_ids.append(host_ids)
             apply_grads.append(host_grads)
@@ -304,7 +313,7 @@ class ReplicaWrites:
         since the last sync, or dense over the block, whichever moves fewer bytes) and empties the hold.
 
         Adagrad family: the state grows by the held steps' squares, as
-        :meth:`~torchrec_het.sharding.replica_store.ReplicaBlock._apply` explains (each rank
+        :meth:`~torchrec_het.sharding.row_replicated.replicas.ReplicaBlock._apply` explains (each rank
         sends its squares beyond its own sum's; the sum over ranks is added to the square of the
         summed gradient). Returns (ids, summed gradients, their squares beyond the square of the sum, or None).
         """
@@ -312,7 +321,7 @@ class ReplicaWrites:
         if kind is not None:
             pending[:, g.dim : -1] -= squares_of(kind, pending[:, : g.dim]).float()
         touched_here = (pending[:, -1] > 0).nonzero().flatten()
-        counts = gather_counts(touched_here.numel(), self._pg)
+        counts = every_rank_count(touched_here.numel(), self._pg)
         if sparse_bytes(counts, pending.size(1)) <= dense_bytes(g.hot.numel(), pending.size(1) - 1, self._ws):
             self.stats["sparse_syncs"] += 1
             ids, summed = self._hosts.combine_sparse(g.hot[touched_here], pending[touched_here])
@@ -335,7 +344,7 @@ class ReplicaWrites:
     @torch.no_grad()
     def _apply(self, g: ReplicaGroup, ids: torch.Tensor, grads: torch.Tensor, beyond: torch.Tensor | None = None) -> None:
         """One fused-optimizer step per row this rank owns (its shard) or holds (its replica);
-        with ``beyond``, the held-gradient step (:func:`~torchrec_het.sharding.row_optim.apply_rows`)."""
+        with ``beyond``, the held-gradient step (:func:`~torchrec_het._tbe.apply_rows`)."""
         if ids.numel() == 0:
             return
         tables = g.table_of(ids)

@@ -1,7 +1,7 @@
 """``het_row_replicated`` for EmbeddingCollection (sequence, unpooled): hot rows local, cold rows fetched once.
 
 Each rank keeps its own batch (no input dist, no output dist). Per step, for the tables
-of one dimension (:class:`~torchrec_het.sharding.replica_group.ReplicaGroup`):
+of one dimension (:class:`~torchrec_het.sharding.row_replicated.routing.ReplicaGroup`):
 
 forward
   the embedding of every position. Positions whose id this rank owns or holds
@@ -15,7 +15,7 @@ forward
 backward
   per distinct id, the gradient summed over its positions (divided by the world size,
   as TorchRec's row-wise backward); cold ids' gradients go back to their servers, and
-  :meth:`~torchrec_het.sharding.replica_writes.ReplicaWrites.settle` combines
+  :meth:`~torchrec_het.sharding.row_replicated.legacy.replica_writes.ReplicaWrites.settle` combines
   replicated rows' gradients over all ranks and per-host rows' over the holder group,
   so every copy takes the same fused-optimizer step as its owner's shard.
 
@@ -37,14 +37,14 @@ from torchrec.distributed.types import ShardingEnv
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het._compat import sharding_lookup_arguments
-from torchrec_het.sharding.exchange import exchange_counts, exchange_flat
-from torchrec_het.sharding.replica_group import ReplicaGroup
-from torchrec_het.sharding.replicated_lookup import feature_positions
-from torchrec_het.sharding.replica_writes import ReplicaWrites, sum_by_id
+from torchrec_het.sharding.common.exchange import exchange_counts, exchange_flat
+from torchrec_het.sharding.row_replicated.legacy.replica_writes import ReplicaWrites, sum_by_id
+from torchrec_het.sharding.row_replicated.legacy.replicated_lookup import feature_positions
+from torchrec_het.sharding.row_replicated.routing import ReplicaGroup
 
 
 @dataclass
-class _Step:
+class _SequenceStep:
     """One group's positions in one step, kept for the backward."""
 
     ids: torch.Tensor  # fused id of every position, the group's features one after the other
@@ -82,10 +82,10 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
         counts = sparse_features.length_per_key()  # by input position (a shared feature has two)
         return _SequenceRows.apply(self._anchor, self, steps, rows, counts)
 
-    def _facts(self, g: ReplicaGroup, step: _Step) -> tuple[int, int]:
+    def _facts(self, g: ReplicaGroup, step: _SequenceStep) -> tuple[int, int]:
         return step.need.numel(), int(g.is_hot(torch.unique(step.ids[step.here])).sum())
 
-    def _plan(self, g: ReplicaGroup, by_feature) -> _Step:
+    def _plan(self, g: ReplicaGroup, by_feature) -> _SequenceStep:
         values = [by_feature[f].values() for f in g.features]
         per_feature = torch.tensor([v.numel() for v in values], dtype=torch.int64, device=g.feature_table.device)
         ids = torch.cat(values).long() + g.offsets[torch.repeat_interleave(g.feature_table, per_feature)]
@@ -98,9 +98,9 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
         slot = torch.empty_like(order)
         slot[order] = torch.arange(order.numel(), device=order.device)
         send_counts = torch.bincount(need_server, minlength=self._ws)
-        return _Step(ids, here, away, need[order], slot[need_of], send_counts)
+        return _SequenceStep(ids, here, away, need[order], slot[need_of], send_counts)
 
-    def _read(self, g: ReplicaGroup, step: _Step) -> torch.Tensor:
+    def _read(self, g: ReplicaGroup, step: _SequenceStep) -> torch.Tensor:
         """``[positions, dim]``: local rows here, distinct rows of the rest from their servers."""
         shards, replicas = self._shard_weights(g), self._replica_weights(g)
         rows = torch.empty(step.ids.numel(), g.dim, device=step.ids.device)
@@ -119,7 +119,7 @@ class RowReplicatedSequenceLookup(ReplicaWrites, GroupedEmbeddingsLookup):
 
     # --- backward --------------------------------------------------------------------------
 
-    def _served_grads(self, g: ReplicaGroup, step: _Step, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _served_grads(self, g: ReplicaGroup, step: _SequenceStep, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(distinct ids this rank serves, the gradient summed over every position that read each);
         ``grad``: ``[positions, dim]`` of the group's rows (:meth:`ReplicaWrites.write_back`)."""
         ids, per_position = [step.ids[step.here]], [grad[step.here]]

@@ -11,8 +11,7 @@ import torch
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
 from torchrec.distributed.sharding.dp_sharding import DpPooledEmbeddingDist, DpSparseFeaturesDist
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
-from torchrec.distributed.sharding_plan import row_wise
-from torchrec.distributed.types import ParameterSharding, ShardingEnv
+from torchrec.distributed.types import ShardingEnv
 
 from torchrec_het._compat import sharding_lookup_arguments
 
@@ -42,15 +41,3 @@ class LocalBatchRwPooledSharding(RwPooledEmbeddingSharding):
 
     def create_output_dist(self, device: torch.device | None = None) -> DpPooledEmbeddingDist:
         return DpPooledEmbeddingDist()
-
-
-def row_wise_as(sharding_type: str, compute_kernel: str | None = None):
-    """TorchRec's ``row_wise()`` plan generator, its output marked ``sharding_type``."""
-    rows = row_wise(compute_kernel=compute_kernel)
-
-    def generate(*args: Any, **kwargs: Any) -> ParameterSharding:
-        sharding = rows(*args, **kwargs)
-        sharding.sharding_type = sharding_type
-        return sharding
-
-    return generate

@@ -5,7 +5,7 @@ tensor plus the optimizer state the owners' FBGEMM kernels keep for them. Every 
 reads its hot ids from it; the backward adds the rows' gradients to a pending buffer, and
 every ``sync_every`` steps a sync starts: touch counts are all-reduced at once, the touched
 rows' gradients once those are in (:meth:`ReplicaBlock.advance`). :meth:`ReplicaBlock.wait`
-applies the sums with the owners' optimizer arithmetic (:func:`~torchrec_het.sharding.row_optim.step_rows`,
+applies the sums with the owners' optimizer arithmetic (:func:`~torchrec_het._tbe.step_rows`,
 the one the owners' row updates use) before the next
 read and writes the new rows and state through to the owners' shards, so a state dict or
 checkpoint always sees current values.
@@ -15,42 +15,18 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
+from torchrec_het import _tbe
+from torchrec_het._tbe import square_width, squares_of, step_rows, step_rows_held
 from torchrec_het.replication.tiers import replica_copies
-from torchrec_het.sharding.replica_sync import HostGroups
-from torchrec_het.sharding.row_optim import _buffer, optimizer_kind, square_width, squares_of, step_rows, step_rows_held
-
-
-def optimizer_name(tbe: SplitTableBatchedEmbeddingBagsCodegen) -> str:
-    """``sgd``, ``adagrad`` or ``rowwise_adagrad``; ValueError for a kernel whose update has no row form here."""
-    kind = optimizer_kind(tbe)
-    if float(tbe.optimizer_args.weight_decay) != 0.0:
-        raise ValueError(f"fused optimizer {kind!r} with weight decay has no replica update")
-    return kind
-
-
-def state_width(kind: str, dim: int) -> int:
-    """Optimizer-state columns per row: 1 (row-wise Adagrad), ``dim`` (Adagrad), 0 (SGD)."""
-    return {"sgd": 0, "adagrad": dim, "rowwise_adagrad": 1}[kind]
-
-
-def _flat(tbe: SplitTableBatchedEmbeddingBagsCodegen, prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the kernel's flat weights or momentum buffer, each table's first element in it).
-
-    As ``.data``: writing a synced row is an optimizer write (see :func:`~torchrec_het.sharding.row_optim.apply_rows`),
-    which must not bump the version of weights a forward still in flight saved."""
-    found = _buffer(tbe, prefix)
-    if found is None:
-        raise ValueError(f"het_row_replicated: the kernel's {prefix} are not in one flat buffer (mixed placements or a cache)")
-    return getattr(tbe, found[0]).data, found[1]
+from torchrec_het.sharding.row_replicated.sync import HostGroups
 
 
 @dataclass
 class OwnedRows:
     """Where hot rows this rank owns live in one owner kernel: flat element positions."""
 
-    kernel: SplitTableBatchedEmbeddingBagsCodegen
+    kernel: _tbe.TBE
     slots: torch.Tensor  # [n] rows of the block
     weight_index: torch.Tensor  # [n, dim] positions in the kernel's flat weights
     state_index: torch.Tensor  # [n, width] positions in its flat momentum
@@ -81,7 +57,7 @@ class ReplicaBlock:
         pg: the process group.
         device: where the block lives.
         hosts: ``pg``'s host subgroups: the sums run within each host, then between host
-            leaders, then back within the host (:class:`~torchrec_het.sharding.replica_sync.HostGroups`);
+            leaders, then back within the host (:class:`~torchrec_het.sharding.row_replicated.sync.HostGroups`);
             None: flat all-reduces on ``pg``.
     """
 
@@ -93,7 +69,7 @@ class ReplicaBlock:
         self.hot_ids, self.dim, self.optimizer, self.pg = hot_ids.to(device), dim, optimizer, pg
         self.hosts = hosts
         self.weights = torch.zeros(rows, dim, device=device)
-        self.state = torch.zeros(rows, state_width(optimizer, dim), device=device)
+        self.state = torch.zeros(rows, square_width(optimizer, dim), device=device)
         self.kernels, self.kernel_of = kernels, kernel_of.to(device)
         self.eps = eps.view(-1, 1).to(device=device, dtype=torch.float64)  # Adagrad adds it in double
         self.owned, self.sync_every = owned, sync_every
@@ -121,9 +97,9 @@ class ReplicaBlock:
         self.wait()
         block = torch.zeros(self.weights.size(0), self.dim + self.state.size(1), device=self.weights.device)
         for part in self.owned:
-            block[part.slots, : self.dim] = _flat(part.kernel, "weights")[0][part.weight_index].float()
+            block[part.slots, : self.dim] = _tbe.flat_data(part.kernel, _tbe.WEIGHTS)[0][part.weight_index].float()
             if self.state.size(1):
-                block[part.slots, self.dim :] = _flat(part.kernel, "momentum1")[0][part.state_index].float()
+                block[part.slots, self.dim :] = _tbe.flat_data(part.kernel, _tbe.STATE)[0][part.state_index].float()
         self._all_reduce(block)
         self.load(block[:, : self.dim], block[:, self.dim :])
 
@@ -180,7 +156,7 @@ class ReplicaBlock:
 
     def _rates(self, rows: torch.Tensor) -> torch.Tensor:
         """``[rows, 1]``: each row's learning rate, read from its owner kernel now (a scheduler may change it)."""
-        rates = torch.stack([k.learning_rate_tensor for k in self.kernels]).to(self.weights.device)
+        rates = torch.stack([_tbe.learning_rate(k) for k in self.kernels]).to(self.weights.device)
         return rates.index_select(0, self.kernel_of.index_select(0, rows)).view(-1, 1)
 
     def _start(self) -> None:
@@ -240,7 +216,7 @@ class ReplicaBlock:
         exactly the k steps' squares when one rank touched the row, and the synchronous step's
         when k = 1; in between, the cross-rank products of different steps stand in for those
         of the same step, and the growth is never below ``S**2 / k`` (opposite-signed holders
-        could cancel the estimate). The step is :func:`~torchrec_het.sharding.row_optim.step_rows_held`.
+        could cancel the estimate). The step is :func:`~torchrec_het._tbe.step_rows_held`.
         """
         lr = self._rates(touched)
         agreed_weights, agreed_state = (self.agreed_weights, self.agreed_state) if self.steps_locally else (self.weights, self.state)
@@ -267,24 +243,24 @@ class ReplicaBlock:
         for part in self.owned:
             mine = mask.index_select(0, part.slots).nonzero().flatten()
             slots = part.slots.index_select(0, mine)
-            weights = _flat(part.kernel, "weights")[0]
+            weights = _tbe.flat_data(part.kernel, _tbe.WEIGHTS)[0]
             rows = self.weights.index_select(0, slots).to(weights.dtype)
             weights.index_copy_(0, part.weight_index.index_select(0, mine).view(-1), rows.view(-1))
             if self.state.size(1):
-                state = _flat(part.kernel, "momentum1")[0]
+                state = _tbe.flat_data(part.kernel, _tbe.STATE)[0]
                 at = part.state_index.index_select(0, mine).view(-1)
                 state.index_copy_(0, at, self.state.index_select(0, slots).to(state.dtype).view(-1))
 
 
 def owned_rows(kernel, table_index: torch.Tensor, local_rows: torch.Tensor, slots: torch.Tensor, dim: int) -> OwnedRows:
     """Flat positions of rows ``local_rows`` of tables ``table_index`` in ``kernel`` (rows of width ``dim``)."""
-    name = optimizer_name(kernel)
+    name = _tbe.replica_kind(kernel)
     table_index, local_rows = table_index.cpu(), local_rows.cpu()
-    weights, weight_offsets = _flat(kernel, "weights")
+    weights, weight_offsets = _tbe.flat_data(kernel, _tbe.WEIGHTS)
     weight_index = (weight_offsets.cpu()[table_index] + local_rows * dim).unsqueeze(1) + torch.arange(dim)
-    width = state_width(name, dim)
+    width = square_width(name, dim)
     if width:
-        state_offsets = _flat(kernel, "momentum1")[1].cpu()
+        state_offsets = _tbe.flat_data(kernel, _tbe.STATE)[1].cpu()
         state_index = (state_offsets[table_index] + local_rows * width).unsqueeze(1) + torch.arange(width)
     else:
         state_index = torch.zeros(local_rows.numel(), 0, dtype=torch.int64)
