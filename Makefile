@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-BENCH_ARGS ?= --preset default --out bench_out
+BENCH_ARGS ?= --preset default --network auto --out bench_out
 
 .PHONY: bench test test-faults docs setup clean
 

@@ -31,7 +31,7 @@ def test_generator_renders_a_small_results_file(tmp_path, capsys):
     assert text.startswith("# Benchmarks\n")
     assert "## small\n" in text
     for expected in ("commit abc1234; date 2026-11-24", "command: `python -m torchrec_het_bench --preset",
-                     "### Against stock TorchRec", "| stock_table_wise", "1.00x", "fwd ids", "emb fwd",
+                     "### Against stock TorchRec", "| stock_table_wise", "1.00×", "verdicts against stock:", "fwd ids", "emb fwd",
                      "staleness max", "samples/s median"):
         assert expected in text, expected
     names = [c["name"] for c in json.loads(small.read_text())["configs"]]
