@@ -283,16 +283,17 @@ _MARKERS = "osD^vP*Xhp<>"
 
 def plot_bytes_vs_memory(results: dict, path: Path) -> bool:
     """Embedding bytes per step against model state per rank (max over ranks), one panel per workload,
-    for every configuration of a run that has a row-replicated one; better is down and left.
+    for every entry of a run where one has row-replicated tables (the planner's choice included); better is
+    down and left.
 
     Each entry has its own marker in the legend (entries of equal memory sit on top of each other,
     so their names are not written beside the points). The axes start at 0, so an entry's distance
     from another reads as a share of its memory and bytes.
 
-    Returns False (and writes nothing) when the run has no row-replicated configuration.
+    Returns False (and writes nothing) when no entry has row-replicated tables.
     """
     configs = ran(results["configs"])
-    if not any(c["params"].get("sharding") == "het_row_replicated" for c in configs):
+    if not any("het_row_replicated" in c["sharding_types"] for c in configs):
         return False
     import matplotlib
 
@@ -305,7 +306,7 @@ def plot_bytes_vs_memory(results: dict, path: Path) -> bool:
         entries = [c for c in configs if c.get("workload", "dlrm") == workload]
         for index, c in enumerate(entries):
             x, y = max(c["state_mb"]), c["bytes_per_step"]["embedding_cross_rank"] / 2**20
-            replicated = c["params"].get("sharding") == "het_row_replicated"
+            replicated = "het_row_replicated" in c["sharding_types"]
             ax.scatter([x], [y], marker=_MARKERS[index % len(_MARKERS)], s=60, alpha=0.75,
                        label=c["name"] + (" (hot rows on every rank)" if replicated else ""))
         ax.set_xlim(0, max(max(c["state_mb"]) for c in entries) * 1.15 or 1.0)

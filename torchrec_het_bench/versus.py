@@ -70,6 +70,14 @@ def signed(value: float) -> str:
     return f"{value:+.4f}".replace("-", "−")
 
 
+def auc_text(entry: dict) -> str:
+    """``0.8045``, or over seeds the mean and each seed's: ``0.8045 (0.8031, 0.8062, 0.8042)``."""
+    by_seed = entry.get("auc_by_seed")
+    if not by_seed or len(by_seed) < 2:
+        return f"{entry['auc']:.4f}"
+    return f"{entry['auc']:.4f} (" + ", ".join(f"{auc:.4f}" for auc in by_seed) + ")"
+
+
 def difference_text(entry: dict, reference: dict | None) -> str:
     """``−0.0003 ± 0.0008``, or the bare difference when no interval was recorded (older results)."""
     diff = auc_difference(entry)
@@ -81,7 +89,8 @@ def difference_text(entry: dict, reference: dict | None) -> str:
 
 
 def verdict(entry: dict, reference: dict) -> str:
-    """One line: ``planned: 1.31× stock_table_wise at 0.53× its bytes, AUC equal (−0.0003 ± 0.0008)``."""
+    """One line: ``planned: 1.31× stock_table_wise at 0.53× its bytes, AUC equal (−0.0003 ± 0.0008); tables:
+    het_row_replicated`` (the sharding types a plugin configuration's tables got, after the ``;``)."""
     speed = _ratio(entry["samples_per_s"]["median"], reference["samples_per_s"]["median"])
     emb = _ratio(entry["bytes_per_step"]["embedding_cross_rank"], reference["bytes_per_step"]["embedding_cross_rank"])
     diff = auc_difference(entry)
@@ -90,7 +99,10 @@ def verdict(entry: dict, reference: dict) -> str:
     else:
         quality = f"AUC {verdict_word(diff)} ({signed(diff.difference)} ± {diff.half_width:.4f})"
     bytes_words = "its bytes" if emb is not None else "bytes not comparable"
-    return f"{entry['name']}: {_times(speed)} {reference['name']} at {_times(emb)} {bytes_words}, {quality}"
+    line = f"{entry['name']}: {_times(speed)} {reference['name']} at {_times(emb)} {bytes_words}, {quality}"
+    if entry.get("stock"):
+        return line
+    return line + f"; tables: {'+'.join(entry['sharding_types'])}"  # what the plugin's configuration chose
 
 
 def _ran_by_name(results: dict) -> dict[str, dict]:
@@ -116,7 +128,7 @@ def table(results: dict) -> list[str]:
     ratio to the reference's, the HET hit rate, the hot-row share, AUC and AUC − stock with its interval."""
     lines = [
         "| entry | sharding | samples/s | × stock | embedding MiB/step (× stock) | inter-host MiB/step (× stock) "
-        "| HET hit rate (ideal LRU) | hot rows | AUC | AUC − stock (95%) | stock |",
+        "| HET hit rate (ideal LRU) | hot rows | AUC (by seed) | AUC − stock (95%) | stock |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c, ref in rows(results):
@@ -127,7 +139,7 @@ def table(results: dict) -> list[str]:
             f"| {_times(_ratio(sps, ref and ref['samples_per_s']['median']))} "
             f"| {_mib_and_ratio(emb, ref and ref['bytes_per_step']['embedding_cross_rank'])} "
             f"| {_mib_and_ratio(inter, ref and ref.get('inter_host_bytes'))} "
-            f"| {het_hit_rate(c)} | {hot_row_share(c)} | {c['auc']:.4f} "
+            f"| {het_hit_rate(c)} | {hot_row_share(c)} | {auc_text(c)} "
             f"| {'0 (reference)' if ref is c else difference_text(c, ref)} | {ref['name'] if ref else '-'} |"
         )
     return lines
