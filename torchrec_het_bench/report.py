@@ -149,7 +149,10 @@ def _against(c: dict, key: str) -> tuple[str, str, str]:
     if conv is None:
         return "-", "-", "-"
     steps = f"{_steps(conv['steps_to_target'])} ({_steps(conv['reference_steps_to_target'])})"
-    return conv["reference"], _delta(conv["auc_minus_reference"]), steps
+    delta = _delta(conv["auc_minus_reference"])
+    if "auc_half_width" in conv:  # the 95% interval's half-width (torchrec_het_bench.versus)
+        delta += f" ± {conv['auc_half_width']:.4f}"
+    return conv["reference"], delta, steps
 
 
 def convergence_table(results: dict) -> list[str]:
@@ -164,7 +167,8 @@ def convergence_table(results: dict) -> list[str]:
         "the first evaluated step at or above 99.5% of that plateau (stock's own in parentheses); reference: "
         "stock table_wise under the entry's pipeline, or under sparse_dist when that pipeline has none; "
         "the last two columns compare with stock table_wise under sparse_dist where the reference is another "
-        "pipeline's; staleness max: the most embedding updates a trained batch's read missed (hybrid's gauge)",
+        "pipeline's; AUC differences ± the half-width of their 95% interval where recorded (as in the table against "
+        "stock); staleness max: the most embedding updates a trained batch's read missed (hybrid's gauge)",
         "",
         "| workload | entry | pipeline | k | staleness max | final AUC | reference | AUC - ref | steps to 99.5% "
         "| AUC - sparse_dist stock | steps to 99.5% (sparse_dist) |",

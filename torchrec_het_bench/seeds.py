@@ -18,7 +18,7 @@ from pathlib import Path
 
 from torchrec_het_bench.auc_intervals import paired_t
 from torchrec_het_bench.results import convergence, write_results
-from torchrec_het_bench.versus import reference_name
+from torchrec_het_bench.versus import add_convergence_intervals, reference_name
 from torchrec_het_bench.worker import RunSpec
 
 # What must agree between the runs merged (everything but the seed, the provenance and the measurements).
@@ -80,9 +80,15 @@ def merge(runs: list[dict]) -> dict:
         reference = reference_name(entry) if "not_run" not in entry else None
         if reference is None or reference == entry["name"]:
             continue
-        differences = [by_name[entry["name"]]["auc"] - by_name[reference]["auc"] for by_name in per_seed]
+        differences = _differences(per_seed, entry["name"], reference)
         entry["auc_vs_stock"] = dict(paired_t(differences, seeds).as_dict(), reference=reference, by_seed=differences)
+        add_convergence_intervals(entry, lambda ref: paired_t(_differences(per_seed, entry["name"], ref)).half_width)
     return merged
+
+
+def _differences(per_seed: list[dict], name: str, reference: str) -> list[float]:
+    """Per seed, entry ``name``'s AUC minus ``reference``'s (``per_seed``: each seed's entries by name)."""
+    return [by_name[name]["auc"] - by_name[reference]["auc"] for by_name in per_seed]
 
 
 def _merge_entry(entry: dict, runs: list[dict]) -> None:
@@ -98,3 +104,22 @@ def _merge_entry(entry: dict, runs: list[dict]) -> None:
     entry["auc_curve_by_seed"] = [run["auc_curve"] for run in runs]
     entry["auc_curve"] = [[step, statistics.fmean(run["auc_curve"][i][1] for run in runs)] for i, step in enumerate(steps[0])]
     entry["loss_by_seed"] = [run["loss"] for run in runs]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m torchrec_het_bench.seeds OUT``: merges ``OUT/seed_*/results.json`` again into ``OUT``
+    (after a change to the merge or the report; the runs are not repeated)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m torchrec_het_bench.seeds", description=main.__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path, help="the --out folder of a --seeds run")
+    args = parser.parse_args(argv)
+    paths = sorted(args.out.glob("seed_*/results.json"), key=lambda p: int(p.parent.name.removeprefix("seed_")))
+    if len(paths) < 2:
+        parser.error(f"{args.out} holds {len(paths)} seed_*/results.json; merging needs at least 2")
+    write_results(merge([json.loads(path.read_text()) for path in paths]), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

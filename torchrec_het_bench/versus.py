@@ -28,15 +28,28 @@ def add_auc_vs_stock(entries: list[dict], scores: dict) -> None:
         scores: entry name -> (scores, labels) of its held-out samples, in the same sample order for
             every entry of a workload.
     """
-    for entry in entries:
-        reference = reference_name(entry)
-        if reference is None or reference == entry["name"] or "not_run" in entry:
-            continue
+    def delong(entry: dict, reference: str) -> AucDifference:
         own, labels = scores[entry["name"]]
         ref_scores, ref_labels = scores[reference]
         if not bool((labels == ref_labels).all()):
             raise ValueError(f"{entry['name']} and {reference} were evaluated on different held-out samples")
-        entry["auc_vs_stock"] = dict(paired_delong(own, ref_scores, labels).as_dict(), reference=reference)
+        return paired_delong(own, ref_scores, labels)
+
+    for entry in entries:
+        reference = reference_name(entry)
+        if reference is None or reference == entry["name"] or "not_run" in entry:
+            continue
+        entry["auc_vs_stock"] = dict(delong(entry, reference).as_dict(), reference=reference)
+        add_convergence_intervals(entry, lambda ref: delong(entry, ref).half_width)
+
+
+def add_convergence_intervals(entry: dict, half_width) -> None:
+    """Adds ``auc_half_width`` (``half_width(reference name)``) to the entry's ``convergence`` and
+    ``convergence_vs_sparse_dist`` against another entry, so the convergence table shows their intervals."""
+    for key in ("convergence", "convergence_vs_sparse_dist"):
+        conv = entry.get(key)
+        if conv is not None and conv["reference"] != entry["name"]:
+            conv["auc_half_width"] = half_width(conv["reference"])
 
 
 def auc_difference(entry: dict) -> AucDifference | None:

@@ -1,12 +1,14 @@
 """Merging the runs of several seeds: AUC means, paired t intervals, convergence on the mean curves; no ranks."""
 
 import copy
+import json
 import math
 
 import pytest
 
 from torchrec_het_bench.auc_intervals import t_quantile
 from torchrec_het_bench.results import convergence
+from torchrec_het_bench import seeds
 from torchrec_het_bench.seeds import merge, seed_dir
 
 
@@ -50,6 +52,8 @@ def test_auc_is_the_mean_over_seeds_and_the_difference_a_paired_t_interval():
     assert "paired t over seeds 0,1,2" in vs["method"]
     assert "auc_vs_stock" not in stock  # the reference itself
     assert het["convergence"]["plateau_auc"] == pytest.approx(0.80)  # recomputed on stock's mean curve
+    assert het["convergence"]["auc_half_width"] == pytest.approx(vs["half_width"])  # the same reference here
+    assert "auc_half_width" not in stock["convergence"]
     assert refused == RUNS[0]["configs"][2]
     assert merged["configs"][1]["samples_per_s"] == RUNS[0]["configs"][1]["samples_per_s"]  # the first seed's
 
@@ -75,3 +79,16 @@ def test_merge_refuses_runs_that_differ_in_more_than_the_seed():
 
 def test_each_seed_has_its_own_folder(tmp_path):
     assert seed_dir(tmp_path, 3) == tmp_path / "seed_3"
+
+
+def test_the_seeds_of_a_run_merge_again_from_their_folders(tmp_path, monkeypatch):
+    for run in RUNS:
+        (tmp_path / f"seed_{run['seed']}").mkdir()
+        (tmp_path / f"seed_{run['seed']}" / "results.json").write_text(json.dumps(run))
+    written = []
+    monkeypatch.setattr(seeds, "write_results", lambda results, out: written.append((results, out)))
+    assert seeds.main([str(tmp_path)]) == 0
+    (merged, out), = written
+    assert out == tmp_path and merged["seeds"] == [0, 1, 2] and "auc_vs_stock" in merged["configs"][1]
+    with pytest.raises(SystemExit):
+        seeds.main([str(tmp_path / "seed_0")])  # no seed folders in there

@@ -99,6 +99,8 @@ def test_auc_vs_stock_pairs_the_held_out_samples_of_entry_and_reference():
     assert "auc_vs_stock" not in entries[0]
     assert entries[1]["auc_vs_stock"]["difference"] == 0.0 and entries[1]["auc_vs_stock"]["half_width"] == 0.0
     assert entries[2]["auc_vs_stock"]["reference"] == "stock_table_wise" and entries[2]["auc_vs_stock"]["difference"] < 0
+    assert entries[2]["convergence"]["auc_half_width"] == entries[2]["auc_vs_stock"]["half_width"] > 0
+    assert "auc_half_width" not in entries[0]["convergence"]
     scores["planned"] = (stock_scores, labels.flip(0))
     with pytest.raises(ValueError, match="different held-out samples"):
         versus.add_auc_vs_stock(entries, scores)
@@ -132,3 +134,13 @@ def test_over_seeds_the_auc_cell_shows_the_mean_and_each_seed():
     entry = _entry("planned", 1.0, 1, 0.8, auc_by_seed=[0.7991, 0.8012, 0.7997])
     assert versus.auc_text(entry) == "0.8000 (0.7991, 0.8012, 0.7997)"
     assert versus.auc_text(_entry("planned", 1.0, 1, 0.8)) == "0.8000"
+
+
+def test_the_convergence_table_shows_the_interval_where_recorded():
+    from torchrec_het_bench import report
+
+    results = _results()
+    results["configs"][1]["convergence"]["auc_half_width"] = 0.0008
+    rows = [line for line in report.convergence_table(results) if line.startswith("| dlrm")]
+    assert "| -0.0003 ± 0.0008 |" in rows[1]
+    assert "±" not in rows[2]  # none recorded for planned_s10's convergence here
