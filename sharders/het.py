@@ -26,7 +26,7 @@ from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
 from torchrec_het.sharding.replicated_bags import PipelinedRowReplicatedSharding, ReplicatedBagLookup
 from torchrec_het.sharding.replicated_lookup import RowReplicatedEmbeddingLookup
 from torchrec_het.sharding.replicated_rw import RowReplicatedPooledEmbeddingSharding
-from torchrec_het.sharding.validate import FeatureCheck
+from torchrec_het.sharding.validate import FeatureCheck, plugin_features
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 PLUGIN_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
@@ -107,7 +107,9 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
         self._rows_of_feature = {
             feature: config.num_embeddings for config in sharded_table_configs(self) for feature in config.feature_names
         }
-        self._check_features = FeatureCheck(self._rows_of_feature)
+        self._check_features = FeatureCheck(
+            self._rows_of_feature, plugin_features(plan, module.embedding_bag_configs(), PLUGIN_TYPES)
+        )
         for sharding, lookup in zip(sharded_embedding_shardings(self), sharded_lookups(self)):
             if isinstance(lookup, RowReplicatedEmbeddingLookup):
                 lookup.attach(replication, sharding.shards_by_table)

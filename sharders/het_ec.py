@@ -23,7 +23,7 @@ from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharders.het import REPLICATION_KEY, _pipelined, _without_settings
 from torchrec_het.sharding.replicated_sequence import RowReplicatedSequenceEmbeddingSharding, RowReplicatedSequenceLookup
 from torchrec_het.sharding.replicated_sequences import PipelinedRowReplicatedSequenceSharding, ReplicatedSequenceLookup
-from torchrec_het.sharding.validate import FeatureCheck
+from torchrec_het.sharding.validate import FeatureCheck, plugin_features
 from torchrec_het.types import HET_ROW_REPLICATED
 
 SEQUENCE_PLUGIN_TYPES = (HET_ROW_REPLICATED,)
@@ -75,7 +75,9 @@ class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection
         self._rows_of_feature = {
             feature: config.num_embeddings for config in sharded_table_configs(self) for feature in config.feature_names
         }
-        self._check_features = FeatureCheck(self._rows_of_feature)  # its per-key layout kept between batches
+        self._check_features = FeatureCheck(
+            self._rows_of_feature, plugin_features(plan, module.embedding_configs(), SEQUENCE_PLUGIN_TYPES)
+        )  # its per-key layout kept between batches
         for sharding, lookup in zip(sharded_embedding_shardings(self), sharded_lookups(self)):
             if isinstance(lookup, RowReplicatedSequenceLookup):
                 lookup.attach(replication, sharding.shards_by_table)
@@ -98,8 +100,6 @@ class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection
 
     def input_dist(self, ctx, features):
         if isinstance(features, KeyedJaggedTensor):  # before anything is read or sent
-            if features.variable_stride_per_key():
-                raise NotImplementedError("het_row_replicated does not support variable batch sizes per feature")
             self._check_features(features)
         return super().input_dist(ctx, features)
 

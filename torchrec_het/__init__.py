@@ -2,7 +2,8 @@
 
 Importing this package changes nothing in TorchRec; ``torchrec_het.install()`` registers
 the plugin's sharders and planner components (``torchrec_het.registration``) and
-``torchrec_het.uninstall()`` takes them out again.
+``torchrec_het.uninstall()`` takes them out again; ``torchrec_het.stats_by_table(model)``
+gives the plugin's counters (cache hits, replica syncs) of every plugin-sharded table.
 """
 
 __version__ = "0.1.0"
@@ -22,4 +23,11 @@ def uninstall() -> None:
     _uninstall()
 
 
-__all__ = ["__version__", "install", "uninstall"]
+def stats_by_table(model) -> dict[str, dict]:
+    """See :func:`torchrec_het.stats.stats_by_table`: the plugin's counters per table, on this rank."""
+    from torchrec_het.stats import stats_by_table as _stats_by_table
+
+    return _stats_by_table(model)
+
+
+__all__ = ["__version__", "install", "stats_by_table", "uninstall"]

@@ -23,6 +23,13 @@ keeps the dead attempt's addresses, which restarted gloo/NCCL groups may connect
 A worker whose collective timed out or lost its peer ends with
 :class:`~torchrec_het.collective_errors.CollectiveFailure`: one line that says which
 collective, after how long, and that a link or a peer is gone.
+
+A setting that does not fit the model (:class:`~torchrec_het.errors.ConfigurationError`, e.g.
+``TORCHREC_HET_PROFILE`` naming a profile of other tables) is no fault: a restart would fail
+the same way. A worker that meets one writes its one-line message to the file the launcher
+names in ``TORCHREC_HET_CONFIGURATION_ERROR_FILE`` and exits 0, so torchrun restarts nothing;
+the launcher then ends with that line (exit code 2). Without the launcher (plain torchrun)
+the worker prints the line and exits 1.
 """
 
 import argparse
@@ -30,10 +37,13 @@ import importlib.util
 import os
 import runpy
 import sys
+import tempfile
 from dataclasses import dataclass
 
 PROG = "python -m torchrec_het.launch"
 SHARE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+CONFIGURATION_ERROR_ENV = "TORCHREC_HET_CONFIGURATION_ERROR_FILE"  # set by the launcher for its workers
+CONFIGURATION_ERROR_EXIT = 2
 
 # launcher options: name -> (type, help); every one takes a value
 _OPTIONS: dict[str, tuple[type, str]] = {
@@ -73,16 +83,26 @@ class Command:
         return [*head, *self.args]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The launcher options (SCRIPT / -m MODULE and what follows are split off first)."""
+def build_parser(with_settings: bool = False) -> argparse.ArgumentParser:
+    """The launcher options (SCRIPT / -m MODULE and what follows are split off first); with
+    ``with_settings`` (for ``--help``), the ``TORCHREC_HET_*`` settings after them."""
     parser = argparse.ArgumentParser(
         prog=PROG,
         usage=f"{PROG} [launcher options] (SCRIPT | -m MODULE) [ARGS...]",
         description="Run a TorchRec training script with torchrec_het installed (see module docstring).",
+        epilog=_settings_epilog() if with_settings else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for flag, (kind, help_text) in _OPTIONS.items():
         parser.add_argument(*_spellings(flag), type=kind, help=help_text)
     return parser
+
+
+def _settings_epilog() -> str:
+    """The ``TORCHREC_HET_*`` settings the workers' ``torchrec_het.install()`` reads (checked here first)."""
+    from torchrec_het.registration import settings_help
+
+    return f"settings (environment variables, read by every worker; a bad value stops the launcher):\n{settings_help()}"
 
 
 def _spellings(flag: str) -> list[str]:
@@ -99,7 +119,7 @@ def parse_command(argv: list[str]) -> Command:
     while index < len(argv):
         arg = argv[index]
         if arg in ("-h", "--help"):
-            parser.print_help()
+            build_parser(with_settings=True).print_help()
             sys.exit(0)
         if arg == "-m" or (arg.startswith("-m") and not arg.startswith("--")):
             module = arg[2:] or (argv[index + 1] if index + 1 < len(argv) else "")
@@ -127,9 +147,10 @@ def run_worker(command: Command) -> None:
 
     import torchrec_het
     from torchrec_het.collective_errors import CollectiveFailure, describe_collective_error
+    from torchrec_het.errors import ConfigurationError
 
-    torchrec_het.install()
     try:
+        torchrec_het.install()
         if command.module is not None:
             sys.argv = [command.module, *command.args]  # runpy puts the module's file in argv[0]
             runpy.run_module(command.module, run_name="__main__", alter_sys=True)
@@ -138,11 +159,28 @@ def run_worker(command: Command) -> None:
             sys.argv = [script, *command.args]
             sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` would
             runpy.run_path(script, run_name="__main__")
+    except ConfigurationError as error:
+        report_configuration_error(error)
     except Exception as error:  # a lost peer or link: one line that says so ends the traceback
         described = describe_collective_error(error, _default_group_timeout_s())
         if described is None:
             raise
         raise CollectiveFailure(described) from error
+
+
+def report_configuration_error(error: Exception) -> None:
+    """Ends a worker on a setting that does not fit the model: under the launcher, its message goes
+    to the launcher's file and the worker exits 0 (torchrun restarts nothing; the launcher prints
+    the line and fails); otherwise the worker prints the line and exits 1."""
+    line = f"{PROG}: {' '.join(str(error).split())}"
+    path = os.environ.get(CONFIGURATION_ERROR_ENV)
+    if not path:
+        raise SystemExit(line)
+    partial = f"{path}.{os.getpid()}"
+    with open(partial, "w") as out:
+        out.write(line)
+    os.replace(partial, path)  # every rank writes the same line; the last one stays
+    sys.exit(0)
 
 
 def torchrun_argv(command: Command) -> list[str]:
@@ -181,11 +219,21 @@ def run_launcher(command: Command) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
-    try:
-        torchrun_main(torchrun_argv(command))
-    except ChildFailedError:
-        return 1  # torchrun has printed which worker failed and why
-    return 0
+    with tempfile.TemporaryDirectory(prefix="torchrec_het_launch_") as folder:
+        errors = os.path.join(folder, "configuration_error")
+        os.environ[CONFIGURATION_ERROR_ENV] = errors
+        try:
+            torchrun_main(torchrun_argv(command))
+            code = 0
+        except ChildFailedError:
+            code = 1  # torchrun has printed which worker failed and why
+        finally:
+            del os.environ[CONFIGURATION_ERROR_ENV]
+        if os.path.exists(errors):  # a worker found a setting that does not fit the model
+            with open(errors) as found:
+                print(found.read().strip(), file=sys.stderr, flush=True)
+            return CONFIGURATION_ERROR_EXIT
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

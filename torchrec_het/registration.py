@@ -14,8 +14,10 @@ does), then import the script.
 """
 
 import functools
+import inspect
 import os
 import sys
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -30,13 +32,74 @@ from torchrec_het.planner.pricing import PluginPricing
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile, load_profile
 
-# settings ``install()`` reads when not given (the launcher passes them this way)
-ENV_PROFILE, ENV_ALPHA, ENV_SYNC = "TORCHREC_HET_PROFILE", "TORCHREC_HET_ALPHA", "TORCHREC_HET_REPLICA_SYNC_EVERY"
-ENV_ONLINE = "TORCHREC_HET_ONLINE_PROFILE_STEPS"
-ENV_STALENESS = "TORCHREC_HET_EMBEDDING_STALENESS"
-ENV_COMPUTE = ENV_COSTS
-ENV_PG_TIMEOUT = "TORCHREC_HET_PG_TIMEOUT"  # seconds
-ENV_LINK_GBIT, ENV_LINK_PROBE = "TORCHREC_HET_LINK_GBIT", "TORCHREC_HET_LINK_PROBE"
+def parse_timeout(text: str, name: str) -> timedelta:
+    """A number of seconds > 0, as a ``timedelta``.
+
+    Raises:
+        ValueError: naming ``name``.
+    """
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = None
+    if seconds is None or not 0 < seconds < float("inf"):
+        raise ValueError(f"{name} must be a number of seconds > 0, got {text!r}")
+    return timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``TORCHREC_HET_*`` setting ``install()`` reads when its argument is not given.
+
+    Attributes:
+        variable: the environment variable.
+        argument: its key in :func:`env_settings`: the ``install()`` argument it stands for, if any.
+        kind: ``str`` (taken as given), ``int`` or ``float`` (checked against ``minimum``).
+        parse: where given, turns the text into the value (and raises naming the variable).
+        minimum: the least number allowed.
+        default: the value when unset.
+        help: what it does (``python -m torchrec_het.launch --help`` lists it).
+    """
+
+    variable: str
+    argument: str
+    kind: type
+    help: str
+    minimum: float = 0
+    default: object = None
+    parse: Callable[[str, str], object] | None = None  # (text, variable) -> value; replaces ``kind``
+
+
+# Every setting, once: env_settings() reads these and the launcher's --help lists them.
+SETTINGS: tuple[Setting, ...] = (
+    Setting("TORCHREC_HET_PROFILE", "profile", str,
+            "access profile (iopath path): the planner may choose the plugin's types for the tables it names"),
+    Setting("TORCHREC_HET_ALPHA", "alpha", float,
+            "a Zipf skew you state (>= 0): het_cached_row_wise may be chosen for every table"),
+    Setting("TORCHREC_HET_ONLINE_PROFILE_STEPS", "online_profile_steps", int,
+            "without a profile, het_row_replicated tables count reads in their first N steps (default 0: off)",
+            default=0),
+    Setting("TORCHREC_HET_REPLICA_SYNC_EVERY", "replica_sync_every", int,
+            "replica sync interval of het_row_replicated tables (default 1: exact)", minimum=1, default=1),
+    Setting("TORCHREC_HET_EMBEDDING_STALENESS", "embedding_staleness", int,
+            "k >= 0: the script's TrainPipelineSparseDist is the hybrid pipeline with bound k"),
+    Setting(ENV_COSTS, "compute_costs", str,
+            "compute-cost table the planner prices with (python -m torchrec_het.planner.calibrate)"),
+    Setting("TORCHREC_HET_PG_TIMEOUT", "pg_timeout", float,
+            "process group timeout in seconds, for the script's init_process_group calls that pass none "
+            "(default torch's: 30 minutes for gloo)", parse=parse_timeout),
+    Setting("TORCHREC_HET_LINK_GBIT", "link_gbit", str,
+            "INTRA,INTER: link figures in Gbit/s per rank the planner prices with instead of measuring them "
+            "(either may be empty)", parse=parse_link_gbit),
+    Setting("TORCHREC_HET_LINK_PROBE", "link_probe", str,
+            "0 turns the planner's link probe off (default 1): what is not stated is assumed", parse=parse_switch),
+)
+_SETTING = {setting.argument: setting for setting in SETTINGS}
+ENV_PROFILE, ENV_ALPHA = _SETTING["profile"].variable, _SETTING["alpha"].variable
+ENV_SYNC, ENV_ONLINE = _SETTING["replica_sync_every"].variable, _SETTING["online_profile_steps"].variable
+ENV_STALENESS, ENV_COMPUTE = _SETTING["embedding_staleness"].variable, _SETTING["compute_costs"].variable
+ENV_PG_TIMEOUT = _SETTING["pg_timeout"].variable  # seconds
+ENV_LINK_GBIT, ENV_LINK_PROBE = _SETTING["link_gbit"].variable, _SETTING["link_probe"].variable
 PROFILE_HINT = "python -m torchrec_het_bench.profile, or torchrec_het.replication.AccessProfiler on your own batches"
 
 
@@ -115,9 +178,9 @@ def install(
     global _state
     uninstall()
     env = env_settings()
-    source = None
+    source = origin = None
     if profile is None and env["profile"] is not None:
-        source = env["profile"]
+        source, origin = env["profile"], ENV_PROFILE
         profile = read_profile(source, f"${ENV_PROFILE}")
     elif isinstance(profile, str):
         source = profile
@@ -141,7 +204,7 @@ def install(
     elif isinstance(compute_costs, str):
         compute_costs = read_compute_costs(compute_costs, "install(compute_costs=...)")
     pricing = PluginPricing(
-        AccessModel(profile, alpha, source), cache, sync, max_hot_fraction, online,
+        AccessModel(profile, alpha, source, origin), cache, sync, max_hot_fraction, online,
         **({"compute": compute_costs} if compute_costs is not None else {}),
         per_host_tier=False,  # the tiers below know no topology: the planner prices what they build
     )
@@ -215,17 +278,17 @@ def env_settings() -> dict:
     Raises:
         ValueError: a malformed value; the message names the variable.
     """
-    return {
-        "profile": os.environ.get(ENV_PROFILE) or None,
-        "alpha": _env_number(ENV_ALPHA, float, None, 0),
-        "replica_sync_every": _env_number(ENV_SYNC, int, 1, 1),
-        "online_profile_steps": _env_number(ENV_ONLINE, int, 0, 0),
-        "embedding_staleness": _env_number(ENV_STALENESS, int, None, 0),
-        "compute_costs": os.environ.get(ENV_COMPUTE) or None,
-        "pg_timeout": _env_timeout(ENV_PG_TIMEOUT),
-        "link_gbit": _env_parsed(ENV_LINK_GBIT, parse_link_gbit),
-        "link_probe": _env_parsed(ENV_LINK_PROBE, parse_switch),
-    }
+    return {setting.argument: _env_value(setting) for setting in SETTINGS}
+
+
+def settings_help() -> str:
+    """The ``TORCHREC_HET_*`` settings, one per line, for ``--help``."""
+    width, arguments = max(len(s.variable) for s in SETTINGS), inspect.signature(install).parameters
+    return "\n".join(
+        textwrap.fill(s.help + (f" (install({s.argument}=...))" if s.argument in arguments else ""), 100,
+                      initial_indent=f"  {s.variable:<{width}}  ", subsequent_indent=" " * (width + 4))
+        for s in SETTINGS
+    )
 
 
 def check_environment() -> None:
@@ -262,36 +325,24 @@ def read_profile(path: str, origin: str) -> AccessProfile:
         raise ValueError(f"{origin}={path!r}: cannot read the access profile ({error})") from None
 
 
-def _env_parsed(name: str, parse: Callable[[str, str], object]):
-    text = os.environ.get(name, "").strip()
-    return parse(text, name) if text else None
-
-
-def _env_number(name: str, kind: type, default, minimum):
-    text = os.environ.get(name, "").strip()
+def _env_value(setting: Setting):
+    """``setting``'s value from the environment (its default when unset or empty), checked."""
+    text = os.environ.get(setting.variable, "").strip()
     if not text:
-        return default
+        return setting.default
+    if setting.parse is not None:
+        return setting.parse(text, setting.variable)
+    if setting.kind is str:
+        return text
     try:
-        value = kind(text)
+        value = setting.kind(text)
     except ValueError:
         value = None
-    if value is None or not value >= minimum:
-        what = "an int" if kind is int else "a number"
-        raise ValueError(f"{name} must be {what} >= {minimum}, got {text!r}")
+    if value is None or not value >= setting.minimum:
+        what = "an int" if setting.kind is int else "a number"
+        raise ValueError(f"{setting.variable} must be {what} >= {setting.minimum:g}, got {text!r}")
     return value
 
-
-def _env_timeout(name: str) -> timedelta | None:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = None
-    if seconds is None or not 0 < seconds < float("inf"):
-        raise ValueError(f"{name} must be a number of seconds > 0, got {text!r}")
-    return timedelta(seconds=seconds)
 
 
 def _checked_timeout(value: float | timedelta) -> timedelta:

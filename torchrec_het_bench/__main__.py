@@ -8,11 +8,12 @@
     python -m torchrec_het_bench --pipeline plain     # default: TorchRec's TrainPipelineSparseDist
     python -m torchrec_het_bench --pipeline sparse_dist,hybrid,semi_sync --embedding-staleness 2
     python -m torchrec_het_bench --preset converge --configs stock_table_wise,planned_s10 --pipeline sparse_dist,hybrid
+    python -m torchrec_het_bench --soak 3000 --preset smoke --configs het_het_s10_c1,rep_m100_s1 --pipeline sparse_dist,hybrid
 """
 
 import argparse
+import functools
 import sys
-from functools import partial
 
 from torchrec_het_bench import configs as bench_configs
 from torchrec_het_bench.flags import float_above, int_at_least
@@ -30,7 +31,9 @@ from torchrec_het_bench.pipelines import (
 from torchrec_het_bench.presets import MIN_ROUNDS, PRESETS, REFERENCE_GBIT, get_preset
 from torchrec_het_bench.results import write_outputs
 from torchrec_het_bench.seeds import run_seeds
-from torchrec_het_bench.worker import RunSpec
+from torchrec_het_bench.soak import SoakSpec, run_soak
+from torchrec_het_bench.soak_results import write_outputs as write_soak_outputs
+from torchrec_het_bench.worker import RunSpec, run_benchmark
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -101,7 +104,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "AUC differences from stock with a paired t interval",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--soak",
+        type=int_at_least(2),
+        metavar="STEPS",
+        help="soak mode: every entry trains STEPS steps alone; per rank RSS, peak RSS and, after the warm-up "
+        "(--warmup-steps, default STEPS/5), live tensors and gc objects are sampled; results.json gets the series "
+        "and a verdict per entry (peak RSS growth after warm-up, live-object slope)",
+    )
+    parser.add_argument(
+        "--soak-every", type=int_at_least(1), metavar="N", help="with --soak: trained steps between samples (default STEPS/40)"
+    )
     args = parser.parse_args(argv)
+    args.soak_spec = _soak(parser, args)
     if args.network != "loopback" and args.world_size % args.hosts:
         parser.error(f"--world-size {args.world_size} is not a multiple of --hosts {args.hosts}")
     # Checked here, in the parent, before any rank starts: argparse exits with code 2 and the message
@@ -121,6 +136,23 @@ def _configs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list:
         return bench_configs.select(names, get_preset(args.preset))
     except ValueError as error:
         parser.error(f"argument --configs: {error}")
+
+
+def _soak(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SoakSpec | None:
+    """``--soak`` and its flags (None: not a soak run); the flags that only a measured run takes are refused."""
+    if args.soak is None:
+        if args.soak_every is not None:
+            parser.error("argument --soak-every: only with --soak")
+        return None
+    for flag in ("rounds", "steps_per_round", "eval_every"):
+        if getattr(args, flag) is not None:
+            parser.error(f"argument --{flag.replace('_', '-')}: not with --soak (a soak trains each entry --soak steps)")
+    if args.seeds > 1:
+        parser.error("argument --seeds: not with --soak (a soak measures memory, not AUC; run one --seed at a time)")
+    try:
+        return SoakSpec.of(args.soak, args.warmup_steps, args.soak_every)
+    except ValueError as error:
+        parser.error(f"argument --warmup-steps: {error}")
 
 
 def _staleness(text: str) -> int:
@@ -156,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     chosen, runs = args.chosen, args.runs
     mode = "loopback" if args.network == "auto" and launched_by_torchrun() else args.network  # torchrun placed the ranks
     networks, skipped = plan_networks(mode, args.out, args.hosts, args.gbit, args.delay_ms)
+    body, on_done = run_benchmark, write_outputs
+    if args.soak_spec is not None:
+        body = functools.partial(run_soak, soak=args.soak_spec)
+        on_done = functools.partial(write_soak_outputs, soak=args.soak_spec)
     for run in networks:
         spec = RunSpec(
             preset=preset,
@@ -171,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             pipeline=",".join(r.name for r in runs),
             embedding_staleness=args.embedding_staleness,
         )
-        launch = partial(run_under_torchrun if launched_by_torchrun() else spawn, on_done=write_outputs)
+        launch = functools.partial(run_under_torchrun if launched_by_torchrun() else spawn, on_done=on_done, body=body)
         if args.seeds > 1:
             run_seeds(spec, args.seeds, launch)
         else:

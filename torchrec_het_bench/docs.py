@@ -7,7 +7,9 @@ correspond to), a comparison with stock TorchRec (throughput, embedding bytes an
 as ratios of the stock reference's, AUC difference), then the run's own tables as the benchmark
 prints them (:func:`torchrec_het_bench.report.markdown_table`: bytes per phase, HET hit rate, hot
 rows, AUC, step-time breakdown, convergence and staleness gauge), and the held-out AUC curve where
-the run evaluated during training. Nothing but the files is read, so the page is a pure function
+the run evaluated during training. A soak run (``--soak``) gets its parameters and its verdict table
+(:func:`torchrec_het_bench.soak_results.markdown_table`: peak RSS growth and live objects per entry,
+then the series at a few steps) instead. Nothing but the files is read, so the page is a pure function
 of them.
 """
 
@@ -16,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from torchrec_het_bench import report, versus
+from torchrec_het_bench import report, soak_results, versus
 
 HEADER = (
     "# Benchmarks\n\n"
@@ -29,7 +31,8 @@ HEADER = (
     "`TrainPipelineSparseDist`, what users train with) where the run has it, else under the entry's own "
     "pipeline; the last column names it. \"AUC − stock\" is the difference ± the half-width of its 95% "
     "interval: over seeds (paired t) where a run has several, else on the held-out samples of its one seed "
-    "(DeLong); \"equal\" means the interval holds 0. What each column means: [measuring.md](measuring.md).\n"
+    "(DeLong); \"equal\" means the interval holds 0. A soak section (`--soak`) trains every entry alone for "
+    "thousands of steps and records its memory instead. What each column means: [measuring.md](measuring.md).\n"
 )
 
 
@@ -45,7 +48,11 @@ def _network(results: dict) -> str:
 def command_of(results: dict) -> str:
     """The benchmark command line the run's recorded parameters correspond to."""
     configs = list(dict.fromkeys(c["config"] for c in results["configs"]))
-    argv = ["python -m torchrec_het_bench", f"--preset {results['preset']}", f"--configs {','.join(configs)}"]
+    argv = ["python -m torchrec_het_bench"]
+    if results.get("mode") == "soak":
+        soak = results["soak"]
+        argv.append(f"--soak {soak['steps']} --warmup-steps {soak['warmup_steps']} --soak-every {soak['sample_every']}")
+    argv += [f"--preset {results['preset']}", f"--configs {','.join(configs)}"]
     argv.append(f"--pipeline {results['pipeline']}")
     if any(c.get("pipeline") == "hybrid" for c in results["configs"]):
         argv.append(f"--embedding-staleness {results['embedding_staleness']}")
@@ -77,14 +84,24 @@ def run_params(results: dict) -> list[str]:
     if results.get("machine"):
         recorded.append(f"machine {results['machine']['cpu']}, {results['machine']['cpus']} CPUs")
     links = report.links_line(results["network"])
+    if results.get("mode") == "soak":
+        soak = results["soak"]
+        schedule = (
+            f"- soak: every entry trained {soak['steps']} steps alone, {soak['warmup_steps']} of them warm-up, "
+            f"sampled every {soak['sample_every']} steps"
+        )
+    else:
+        schedule = (
+            f"- {results['warmup_steps']} warm-up steps, then {results['rounds']} rounds of {results['steps_per_round']} "
+            f"steps per configuration; held-out AUC on {results['eval_samples']} samples" + _seed_words(results)
+        )
     return [
         f"- preset `{results['preset']}`: {len(sizes)} tables of {min(sizes)}..{max(sizes)} rows, dim "
         f"{results['embedding_dim']}, batch {results['batch_size_per_rank']} per rank, Zipf alpha {results['alpha']}, "
         f"data {results.get('data', 'synthetic')}",
         f"- {results['world_size']} ranks, {_network(results)}; {report.pipeline_words(results)}",
         *([f"- {links}"] if links else []),
-        f"- {results['warmup_steps']} warm-up steps, then {results['rounds']} rounds of {results['steps_per_round']} "
-        f"steps per configuration; held-out AUC on {results['eval_samples']} samples" + _seed_words(results),
+        schedule,
         f"- versions: {versions or 'not recorded'}; " + ("; ".join(recorded) if recorded else "commit and date not recorded"),
         f"- command: `{command_of(results)}`",
     ]
@@ -111,6 +128,9 @@ def auc_curves(results: dict) -> list[str]:
 def render_run(title: str, results: dict) -> str:
     """The section of one results.json."""
     note = [results["note"], ""] if results.get("note") else []  # what a reader must know of the run (added by hand)
+    if results.get("mode") == "soak":
+        table = soak_results.markdown_table(results).rstrip("\n")
+        return "\n".join([f"## {title}", "", *note, *run_params(results), "", "### Memory over the run", "", table]) + "\n"
     lines = [f"## {title}", "", *note, *run_params(results), "", "### Against stock TorchRec", "", *versus.table(results)]
     verdicts = versus.verdicts(results)
     if verdicts:

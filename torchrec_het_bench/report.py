@@ -223,11 +223,11 @@ def plot(results: dict, path: Path) -> None:
     net = results["network"]
     where = "loopback" if net["mode"] == "loopback" else f"{net['hosts']} hosts @ {net['gbit']} Gbit/s"
     fig.suptitle(f"preset {results['preset']}, {results['world_size']} ranks, {where}")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 
-def _save(fig, path: Path) -> None:
+def save_figure(fig, path: Path) -> None:
     """Lays the figure out, writes it to ``path`` and frees it."""
     import matplotlib.pyplot as plt
 
@@ -278,7 +278,7 @@ def plot_het_tradeoff(results: dict, path: Path) -> bool:
     ax.set_ylabel("held-out AUC (higher is better)")
     ax.set_title(f"HET: bytes vs AUC, better up and left (preset {results['preset']}, alpha {results.get('alpha')})")
     ax.legend(fontsize=8, labelspacing=1.2, borderpad=0.8)
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
@@ -319,7 +319,7 @@ def plot_bytes_vs_memory(results: dict, path: Path) -> bool:
         ax.set_xlabel("model state per rank, MiB (max over ranks; less is better)\nweights + optimizer state, replicas included")
         ax.set_ylabel("embedding bytes per step, MiB (fewer is better)\ncross-rank, summed over ranks")
         ax.set_title(f"{workload}: bytes vs memory, better down and left (preset {results['preset']})")
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
@@ -361,5 +361,5 @@ def plot_auc_curves(results: dict, path: Path) -> bool:
         ax.set_ylabel("held-out AUC (higher is better)")
         ax.set_title(f"{workload}: held-out AUC (preset {results['preset']})")
         ax.legend(fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
     return True

@@ -210,6 +210,20 @@ def convergence(entries: list[dict]) -> None:
             entry["convergence_vs_sparse_dist"] = _against(entry, sync)
 
 
+def network_record(spec: RunSpec) -> dict:
+    """The run's network as results.json records it (``mode``, and the emulated link's figures or None)."""
+    emulated = spec.network["mode"] == "emulated"
+    return {
+        "mode": spec.network["mode"],
+        "gbit": spec.network.get("gbit") if emulated else None,
+        "hosts": spec.network.get("hosts", 1) if emulated else 1,
+        "delay_ms": spec.network.get("delay_ms") if emulated else None,
+        "delay_ms_effective": spec.network.get("delay_ms_effective") if emulated else None,
+        "tcp": spec.network.get("tcp") if emulated else None,  # bulk TCP over the link (netem_measure)
+        "links": spec.network.get("links"),  # what the plugin's planner measures (run_links)
+    }
+
+
 def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
     """The results.json document for a finished run."""
     preset = spec.preset
@@ -283,15 +297,7 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
     results = {
         "preset": preset.name,
         "world_size": spec.world_size,
-        "network": {
-            "mode": spec.network["mode"],
-            "gbit": spec.network.get("gbit") if emulated else None,
-            "hosts": spec.network.get("hosts", 1) if emulated else 1,
-            "delay_ms": spec.network.get("delay_ms") if emulated else None,
-            "delay_ms_effective": spec.network.get("delay_ms_effective") if emulated else None,
-            "tcp": spec.network.get("tcp") if emulated else None,  # bulk TCP over the link (netem_measure)
-            "links": spec.network.get("links"),  # what the plugin's planner measures (run_links)
-        },
+        "network": network_record(spec),
         "alpha": preset.alpha,
         "batch_size_per_rank": preset.batch_size,
         "embedding_dim": preset.embedding_dim,

@@ -142,7 +142,8 @@ class RankRecord:
     not_run: str | None = None  # why the pipeline refused the entry
 
 
-def _threads_per_rank(spec: RunSpec) -> int:
+def threads_per_rank(spec: RunSpec) -> int:
+    """Torch's intra-op threads for one rank: the machine's cores shared by the ranks of a host."""
     return max(1, (os.cpu_count() or 1) // spec.local_world_size)
 
 
@@ -376,7 +377,7 @@ def quiet_torchrec() -> None:
 def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
     """Runs on every rank of an initialized gloo group; rank 0 gets all ranks' records."""
     quiet_torchrec()
-    torch.set_num_threads(_threads_per_rank(spec))
+    torch.set_num_threads(threads_per_rank(spec))
     entries = spec.entries()
     rank = dist.get_rank()
     preset = spec.preset

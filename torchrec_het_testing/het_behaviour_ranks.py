@@ -215,7 +215,7 @@ def _changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) ->
 def _mass(sharded: HetShardedEmbeddingBagCollection) -> dict[str, dict[str, list[float]]]:
     stats = sharded.cache_stats()
     return {
-        name: {"produced": s["grad_produced"].tolist(), "applied": s["grad_applied"].tolist()}
+        name: {"produced": s["grad_produced"], "applied": s["grad_applied"]}
         for name, s in stats.items()
     }
 

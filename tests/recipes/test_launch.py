@@ -11,6 +11,8 @@ import pytest
 
 from torchrec_het.launch import parse_command, torchrun_argv
 
+REPO = Path(__file__).resolve().parents[2]
+
 WORKER_SCRIPT = """
 import sys
 from torchrec.distributed.model_parallel import get_default_sharders
@@ -124,3 +126,63 @@ def test_a_node_of_a_multi_host_job_passes_its_address_and_rendezvous_settings()
     got = torchrun_argv(parse_command(argv))
     assert got[got.index("--local-addr") + 1] == "10.0.0.1" and got[got.index("--rdzv-conf") + 1] == "is_host=1"
     assert got[-5:] == ["-m", "torchrec_het.launch", "train.py", "--steps", "3"]
+
+
+def test_help_lists_every_setting() -> None:
+    from torchrec_het.registration import SETTINGS, env_settings
+
+    assert set(env_settings()) == {s.argument for s in SETTINGS}  # install() reads exactly the listed ones
+    done = _run(["-m", "torchrec_het.launch", "--help"], REPO)
+    assert done.returncode == 0, done.stderr
+    for setting in SETTINGS:
+        assert setting.variable in done.stdout, (setting.variable, done.stdout)
+
+
+def _profile_of(path: Path, table: str, rows: int) -> str:
+    import torch
+
+    from torchrec_het.replication.profile import AccessProfile, save_profile
+
+    save_profile(AccessProfile((table,), (rows,), (torch.ones(rows, dtype=torch.int64),), 1), str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "table, rows, mismatch",
+    [("other", 50, "names none of the model's tables: it has ['other']"),
+     ("t_cat_0", 7, "counts other row numbers than the model's tables: [\"'t_cat_0' has 7 rows in the profile")],
+)  # fmt: skip
+def test_a_profile_that_does_not_fit_the_model_ends_the_job_once_on_one_line(tmp_path: Path, table, rows, mismatch) -> None:
+    """Workers find it (the launcher cannot: it does not know the model); torchrun restarts nothing,
+    and the launcher's output ends on the one line naming the variable, the path and the mismatch."""
+    path = _profile_of(tmp_path / "profile.pt", table, rows)
+    done = subprocess.run(
+        [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", "--max-restarts", "2",
+         "recipes/train_dlrm.py", "--steps", "5"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ, TORCHREC_HET_PROFILE=path),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"python -m torchrec_het.launch: $TORCHREC_HET_PROFILE='{path}': the access profile "), last
+    assert mismatch in last, last
+    assert [line for line in done.stderr.splitlines() if "TORCHREC_HET_PROFILE=" in line] == [last]
+    output = done.stdout + done.stderr
+    assert "attempt 0" in output and "attempt 1" not in output and "Connection closed" not in output, output[-3000:]
+
+
+def test_a_worker_ends_on_a_configuration_error_without_a_fault(tmp_path: Path) -> None:
+    """Under the launcher (its file named): the line goes to the file and the worker exits 0, so
+    torchrun restarts nothing; alone: the line, exit 1."""
+    from torchrec_het.launch import CONFIGURATION_ERROR_ENV
+
+    script = tmp_path / "train.py"
+    script.write_text("from torchrec_het.errors import ConfigurationError\nraise ConfigurationError('a profile\\nof other tables')\n")
+    alone = _run(["-m", "torchrec_het.launch", str(script)], tmp_path)
+    assert alone.returncode == 1 and alone.stderr.strip().splitlines()[-1] == "python -m torchrec_het.launch: a profile of other tables"
+    report = tmp_path / "error.txt"
+    launched = subprocess.run(
+        [sys.executable, "-m", "torchrec_het.launch", str(script)], cwd=tmp_path, capture_output=True, text=True,
+        timeout=120, env=dict(os.environ, **{CONFIGURATION_ERROR_ENV: str(report)}),
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stderr
+    assert report.read_text() == "python -m torchrec_het.launch: a profile of other tables"

@@ -76,7 +76,7 @@ def test_check_features_accepts_a_good_batch() -> None:
 @pytest.mark.parametrize(
     "keys, values, lengths, message",
     [
-        (["f0", "f2"], [0, 1], [1, 0, 1, 0], r"unknown feature key\(s\) \['f2'\]"),
+        (["f0", "f2"], [0, 1], [1, 0, 1, 0], r"feature key\(s\) \['f1'\] missing"),  # f2: another module's
         (["f0"], [0], [1, 0], r"feature key\(s\) \['f1'\] missing"),
         (["f0", "f1"], [10, 0], [1, 0, 1, 0], r"feature 'f0': id 10 outside its table's rows \[0, 10\)"),
         (["f0", "f1"], [0, 5], [1, 0, 1, 0], r"feature 'f1': id 5 outside its table's rows \[0, 5\)"),

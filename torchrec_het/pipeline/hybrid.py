@@ -28,6 +28,12 @@ issues its collectives in the same order (gloo matches them by order). A dense f
 that does issue one turns the overlap off (DDP broadcasting module buffers), or waits for
 it (DDP's one bucket rebuild: the first :data:`SYNC_FIRST` embedding backwards run in line).
 
+Feature processors (TorchRec's ``FeatureProcessedEmbeddingBagCollection``): their weights are
+DDP's parameters, but their gradients come out of the embedding backward. The pipeline then runs
+that backward on the main thread right after the dense backward, averages those gradients over
+the ranks as DDP would, and only then steps the dense optimizer
+(:mod:`~torchrec_het.pipeline.dense_in_sparse`); at k = 0 this trains as ``TrainPipelineSparseDist``.
+
 With the HET cache, the bounds add: a cached copy lags its owner by at most the cache's read
 bound when it is read, and the batch trains on it up to k steps later, so a batch's read of a
 cached row misses at most ``s_read`` of the row's versions plus k steps of updates. (Its writes:
@@ -37,6 +43,7 @@ lookups hold several batches between forward and backward
 (:meth:`~torchrec_het.sharding.het_lookup.HetCachedEmbeddingLookup.allow_batches_ahead`).
 """
 
+import contextlib
 import statistics
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -55,6 +62,7 @@ from torchrec.distributed.types import LazyNoWait
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedTensor
 
 from torchrec_het import _compat
+from torchrec_het.pipeline.dense_in_sparse import DenseParamsOfSparseModules
 from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
 
 
@@ -136,7 +144,8 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
             way after the first ones, then the faster on the ranks' summed medians (the worker
             only pays where a core is free to run it; a rank whose CPU the dense part already
             fills loses more to contention than it hides). ``backward_on_worker_chosen`` says
-            which (None while measuring).
+            which (None while measuring). A model whose sharded modules hold DDP's parameters
+            (feature processors) runs it on the main thread, before the dense step.
         execute_all_batches: train the batches still in flight once the data runs out.
         **kwargs: passed to ``TrainPipelineSparseDist``.
 
@@ -164,6 +173,7 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
         self.backward_on_worker_chosen = backward_on_worker if self._overlap else False
         self._probe = _BackwardProbe() if self.backward_on_worker_chosen is None else None
         self._started = False
+        self._dense_in_sparse: DenseParamsOfSparseModules | None = None  # set on the first progress
         # model.state_dict() (and so every checkpoint) first applies the update in flight. DMP's
         # state_dict skips its own hooks (it asks the wrapped module, whose hook runs before its
         # children's: before a sharded module's own flush); each sharded module has one too.
@@ -209,6 +219,13 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
         if any(isinstance(m, DistributedDataParallel) and m.will_sync_module_buffers() for m in model.modules()):
             self._overlap = False  # DDP's forward broadcasts buffers: a collective, so no worker beside it
             self.backward_on_worker_chosen, self._probe = False, None
+        self._dense_in_sparse = DenseParamsOfSparseModules(model, _compat.pipelined_modules(self))
+        if self._dense_in_sparse:
+            # e.g. a feature processor's weights: DDP's parameters whose gradients the embedding
+            # backward makes. It runs before the dense step, on this thread: on the worker it
+            # would fire DDP's hooks inside the next forward's reduction.
+            self._overlap = False
+            self.backward_on_worker_chosen, self._probe = False, None
 
     # --- one step -----------------------------------------------------------------------------
 
@@ -241,12 +258,17 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
         if training:
             torch.sum(losses, dim=0).backward()
             _compat.sync_embeddings(self, context)
+            if self._dense_in_sparse:
+                self._embedding_backward(context)
+                self._dense_in_sparse.all_reduce_grads()
             optimizer.step()
         if k >= 1 and len(self.batches) > 1:
             self._finish_lookup(1)
         if training:
             self.batches_trained += 1
-            if self._backward_on_worker():
+            if self._dense_in_sparse:  # its embedding backward ran before the dense step
+                pass
+            elif self._backward_on_worker():
                 self._pending = self._worker.submit(self._embedding_backward, context)
             else:
                 self._embedding_backward(context)
@@ -278,12 +300,14 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
         """Starts the embedding forward (lookup and output dist) of ``batches[position]``."""
         context = self.contexts[position]
         stream = _compat.pipeline_data_dist_stream(self)
+        keep_reads = self.embedding_staleness >= 1 and self._dense_in_sparse
         for module in _compat.pipelined_modules(self):
             name = module.forward.name
             features = context.input_dist_tensors_requests.pop(name).wait()
             if stream is not None:  # the input dist ran on the data-dist stream
                 torch.get_device_module(self.device).current_stream().wait_stream(stream)
-            context.lookups[name] = module.compute_and_output_dist(context.module_contexts.pop(name), features)
+            with self._dense_in_sparse.read_as_of_now() if keep_reads else contextlib.nullcontext():
+                context.lookups[name] = module.compute_and_output_dist(context.module_contexts.pop(name), features)
         context.updates_at_read = self.updates_applied
 
     def _finish_lookup(self, position: int) -> None:

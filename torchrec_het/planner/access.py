@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from torchrec_het.errors import ConfigurationError
 from torchrec_het.planner.network import cpu_network
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.replication.tiers import TableTiers, TierTopology, hottest_rows, per_host_rows
@@ -49,11 +50,13 @@ class AccessModel:
             default): no skew is assumed, and those tables get TorchRec's types only (unless
             their constraints name a plugin type; they are then priced as uniform reads).
         source: where ``profile`` was read from (named in errors), if known.
+        origin: the setting that named ``source`` (e.g. ``TORCHREC_HET_PROFILE``), named in errors.
     """
 
     profile: AccessProfile | None = None
     alpha: float | None = None
     source: str | None = None
+    origin: str | None = None
 
     def __post_init__(self) -> None:
         if self.alpha is not None and not self.alpha >= 0:
@@ -67,16 +70,34 @@ class AccessModel:
         plugin's types only then."""
         return self.measured(table) or self.alpha is not None
 
-    def check_covers(self, tables: list[str]) -> None:
-        """Raises a ValueError naming the profile and ``tables`` (the model's) when the profile is
-        empty or names none of them; a no-op without a profile."""
-        if self.profile is None or not tables:
+    def check_matches(self, rows_by_table: dict[str, int]) -> None:
+        """Raises :class:`~torchrec_het.errors.ConfigurationError` naming the profile (and the setting
+        it came from) when it does not fit the model's tables (name -> rows): empty, naming none of
+        them, or counting another number of rows for one of them. A profile may leave tables out
+        (they get TorchRec's types). A no-op without a profile."""
+        if self.profile is None or not rows_by_table:
             return
-        check_not_empty(self.profile, self.source, tables)
+        tables = sorted(rows_by_table)
+        named = bool(self.origin and self.source)  # "$TORCHREC_HET_PROFILE='path': the access profile ..."
+        prefix, source = (f"${self.origin}={self.source!r}: ", None) if named else ("", self.source)
+        try:
+            check_not_empty(self.profile, source, tables)
+        except ValueError as error:
+            raise ConfigurationError(prefix + str(error)) from None
         if not set(tables) & set(self.profile.tables):
-            raise ValueError(
-                f"{_where(self.source)} names none of the model's tables: it has {list(self.profile.tables)}, "
-                f"the model has {sorted(tables)}; profile this model's batches"
+            raise ConfigurationError(
+                f"{prefix}{_where(source)} names none of the model's tables: it has {_few(self.profile.tables)}, "
+                f"the model has {_few(tables)}; profile this model's batches"
+            )
+        other = [
+            f"{name!r} has {rows} rows in the profile, {rows_by_table[name]} in the model"
+            for name, rows in zip(self.profile.tables, self.profile.num_rows)
+            if name in rows_by_table and rows != rows_by_table[name]
+        ]
+        if other:
+            raise ConfigurationError(
+                f"{prefix}{_where(source)} counts other row numbers than the model's tables: {_few(other, 2)}; "
+                "profile this model's batches"
             )
 
     def reads(self, table: str, num_rows: int, reads_per_step: float, world_size: int) -> TableReads:
@@ -115,6 +136,14 @@ def check_not_empty(profile: AccessProfile, source: str | None = None, tables: l
         f"{model}; profile at least one batch (python -m torchrec_het_bench.profile --steps N, or "
         "torchrec_het.replication.AccessProfiler)"
     )
+
+
+def _few(items: list, shown: int = 8) -> str:
+    """``items`` for a one-line message: the first ``shown`` and how many in all."""
+    items = list(items)
+    if len(items) <= shown:
+        return str(items)
+    return f"{items[:shown]} and {len(items) - shown} more"
 
 
 def _where(source: str | None) -> str:

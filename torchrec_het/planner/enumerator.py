@@ -66,7 +66,7 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
         offered = {sharder_name(s.module_type): _plugin_types(s, device) for s in sharders}
         if not any(offered.values()):
             return super().enumerate(module, sharders)
-        self.pricing.access.check_covers(_table_names(module))
+        self.pricing.access.check_matches(table_rows(module))
         by_key = {sharder_name(s.module_type): s for s in sharders}
         stand_in_constraints = _with_row_wise_for_plugin(self._with_measured_pooling(module, constraints))
         with _compat.enumerator_constraints(self, stand_in_constraints):
@@ -75,13 +75,13 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
         out, added = [], []
         for option in options:
             key = option.module_type_key
-            if option.sharding_type != ROW_WISE or not offered.get(key):
+            if option.sharding_type != ROW_WISE:
                 out.append(option)
                 continue
             sharder = by_key[key]
-            if self._allows(option.name, ROW_WISE, sharder):
+            if self._allows(option.name, ROW_WISE, sharder):  # not just the stand-in of a plugin type
                 out.append(option)
-            for sharding_type in offered[key]:
+            for sharding_type in offered.get(key, ()):
                 if not (self._allows(option.name, sharding_type, sharder) and self._offers(option.name, sharding_type)):
                     continue
                 if option.compute_kernel not in sharder.compute_kernels(sharding_type, device):
@@ -96,19 +96,36 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
         kept = {o.name for o in out + added}
         for option in options:
             if option.name not in kept:
-                raise ValueError(
-                    f"table {option.name!r}: no sharding type is left for it; its constraints allow "
-                    f"{constraints[option.name].sharding_types}, and het_row_replicated needs measured "
-                    "reads of the table (a profile naming it) or online counting (online_profile_steps) "
-                    "to choose its hot rows"
-                )
+                raise ValueError(self._nothing_left(option.name, by_key[option.module_type_key], sharders))
         return out + added
+
+    def _nothing_left(self, name: str, sharder: ModuleSharder, sharders: list[ModuleSharder]) -> str:
+        """Why no type the constraints of table ``name`` allow can be built, type by type."""
+        device, _, constraints = _compat.enumerator_settings(self)
+        allowed = list(constraints[name].sharding_types)
+        module = sharder.module_type.__name__
+        reasons, wrong_module = [], False
+        for sharding_type in allowed:
+            if sharding_type not in sharder.sharding_types(device):
+                kinds = sorted({s.module_type.__name__ for s in sharders if sharding_type in s.sharding_types(device)})
+                only = f"supports {' and '.join(kinds)} tables only" if kinds else f"is offered by no sharder on {device}"
+                article = "an" if module[0] in "AEIOU" else "a"
+                reasons.append(f"{sharding_type} {only}, and the table's module is {article} {module}")
+                wrong_module = True
+            elif sharding_type in PLUGIN_TYPES and not self._offers(name, sharding_type):
+                reasons.append(f"{sharding_type} needs {self.pricing.needs(sharding_type)}")
+        reasons = reasons or [f"TorchRec enumerated no option of {allowed} for it"]
+        advice = (
+            f"; constrain it to a type {module} supports instead (e.g. ParameterConstraints(sharding_types="
+            f"{[t for t in sharder.sharding_types(device) if t not in PLUGIN_TYPES][:3]}))" if wrong_module else ""
+        )
+        return f"table {name!r}: no sharding type is left for it; its constraints allow {allowed}: " + "; ".join(reasons) + advice
 
     def _with_measured_pooling(self, module: nn.Module, constraints):
         """``constraints`` plus the profile's ids per sample for measured tables left at TorchRec's default."""
         out = dict(constraints or {})
         profile, batch_size = self.pricing.access.profile, _compat.enumerator_settings(self)[1]
-        for name in _table_names(module):
+        for name in table_rows(module):
             if not self.pricing.access.measured(name) or not profile.batches:
                 continue
             given = out.get(name)
@@ -135,13 +152,14 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
         return not allowed or sharding_type in allowed
 
 
-def _table_names(module: nn.Module) -> list[str]:
-    names = []
+def table_rows(module: nn.Module) -> dict[str, int]:
+    """Every EmbeddingBagCollection / EmbeddingCollection table of ``module``: name -> rows."""
+    rows = {}
     for m in module.modules():
         for getter in ("embedding_bag_configs", "embedding_configs"):
             if hasattr(m, getter):
-                names += [t.name for t in getattr(m, getter)()]
-    return names
+                rows.update({t.name: t.num_embeddings for t in getattr(m, getter)()})
+    return rows
 
 
 def _plugin_types(sharder: ModuleSharder, device: str) -> list[str]:

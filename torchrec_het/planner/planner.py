@@ -12,7 +12,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.types import ShardingPlan
 
 from torchrec_het import _compat
-from torchrec_het.planner.enumerator import HetEmbeddingEnumerator
+from torchrec_het.planner.enumerator import HetEmbeddingEnumerator, table_rows
 from torchrec_het.planner.link_probe import ProbeBudget, ProbeResult, probe_device, probe_links
 from torchrec_het.planner.network import (  # noqa: F401 (CPU_* and cpu_network re-exported)
     CPU_INTER_HOST_BW,
@@ -76,6 +76,10 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._het_cpu_bandwidths = cpu_bandwidths
         self._het_pricing = pricing or default_pricing()
         self._het_own_enumerator = given.get("enumerator") is None
+        # the plugin's pricing, or None when the enumerator given is not the plugin's
+        self.het_pricing: PluginPricing | None = (
+            self._het_pricing if self._het_own_enumerator else getattr(given.get("enumerator"), "pricing", None)
+        )
         self._het_budget = link_budget or ProbeBudget()
         self._het_probed: tuple[dist.ProcessGroup, ProbeResult] | None = None
         self._het_announced = False
@@ -95,7 +99,13 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self, module: nn.Module, sharders: list | None = None, pg: dist.ProcessGroup | None = None
     ) -> ShardingPlan:
         """Measures the links on ``pg`` (default: the world), then TorchRec's ``collective_plan``:
-        rank 0 plans and broadcasts the plan. Every rank of ``pg`` must call it."""
+        rank 0 plans and broadcasts the plan. Every rank of ``pg`` must call it.
+
+        First every rank checks that the access profile fits the model: a profile of other tables
+        (or other row counts) raises :class:`~torchrec_het.errors.ConfigurationError` on every rank
+        at once, before any collective, rather than on rank 0 only while the others wait."""
+        if self.het_pricing is not None:
+            self.het_pricing.access.check_matches(table_rows(module))
         if pg is None and dist.is_initialized():
             pg = dist.GroupMember.WORLD
         if pg is not None:

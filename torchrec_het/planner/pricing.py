@@ -61,6 +61,13 @@ class PluginPricing:
             return self.access.measured(table) or self.online_profile_steps > 0
         return sharding_type in PLUGIN_TYPES
 
+    def needs(self, sharding_type: str) -> str:
+        """What :meth:`offers` needs for ``sharding_type`` (for error messages)."""
+        if sharding_type == HET_ROW_REPLICATED:
+            return ("measured reads of the table (a profile naming it) or online counting (online_profile_steps) "
+                    "to choose its hot rows")
+        return "nothing"
+
     def load(self, option: ShardingOption, world_size: int, topology: TierTopology | None = None) -> TableLoad:
         """The table's traffic inputs; ``topology``: hosts and bandwidths (None: one host)."""
         rows, dim = option.tensor.shape

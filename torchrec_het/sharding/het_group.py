@@ -56,6 +56,7 @@ class GroupStats:
         total += step.index_add_(0, tables, grads.float())
 
     def table(self, index: int) -> dict:
+        """Table ``index``'s counters as plain Python numbers (ints, floats, lists of them)."""
         out = {name: int(values[index]) for name, values in self.counters.items()}
         remote, remote_lookups = out["remote_unique"], out["remote_lookups"]
         out["hit_rate_unique"] = out["hits_unique"] / remote if remote else 0.0
@@ -63,8 +64,8 @@ class GroupStats:
         hist = self.staleness[index]
         out["staleness"] = hist.tolist()
         out["max_staleness"] = int(hist.nonzero().max()) if hist.any() else 0
-        out["grad_produced"] = self.grad_produced[index].clone()
-        out["grad_applied"] = self.grad_applied[index].clone()
+        out["grad_produced"] = self.grad_produced[index].tolist()  # per dimension: the gradient mass made here
+        out["grad_applied"] = self.grad_applied[index].tolist()  # and applied by the owners
         return out
 
 
