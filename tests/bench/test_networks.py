@@ -48,11 +48,22 @@ def test_plan_networks():
         plan_networks("emulated", "out", 2, 1.25, 0.05, unavailable=lambda: REASON)
 
 
+class Launched(list):
+    """The specs main() would have started ranks for, and beside them (``bodies``) what each rank would run."""
+
+    def __init__(self):
+        super().__init__()
+        self.bodies = []
+
+    def __call__(self, spec, on_done, body):
+        self.append(spec)
+        self.bodies.append(body)
+
+
 @pytest.fixture
-def launched(monkeypatch) -> list:
-    """The specs main() would have started ranks for."""
-    specs = []
-    monkeypatch.setattr(bench_main, "spawn", lambda spec, on_done: specs.append(spec))
+def launched(monkeypatch) -> Launched:
+    specs = Launched()
+    monkeypatch.setattr(bench_main, "spawn", specs)
     monkeypatch.setattr(bench_main, "launched_by_torchrun", lambda: False)
     return specs
 
@@ -74,3 +85,19 @@ def test_auto_with_emulation_runs_both_networks(monkeypatch, capsys, launched, t
     assert emulated.out_dir == str(tmp_path / "emulated")
     assert [c for c in loopback.config_names] == ["stock_table_wise", "stock_row_wise", "stock_dp_small", "planned", "planned_s10"]
     assert "skipped" not in capsys.readouterr().out
+
+
+def test_auto_soak_runs_the_soak_body_on_both_networks(monkeypatch, launched, tmp_path):
+    monkeypatch.setattr(networks, "emulation_unavailable", lambda: None)
+    argv = ["--preset", "smoke", "--network", "auto", "--soak", "40", "--configs", "stock_table_wise", "--out", str(tmp_path)]
+    assert bench_main.main(argv) == 0
+    assert [s.network["mode"] for s in launched] == ["loopback", "emulated"]
+    assert all(body.func is bench_main.run_soak for body in launched.bodies)
+
+
+def test_seeds_with_soak_is_refused(capsys, launched):
+    with pytest.raises(SystemExit) as exit_:
+        bench_main.main(["--preset", "smoke", "--soak", "40", "--seeds", "2"])
+    assert exit_.value.code == 2
+    assert "argument --seeds: not with --soak" in capsys.readouterr().err
+    assert not launched
