@@ -121,7 +121,7 @@ def auc_curves(results: dict) -> list[str]:
         "|---|" + "---|" * len(entries),
     ]
     for step in steps:
-        lines.append(f"| {step} | " + " | ".join(report._auc(curve.get(step)) for curve in curves) + " |")
+        lines.append(f"| {step} | " + " | ".join(report.format_auc(curve.get(step)) for curve in curves) + " |")
     return lines
 
 
@@ -135,7 +135,7 @@ def render_run(title: str, results: dict) -> str:
     verdicts = versus.verdicts(results)
     if verdicts:
         lines += ["", *verdicts]
-    lines += ["", "### All measurements", "", report.markdown_table(results).rstrip("\n")]
+    lines += ["", "### All measurements", "", report.markdown_table(results, curve_plot=None).rstrip("\n")]
     curve = auc_curves(results)
     if curve:
         lines += ["", *curve]

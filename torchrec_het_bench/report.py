@@ -68,9 +68,14 @@ def hot_row_share(entry: dict) -> str:
     return "" if share is None else f"{share:.2%}"
 
 
-def markdown_table(results: dict) -> str:
+def markdown_table(results: dict, curve_plot: str | None = "auc_curve.png") -> str:
     """One row per configuration, grouped by workload: speed, bytes per step (MiB, summed over ranks), the HET
-    cache's hit rate and the replicated share of rows (blank where the entry has neither), quality, memory."""
+    cache's hit rate and the replicated share of rows (blank where the entry has neither), quality, memory.
+
+    Args:
+        curve_plot: the AUC curves' plot the convergence table cites (written beside results.md), or None
+            where no plot goes with the table (docs/benchmarks.md shows the curves as a table instead).
+    """
     net = results["network"]
     where = "loopback" if net["mode"] == "loopback" else f"{net['hosts']} emulated hosts at {net['gbit']} Gbit/s"
     lines = [
@@ -100,7 +105,7 @@ def markdown_table(results: dict) -> str:
         lines.append("")
         lines += [f"not run: {c['name']}: {c['not_run']}" for c in refused]
     lines += ["", *step_time_table(results)]
-    lines += ["", *convergence_table(results)]
+    lines += ["", *convergence_table(results, curve_plot)]
     if "sequence" in results:
         s = results["sequence"]
         lines += [
@@ -131,7 +136,8 @@ def step_time_table(results: dict) -> list[str]:
     return lines
 
 
-def _auc(value: float | None) -> str:
+def format_auc(value: float | None) -> str:
+    """An AUC to 4 decimals, ``-`` where there is none."""
     return "-" if value is None else f"{value:.4f}"
 
 
@@ -155,14 +161,16 @@ def _against(c: dict, key: str) -> tuple[str, str, str]:
     return conv["reference"], delta, steps
 
 
-def convergence_table(results: dict) -> list[str]:
+def convergence_table(results: dict, curve_plot: str | None = "auc_curve.png") -> list[str]:
     """Lines of the convergence table: final AUC, the hybrid pipeline's staleness gauge (max), and per entry
-    its final AUC minus stock table_wise's and the steps to 99.5% of stock's plateau AUC."""
+    its final AUC minus stock table_wise's and the steps to 99.5% of stock's plateau AUC (``curve_plot``: as
+    for :func:`markdown_table`)."""
     every = results.get("eval_every") or 0
+    curves = has_auc_curves(results)
     lines = [
         "convergence: held-out AUC "
         + (f"every {every} trained steps and after the last" if every else "after the last step")
-        + (" (auc_curve, auc_curve.png)" if has_auc_curves(results) else " (auc_curve)")
+        + (f" (auc_curve, {curve_plot})" if curves and curve_plot else " (auc_curve)")
         + "; plateau = the largest AUC on stock table_wise's curve; steps to 99.5% = "
         "the first evaluated step at or above 99.5% of that plateau (stock's own in parentheses); reference: "
         "stock table_wise under the entry's pipeline, or under sparse_dist when that pipeline has none; "
@@ -184,7 +192,7 @@ def convergence_table(results: dict) -> list[str]:
             caveats.append(f"* {c['name']}: {c['auc_curve_caveat']}")
         lines.append(
             f"| {c.get('workload', 'dlrm')} | {c['name']}{mark} | {c.get('pipeline', '-')} | {c.get('embedding_staleness', '-')} "
-            f"| {'-' if gauge is None else gauge['max']} | {_auc(c['auc'])} | {reference} | {delta} | {steps} "
+            f"| {'-' if gauge is None else gauge['max']} | {format_auc(c['auc'])} | {reference} | {delta} | {steps} "
             f"| {sync_delta} | {sync_steps} |"
         )
     return lines + ([""] + caveats if caveats else [])

@@ -1,11 +1,12 @@
 """docs/benchmarks.md is generated from docs/results/*.json by one command, and is up to date."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from torchrec_het_bench import docs
+from torchrec_het_bench import docs, report
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = sorted((ROOT / "docs" / "results").glob("*.json"))
@@ -52,3 +53,19 @@ def test_benchmarks_page_is_up_to_date(monkeypatch):
     paths = [path.relative_to(ROOT) for path in RESULTS]
     expected = docs.render(paths, docs.command_line(paths, Path("docs/benchmarks.md")))
     assert PAGE.read_text() == expected, "docs/benchmarks.md is stale: run `make docs`"
+
+
+def test_benchmarks_page_cites_only_files_it_has():
+    """A plot the page names (the convergence table's auc_curve.png, ...) must exist beside it: the page shows
+    the curves as a table instead, so a bare plot name would send a reader to a file that is not there."""
+    cited = set(re.findall(r"[\w./-]+\.(?:png|svg|csv)\b", PAGE.read_text()))
+    missing = sorted(name for name in cited if not (PAGE.parent / name).is_file())
+    assert not missing, f"docs/benchmarks.md cites files it does not have: {missing}"
+
+
+def test_convergence_table_cites_the_plot_only_where_one_is_written():
+    results = {"eval_every": 200, "configs": [
+        {"name": "stock_table_wise", "config": "stock_table_wise", "auc": 0.8, "auc_curve": [[200, 0.7], [400, 0.8]]},
+    ]}
+    assert "auc_curve.png" in report.convergence_table(results)[0]
+    assert "auc_curve.png" not in report.convergence_table(results, curve_plot=None)[0]
