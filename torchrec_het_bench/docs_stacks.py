@@ -59,7 +59,7 @@ def side_by_side(group: list[dict]) -> list[str]:
             sharding = "+".join(entry["sharding_types"])
             sps, ref = entry["samples_per_s"]["median"], stock and stock["samples_per_s"]["median"]
             ratio = "-" if not ref else f"{sps / ref:.2f}x"
-            cells.append(f"{sps:.0f} | {ratio} | {report._mib(entry['bytes_per_step']['embedding_cross_rank'])} | {report._auc(entry['auc'])}")
+            cells.append(f"{sps:.0f} | {ratio} | {report.format_mib(entry['bytes_per_step']['embedding_cross_rank'])} | {report.format_auc(entry['auc'])}")
         lines.append(f"| {name} | {sharding} | " + " | ".join(cells) + " |")
     return lines
 
