@@ -44,6 +44,7 @@ from pathlib import Path
 
 from torchrec_het_bench.adoption_runs import TRAINER, Case, trainer_args, watch
 from torchrec_het_bench.flags import float_above, int_at_least
+from torchrec_het_bench.networks import emulation_unavailable
 
 WORLD_SIZE = 2  # on loopback; on emulated hosts one rank per host
 PLUGIN_PREFIX = "het_"
@@ -94,13 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def namespace_unavailable() -> str | None:
     """Why runs cannot get a namespace of their own here (None: they can)."""
-    from torchrec_het_bench.netem import NetworkEmulationUnavailable, check_available
-
-    try:
-        check_available()
-    except NetworkEmulationUnavailable as error:
-        return str(error)
-    return None
+    return emulation_unavailable()
 
 
 def namespace_loopback_bytes(netns: str) -> int:
