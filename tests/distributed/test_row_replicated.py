@@ -34,9 +34,9 @@ def test_matches_unsharded_and_row_wise(world: list[dict], optimizer: str, weigh
             assert stats["sparse_syncs"] + stats["dense_syncs"] == 0, (rank, stats)
 
 
-def test_per_host_tier_takes_the_legacy_lookup_and_stays_exact(world: list[dict]) -> None:
+def test_per_host_tier_on_one_host_reads_from_owners_and_stays_exact(world: list[dict]) -> None:
     for rank, results in enumerate(world):
-        errors = results["legacy/per_host"]
+        errors = results["per_host/one_host"]
         assert errors["out_rep_vs_unsharded/sum"] < TOLERANCE, (rank, errors)
         assert errors["weights_rep_vs_unsharded/sum"] < TOLERANCE, (rank, errors)
         assert errors["replica_disagreement"] == 0.0, (rank, errors)

@@ -81,14 +81,14 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         weights = sparse_features.weights_or_none()
         if self.observe is not None:
             self.observe(ids)  # replica syncs move on; online profile: counts, at its end new hot rows
-        hot_pos, owner, row = layout.route(ids)
+        hot_pos, dest, row = layout.route(ids)  # cold ids to their owners, per-host ids to the host's holder
         hot = []
         for index, (mine, slots) in enumerate(layout.hot_of(hot_pos)):
             bag = layout.group_bags(bags.index_select(0, mine), batch, index)  # output rows are (sample, position)
             hot.append((slots, bag, None if weights is None else weights.index_select(0, mine)))
         cold = (hot_pos < 0).nonzero().flatten()
-        dest, by_owner = torch.sort(owner.index_select(0, cold), stable=True)  # by owner, each owner's in bag order
-        cold = cold.index_select(0, by_owner)
+        dest, by_dest = torch.sort(dest.index_select(0, cold), stable=True)  # by destination, each one's in bag order
+        cold = cold.index_select(0, by_dest)
         cold_bags = bags.index_select(0, cold)
         columns = [cold_bags.to(torch.int32), row.index_select(0, cold).to(torch.int32)]
         if weights is not None:
@@ -101,7 +101,9 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
     def owner_features(self, step: ReplicatedBagBatch, received: torch.Tensor) -> KeyedJaggedTensor:
         """The (bag, row) pairs received, as a compact KJT: per position, one bag per
         (source, sample) that sent ids, in that order, padded with empty bags to the position
-        with the most. The owner's kernels pool it in one call per group."""
+        with the most. The owner's kernels pool it in one call per group; ids of the per-host
+        tier (row ``-1 - slot``) stay out of it, for the lookup to pool from this holder's blocks
+        (``step.host_values``)."""
         ws, batch, positions = self.world_size, step.batch, self.layout.num_positions
         device = received.device
         source = torch.repeat_interleave(torch.arange(ws, device=device), torch.tensor(step.recv_splits, device=device))
@@ -110,23 +112,35 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         # ids arrive by source, each source's in bag order: (source, position, sample) never decreases
         step.served_entries = torch.unique_consecutive(source * (positions * batch) + bag)
         key, order = torch.sort(position * (ws * batch) + source * batch + bag % batch, stable=True)
-        entries, counts = torch.unique_consecutive(key, return_counts=True)  # by (position, source, sample)
+        entries, entry_of, counts = torch.unique_consecutive(key, return_inverse=True, return_counts=True)  # by (position, source, sample)
         entry_position = entries // (ws * batch)
         per_position = torch.bincount(entry_position, minlength=positions)
         first = torch.cumsum(per_position, 0) - per_position
         slot = torch.arange(entries.numel(), device=device) - first.index_select(0, entry_position)
         stride = max(int(per_position.max()), 1) if entries.numel() else 1  # the owner's one extra host sync
-        lengths = torch.zeros(positions * stride, dtype=torch.int64, device=device)
-        lengths[entry_position * stride + slot] = counts
         # where each entry's partial is, in the order the readers expect: (source, position, sample)
         rest = entries % (ws * batch)
         by_source = torch.argsort((rest // batch) * (positions * batch) + entry_position * batch + rest % batch)
         step.partial_at = (slot.index_select(0, by_source), entry_position.index_select(0, by_source), stride)
         received = received.index_select(0, order)
+        rows = received[:, 1].long()
         weights = received[:, 2].view(torch.float32) if received.size(1) > 2 else None
-        return KeyedJaggedTensor(
-            keys=self.feature_names, values=received[:, 1].long(), lengths=lengths.int(), weights=weights, stride=stride
-        )
+        if self.layout.host_ids.numel():  # this rank holds per-host rows: those values are pooled from its blocks
+            held = rows < 0
+            kernel = (~held).nonzero().flatten()
+            held = held.nonzero().flatten()
+            counts = torch.bincount(entry_of.index_select(0, kernel), minlength=entries.numel())
+            widths = self.layout.dims.index_select(0, entry_position.index_select(0, by_source))
+            starts = torch.empty_like(widths).index_copy_(0, by_source, torch.cumsum(widths, 0) - widths)
+            step.host_values = (
+                -1 - rows.index_select(0, held), starts.index_select(0, entry_of.index_select(0, held)),
+                None if weights is None else weights.index_select(0, held),
+            )
+            rows = rows.index_select(0, kernel)
+            weights = None if weights is None else weights.index_select(0, kernel)
+        lengths = torch.zeros(positions * stride, dtype=torch.int64, device=device)
+        lengths[entry_position * stride + slot] = counts
+        return KeyedJaggedTensor(keys=self.feature_names, values=rows, lengths=lengths.int(), weights=weights, stride=stride)
 
 
 class _Bags(Awaitable[torch.Tensor]):
@@ -217,10 +231,10 @@ class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         positions = bags // sparse_features.stride()
         if self.observe is not None:
             self.observe(ids)
-        hot_pos, owner, row = layout.route(ids)
+        hot_pos, dest, row = layout.route(ids)
         hot = [(slots, mine) for mine, slots in layout.hot_of(hot_pos)]
         cold = (hot_pos < 0).nonzero().flatten()
-        key = owner.index_select(0, cold) * layout.total_rows + ids.index_select(0, cold)  # by owner, then id
+        key = dest.index_select(0, cold) * layout.total_rows + ids.index_select(0, cold)  # by destination, then id
         need, need_of = torch.unique(key, return_inverse=True)
         first = torch.empty_like(need).scatter_(0, need_of, torch.arange(cold.numel(), device=cold.device))
         first = cold.index_select(0, first)
@@ -230,13 +244,20 @@ class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         return _CountsGathered(self, step, payload, 2, work, gathered)
 
     def owner_features(self, step: ReplicatedSequenceBatch, received: torch.Tensor) -> KeyedJaggedTensor:
-        """The (position, row) pairs received, as a KJT of one bag per position."""
+        """The (position, row) pairs received, as a KJT of one bag per position; ids of the
+        per-host tier (row ``-1 - slot``) stay out of it, for the lookup to read from this
+        holder's blocks (``step.host_values``)."""
         step.received = received
-        position = received[:, 0].long()
+        position, rows = received[:, 0].long(), received[:, 1].long()
+        if self.layout.host_ids.numel():
+            held = rows < 0
+            step.kernel_at, held = (~held).nonzero().flatten(), held.nonzero().flatten()
+            step.host_values = (held, -1 - rows.index_select(0, held))
+            position, rows = position.index_select(0, step.kernel_at), rows.index_select(0, step.kernel_at)
         _, step.kernel_order = torch.sort(position, stable=True)
         return KeyedJaggedTensor(
             keys=self.feature_names,
-            values=received[:, 1].index_select(0, step.kernel_order).long(),
+            values=rows.index_select(0, step.kernel_order),
             lengths=torch.bincount(position, minlength=self.layout.num_positions).int(),
             stride=1,
         )

@@ -16,9 +16,9 @@ from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.replication.tiers import hottest_rows
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.common.id_space import TableInfo
-from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock, owned_rows
+from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock, owned_rows, read_rows
 from torchrec_het.sharding.row_replicated.routing import IdLayout, ReplicaGroup
-from torchrec_het.sharding.row_replicated.sync import HostGroups
+from torchrec_het.sharding.row_replicated.sync import HostGroups, holder_group
 
 
 @dataclass
@@ -51,21 +51,23 @@ class ReplicaHolder:
         self._device = device if device is not None else torch.device("cpu")
         self._exchange_pg = dedicated_group(pg)  # the dists' exchanges
         self._sync_pg = dedicated_group(pg)  # the replica blocks' syncs
-        # replicated rows' gradients sum within each host, then between host leaders (created once)
+        # replicated rows' gradients sum within each host, then between host leaders (created once);
+        # per-host rows' over their holders, this local rank on every host (None: one host)
         self._hosts = HostGroups(self._sync_pg, config.ranks_per_host(self._ws))
+        self._holder_pg = holder_group(self._sync_pg, config.ranks_per_host(self._ws))
         self._tables, tiers = self._table_infos(config, shards_by_table)
+        if self._holder_pg is None:  # one host: per-host rows are read from their owners, as cold ones
+            tiers = {name: (replicated, per_host[:0]) for name, (replicated, per_host) in tiers.items()}
         self._groups = self._replica_groups(tiers)
-        if any(g.host.numel() for g in self._groups):
-            raise NotImplementedError("the pipelined het_row_replicated path has no per-host tier")
         self.layout = self._id_layout().to(self._device)
-        self._blocks = [self._block(g) for g in self._groups]
+        self._build_blocks()
         online = config.tiers is None and config.online_profile_steps > 0
         self._online_left = config.online_profile_steps if online else 0
         self._online_counts = torch.zeros(self.layout.total_rows, dtype=torch.int64, device=self._device) if online else None
         self._needs_refresh = True
         self._refreshed_version = -1
         self._anchor = torch.zeros(1, device=self._device, requires_grad=True)
-        self.stats = {"steps": 0, "skipped_steps": 0, "sparse_syncs": 0, "dense_syncs": 0}
+        self.stats = {"steps": 0, "skipped_steps": 0, "sparse_syncs": 0, "dense_syncs": 0, "host_syncs": 0}
 
     def _table_infos(self, config: ReplicationConfig, shards_by_table):
         """Per width: the tables (in the sharding's order) and their tiers; and (width, table) per position."""
@@ -90,15 +92,28 @@ class ReplicaHolder:
         table_pos = {t.name: (gi, ti) for gi, g in enumerate(self._groups) for ti, t in enumerate(g.tables)}
         positions = [table_pos[name] for _, name in self._positions]
         mean = [self._groups[g].tables[t].mean for g, t in positions]
-        return IdLayout(self._groups, positions, [d for d, _ in self._positions], mean, self._ws)
+        local_ws = self._config.ranks_per_host(self._ws)
+        return IdLayout(self._groups, positions, [d for d, _ in self._positions], mean, self._ws, self._rank, local_ws)
+
+    def _build_blocks(self) -> None:
+        """Per group: the replicated rows' block (synced every ``replica_sync_every`` steps over all
+        ranks) and, on several hosts, the block of the per-host rows this rank holds (synced every
+        step over their holders)."""
+        self._blocks = [self._block(g, g.hot, self._config.replica_sync_every, self._sync_pg, self._hosts) for g in self._groups]
+        self._host_blocks = [] if self._holder_pg is None else [
+            self._block(g, g.host_block, 1, self._holder_pg, None) for g in self._groups
+        ]  # fmt: skip
+
+    def _all_blocks(self) -> list[ReplicaBlock]:
+        return self._blocks + self._host_blocks
 
     def observe(self, ids: torch.Tensor) -> None:
         """From the input dist: moves started replica syncs on (their gradients' all-reduce
         overlaps this batch's ids); while the online profile runs, counts the ids, and after
         the last counted batch every rank's counts choose the hot rows (one all-reduce)."""
-        for block in self._blocks:
+        for block in self._all_blocks():
             block.advance()
-        if self._online_counts is None:
+        if self._online_counts is None or not self.training:  # evaluation batches are not counted
             return
         if self._online_left > 0:
             self._online_counts.index_add_(0, ids, torch.ones_like(ids))
@@ -115,29 +130,29 @@ class ReplicaHolder:
                 tiers[t.name] = (hottest_rows(reads, 1.0 / config.replica_sync_every, config.online_max_hot_fraction), empty)
         self._groups = self._replica_groups(tiers)
         self.layout.set_hot(self._groups)
-        self._blocks = [self._block(g) for g in self._groups]
+        self._build_blocks()
         # replicas are copied from the owners at the first lookup of a batch routed with these rows:
         # batches already in flight (pipelined) still update the owners' copies first
         self.stats["online_hot_rows"] = self.stats.get("online_hot_rows", 0) + sum(g.hot.numel() for g in self._groups)
 
-    def _block(self, g: ReplicaGroup) -> ReplicaBlock:
+    def _block(self, g: ReplicaGroup, ids: torch.Tensor, sync_every: int, pg, hosts: HostGroups | None) -> ReplicaBlock:
+        """The block of rows ``ids`` of group ``g`` (sorted fused ids), synced on ``pg`` (over ``hosts``)."""
         kernels = [m.emb_module for m in lookup_kernels(self)]
-        tables = g.table_of(g.hot)
+        tables = g.table_of(ids)
         module_of = torch.tensor([t.module_index for t in g.tables], dtype=torch.int64)
         table_of = torch.tensor([t.table_index for t in g.tables], dtype=torch.int64)
         names = {_tbe.replica_kind(kernels[t.module_index]) for t in g.tables}
         if len(names) > 1:
             raise ValueError(f"tables {[t.name for t in g.tables]} of width {g.dim} mix optimizers {sorted(names)}")
         eps = torch.tensor([_tbe.optimizer_eps(kernels[t.module_index]) for t in g.tables], dtype=torch.float64)[tables]
-        mine = (g.owner_of(g.hot) == self._rank).nonzero().flatten()
+        mine = (g.owner_of(ids) == self._rank).nonzero().flatten()
         owned = []
         for module_index in torch.unique(module_of[tables[mine]]).tolist():  # once, at build
             part = mine[module_of[tables[mine]] == module_index]
-            rows = g.local_rows(g.hot[part], tables[part])
+            rows = g.local_rows(ids[part], tables[part])
             owned.append(owned_rows(kernels[module_index], table_of[tables[part]], rows, part, g.dim))
         return ReplicaBlock(
-            g.hot, g.dim, names.pop(), kernels, module_of[tables], eps, owned, self._config.replica_sync_every,
-            self._sync_pg, self._device, hosts=self._hosts,
+            ids, g.dim, names.pop(), kernels, module_of[tables], eps, owned, sync_every, pg, self._device, hosts=hosts
         )
 
     @property
@@ -150,17 +165,19 @@ class ReplicaHolder:
         return self._exchange_pg
 
     def replica_nbytes(self) -> int:
-        return sum(b.nbytes() for b in self._blocks)
+        return sum(b.nbytes() for b in self._all_blocks())
 
     def begin_read(self, hot_version: int) -> None:
         """Before a batch's rows are read: replicas copied if due, the previous replica sync applied."""
         if self._needs_refresh or hot_version > self._refreshed_version:
-            for block in self._blocks:
+            for block in self._all_blocks():
                 block.refresh()
             self._needs_refresh = False
             self._refreshed_version = hot_version
         for block in self._blocks:
             self.stats["sparse_syncs"] += int(block.wait())  # the previous step's replica sync
+        for block in self._host_blocks:
+            self.stats["host_syncs"] += int(block.wait())
         self.stats["steps"] += 1
 
     def read_hot(self, slots_per_block: list[torch.Tensor]) -> list[HotRead]:
@@ -172,6 +189,14 @@ class ReplicaHolder:
         then read them fresher than its cold rows, and cost AUC). Their gradients go to the
         block the batch read."""
         return [HotRead(block, slots, block.weights.index_select(0, slots)) for block, slots in zip(self._blocks, slots_per_block)]
+
+    def read_host(self, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """At the lookup, on a holder: per group, (indexes of the ``slots`` its per-host block
+        serves, those rows, differentiable: their gradients go to the block). Called at every
+        lookup while there are per-host blocks (an empty read too: every holder's backward then
+        takes part in the blocks' syncs)."""
+        parts = self.layout.host_block_of(slots)
+        return [(mine, read_rows(self._anchor, block, rows)) for (mine, rows), block in zip(parts, self._host_blocks)]
 
     def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream=None, sharding_ctx=None) -> None:  # noqa: ARG002
         """TorchRec's prefetch of the kernels (the plugin lookups' signature: the batch's context unused)."""
@@ -193,11 +218,13 @@ class ReplicaHolder:
         """Applies held replica gradients (a collective); shards already hold current hot rows."""
         for block in self._blocks:
             self.stats["sparse_syncs"] += block.flush()
+        for block in self._host_blocks:
+            self.stats["host_syncs"] += block.flush()
         super().flush()
 
     def purge(self) -> None:
         """Replicas are copied from the (loaded) shards again at the next forward."""
-        for block in self._blocks:
+        for block in self._all_blocks():
             block.wait()
             block.drop_held()
         self._needs_refresh = True

@@ -45,8 +45,21 @@ class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
             partials = partials.reshape(-1)
         else:
             partials = pooled.reshape(-1).index_select(0, self.layout.elements(rows, position, self.layout.width))
+        if step.host_values is not None:  # a holder: per-host ids pooled from its blocks into the same partials
+            partials = partials + self._held_partials(step.host_values, partials.numel())
         self.stats["skipped_steps"] += int(step.local_only)
         return partials
+
+    def _held_partials(self, host_values: tuple, size: int) -> torch.Tensor:
+        """``[size]``: the per-host ids' rows (weighted) summed into their partials' elements."""
+        slots, starts, weights = host_values
+        out = torch.zeros(size, device=self._anchor.device)
+        for mine, rows in self.read_host(slots):
+            if weights is not None:
+                rows = rows * weights.index_select(0, mine).unsqueeze(1)
+            at = starts.index_select(0, mine).unsqueeze(1) + torch.arange(rows.size(1), device=rows.device)
+            out = out.index_add(0, at.view(-1), rows.reshape(-1))
+        return out
 
 
 class ReplicatedSequenceLookup(ReplicaHolder, GroupedEmbeddingsLookup):
@@ -76,6 +89,11 @@ class ReplicatedSequenceLookup(ReplicaHolder, GroupedEmbeddingsLookup):
         # the kernels' own forward and fused backward, the rows put back in arrival order
         by_position = super().forward(sparse_features).view(-1, self.layout.uniform_dim)
         step.rows = torch.empty_like(by_position).index_copy(0, step.kernel_order, by_position)
+        if step.host_values is not None:  # a holder: per-host ids read from its block
+            held, slots = step.host_values
+            (_, rows), = self.read_host(slots)  # sequences: one width, one block
+            arrival = torch.cat([step.kernel_at, held])
+            step.rows = torch.cat([step.rows, rows]).index_select(0, torch.argsort(arrival))
         self.stats["skipped_steps"] += int(step.local_only)
         self.stats["rows_fetched"] += sum(c for r, c in enumerate(step.send_splits) if r != self._rank)
         return step.rows.reshape(-1)

@@ -87,6 +87,24 @@ def combine_dense(
     return block[touched], dense[touched, :dim], dense[touched, dim]
 
 
+def holder_group(pg: dist.ProcessGroup | None, local_world_size: int) -> dist.ProcessGroup | None:
+    """The group of the ranks that hold the same per-host rows as this one (this local rank on every
+    host), created once, a collective: every rank of ``pg`` creates every such group, in order.
+    None with one host (per-host rows are then read from their owners)."""
+    ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(dist.get_world_size()))
+    local, me = local_world_size, dist.get_rank(pg)
+    if len(ranks) % local:
+        raise ValueError(f"world size {len(ranks)} is not a multiple of {local} ranks per host")
+    if len(ranks) == local:
+        return None
+    backend, timeout, mine = dist.get_backend(pg), process_group_timeout(pg), None
+    for index in range(local):
+        group = dist.new_group(ranks[index::local], backend=backend, timeout=timeout)
+        if me % local == index:
+            mine = group
+    return mine
+
+
 class HostGroups:
     """Subgroups of ``pg`` that sum replicated rows' gradients hierarchically (created once, a collective).
 
