@@ -31,7 +31,7 @@ from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features
 from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
 from torchrec_het.sharding.het_cache.sharding import HetCachedRwPooledEmbeddingSharding
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup
-from torchrec_het.sharding.row_replicated.sharding import PipelinedRowReplicatedSharding
+from torchrec_het.sharding.row_replicated.sharding import RowReplicatedPooledEmbeddingSharding
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 PLUGIN_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
@@ -100,7 +100,7 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, Sharded
         sharding_infos, replication = without_settings(sharding_infos)
         replication = replication if replication is not None else ReplicationConfig()
         if sharding_type == HET_ROW_REPLICATED:
-            return PipelinedRowReplicatedSharding(
+            return RowReplicatedPooledEmbeddingSharding(
                 sharding_infos, env, replication, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         if sharding_type == HET_CACHED_ROW_WISE:

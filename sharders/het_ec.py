@@ -28,7 +28,7 @@ from torchrec_het.sharders.plugin_sharder import (
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedSequenceLookup
-from torchrec_het.sharding.row_replicated.sharding import PipelinedRowReplicatedSequenceSharding
+from torchrec_het.sharding.row_replicated.sharding import RowReplicatedSequenceEmbeddingSharding
 from torchrec_het.types import HET_ROW_REPLICATED
 
 SEQUENCE_PLUGIN_TYPES = (HET_ROW_REPLICATED,)
@@ -91,7 +91,7 @@ class HetShardedEmbeddingCollection(ReplicatedModule, PluginContexts, ShardedEmb
         sharding_infos, replication = without_settings(sharding_infos)
         replication = replication if replication is not None else ReplicationConfig()
         if sharding_type == HET_ROW_REPLICATED:
-            return PipelinedRowReplicatedSequenceSharding(
+            return RowReplicatedSequenceEmbeddingSharding(
                 sharding_infos, env, replication, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         return super().create_embedding_sharding(

@@ -102,8 +102,8 @@ def two_hosts_hierarchical(rank: int, world_size: int, optimizer: str = "rowwise
         _local_shard_errors(model, reference, configs, errors, f"weights_{name}_vs_unsharded")
         errors[f"replica_disagreement_{name}"] = replica_disagreement(model)
         lookup = model.module.replicated_lookups()[0]
-        errors[f"hierarchical_{name}"] = lookup._hosts.hierarchical
-        errors[f"syncs_{name}"] = lookup.stats["sparse_syncs"] + lookup.stats["dense_syncs"]
+        errors[f"hierarchical_{name}"] = lookup.replicas.hosts.hierarchical
+        errors[f"syncs_{name}"] = lookup.replicas.stats["sparse_syncs"] + lookup.replicas.stats["dense_syncs"]
     return errors
 
 

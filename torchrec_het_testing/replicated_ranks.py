@@ -89,7 +89,7 @@ def _owner_rows(lookup, g, ids: torch.Tensor) -> torch.Tensor:
     """Rows ``ids`` of group ``g`` as their owners' shards hold them (every rank gets all; a collective)."""
     weights = [m.split_embedding_weights() for m in lookup._emb_modules]
     block = torch.zeros(ids.numel(), g.dim)
-    owned = g.owner_of(ids) == lookup._rank
+    owned = g.owner_of(ids) == lookup.replicas.rank
     block[owned] = g.read_owned(ids[owned], [weights[t.module_index][t.table_index] for t in g.tables])
     dist.all_reduce(block)
     return block
@@ -100,10 +100,10 @@ def replica_disagreement(model) -> float:
     row's on its holders) and its owner's row (0.0: all copies agree)."""
     worst = 0.0
     for lookup in model.module.replicated_lookups():
-        for g, block in zip(lookup.groups, lookup._blocks):
+        for g, block in zip(lookup.groups, lookup.replicas.blocks):
             if g.hot.numel():
                 worst = max(worst, float((block.weights - _owner_rows(lookup, g, g.hot)).abs().max()))
-        for g, block in zip(lookup.groups, lookup._host_blocks):
+        for g, block in zip(lookup.groups, lookup.replicas.host_blocks):
             if g.host.numel():  # every rank reads all per-host rows' owners' copies, then checks the ones it holds
                 owners = _owner_rows(lookup, g, g.host)
                 mine = torch.searchsorted(g.host, g.host_block)
@@ -114,7 +114,7 @@ def replica_disagreement(model) -> float:
 
 def per_host_held(lookup) -> int:
     """Per-host rows this rank holds for its host and does not own (copies away from their owners)."""
-    return sum(int((g.owner_of(g.host_block) != g.rank).sum()) for g in lookup.groups if lookup._host_blocks)
+    return sum(int((g.owner_of(g.host_block) != g.rank).sum()) for g in lookup.groups if lookup.replicas.host_blocks)
 
 
 def equivalence(
@@ -207,15 +207,24 @@ def wire_dtypes(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") 
     return result
 
 
-def online_profile(rank: int, world_size: int, optimizer: str = "rowwise_adagrad", profile_steps: int = 3) -> dict:
+def online_profile(
+    rank: int, world_size: int, optimizer: str = "rowwise_adagrad", profile_steps: int = 3, evaluate: bool = False
+) -> dict:
     """No tier plan, ``online_profile_steps=3``: row-wise for 3 steps while counting reads, then
-    the rows every rank's counts say are read at least once a step get replicas; exact throughout."""
+    the rows every rank's counts say are read at least once a step get replicas; exact throughout.
+    ``evaluate``: an evaluation forward (``model.eval()``, no grad) of another batch before every
+    training step, which the profile must not count."""
     configs = table_configs(False)
     proj = projections(configs)
     rep = replicated(configs, False, optimizer, ReplicationConfig(online_profile_steps=profile_steps))
     reference = unsharded(configs, False, optimizer)
     result: dict = {"hot_after_step": []}
     for step in range(profile_steps + 3):
+        if evaluate:
+            rep.eval()
+            with torch.no_grad():
+                rep(batch(rank, 1_000 + step, False, configs))
+            rep.train()
         batches = [batch(r, step, False, configs) for r in range(world_size)]
         out = rep(batches[rank])
         result["hot_after_step"].append(sum(g.hot.numel() for lookup in rep.module.replicated_lookups() for g in lookup.groups))
@@ -266,19 +275,17 @@ def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1, hot: int
 
 
 def _refresh(lookup) -> None:
-    for block in lookup._blocks:
-        block.refresh()
-    lookup._needs_refresh = False
+    lookup.replicas.refresh()
 
 
 def _pending(lookup) -> list[torch.Tensor]:
     """Held gradients (and touch counts) of every group's replicated rows."""
-    return [torch.cat([block.pending, block.touches.unsqueeze(1)], 1) for block in lookup._blocks]
+    return [torch.cat([block.pending, block.touches.unsqueeze(1)], 1) for block in lookup.replicas.blocks]
 
 
 def _hot_rows(lookup) -> list[torch.Tensor]:
     """Every group's replicated rows as this rank reads them (its replica block)."""
-    return [block.weights.clone() for block in lookup._blocks]
+    return [block.weights.clone() for block in lookup.replicas.blocks]
 
 
 def bad_input(rank: int, world_size: int) -> dict:

@@ -233,7 +233,7 @@ def equivalence(
     _local_shard_errors(rep, reference, errors, "weights_rep_vs_unsharded")
     if stock is not None:
         _local_shard_errors(stock, reference, errors, "weights_row_wise_vs_unsharded")
-    errors["fetched"] = sum(lookup.stats["rows_fetched"] for lookup in lookups(rep))
+    errors["fetched"] = sum(lookup.replicas.stats["rows_fetched"] for lookup in lookups(rep))
     errors["replica_disagreement"] = disagreement(rep)
     errors["stats"] = stats(rep)
     errors["per_host_held"] = sum(per_host_held(lookup) for lookup in lookups(rep))

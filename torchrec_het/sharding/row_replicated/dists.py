@@ -9,7 +9,6 @@ the sharded module puts in the batch's sharding context for the lookup and the o
 """
 
 import torch
-import torch.distributed as dist
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSparseFeaturesDist
 from torchrec.distributed.types import Awaitable
@@ -22,7 +21,6 @@ from torchrec_het.sharding.common.id_space import bag_divisors
 from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source, output_layout
 from torchrec_het.sharding.row_replicated.batch import ReplicatedBagBatch, ReplicatedSequenceBatch
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, ReplicatedSequenceLookup
-from torchrec_het.sharding.row_replicated.routing import IdLayout
 
 
 class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
@@ -69,18 +67,19 @@ class _Ids(Awaitable[KeyedJaggedTensor]):
 class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
     """Keeps hot ids on the reader and sends every other id to its owner."""
 
-    def __init__(self, layout: IdLayout, feature_names: list[str], pg):
+    def __init__(self, lookup: ReplicatedBagLookup, feature_names: list[str]):
         super().__init__()
-        self.layout, self.feature_names, self.pg = layout, feature_names, pg
-        self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
-        self.observe = None  # the lookup's replica syncs and online profile
+        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
+        self.replicas, self.feature_names = lookup.replicas, feature_names
+        self.layout, self.pg = self.replicas.layout, self.replicas.exchange_pg
+        self.rank, self.world_size = self.replicas.rank, self.replicas.world_size
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         layout, batch = self.layout, sparse_features.stride()
         bags, ids = layout.flatten(sparse_features)
         weights = sparse_features.weights_or_none()
-        if self.observe is not None:
-            self.observe(ids)  # replica syncs move on; online profile: counts, at its end new hot rows
+        # replica syncs move on; online profile: training batches counted, at its end new hot rows
+        self.replicas.observe(ids, self._lookup[0].training)
         hot_pos, dest, row = layout.route(ids)  # cold ids to their owners, per-host ids to the host's holder
         hot = []
         for index, (mine, slots) in enumerate(layout.hot_of(hot_pos)):
@@ -155,15 +154,15 @@ class _Bags(Awaitable[torch.Tensor]):
 class PartialSumsDist(BaseEmbeddingDist):
     """Sends the owners' partial sums back to their readers and finishes the bags."""
 
-    def __init__(self, lookup: ReplicatedBagLookup, pg):
+    def __init__(self, lookup: ReplicatedBagLookup):
         super().__init__()
-        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
-        self.pg, self.layout = pg, lookup.layout
+        self.replicas = lookup.replicas
+        self.pg, self.layout = self.replicas.exchange_pg, self.replicas.layout
 
     def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]) -> Awaitable[torch.Tensor]:
-        lookup, step = self._lookup[0], sharding_ctx.batch
+        replicas, step = self.replicas, sharding_ctx.batch
         layout = self.layout
-        ws, bags = lookup._ws, step.batch * layout.num_positions
+        ws, bags = replicas.world_size, step.batch * layout.num_positions
         served_source, sent_dest = step.served_entries // bags, step.sent_entries // bags
         if layout.uniform_dim is not None:
             splits = torch.cat([torch.bincount(served_source, minlength=ws), torch.bincount(sent_dest, minlength=ws)])
@@ -176,7 +175,7 @@ class PartialSumsDist(BaseEmbeddingDist):
             ]).long()
         splits = splits.tolist()  # the output dist's one host sync
         send, recv = splits[:ws], splits[ws:]
-        exchange = start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only)
+        exchange = start_exchange(local_embs, send, recv, self.pg, replicas.wire, step.local_only)
         return _Bags(self, step, exchange)
 
     def finish(self, step: ReplicatedBagBatch, received: torch.Tensor) -> torch.Tensor:
@@ -184,9 +183,9 @@ class PartialSumsDist(BaseEmbeddingDist):
         the hot rows from the replica block (their gradients go to it) plus the partials received
         (theirs go back to the owners), mean applied, gradients scaled as TorchRec's row-wise
         backward scales them."""
-        layout, batch, lookup = self.layout, step.batch, self._lookup[0]
+        layout, batch, replicas = self.layout, step.batch, self.replicas
         entries = step.sent_entries % (layout.num_positions * batch)  # position * batch + sample of each partial
-        scale = 1.0 / lookup._ws if get_gradient_division() else 1.0
+        scale = 1.0 / replicas.world_size if get_gradient_division() else 1.0
         lengths = step.lengths.view(layout.num_positions, batch)
         one_width = layout.uniform_dim is not None
         if not one_width:  # the partials of every width, one after the other
@@ -213,24 +212,24 @@ class PartialSumsDist(BaseEmbeddingDist):
             if layout.has_mean:
                 divisors = bag_divisors(lengths.index_select(0, at), layout.mean.index_select(0, at)).t().reshape(-1, 1)
             parts.append(Part(sources, batch * at.numel(), block.dim, divisors, columns))
-        return output_layout(OutputPlan(parts, (batch, layout.width), scale), lookup._anchor)
+        return output_layout(OutputPlan(parts, (batch, layout.width), scale), replicas.anchor)
 
 
 class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
     """Keeps hot ids on the reader and asks each owner once for every distinct cold id."""
 
-    def __init__(self, layout: IdLayout, feature_names: list[str], pg):
+    def __init__(self, lookup: ReplicatedSequenceLookup, feature_names: list[str]):
         super().__init__()
-        self.layout, self.feature_names, self.pg = layout, feature_names, pg
-        self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
-        self.observe = None  # the lookup's replica syncs and online profile
+        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
+        self.replicas, self.feature_names = lookup.replicas, feature_names
+        self.layout, self.pg = self.replicas.layout, self.replicas.exchange_pg
+        self.rank, self.world_size = self.replicas.rank, self.replicas.world_size
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         layout = self.layout
         bags, ids = layout.flatten(sparse_features)
         positions = bags // sparse_features.stride()
-        if self.observe is not None:
-            self.observe(ids)
+        self.replicas.observe(ids, self._lookup[0].training)
         hot_pos, dest, row = layout.route(ids)
         hot = [(slots, mine) for mine, slots in layout.hot_of(hot_pos)]
         cold = (hot_pos < 0).nonzero().flatten()
@@ -269,27 +268,26 @@ class _SequenceOutput(Awaitable[torch.Tensor]):
         self.dist, self.step, self.exchange = dist_, step, exchange
 
     def _wait_impl(self) -> torch.Tensor:
-        lookup = self.dist._lookup[0]
-        scale = 1.0 / lookup._ws if get_gradient_division() else 1.0
+        replicas = self.dist.replicas
+        scale = 1.0 / replicas.world_size if get_gradient_division() else 1.0
         received = self.exchange.wait().float()
         step, dim = self.step, self.dist.layout.uniform_dim
         # every position's row: one gather from the blocks' rows read and the rows received
         sources = [Source(read.rows, at, sink=read.add_grads) for read, (_, at) in zip(step.hot_read, step.hot)]
         sources.append(Source(received.view(-1, dim), step.cold, step.need_of))
         plan = OutputPlan([Part(sources, step.num_values, dim, one_per_bag=True)], (step.num_values, dim), scale)
-        return output_layout(plan, lookup._anchor)
+        return output_layout(plan, replicas.anchor)
 
 
 class SequenceRowsDist(BaseEmbeddingDist):
     """Sends the asked rows back and lays every position's row out in the reader's order."""
 
-    def __init__(self, lookup: ReplicatedSequenceLookup, pg):
+    def __init__(self, lookup: ReplicatedSequenceLookup):
         super().__init__()
-        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
-        self.pg, self.layout = pg, lookup.layout
+        self.replicas = lookup.replicas
+        self.pg, self.layout = self.replicas.exchange_pg, self.replicas.layout
 
     def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedSequenceBatch]) -> Awaitable[torch.Tensor]:
-        lookup = self._lookup[0]
         step, dim = sharding_ctx.batch, self.layout.uniform_dim
         send, recv = [c * dim for c in step.recv_splits], [c * dim for c in step.send_splits]
-        return _SequenceOutput(self, step, start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only))
+        return _SequenceOutput(self, step, start_exchange(local_embs, send, recv, self.pg, self.replicas.wire, step.local_only))

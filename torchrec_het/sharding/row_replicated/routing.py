@@ -2,7 +2,7 @@
 
 :class:`ReplicaGroup`: tables of one lookup that share a dimension, with their tiers, holders
 and servers. :class:`IdLayout`: one id space over every table of a sharding (static indexes,
-built once), as the pipelined dists route a batch's ids with it.
+built once), as the input dists route a batch's ids with it.
 
 Every row lives in its row-wise owner's shard (the copy checkpoints export). Hot rows
 have more holders: a row of the *replicated* tier is held by every rank, which reads it
