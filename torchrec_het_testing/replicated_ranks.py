@@ -346,5 +346,6 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
         results["all_hot"] = all_hot(rank, world_size)
         results["wire"] = wire_dtypes(rank, world_size)
         results["online"] = online_profile(rank, world_size)
+        results["online_evaluated"] = online_profile(rank, world_size, evaluate=True)
         results["bad_input"] = bad_input(rank, world_size)
     write_rank_result(out_dir, rank, results)

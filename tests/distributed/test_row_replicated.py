@@ -63,6 +63,17 @@ def test_online_profile_replicates_the_rows_all_ranks_counted_and_stays_exact(wo
         assert online["replica_disagreement"] == 0.0, (rank, online)
 
 
+def test_online_profile_does_not_count_evaluation_batches(world: list[dict]) -> None:
+    """An evaluation forward before every training step changes neither when the hot rows are
+    chosen nor which (the batches evaluated read other rows), and training stays exact."""
+    for rank, results in enumerate(world):
+        plain, evaluated = results["online"], results["online_evaluated"]
+        assert evaluated["hot_after_step"] == plain["hot_after_step"], (rank, evaluated, plain)
+        assert evaluated["hot_rows"] == plain["hot_rows"], rank
+        assert evaluated["out_vs_unsharded"] < TOLERANCE and evaluated["weights_vs_unsharded"] < TOLERANCE, (rank, evaluated)
+        assert evaluated["replica_disagreement"] == 0.0, (rank, evaluated)
+
+
 def test_bf16_wire_halves_cold_bytes_and_keeps_replicas_identical(world: list[dict]) -> None:
     for rank, results in enumerate(world):
         wire = results["wire"]
