@@ -1,7 +1,7 @@
 """Where a ``het_row_replicated`` id is read: tables of one width with their tiers, and one id space over all.
 
-:class:`ReplicaGroup`: tables of one lookup that share a dimension, with their tiers, holders
-and servers. :class:`IdLayout`: one id space over every table of a sharding (static indexes,
+:class:`ReplicaGroup`: tables of one lookup that share a dimension, with their tiers and the
+per-host rows each local rank holds. :class:`IdLayout`: one id space over every table of a sharding (static indexes,
 built once), as the input dists route a batch's ids with it.
 
 Every row lives in its row-wise owner's shard (the copy checkpoints export). Hot rows
@@ -49,12 +49,6 @@ class ReplicaGroup(FusedIdSpace):
     def holder_rows(self, local_rank: int) -> torch.Tensor:
         """The per-host rows the ranks of ``local_rank`` hold (those their owners' local rank is), sorted."""
         return self.host[self.owner_of(self.host) % self.local_world_size == local_rank]
-
-    def is_hot(self, ids: torch.Tensor) -> torch.Tensor:
-        return members(self.hot, ids)[0]
-
-    def is_host(self, ids: torch.Tensor) -> torch.Tensor:
-        return members(self.host, ids)[0]
 
 
 class IdLayout:
