@@ -148,12 +148,14 @@ def equivalence(
     return errors
 
 
-def all_hot(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -> dict:
-    """Batches that read replicated rows only: every step skips the cold exchange, training stays exact."""
+def all_hot(rank: int, world_size: int, optimizer: str = "rowwise_adagrad", skip_all_hot: bool = True) -> dict:
+    """Batches that read replicated rows only: every step skips the cold exchange (unless
+    ``skip_all_hot`` is off), training stays exact."""
     configs = table_configs(False)
     proj = projections(configs)
     hot = {c.name: 12 for c in configs}
-    rep = replicated(configs, False, optimizer, ReplicationConfig(tiers=tiers(configs, hot=12)), carried=True)
+    config = ReplicationConfig(tiers=tiers(configs, hot=12), skip_all_hot=skip_all_hot)
+    rep = replicated(configs, False, optimizer, config, carried=True)
     reference = unsharded(configs, False, optimizer)
     errors: dict = {}
     for step in range(STEPS):
@@ -344,6 +346,7 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
         # a mostly untouched block, beside a per-host tier
         results["held_sparse"] = held_replica_gradients(rank, world_size, hot=36, per_host=3)
         results["all_hot"] = all_hot(rank, world_size)
+        results["all_hot/not_skipped"] = all_hot(rank, world_size, skip_all_hot=False)
         results["wire"] = wire_dtypes(rank, world_size)
         results["online"] = online_profile(rank, world_size)
         results["online_evaluated"] = online_profile(rank, world_size, evaluate=True)

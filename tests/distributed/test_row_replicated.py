@@ -49,6 +49,9 @@ def test_all_hot_steps_skip_the_cold_exchange_and_stay_exact(world: list[dict]) 
         assert errors["stats"]["skipped_steps"] == errors["stats"]["steps"] == 5, (rank, errors)
         assert errors["out_rep_vs_unsharded"] < TOLERANCE, (rank, errors)
         assert errors["weights_rep_vs_unsharded/sum"] < TOLERANCE, (rank, errors)
+        off = results["all_hot/not_skipped"]  # skip_all_hot=False: the exchanges run, with nothing in them
+        assert off["stats"]["skipped_steps"] == 0 and off["stats"]["steps"] == 5, (rank, off)
+        assert off["out_rep_vs_unsharded"] < TOLERANCE and off["weights_rep_vs_unsharded/sum"] < TOLERANCE, (rank, off)
 
 
 def test_online_profile_replicates_the_rows_all_ranks_counted_and_stays_exact(world: list[dict]) -> None:

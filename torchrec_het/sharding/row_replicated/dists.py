@@ -40,7 +40,10 @@ class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
         step = self.batch
         step.send_splits = [table[rank][d] for d in range(ws)]
         step.recv_splits = [table[s][rank] for s in range(ws)]
-        step.local_only = all(table[s][d] == 0 for s in range(ws) for d in range(ws) if s != d)
+        # FAE's all-hot step (skip_all_hot): no rank sends to another, nothing is exchanged
+        step.local_only = self.dist.replicas.config.skip_all_hot and all(
+            table[s][d] == 0 for s in range(ws) for d in range(ws) if s != d
+        )
         exchange = start_exchange(
             self.payload.view(-1),
             [c * self.width for c in step.send_splits],
