@@ -15,7 +15,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het._compat import sharded_embedding_shardings, sharded_lookups, sharded_table_configs
+from torchrec_het._compat import sharded_lookups, sharded_table_configs
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders.plugin_contexts import PluginContexts
@@ -24,17 +24,14 @@ from torchrec_het.sharders.plugin_sharder import (
     REPLICATION_KEY,
     PluginSharder,
     require_hot_rows,
-    takes_pipelined_path,
     without_settings,
 )
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features
 from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
 from torchrec_het.sharding.het_cache.sharding import HetCachedRwPooledEmbeddingSharding
-from torchrec_het.sharding.row_replicated.legacy.replicated_lookup import RowReplicatedEmbeddingLookup
-from torchrec_het.sharding.row_replicated.legacy.replicated_rw import RowReplicatedPooledEmbeddingSharding
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup
-from torchrec_het.sharding.row_replicated.sharding import PipelinedRowReplicatedSharding
+from torchrec_het.sharding.row_replicated.sharding import RowReplicatedPooledEmbeddingSharding
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 PLUGIN_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
@@ -94,9 +91,6 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, Sharded
         self._check_features = FeatureCheck(
             self._rows_of_feature, plugin_features(plan, module.embedding_bag_configs(), PLUGIN_TYPES)
         )
-        for sharding, lookup in zip(sharded_embedding_shardings(self), sharded_lookups(self)):
-            if isinstance(lookup, RowReplicatedEmbeddingLookup):
-                lookup.attach(replication, sharding.shards_by_table)
         self.find_plugin_shardings()
 
     @classmethod
@@ -105,18 +99,14 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, Sharded
         sharding_infos, cache = without_settings(sharding_infos, HET_CACHE_KEY)
         sharding_infos, replication = without_settings(sharding_infos)
         replication = replication if replication is not None else ReplicationConfig()
-        if sharding_type == HET_ROW_REPLICATED and takes_pipelined_path(replication, sharding_infos):
-            return PipelinedRowReplicatedSharding(
+        if sharding_type == HET_ROW_REPLICATED:
+            return RowReplicatedPooledEmbeddingSharding(
                 sharding_infos, env, replication, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         if sharding_type == HET_CACHED_ROW_WISE:
             return HetCachedRwPooledEmbeddingSharding(
                 sharding_infos, env, cache if cache is not None else HetCacheConfig(), device,
                 qcomm_codecs_registry=qcomm_codecs_registry,
-            )
-        if sharding_type == HET_ROW_REPLICATED:
-            return RowReplicatedPooledEmbeddingSharding(
-                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         return super().create_embedding_bag_sharding(
             sharding_infos, env, device, permute_embeddings=permute_embeddings, qcomm_codecs_registry=qcomm_codecs_registry
@@ -141,7 +131,7 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, Sharded
             lookup.reset_cache_stats()
 
     def replicated_lookups(self) -> list:
-        return [lookup for lookup in sharded_lookups(self) if isinstance(lookup, (RowReplicatedEmbeddingLookup, ReplicatedBagLookup))]
+        return [lookup for lookup in sharded_lookups(self) if isinstance(lookup, ReplicatedBagLookup)]
 
     def flush_cache(self) -> None:
         """Pushes every pending gradient to its owner; a collective, every rank calls it."""

@@ -16,24 +16,19 @@ from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het._compat import sharded_embedding_shardings, sharded_lookups, sharded_table_configs, uses_index_dedup
+from torchrec_het._compat import sharded_lookups, sharded_table_configs, uses_index_dedup
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders.plugin_contexts import PluginContexts
 from torchrec_het.sharders.plugin_sharder import (
     REPLICATION_KEY,
     PluginSharder,
     require_hot_rows,
-    takes_pipelined_path,
     without_settings,
 )
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features
-from torchrec_het.sharding.row_replicated.legacy.replicated_sequence import (
-    RowReplicatedSequenceEmbeddingSharding,
-    RowReplicatedSequenceLookup,
-)
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedSequenceLookup
-from torchrec_het.sharding.row_replicated.sharding import PipelinedRowReplicatedSequenceSharding
+from torchrec_het.sharding.row_replicated.sharding import RowReplicatedSequenceEmbeddingSharding
 from torchrec_het.types import HET_ROW_REPLICATED
 
 SEQUENCE_PLUGIN_TYPES = (HET_ROW_REPLICATED,)
@@ -89,22 +84,15 @@ class HetShardedEmbeddingCollection(ReplicatedModule, PluginContexts, ShardedEmb
         self._check_features = FeatureCheck(
             self._rows_of_feature, plugin_features(plan, module.embedding_configs(), SEQUENCE_PLUGIN_TYPES)
         )  # its per-key layout kept between batches
-        for sharding, lookup in zip(sharded_embedding_shardings(self), sharded_lookups(self)):
-            if isinstance(lookup, RowReplicatedSequenceLookup):
-                lookup.attach(replication, sharding.shards_by_table)
         self.find_plugin_shardings()
 
     @classmethod
     def create_embedding_sharding(cls, sharding_type, sharding_infos, env, device=None, qcomm_codecs_registry=None):
         sharding_infos, replication = without_settings(sharding_infos)
         replication = replication if replication is not None else ReplicationConfig()
-        if sharding_type == HET_ROW_REPLICATED and takes_pipelined_path(replication, sharding_infos):
-            return PipelinedRowReplicatedSequenceSharding(
-                sharding_infos, env, replication, device, qcomm_codecs_registry=qcomm_codecs_registry
-            )
         if sharding_type == HET_ROW_REPLICATED:
             return RowReplicatedSequenceEmbeddingSharding(
-                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+                sharding_infos, env, replication, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         return super().create_embedding_sharding(
             sharding_type, sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
@@ -116,9 +104,7 @@ class HetShardedEmbeddingCollection(ReplicatedModule, PluginContexts, ShardedEmb
         return super().input_dist(ctx, features)
 
     def replicated_lookups(self) -> list:
-        return [
-            lookup for lookup in sharded_lookups(self) if isinstance(lookup, (RowReplicatedSequenceLookup, ReplicatedSequenceLookup))
-        ]
+        return [lookup for lookup in sharded_lookups(self) if isinstance(lookup, ReplicatedSequenceLookup)]
 
 
 class HetEmbeddingCollectionSharder(PluginSharder, EmbeddingCollectionSharder):

@@ -28,17 +28,6 @@ def without_settings(sharding_infos, key: str = REPLICATION_KEY) -> tuple[list, 
     return cleaned, config
 
 
-def takes_pipelined_path(config: ReplicationConfig, sharding_infos) -> bool:
-    """Whether these tables take the pipelined path: it has no per-host tier yet."""
-    if config.tiers is None:
-        return True
-    for info in sharding_infos:
-        table = info.embedding_config
-        if config.table_tiers(table.name, table.num_embeddings)[1].numel():
-            return False
-    return True
-
-
 def require_hot_rows(replication: ReplicationConfig, plan: dict[str, ParameterSharding]) -> None:
     """Raises a ValueError naming the tables planned ``het_row_replicated`` that ``replication``
     gives no hot rows: its tiers do not name them and online counting is off, so they would

@@ -17,17 +17,17 @@ class ReplicatedModule:
 
     def reset_replication_stats(self) -> None:
         for lookup in self.replicated_lookups():
-            lookup.stats = dict.fromkeys(lookup.stats, 0)
+            lookup.replicas.stats = dict.fromkeys(lookup.replicas.stats, 0)
 
     def replica_nbytes(self) -> int:
         """Bytes of this rank's replica kernels (weights and optimizer state), beside its shards."""
-        return sum(lookup.replica_nbytes() for lookup in self.replicated_lookups())
+        return sum(lookup.replicas.replica_nbytes() for lookup in self.replicated_lookups())
 
     def replication_stats(self) -> dict[str, int]:
         """Steps, all-hot steps that skipped the cold exchange, sparse and dense replica syncs (this rank)."""
         totals: dict[str, int] = {}
         for lookup in self.replicated_lookups():
-            for key, value in lookup.stats.items():
+            for key, value in lookup.replicas.stats.items():
                 totals[key] = totals.get(key, 0) + value
         return totals
 
@@ -36,5 +36,5 @@ class ReplicatedModule:
         this rank (no exchange). Tables of other sharding types are not considered."""
         here = torch.ones(features.stride(), dtype=torch.bool, device=features.device())
         for lookup in self.replicated_lookups():
-            here &= lookup.samples_read_here(features).to(here.device)
+            here &= lookup.replicas.samples_read_here(features).to(here.device)
         return here

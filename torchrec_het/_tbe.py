@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
-from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
 TBE = SplitTableBatchedEmbeddingBagsCodegen
 
@@ -52,7 +52,7 @@ __all__ = [  # EmbOptimType too: the planner's memory model names optimizers by 
     "KINDS", "ROW_LOCAL_OPTIMIZERS", "STATE", "TBE", "WEIGHTS", "EmbOptimType", "FlatRows", "KernelLayout",
     "accumulates_squares", "apply_row_grads", "apply_rows", "buffer", "check_row_local", "flat_buffer", "flat_data",
     "kernel_layout", "learning_rate", "num_tables", "optimizer_eps", "optimizer_kind", "optimizer_name",
-    "replica_kernel", "replica_kind", "row_state", "square_width", "squares_of", "step_rows", "step_rows_held",
+    "replica_kind", "row_state", "square_width", "squares_of", "step_rows", "step_rows_held",
 ]
 
 
@@ -421,24 +421,3 @@ def apply_row_grads(tbe: TBE, tables: torch.Tensor, rows: torch.Tensor, grads: t
     with torch.enable_grad():
         pooled = tbe(rows.long(), offsets)
     pooled.backward(out_grad.to(pooled.dtype))
-
-
-def replica_kernel(shard: TBE, rows_per_table: list[int], fused_params: dict) -> TBE:
-    """A kernel shaped like ``shard`` (same tables, features, optimizer and settings, on its
-    device: host memory on the CPU, device memory on CUDA) with ``rows_per_table`` rows per
-    table (at least one: FBGEMM needs non-empty tables)."""
-    dims = [spec[1] for spec in shard.embedding_specs]
-    params = {k: v for k, v in fused_params.items() if k != "enable_raw_embedding_streaming"}
-    device = shard.current_device
-    if device.type == "cpu":
-        location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
-    else:
-        location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
-    return TBE(
-        embedding_specs=[(max(1, n), d, location, compute) for n, d in zip(rows_per_table, dims)],
-        feature_table_map=list(shard.feature_table_map),
-        pooling_mode=shard.pooling_mode,
-        weights_precision=shard.weights_precision,
-        device=device,
-        **params,
-    )

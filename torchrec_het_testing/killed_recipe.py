@@ -73,8 +73,7 @@ def arm(switch: KillSwitch) -> None:
         switch.reached("hybrid_update")
 
     HetPushes.write_back = het_write_back
-    for name in ("combine_sparse", "all_reduce"):
-        _wrap_sync(name, getattr(HostGroups, name), switch)
+    _wrap_sync("all_reduce", HostGroups.all_reduce, switch)
 
 
 def _wrap_progress(cls: type, switch: KillSwitch) -> None:

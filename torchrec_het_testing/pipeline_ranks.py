@@ -28,7 +28,7 @@ STEPS = 8
 SYNC_STEPS = 3  # the last pipelined steps whose host syncs are counted
 
 
-def _model(kind: str, configs, weighted: bool, optimizer: str, replication: ReplicationConfig | None):
+def pipeline_model(kind: str, configs, weighted: bool, optimizer: str, replication: ReplicationConfig | None):
     ebc = _ebc(configs, weighted, optimizer, "meta")
     sharder = HetEmbeddingBagCollectionSharder(replication=replication)
     generator = het_row_replicated if kind == "replicated" else row_wise
@@ -65,8 +65,8 @@ def under_pipeline(rank: int, world_size: int, optimizer: str, weighted: bool, r
     proj = projections(configs)
     reference = unsharded(configs, weighted, optimizer)
     models = {
-        "replicated": _model("replicated", configs, weighted, optimizer, replication),
-        "row_wise": _model("row_wise", configs, weighted, optimizer, None),
+        "replicated": pipeline_model("replicated", configs, weighted, optimizer, replication),
+        "row_wise": pipeline_model("row_wise", configs, weighted, optimizer, None),
     }
     batches = [[batch(r, step, weighted, configs) for r in range(world_size)] for step in range(STEPS)]
     want_losses = []

@@ -24,7 +24,7 @@ from torchrec_het_testing.het_ranks import (
     table_configs,
     unsharded,
 )
-from torchrec_het_testing.replicated_ranks import replica_disagreement, replicated, tiers
+from torchrec_het_testing.replicated_ranks import per_host_held, replica_disagreement, replicated, tiers
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
 
 HOSTS = (0, 0, 1, 1)
@@ -58,7 +58,7 @@ def two_hosts(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") ->
     errors["replica_disagreement"] = replica_disagreement(rep)
     errors["bytes"] = bytes_by_model
     lookup = rep.module.replicated_lookups()[0]
-    errors["per_host_held"] = sum(int(g.is_host(g.held).sum()) for g in lookup.groups)
+    errors["per_host_held"] = per_host_held(lookup)
     return errors
 
 
@@ -102,8 +102,8 @@ def two_hosts_hierarchical(rank: int, world_size: int, optimizer: str = "rowwise
         _local_shard_errors(model, reference, configs, errors, f"weights_{name}_vs_unsharded")
         errors[f"replica_disagreement_{name}"] = replica_disagreement(model)
         lookup = model.module.replicated_lookups()[0]
-        errors[f"hierarchical_{name}"] = lookup._hosts.hierarchical
-        errors[f"syncs_{name}"] = lookup.stats["sparse_syncs"] + lookup.stats["dense_syncs"]
+        errors[f"hierarchical_{name}"] = lookup.replicas.hosts.hierarchical
+        errors[f"syncs_{name}"] = lookup.replicas.stats["sparse_syncs"] + lookup.replicas.stats["dense_syncs"]
     return errors
 
 

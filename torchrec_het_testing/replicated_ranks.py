@@ -18,7 +18,6 @@ from torchrec_het_bench.table_init import init_tables_by_row
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders import HetEmbeddingBagCollection, HetEmbeddingBagCollectionSharder
 from torchrec_het.sharding import het_row_replicated
-from torchrec_het.sharding.row_replicated.holder import ReplicaHolder
 from torchrec_het_testing.het_ranks import (
     OPTIMIZERS,
     SEED,
@@ -86,40 +85,36 @@ def replicated(
     return shard_ebc(ebc, configs, sharder, het_row_replicated, seed, device)
 
 
-def _owner_rows(lookup, g) -> torch.Tensor:
-    """The group's replicated rows as their owners' shards hold them (every rank gets all; a collective)."""
+def _owner_rows(lookup, g, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of group ``g`` as their owners' shards hold them (every rank gets all; a collective)."""
     weights = [m.split_embedding_weights() for m in lookup._emb_modules]
-    block = torch.zeros(g.hot.numel(), g.dim)
-    owned = g.owner_of(g.hot) == lookup._rank
-    block[owned] = g.read_owned(g.hot[owned], [weights[t.module_index][t.table_index] for t in g.tables])
+    block = torch.zeros(ids.numel(), g.dim)
+    owned = g.owner_of(ids) == lookup.replicas.rank
+    block[owned] = g.read_owned(ids[owned], [weights[t.module_index][t.table_index] for t in g.tables])
     dist.all_reduce(block)
     return block
 
 
 def replica_disagreement(model) -> float:
-    """Largest difference between any replica copy and its owner's row (0.0: all copies agree)."""
+    """Largest difference between any replica copy (a replicated row's on every rank, a per-host
+    row's on its holders) and its owner's row (0.0: all copies agree)."""
     worst = 0.0
     for lookup in model.module.replicated_lookups():
-        if isinstance(lookup, ReplicaHolder):  # every rank's replica block against the owners' rows
-            for g, block in zip(lookup.groups, lookup._blocks):
-                if g.hot.numel():
-                    worst = max(worst, float((block.weights - _owner_rows(lookup, g)).abs().max()))
-            continue
-        lookup._weights = [m.split_embedding_weights() for m in lookup._emb_modules]
-        for g in lookup.groups:
-            for i, t in enumerate(g.tables):
-                rows = torch.sort(torch.cat([g.hot, g.host])).values
-                rows = rows[g.table_of(rows) == i]
-                block = torch.zeros(rows.numel(), g.dim)
-                owned = g.owner_of(rows) == lookup._rank
-                block[owned] = g.read_owned(rows[owned], lookup._shard_weights(g))
-                dist.all_reduce(block)
-                held = torch.isin(rows, g.held)
-                if bool(held.any()):
-                    replica = lookup._replicas[t.module_index].split_embedding_weights()[t.table_index]
-                    got = replica[g.replica_rows_of(rows[held])]
-                    worst = max(worst, float((got - block[held]).abs().max()))
+        for g, block in zip(lookup.groups, lookup.replicas.blocks):
+            if g.hot.numel():
+                worst = max(worst, float((block.weights - _owner_rows(lookup, g, g.hot)).abs().max()))
+        for g, block in zip(lookup.groups, lookup.replicas.host_blocks):
+            if g.host.numel():  # every rank reads all per-host rows' owners' copies, then checks the ones it holds
+                owners = _owner_rows(lookup, g, g.host)
+                mine = torch.searchsorted(g.host, g.host_block)
+                if mine.numel():
+                    worst = max(worst, float((block.weights - owners[mine]).abs().max()))
     return worst
+
+
+def per_host_held(lookup) -> int:
+    """Per-host rows this rank holds for its host and does not own (copies away from their owners)."""
+    return sum(int((g.owner_of(g.host_block) != g.rank).sum()) for g in lookup.groups if lookup.replicas.host_blocks)
 
 
 def equivalence(
@@ -153,12 +148,14 @@ def equivalence(
     return errors
 
 
-def all_hot(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -> dict:
-    """Batches that read replicated rows only: every step skips the cold exchange, training stays exact."""
+def all_hot(rank: int, world_size: int, optimizer: str = "rowwise_adagrad", skip_all_hot: bool = True) -> dict:
+    """Batches that read replicated rows only: every step skips the cold exchange (unless
+    ``skip_all_hot`` is off), training stays exact."""
     configs = table_configs(False)
     proj = projections(configs)
     hot = {c.name: 12 for c in configs}
-    rep = replicated(configs, False, optimizer, ReplicationConfig(tiers=tiers(configs, hot=12)), carried=True)
+    config = ReplicationConfig(tiers=tiers(configs, hot=12), skip_all_hot=skip_all_hot)
+    rep = replicated(configs, False, optimizer, config, carried=True)
     reference = unsharded(configs, False, optimizer)
     errors: dict = {}
     for step in range(STEPS):
@@ -212,15 +209,24 @@ def wire_dtypes(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") 
     return result
 
 
-def online_profile(rank: int, world_size: int, optimizer: str = "rowwise_adagrad", profile_steps: int = 3) -> dict:
+def online_profile(
+    rank: int, world_size: int, optimizer: str = "rowwise_adagrad", profile_steps: int = 3, evaluate: bool = False
+) -> dict:
     """No tier plan, ``online_profile_steps=3``: row-wise for 3 steps while counting reads, then
-    the rows every rank's counts say are read at least once a step get replicas; exact throughout."""
+    the rows every rank's counts say are read at least once a step get replicas; exact throughout.
+    ``evaluate``: an evaluation forward (``model.eval()``, no grad) of another batch before every
+    training step, which the profile must not count."""
     configs = table_configs(False)
     proj = projections(configs)
     rep = replicated(configs, False, optimizer, ReplicationConfig(online_profile_steps=profile_steps))
     reference = unsharded(configs, False, optimizer)
     result: dict = {"hot_after_step": []}
     for step in range(profile_steps + 3):
+        if evaluate:
+            rep.eval()
+            with torch.no_grad():
+                rep(batch(rank, 1_000 + step, False, configs))
+            rep.train()
         batches = [batch(r, step, False, configs) for r in range(world_size)]
         out = rep(batches[rank])
         result["hot_after_step"].append(sum(g.hot.numel() for lookup in rep.module.replicated_lookups() for g in lookup.groups))
@@ -240,9 +246,8 @@ def online_profile(rank: int, world_size: int, optimizer: str = "rowwise_adagrad
 
 def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1, hot: int = 8, per_host: int = 0) -> dict:
     """``replica_sync_every`` beyond the run (SGD): while training, a rank's replicated rows move
-    only by its own steps (the pipelined lookup's replica blocks; the per-host tier's lookup
-    keeps them put), their gradients are held, and the flush before a state dict applies exactly
-    their sum over ranks everywhere."""
+    only by its own steps (in its replica blocks), their gradients are held, and the flush before
+    a state dict applies exactly their sum over ranks everywhere."""
     configs = table_configs(False)
     proj = projections(configs)
     plan = tiers(configs, hot=hot, per_host=per_host)
@@ -253,9 +258,8 @@ def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1, hot: int
     for step in range(STEPS):
         loss_of(rep(batch(rank, step, False, configs)), proj).backward()
     held = [p.clone() for p in _pending(lookup)]
-    steps_locally = isinstance(lookup, ReplicaHolder)
     moved_beyond_own_steps = max(
-        _rel_error(now, first - lr * mine[:, : g.dim] if steps_locally else first)
+        _rel_error(now, first - lr * mine[:, : g.dim])
         for g, now, first, mine in zip(lookup.groups, _hot_rows(lookup), before, held)
     )
     for p in held:
@@ -273,32 +277,17 @@ def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1, hot: int
 
 
 def _refresh(lookup) -> None:
-    if isinstance(lookup, ReplicaHolder):
-        for block in lookup._blocks:
-            block.refresh()
-        lookup._needs_refresh = False
-    else:
-        lookup.refresh()
+    lookup.replicas.refresh()
 
 
 def _pending(lookup) -> list[torch.Tensor]:
     """Held gradients (and touch counts) of every group's replicated rows."""
-    if isinstance(lookup, ReplicaHolder):
-        return [torch.cat([block.pending, block.touches.unsqueeze(1)], 1) for block in lookup._blocks]
-    return lookup._pending
+    return [torch.cat([block.pending, block.touches.unsqueeze(1)], 1) for block in lookup.replicas.blocks]
 
 
 def _hot_rows(lookup) -> list[torch.Tensor]:
-    """Every group's replicated rows as this rank reads them (its replica block; legacy: owners' shards, others' replicas)."""
-    if isinstance(lookup, ReplicaHolder):
-        return [block.weights.clone() for block in lookup._blocks]
-    lookup._weights = [m.split_embedding_weights() for m in lookup._emb_modules]
-    views = [r.split_embedding_weights() for r in lookup._replicas]
-    out = []
-    for g in lookup.groups:
-        replicas = [views[t.module_index][t.table_index] for t in g.tables]
-        out.append(g.read(g.hot, lookup._shard_weights(g), replicas).clone())
-    return out
+    """Every group's replicated rows as this rank reads them (its replica block)."""
+    return [block.weights.clone() for block in lookup.replicas.blocks]
 
 
 def bad_input(rank: int, world_size: int) -> dict:
@@ -351,13 +340,15 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
                 for hot in (0, 8):
                     case = f"{optimizer}/{'weighted' if weighted else 'unweighted'}/hot{hot}"
                     results[case] = equivalence(rank, world_size, optimizer, weighted, hot)
-        # the per-host tier takes the legacy lookup (not pipelined yet): keep it exact
-        results["legacy/per_host"] = equivalence(rank, world_size, "rowwise_adagrad", True, 8, per_host=3)
-        results["held"] = held_replica_gradients(rank, world_size)  # pipelined: one dense all-reduce
-        # legacy lookup, mostly untouched block: synced sparse
+        # a per-host tier on one host: its rows are read from their owners, as cold ones
+        results["per_host/one_host"] = equivalence(rank, world_size, "rowwise_adagrad", True, 8, per_host=3)
+        results["held"] = held_replica_gradients(rank, world_size)
+        # a mostly untouched block, beside a per-host tier
         results["held_sparse"] = held_replica_gradients(rank, world_size, hot=36, per_host=3)
         results["all_hot"] = all_hot(rank, world_size)
+        results["all_hot/not_skipped"] = all_hot(rank, world_size, skip_all_hot=False)
         results["wire"] = wire_dtypes(rank, world_size)
         results["online"] = online_profile(rank, world_size)
+        results["online_evaluated"] = online_profile(rank, world_size, evaluate=True)
         results["bad_input"] = bad_input(rank, world_size)
     write_rank_result(out_dir, rank, results)

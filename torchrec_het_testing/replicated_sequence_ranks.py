@@ -30,7 +30,7 @@ from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders import HetEmbeddingCollection, HetEmbeddingCollectionSharder
 from torchrec_het.sharding import het_row_replicated
 from torchrec_het_testing.het_ranks import OPTIMIZERS, SEED, STEPS, _rel_error, _worst
-from torchrec_het_testing.replicated_ranks import _hot_rows, _pending, _refresh, replica_disagreement, tiers
+from torchrec_het_testing.replicated_ranks import _hot_rows, _pending, _refresh, per_host_held, replica_disagreement, tiers
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
 
 BATCH = 5
@@ -206,7 +206,7 @@ def equivalence(
     configs = table_configs()
     proj = projections(configs)
     # rows 0, 4, 8, ...: the hottest rows, owned by every rank (per-host rows by the last ones)
-    per_host = (3 if hot else 0) if per_host is None else per_host  # a per-host tier takes the earlier lookup
+    per_host = (3 if hot else 0) if per_host is None else per_host
     tier_plan = tiers(all_configs(configs), hot=hot, per_host=per_host, stride=4)
     config = ReplicationConfig(tiers=tier_plan, local_world_size=local_world_size)
     rep = sharded("rep", configs, optimizer, config, carried=True)
@@ -233,10 +233,10 @@ def equivalence(
     _local_shard_errors(rep, reference, errors, "weights_rep_vs_unsharded")
     if stock is not None:
         _local_shard_errors(stock, reference, errors, "weights_row_wise_vs_unsharded")
-    errors["fetched"] = sum(lookup.stats["rows_fetched"] for lookup in lookups(rep))
+    errors["fetched"] = sum(lookup.replicas.stats["rows_fetched"] for lookup in lookups(rep))
     errors["replica_disagreement"] = disagreement(rep)
     errors["stats"] = stats(rep)
-    errors["per_host_held"] = sum(int(g.is_host(g.held).sum()) for lookup in lookups(rep) for g in lookup.groups)
+    errors["per_host_held"] = sum(per_host_held(lookup) for lookup in lookups(rep))
     return errors
 
 
@@ -395,7 +395,7 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
             results[f"{optimizer}/hot0"] = equivalence(rank, world_size, optimizer, hot=0)
             # one rank per host: per-host rows are held on every host and combined over the holder group
             results[f"{optimizer}/hot8"] = equivalence(rank, world_size, optimizer, hot=8, local_world_size=1)
-            # replicated rows only: the pipelined lookup
+            # replicated rows only
             results[f"{optimizer}/replicated8"] = equivalence(rank, world_size, optimizer, hot=8, per_host=0)
         results["mixed"] = mixed(rank, world_size)
         results["all_hot"] = all_hot(rank, world_size)

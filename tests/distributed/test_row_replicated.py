@@ -34,9 +34,9 @@ def test_matches_unsharded_and_row_wise(world: list[dict], optimizer: str, weigh
             assert stats["sparse_syncs"] + stats["dense_syncs"] == 0, (rank, stats)
 
 
-def test_per_host_tier_takes_the_legacy_lookup_and_stays_exact(world: list[dict]) -> None:
+def test_per_host_tier_on_one_host_reads_from_owners_and_stays_exact(world: list[dict]) -> None:
     for rank, results in enumerate(world):
-        errors = results["legacy/per_host"]
+        errors = results["per_host/one_host"]
         assert errors["out_rep_vs_unsharded/sum"] < TOLERANCE, (rank, errors)
         assert errors["weights_rep_vs_unsharded/sum"] < TOLERANCE, (rank, errors)
         assert errors["replica_disagreement"] == 0.0, (rank, errors)
@@ -49,6 +49,9 @@ def test_all_hot_steps_skip_the_cold_exchange_and_stay_exact(world: list[dict]) 
         assert errors["stats"]["skipped_steps"] == errors["stats"]["steps"] == 5, (rank, errors)
         assert errors["out_rep_vs_unsharded"] < TOLERANCE, (rank, errors)
         assert errors["weights_rep_vs_unsharded/sum"] < TOLERANCE, (rank, errors)
+        off = results["all_hot/not_skipped"]  # skip_all_hot=False: the exchanges run, with nothing in them
+        assert off["stats"]["skipped_steps"] == 0 and off["stats"]["steps"] == 5, (rank, off)
+        assert off["out_rep_vs_unsharded"] < TOLERANCE and off["weights_rep_vs_unsharded/sum"] < TOLERANCE, (rank, off)
 
 
 def test_online_profile_replicates_the_rows_all_ranks_counted_and_stays_exact(world: list[dict]) -> None:
@@ -61,6 +64,17 @@ def test_online_profile_replicates_the_rows_all_ranks_counted_and_stays_exact(wo
         assert online["stats"]["online_hot_rows"] == hot[3], (rank, online["stats"])
         assert online["out_vs_unsharded"] < TOLERANCE and online["weights_vs_unsharded"] < TOLERANCE, (rank, online)
         assert online["replica_disagreement"] == 0.0, (rank, online)
+
+
+def test_online_profile_does_not_count_evaluation_batches(world: list[dict]) -> None:
+    """An evaluation forward before every training step changes neither when the hot rows are
+    chosen nor which (the batches evaluated read other rows), and training stays exact."""
+    for rank, results in enumerate(world):
+        plain, evaluated = results["online"], results["online_evaluated"]
+        assert evaluated["hot_after_step"] == plain["hot_after_step"], (rank, evaluated, plain)
+        assert evaluated["hot_rows"] == plain["hot_rows"], rank
+        assert evaluated["out_vs_unsharded"] < TOLERANCE and evaluated["weights_vs_unsharded"] < TOLERANCE, (rank, evaluated)
+        assert evaluated["replica_disagreement"] == 0.0, (rank, evaluated)
 
 
 def test_bf16_wire_halves_cold_bytes_and_keeps_replicas_identical(world: list[dict]) -> None:

@@ -8,18 +8,18 @@ from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
 from torchrec_het.sharding.het_cache.sharding import HetCachedRwPooledEmbeddingSharding, het_cached_row_wise
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, ReplicatedSequenceLookup
 from torchrec_het.sharding.row_replicated.sharding import (
-    PipelinedRowReplicatedSequenceSharding,
-    PipelinedRowReplicatedSharding,
+    RowReplicatedPooledEmbeddingSharding,
+    RowReplicatedSequenceEmbeddingSharding,
     het_row_replicated,
 )
 
 __all__ = [
     "HetCachedEmbeddingLookup",
     "HetCachedRwPooledEmbeddingSharding",
-    "PipelinedRowReplicatedSequenceSharding",
-    "PipelinedRowReplicatedSharding",
     "ReplicatedBagLookup",
     "ReplicatedSequenceLookup",
+    "RowReplicatedPooledEmbeddingSharding",
+    "RowReplicatedSequenceEmbeddingSharding",
     "het_cached_row_wise",
     "het_row_replicated",
 ]

@@ -21,6 +21,7 @@ class ReplicatedBagBatch:
     local_only: bool = False
     served_entries: torch.Tensor | None = None  # owner: (source, position, sample) of bags received
     partial_at: tuple | None = None  # owner: (row, position, rows) of each partial in the kernels' compact output
+    host_values: tuple | None = None  # holder: (block slots, element start of their partial, weights) of per-host ids
     hot_read: list | None = None  # reader: per block, the hot rows read at the lookup (HotRead)
 
 
@@ -38,5 +39,7 @@ class ReplicatedSequenceBatch:
     local_only: bool = False
     received: torch.Tensor | None = None  # owner: int32 [ids, 2] (position, row), by source
     kernel_order: torch.Tensor | None = None  # owner: arrival index of each id in the KJT's order
+    kernel_at: torch.Tensor | None = None  # owner: arrival indexes of the ids its kernels read (None: all)
+    host_values: tuple | None = None  # holder: (arrival indexes, block slots) of per-host ids
     rows: torch.Tensor | None = None  # owner: the rows asked for, in arrival order
     hot_read: list | None = None  # reader: per block, the hot rows read at the lookup (HotRead)

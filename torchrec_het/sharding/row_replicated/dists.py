@@ -9,7 +9,6 @@ the sharded module puts in the batch's sharding context for the lookup and the o
 """
 
 import torch
-import torch.distributed as dist
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSparseFeaturesDist
 from torchrec.distributed.types import Awaitable
@@ -22,7 +21,6 @@ from torchrec_het.sharding.common.id_space import bag_divisors
 from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source, output_layout
 from torchrec_het.sharding.row_replicated.batch import ReplicatedBagBatch, ReplicatedSequenceBatch
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, ReplicatedSequenceLookup
-from torchrec_het.sharding.row_replicated.routing import IdLayout
 
 
 class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
@@ -42,7 +40,10 @@ class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
         step = self.batch
         step.send_splits = [table[rank][d] for d in range(ws)]
         step.recv_splits = [table[s][rank] for s in range(ws)]
-        step.local_only = all(table[s][d] == 0 for s in range(ws) for d in range(ws) if s != d)
+        # FAE's all-hot step (skip_all_hot): no rank sends to another, nothing is exchanged
+        step.local_only = self.dist.replicas.config.skip_all_hot and all(
+            table[s][d] == 0 for s in range(ws) for d in range(ws) if s != d
+        )
         exchange = start_exchange(
             self.payload.view(-1),
             [c * self.width for c in step.send_splits],
@@ -69,26 +70,27 @@ class _Ids(Awaitable[KeyedJaggedTensor]):
 class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
     """Keeps hot ids on the reader and sends every other id to its owner."""
 
-    def __init__(self, layout: IdLayout, feature_names: list[str], pg):
+    def __init__(self, lookup: ReplicatedBagLookup, feature_names: list[str]):
         super().__init__()
-        self.layout, self.feature_names, self.pg = layout, feature_names, pg
-        self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
-        self.observe = None  # the lookup's replica syncs and online profile
+        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
+        self.replicas, self.feature_names = lookup.replicas, feature_names
+        self.layout, self.pg = self.replicas.layout, self.replicas.exchange_pg
+        self.rank, self.world_size = self.replicas.rank, self.replicas.world_size
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         layout, batch = self.layout, sparse_features.stride()
         bags, ids = layout.flatten(sparse_features)
         weights = sparse_features.weights_or_none()
-        if self.observe is not None:
-            self.observe(ids)  # replica syncs move on; online profile: counts, at its end new hot rows
-        hot_pos, owner, row = layout.route(ids)
+        # replica syncs move on; online profile: training batches counted, at its end new hot rows
+        self.replicas.observe(ids, self._lookup[0].training)
+        hot_pos, dest, row = layout.route(ids)  # cold ids to their owners, per-host ids to the host's holder
         hot = []
         for index, (mine, slots) in enumerate(layout.hot_of(hot_pos)):
             bag = layout.group_bags(bags.index_select(0, mine), batch, index)  # output rows are (sample, position)
             hot.append((slots, bag, None if weights is None else weights.index_select(0, mine)))
         cold = (hot_pos < 0).nonzero().flatten()
-        dest, by_owner = torch.sort(owner.index_select(0, cold), stable=True)  # by owner, each owner's in bag order
-        cold = cold.index_select(0, by_owner)
+        dest, by_dest = torch.sort(dest.index_select(0, cold), stable=True)  # by destination, each one's in bag order
+        cold = cold.index_select(0, by_dest)
         cold_bags = bags.index_select(0, cold)
         columns = [cold_bags.to(torch.int32), row.index_select(0, cold).to(torch.int32)]
         if weights is not None:
@@ -101,7 +103,9 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
     def owner_features(self, step: ReplicatedBagBatch, received: torch.Tensor) -> KeyedJaggedTensor:
         """The (bag, row) pairs received, as a compact KJT: per position, one bag per
         (source, sample) that sent ids, in that order, padded with empty bags to the position
-        with the most. The owner's kernels pool it in one call per group."""
+        with the most. The owner's kernels pool it in one call per group; ids of the per-host
+        tier (row ``-1 - slot``) stay out of it, for the lookup to pool from this holder's blocks
+        (``step.host_values``)."""
         ws, batch, positions = self.world_size, step.batch, self.layout.num_positions
         device = received.device
         source = torch.repeat_interleave(torch.arange(ws, device=device), torch.tensor(step.recv_splits, device=device))
@@ -110,23 +114,35 @@ class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         # ids arrive by source, each source's in bag order: (source, position, sample) never decreases
         step.served_entries = torch.unique_consecutive(source * (positions * batch) + bag)
         key, order = torch.sort(position * (ws * batch) + source * batch + bag % batch, stable=True)
-        entries, counts = torch.unique_consecutive(key, return_counts=True)  # by (position, source, sample)
+        entries, entry_of, counts = torch.unique_consecutive(key, return_inverse=True, return_counts=True)  # by (position, source, sample)
         entry_position = entries // (ws * batch)
         per_position = torch.bincount(entry_position, minlength=positions)
         first = torch.cumsum(per_position, 0) - per_position
         slot = torch.arange(entries.numel(), device=device) - first.index_select(0, entry_position)
         stride = max(int(per_position.max()), 1) if entries.numel() else 1  # the owner's one extra host sync
-        lengths = torch.zeros(positions * stride, dtype=torch.int64, device=device)
-        lengths[entry_position * stride + slot] = counts
         # where each entry's partial is, in the order the readers expect: (source, position, sample)
         rest = entries % (ws * batch)
         by_source = torch.argsort((rest // batch) * (positions * batch) + entry_position * batch + rest % batch)
         step.partial_at = (slot.index_select(0, by_source), entry_position.index_select(0, by_source), stride)
         received = received.index_select(0, order)
+        rows = received[:, 1].long()
         weights = received[:, 2].view(torch.float32) if received.size(1) > 2 else None
-        return KeyedJaggedTensor(
-            keys=self.feature_names, values=received[:, 1].long(), lengths=lengths.int(), weights=weights, stride=stride
-        )
+        if self.layout.host_ids.numel():  # this rank holds per-host rows: those values are pooled from its blocks
+            held = rows < 0
+            kernel = (~held).nonzero().flatten()
+            held = held.nonzero().flatten()
+            counts = torch.bincount(entry_of.index_select(0, kernel), minlength=entries.numel())
+            widths = self.layout.dims.index_select(0, entry_position.index_select(0, by_source))
+            starts = torch.empty_like(widths).index_copy_(0, by_source, torch.cumsum(widths, 0) - widths)
+            step.host_values = (
+                -1 - rows.index_select(0, held), starts.index_select(0, entry_of.index_select(0, held)),
+                None if weights is None else weights.index_select(0, held),
+            )
+            rows = rows.index_select(0, kernel)
+            weights = None if weights is None else weights.index_select(0, kernel)
+        lengths = torch.zeros(positions * stride, dtype=torch.int64, device=device)
+        lengths[entry_position * stride + slot] = counts
+        return KeyedJaggedTensor(keys=self.feature_names, values=rows, lengths=lengths.int(), weights=weights, stride=stride)
 
 
 class _Bags(Awaitable[torch.Tensor]):
@@ -141,15 +157,15 @@ class _Bags(Awaitable[torch.Tensor]):
 class PartialSumsDist(BaseEmbeddingDist):
     """Sends the owners' partial sums back to their readers and finishes the bags."""
 
-    def __init__(self, lookup: ReplicatedBagLookup, pg):
+    def __init__(self, lookup: ReplicatedBagLookup):
         super().__init__()
-        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
-        self.pg, self.layout = pg, lookup.layout
+        self.replicas = lookup.replicas
+        self.pg, self.layout = self.replicas.exchange_pg, self.replicas.layout
 
     def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]) -> Awaitable[torch.Tensor]:
-        lookup, step = self._lookup[0], sharding_ctx.batch
+        replicas, step = self.replicas, sharding_ctx.batch
         layout = self.layout
-        ws, bags = lookup._ws, step.batch * layout.num_positions
+        ws, bags = replicas.world_size, step.batch * layout.num_positions
         served_source, sent_dest = step.served_entries // bags, step.sent_entries // bags
         if layout.uniform_dim is not None:
             splits = torch.cat([torch.bincount(served_source, minlength=ws), torch.bincount(sent_dest, minlength=ws)])
@@ -162,7 +178,7 @@ class PartialSumsDist(BaseEmbeddingDist):
             ]).long()
         splits = splits.tolist()  # the output dist's one host sync
         send, recv = splits[:ws], splits[ws:]
-        exchange = start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only)
+        exchange = start_exchange(local_embs, send, recv, self.pg, replicas.wire, step.local_only)
         return _Bags(self, step, exchange)
 
     def finish(self, step: ReplicatedBagBatch, received: torch.Tensor) -> torch.Tensor:
@@ -170,9 +186,9 @@ class PartialSumsDist(BaseEmbeddingDist):
         the hot rows from the replica block (their gradients go to it) plus the partials received
         (theirs go back to the owners), mean applied, gradients scaled as TorchRec's row-wise
         backward scales them."""
-        layout, batch, lookup = self.layout, step.batch, self._lookup[0]
+        layout, batch, replicas = self.layout, step.batch, self.replicas
         entries = step.sent_entries % (layout.num_positions * batch)  # position * batch + sample of each partial
-        scale = 1.0 / lookup._ws if get_gradient_division() else 1.0
+        scale = 1.0 / replicas.world_size if get_gradient_division() else 1.0
         lengths = step.lengths.view(layout.num_positions, batch)
         one_width = layout.uniform_dim is not None
         if not one_width:  # the partials of every width, one after the other
@@ -199,28 +215,28 @@ class PartialSumsDist(BaseEmbeddingDist):
             if layout.has_mean:
                 divisors = bag_divisors(lengths.index_select(0, at), layout.mean.index_select(0, at)).t().reshape(-1, 1)
             parts.append(Part(sources, batch * at.numel(), block.dim, divisors, columns))
-        return output_layout(OutputPlan(parts, (batch, layout.width), scale), lookup._anchor)
+        return output_layout(OutputPlan(parts, (batch, layout.width), scale), replicas.anchor)
 
 
 class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
     """Keeps hot ids on the reader and asks each owner once for every distinct cold id."""
 
-    def __init__(self, layout: IdLayout, feature_names: list[str], pg):
+    def __init__(self, lookup: ReplicatedSequenceLookup, feature_names: list[str]):
         super().__init__()
-        self.layout, self.feature_names, self.pg = layout, feature_names, pg
-        self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
-        self.observe = None  # the lookup's replica syncs and online profile
+        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
+        self.replicas, self.feature_names = lookup.replicas, feature_names
+        self.layout, self.pg = self.replicas.layout, self.replicas.exchange_pg
+        self.rank, self.world_size = self.replicas.rank, self.replicas.world_size
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         layout = self.layout
         bags, ids = layout.flatten(sparse_features)
         positions = bags // sparse_features.stride()
-        if self.observe is not None:
-            self.observe(ids)
-        hot_pos, owner, row = layout.route(ids)
+        self.replicas.observe(ids, self._lookup[0].training)
+        hot_pos, dest, row = layout.route(ids)
         hot = [(slots, mine) for mine, slots in layout.hot_of(hot_pos)]
         cold = (hot_pos < 0).nonzero().flatten()
-        key = owner.index_select(0, cold) * layout.total_rows + ids.index_select(0, cold)  # by owner, then id
+        key = dest.index_select(0, cold) * layout.total_rows + ids.index_select(0, cold)  # by destination, then id
         need, need_of = torch.unique(key, return_inverse=True)
         first = torch.empty_like(need).scatter_(0, need_of, torch.arange(cold.numel(), device=cold.device))
         first = cold.index_select(0, first)
@@ -230,13 +246,20 @@ class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         return _CountsGathered(self, step, payload, 2, work, gathered)
 
     def owner_features(self, step: ReplicatedSequenceBatch, received: torch.Tensor) -> KeyedJaggedTensor:
-        """The (position, row) pairs received, as a KJT of one bag per position."""
+        """The (position, row) pairs received, as a KJT of one bag per position; ids of the
+        per-host tier (row ``-1 - slot``) stay out of it, for the lookup to read from this
+        holder's blocks (``step.host_values``)."""
         step.received = received
-        position = received[:, 0].long()
+        position, rows = received[:, 0].long(), received[:, 1].long()
+        if self.layout.host_ids.numel():
+            held = rows < 0
+            step.kernel_at, held = (~held).nonzero().flatten(), held.nonzero().flatten()
+            step.host_values = (held, -1 - rows.index_select(0, held))
+            position, rows = position.index_select(0, step.kernel_at), rows.index_select(0, step.kernel_at)
         _, step.kernel_order = torch.sort(position, stable=True)
         return KeyedJaggedTensor(
             keys=self.feature_names,
-            values=received[:, 1].index_select(0, step.kernel_order).long(),
+            values=rows.index_select(0, step.kernel_order),
             lengths=torch.bincount(position, minlength=self.layout.num_positions).int(),
             stride=1,
         )
@@ -248,27 +271,26 @@ class _SequenceOutput(Awaitable[torch.Tensor]):
         self.dist, self.step, self.exchange = dist_, step, exchange
 
     def _wait_impl(self) -> torch.Tensor:
-        lookup = self.dist._lookup[0]
-        scale = 1.0 / lookup._ws if get_gradient_division() else 1.0
+        replicas = self.dist.replicas
+        scale = 1.0 / replicas.world_size if get_gradient_division() else 1.0
         received = self.exchange.wait().float()
         step, dim = self.step, self.dist.layout.uniform_dim
         # every position's row: one gather from the blocks' rows read and the rows received
         sources = [Source(read.rows, at, sink=read.add_grads) for read, (_, at) in zip(step.hot_read, step.hot)]
         sources.append(Source(received.view(-1, dim), step.cold, step.need_of))
         plan = OutputPlan([Part(sources, step.num_values, dim, one_per_bag=True)], (step.num_values, dim), scale)
-        return output_layout(plan, lookup._anchor)
+        return output_layout(plan, replicas.anchor)
 
 
 class SequenceRowsDist(BaseEmbeddingDist):
     """Sends the asked rows back and lays every position's row out in the reader's order."""
 
-    def __init__(self, lookup: ReplicatedSequenceLookup, pg):
+    def __init__(self, lookup: ReplicatedSequenceLookup):
         super().__init__()
-        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
-        self.pg, self.layout = pg, lookup.layout
+        self.replicas = lookup.replicas
+        self.pg, self.layout = self.replicas.exchange_pg, self.replicas.layout
 
     def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedSequenceBatch]) -> Awaitable[torch.Tensor]:
-        lookup = self._lookup[0]
         step, dim = sharding_ctx.batch, self.layout.uniform_dim
         send, recv = [c * dim for c in step.recv_splits], [c * dim for c in step.send_splits]
-        return _SequenceOutput(self, step, start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only))
+        return _SequenceOutput(self, step, start_exchange(local_embs, send, recv, self.pg, self.replicas.wire, step.local_only))

@@ -2,7 +2,10 @@
 
 The owner's fused kernels read what the input dist brought it (their fused backward steps
 those rows, as stock row-wise does); the reader reads its hot rows from its replica blocks at
-the same moment (:meth:`~torchrec_het.sharding.row_replicated.holder.ReplicaHolder.read_hot`).
+the same moment (:meth:`~torchrec_het.sharding.row_replicated.holder.ReplicaHolder.read_hot`),
+and a holder of per-host rows reads the ones its host's ranks sent it from its per-host blocks
+(:meth:`~torchrec_het.sharding.row_replicated.holder.ReplicaHolder.read_host`). Each lookup owns
+its :class:`~torchrec_het.sharding.row_replicated.holder.ReplicaHolder` (``replicas``).
 """
 
 import torch
@@ -10,13 +13,40 @@ from torchrec.distributed.embedding_lookup import GroupedEmbeddingsLookup, Group
 from torchrec.distributed.types import ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het._compat import lookup_kernels
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.common.context import HetShardingContext
 from torchrec_het.sharding.row_replicated.batch import ReplicatedBagBatch, ReplicatedSequenceBatch
 from torchrec_het.sharding.row_replicated.holder import ReplicaHolder
+from torchrec_het.sharding.row_replicated.routing import ReplicaGroup
 
 
-class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
+class ReplicaHooks:
+    """What both lookups add to TorchRec's grouped lookup: their replicas' groups and checkpoint
+    hooks, and TorchRec's prefetch with the plugin lookups' signature. Set ``replicas`` in ``__init__``."""
+
+    replicas: ReplicaHolder
+
+    @property
+    def groups(self) -> list[ReplicaGroup]:
+        return self.replicas.groups
+
+    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream=None, sharding_ctx=None) -> None:  # noqa: ARG002
+        """TorchRec's prefetch of the kernels (the batch's context unused)."""
+        super().prefetch(sparse_features, forward_stream)
+
+    def flush(self) -> None:
+        """Applies held replica gradients (a collective); shards then hold current hot rows."""
+        self.replicas.flush()
+        super().flush()
+
+    def purge(self) -> None:
+        """Replicas are copied from the (loaded) shards again at the next forward."""
+        self.replicas.purge()
+        super().purge()
+
+
+class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
     """The owner pools received ids with its fused kernels; the reader pools hot ids from replicas.
 
     Args:
@@ -29,27 +59,41 @@ class ReplicatedBagLookup(ReplicaHolder, GroupedPooledEmbeddingsLookup):
         env: sharding environment.
     """
 
-    def __init__(self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None):
+    def __init__(self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None):  # noqa: ARG002
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env)
-        self.init_holder(pg, feature_names, config, shards_by_table, device)
+        kernels = [m.emb_module for m in lookup_kernels(self)]
+        self.replicas = ReplicaHolder(kernels, grouped_configs, pg, config, shards_by_table, device)
 
     def forward(self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]) -> torch.Tensor:
-        step = sharding_ctx.batch
-        self.begin_read(step.hot_version)
-        step.hot_read = self.read_hot([slots for slots, _, _ in step.hot])
-        positions = self.layout.num_positions
+        step, replicas = sharding_ctx.batch, self.replicas
+        layout = replicas.layout
+        replicas.begin_read(step.hot_version)
+        step.hot_read = replicas.read_hot([slots for slots, _, _ in step.hot])
         pooled = super().forward(sparse_features)  # [compact bags, width]: the kernels' fused forward and backward
         rows, position, stride = step.partial_at
-        if self.layout.uniform_dim is not None:  # the output dist pools hot rows as it finishes the bags
-            partials = pooled.view(stride * positions, self.layout.uniform_dim).index_select(0, rows * positions + position)
+        if layout.uniform_dim is not None:  # the output dist pools hot rows as it finishes the bags
+            partials = pooled.view(stride * layout.num_positions, layout.uniform_dim).index_select(0, rows * layout.num_positions + position)
             partials = partials.reshape(-1)
         else:
-            partials = pooled.reshape(-1).index_select(0, self.layout.elements(rows, position, self.layout.width))
-        self.stats["skipped_steps"] += int(step.local_only)
+            partials = pooled.reshape(-1).index_select(0, layout.elements(rows, position, layout.width))
+        if step.host_values is not None:  # a holder: per-host ids pooled from its blocks into the same partials
+            partials = partials + self._held_partials(step.host_values, partials.numel())
+        replicas.stats["skipped_steps"] += int(step.local_only)
         return partials
 
+    def _held_partials(self, host_values: tuple, size: int) -> torch.Tensor:
+        """``[size]``: the per-host ids' rows (weighted) summed into their partials' elements."""
+        slots, starts, weights = host_values
+        out = torch.zeros(size, device=self.replicas.device)
+        for mine, rows in self.replicas.read_host(slots):
+            if weights is not None:
+                rows = rows * weights.index_select(0, mine).unsqueeze(1)
+            at = starts.index_select(0, mine).unsqueeze(1) + torch.arange(rows.size(1), device=rows.device)
+            out = out.index_add(0, at.view(-1), rows.reshape(-1))
+        return out
 
-class ReplicatedSequenceLookup(ReplicaHolder, GroupedEmbeddingsLookup):
+
+class ReplicatedSequenceLookup(ReplicaHooks, GroupedEmbeddingsLookup):
     """The owner's fused kernels read the asked rows (local compute); their backward steps them.
 
     Args:
@@ -62,20 +106,26 @@ class ReplicatedSequenceLookup(ReplicaHolder, GroupedEmbeddingsLookup):
         env: sharding environment.
     """
 
-    def __init__(self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None):
+    def __init__(self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None):  # noqa: ARG002
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, env=env)
-        self.init_holder(pg, feature_names, config, shards_by_table, device)
-        if self.layout.uniform_dim is None:
+        kernels = [m.emb_module for m in lookup_kernels(self)]
+        self.replicas = ReplicaHolder(kernels, grouped_configs, pg, config, shards_by_table, device)
+        if self.replicas.layout.uniform_dim is None:
             raise ValueError("het_row_replicated sequences need one embedding dimension for all their tables")
-        self.stats["rows_fetched"] = 0  # distinct rows this rank read from other ranks
+        self.replicas.stats["rows_fetched"] = 0  # distinct rows this rank read from other ranks
 
     def forward(self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[ReplicatedSequenceBatch]) -> torch.Tensor:
-        step = sharding_ctx.batch
-        self.begin_read(step.hot_version)
-        step.hot_read = self.read_hot([slots for slots, _ in step.hot])
+        step, replicas = sharding_ctx.batch, self.replicas
+        replicas.begin_read(step.hot_version)
+        step.hot_read = replicas.read_hot([slots for slots, _ in step.hot])
         # the kernels' own forward and fused backward, the rows put back in arrival order
-        by_position = super().forward(sparse_features).view(-1, self.layout.uniform_dim)
+        by_position = super().forward(sparse_features).view(-1, replicas.layout.uniform_dim)
         step.rows = torch.empty_like(by_position).index_copy(0, step.kernel_order, by_position)
-        self.stats["skipped_steps"] += int(step.local_only)
-        self.stats["rows_fetched"] += sum(c for r, c in enumerate(step.send_splits) if r != self._rank)
+        if step.host_values is not None:  # a holder: per-host ids read from its block
+            held, slots = step.host_values
+            ((_, rows),) = replicas.read_host(slots)  # sequences: one width, one block
+            arrival = torch.cat([step.kernel_at, held])
+            step.rows = torch.cat([step.rows, rows]).index_select(0, torch.argsort(arrival))
+        replicas.stats["skipped_steps"] += int(step.local_only)
+        replicas.stats["rows_fetched"] += sum(c for r, c in enumerate(step.send_splits) if r != replicas.rank)
         return step.rows.reshape(-1)

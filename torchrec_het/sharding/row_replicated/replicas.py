@@ -268,26 +268,21 @@ def owned_rows(kernel, table_index: torch.Tensor, local_rows: torch.Tensor, slot
     return OwnedRows(kernel, slots.to(device), weight_index.to(device), state_index.to(device))
 
 
-class _HotBags(torch.autograd.Function):
-    """Pools hot rows into bags; the backward hands their gradients to the block."""
+class _BlockRows(torch.autograd.Function):
+    """Rows of a block, read now; the backward hands their gradients to the block."""
 
     @staticmethod
-    def forward(ctx, anchor, block: ReplicaBlock, slots, bags, weights, num_bags):  # noqa: ARG004
-        ctx.block, ctx.slots, ctx.bags, ctx.weights = block, slots, bags, weights
-        values = block.weights[slots]
-        if weights is not None:
-            values = values * weights.unsqueeze(1)
-        return torch.zeros(num_bags, block.dim, device=values.device).index_add_(0, bags, values)
+    def forward(ctx, anchor, block: ReplicaBlock, slots):  # noqa: ARG004
+        ctx.block, ctx.slots = block, slots
+        return block.weights.index_select(0, slots)
 
     @staticmethod
     def backward(ctx, grad):
-        per_value = grad[ctx.bags]
-        if ctx.weights is not None:
-            per_value = per_value * ctx.weights.unsqueeze(1)
-        ctx.block.add_grads(ctx.slots, per_value)
-        return None, None, None, None, None, None
+        ctx.block.add_grads(ctx.slots, grad)
+        return None, None, None
 
 
-def pool_hot(anchor, block: ReplicaBlock, slots, bags, weights, num_bags: int) -> torch.Tensor:
-    """``[num_bags, dim]`` sums of the block's rows ``slots`` into ``bags`` (weighted if ``weights``)."""
-    return _HotBags.apply(anchor, block, slots, bags, weights, num_bags)
+def read_rows(anchor: torch.Tensor, block: ReplicaBlock, slots: torch.Tensor) -> torch.Tensor:
+    """``[len(slots), dim]``: the block's rows ``slots`` as they are now, differentiable: their
+    gradients go to the block (``anchor``, a tensor that requires grad, puts them in the graph)."""
+    return _BlockRows.apply(anchor, block, slots)

@@ -1,15 +1,15 @@
 """Where a ``het_row_replicated`` id is read: tables of one width with their tiers, and one id space over all.
 
-:class:`ReplicaGroup`: tables of one lookup that share a dimension, with their tiers, holders
-and servers. :class:`IdLayout`: one id space over every table of a sharding (static indexes,
-built once), as the pipelined dists route a batch's ids with it.
+:class:`ReplicaGroup`: tables of one lookup that share a dimension, with their tiers and the
+per-host rows each local rank holds. :class:`IdLayout`: one id space over every table of a sharding (static indexes,
+built once), as the input dists route a batch's ids with it.
 
 Every row lives in its row-wise owner's shard (the copy checkpoints export). Hot rows
-have more holders: a row of the *replicated* tier is held by every rank; a row of the
-*per-host* tier by one rank per host, the one whose local rank is its owner's (so on
-the owner's host the owner itself holds it). Non-owner holders keep their copies in a
-replica kernel. A rank reads a row from the nearest holder: itself, a rank of its host,
-or the owner.
+have more holders: a row of the *replicated* tier is held by every rank, which reads it
+itself; a row of the *per-host* tier by one rank per host, the one whose local rank is its
+owner's (so on the owner's host the owner itself holds it), and every rank of a host sends
+its ids of that row to the host's holder (:meth:`IdLayout.route`). Holders keep their
+copies in replica blocks (:mod:`~torchrec_het.sharding.row_replicated.replicas`).
 """
 
 import torch
@@ -44,53 +44,11 @@ class ReplicaGroup(FusedIdSpace):
         empty = torch.zeros(0, dtype=torch.int64)
         self.hot = torch.cat([empty] + [self.offsets[i] + rep for i, (rep, _) in enumerate(tiers)])
         self.host = torch.cat([empty] + [self.offsets[i] + per for i, (_, per) in enumerate(tiers)])
-        host_owner = self.owner_of(self.host)
-        same_local = host_owner % local_world_size == rank % local_world_size
-        other_host = host_owner // local_world_size != rank // local_world_size
-        self.host_block = self.host[same_local]  # per-host rows this rank's holder group combines
-        held = torch.cat([self.hot[self.owner_of(self.hot) != rank], self.host[same_local & other_host]])
-        self.held = torch.sort(held).values
-        held_table = self.table_of(self.held)
-        per_table = torch.bincount(held_table, minlength=len(tables))
-        self.replica_rows = per_table.tolist()
-        self.held_row = torch.arange(self.held.numel()) - (torch.cumsum(per_table, 0) - per_table)[held_table]
+        self.host_block = self.holder_rows(rank % local_world_size)  # per-host rows this rank holds
 
-    def server_of(self, ids: torch.Tensor) -> torch.Tensor:
-        """The rank each id is read from by this rank."""
-        server = self.owner_of(ids)
-        hot, _ = members(self.hot, ids)
-        server[hot] = self.rank
-        host, _ = members(self.host, ids)
-        first = (self.rank // self.local_world_size) * self.local_world_size
-        server[host] = first + server[host] % self.local_world_size
-        return server
-
-    def is_hot(self, ids: torch.Tensor) -> torch.Tensor:
-        return members(self.hot, ids)[0]
-
-    def is_host(self, ids: torch.Tensor) -> torch.Tensor:
-        return members(self.host, ids)[0]
-
-    def replica_rows_of(self, ids: torch.Tensor) -> torch.Tensor:
-        """Row of each held id in its table's replica; RuntimeError if one is not held here."""
-        held, pos = members(self.held, ids)
-        if not bool(held.all()):
-            raise RuntimeError(f"rank {self.rank} was asked for rows it neither owns nor holds")
-        return self.held_row[pos]
-
-    def read(self, ids: torch.Tensor, shards: list[torch.Tensor], replicas: list[torch.Tensor]) -> torch.Tensor:
-        """Rows of ids this rank owns or holds (``shards[i]`` / ``replicas[i]``: table i's local copies)."""
-        out = torch.empty(ids.numel(), self.dim, device=ids.device)
-        owned = self.owner_of(ids) == self.rank
-        out[owned] = self.read_owned(ids[owned], shards)
-        held = (~owned).nonzero().flatten()
-        if held.numel():
-            rows = self.replica_rows_of(ids[held])
-            tables = self.table_of(ids[held])
-            for i in torch.unique(tables).tolist():
-                mine = tables == i
-                out[held[mine]] = replicas[i][rows[mine]].float()
-        return out
+    def holder_rows(self, local_rank: int) -> torch.Tensor:
+        """The per-host rows the ranks of ``local_rank`` hold (those their owners' local rank is), sorted."""
+        return self.host[self.owner_of(self.host) % self.local_world_size == local_rank]
 
 
 class IdLayout:
@@ -102,8 +60,13 @@ class IdLayout:
     The output's bags of one group are one part of it (:meth:`group_part`, :meth:`group_bags`).
     """
 
-    def __init__(self, groups: list[ReplicaGroup], positions: list[tuple[int, int]], dims: list[int], mean: list[bool], world_size: int):
+    def __init__(
+        self, groups: list[ReplicaGroup], positions: list[tuple[int, int]], dims: list[int], mean: list[bool],
+        world_size: int, rank: int = 0, local_world_size: int | None = None,
+    ) -> None:  # fmt: skip
         self.groups, self.world_size = groups, world_size
+        self.local_world_size = local_world_size or world_size
+        self.host_first = rank - rank % self.local_world_size  # the first rank of this rank's host
         sizes = torch.tensor([int(g.offsets[-1]) for g in groups], dtype=torch.int64)
         self.group_base = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(sizes, 0)[:-1]])
         # per position: its group and fused offset of its table
@@ -150,14 +113,50 @@ class IdLayout:
         counts = torch.tensor([h.numel() for h in hot], dtype=torch.int64)
         self.hot_start = torch.cumsum(counts, 0) - counts
         self.hot_group_ends = torch.cumsum(counts, 0)
+        self._set_host(groups)
         if getattr(self, "device", None) is not None:
             self.to(self.device)
 
+    def _set_host(self, groups: list[ReplicaGroup]) -> None:
+        """Per-host rows (global ids, sorted): the local rank of their holders and their slot in the
+        holders' blocks (one block per group, laid end to end); this rank's blocks' ends."""
+        ids, local, slot = [torch.zeros(0, dtype=torch.int64)], [torch.zeros(0, dtype=torch.int64)], [torch.zeros(0, dtype=torch.int64)]
+        for local_rank in range(self.local_world_size):  # once, at build
+            base = 0
+            for index, g in enumerate(groups):
+                rows = g.holder_rows(local_rank)
+                ids.append(self.group_base[index] + rows)
+                local.append(torch.full_like(rows, local_rank))
+                slot.append(base + torch.arange(rows.numel()))
+                base += rows.numel()
+        self.host_ids, order = torch.sort(torch.cat(ids))
+        self.host_local, self.host_slot = torch.cat(local)[order], torch.cat(slot)[order]
+        sizes = torch.tensor([g.host_block.numel() for g in groups], dtype=torch.int64)
+        self.host_block_ends = torch.cumsum(sizes, 0)
+        self.host_block_starts = self.host_block_ends - sizes
+
     def route(self, ids: torch.Tensor):
-        """(hot position in ``hot_ids`` or -1, owner rank, row in the owner's shard) of global ids."""
+        """(hot position in ``hot_ids`` or -1, the rank each id is sent to, its row there) of global ids.
+
+        A cold id goes to its owner, as the row of the owner's shard; an id of the per-host tier to
+        its holder on this rank's host, as ``-1 - slot`` (its slot in the holder's blocks)."""
         is_hot, pos = members(self.hot_ids, ids)
         bucket = torch.bucketize(ids, self.owner_ends, right=True)
-        return torch.where(is_hot, pos, -1), bucket % self.world_size, ids - self.bucket_start[bucket]
+        dest, row = bucket % self.world_size, ids - self.bucket_start[bucket]
+        if self.host_ids.numel():
+            is_host, at = members(self.host_ids, ids)
+            dest = torch.where(is_host, self.host_first + self.host_local.index_select(0, at), dest)
+            row = torch.where(is_host, -1 - self.host_slot.index_select(0, at), row)
+        return torch.where(is_hot, pos, -1), dest, row
+
+    def host_block_of(self, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per group: (indexes of the ``slots`` (of this rank's per-host blocks) that are its, their rows in its block)."""
+        block_of = torch.bucketize(slots, self.host_block_ends, right=True)
+        out = []
+        for index in range(len(self.groups)):
+            mine = (block_of == index).nonzero().flatten()
+            out.append((mine, slots.index_select(0, mine) - self.host_block_starts[index]))
+        return out
 
     def flatten(self, features: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(bag of every value, as position * batch + sample; its global id): :func:`flatten_batch`."""

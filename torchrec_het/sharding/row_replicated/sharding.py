@@ -2,10 +2,11 @@
 
 Row-wise shards (TorchRec's own, with their fused FBGEMM kernels; grouping, state dict and
 fused optimizer are row-wise's own) plus the hot rows of every table replicated on every rank
+or, on several hosts, held once per host
 (:mod:`~torchrec_het.sharding.row_replicated.replicas`), in TorchRec's three stages
 (:mod:`~torchrec_het.sharding.row_replicated.dists`, :mod:`~torchrec_het.sharding.row_replicated.lookup`).
 
-Bags (:class:`PipelinedRowReplicatedSharding`, EmbeddingBagCollections):
+Bags (:class:`RowReplicatedPooledEmbeddingSharding`, EmbeddingBagCollections):
 
 input dist (:class:`~torchrec_het.sharding.row_replicated.dists.ColdIdsDist`, two awaitables as TorchRec's row-wise dist)
   hot ids stay on the reader; every other id goes to its owner as (bag, row[, weight]).
@@ -25,7 +26,7 @@ output dist (:class:`~torchrec_het.sharding.row_replicated.dists.PartialSumsDist
 With no hot rows this is row-wise sharding with sparse partial sums in place of the
 reduce-scatter, and trains exactly as stock row-wise does.
 
-Sequences (:class:`PipelinedRowReplicatedSequenceSharding`, EmbeddingCollections):
+Sequences (:class:`RowReplicatedSequenceEmbeddingSharding`, EmbeddingCollections):
 
 input dist (:class:`~torchrec_het.sharding.row_replicated.dists.SequenceIdsDist`)
   hot ids stay on the reader; every other **distinct** id goes to its owner once per
@@ -42,6 +43,14 @@ output dist (:class:`~torchrec_het.sharding.row_replicated.dists.SequenceRowsDis
 
 With no hot rows this is row-wise sharding that moves each distinct row once per reader,
 and trains as stock row-wise does.
+
+The per-host tier (several hosts) is data in the same stages: a per-host row is held by one rank
+per host (:mod:`~torchrec_het.sharding.row_replicated.routing`); the input dists send its ids
+to the holder on the reader's host instead of its owner, the holder's lookup pools (bags) or
+reads (sequences) them from its per-host blocks beside its kernels' work, the output dists
+bring them back as any partial or row, and the blocks sum their gradients over the row's
+holders every step (:mod:`~torchrec_het.sharding.row_replicated.sync`), the owner's shard
+written through.
 """
 
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
@@ -54,26 +63,22 @@ from torchrec_het.types import HET_ROW_REPLICATED
 
 
 class RowReplicatedStages(StagedSharding):
-    """What both variants' shardings share: the lookup hands its layout and online profile to the
-    input dist (``input_dist_class(layout, feature_names, pg)``) and itself to the output dist
-    (``output_dist_class(lookup, pg)``); both run on the lookup's exchange group."""
+    """What both variants' shardings share: the dists are built on the sharding's one lookup
+    (``input_dist_class(lookup, feature_names)``, ``output_dist_class(lookup)``) and run on its
+    replicas' layout and exchange group."""
 
     input_dist_class: type
     output_dist_class: type
     sharding_type = HET_ROW_REPLICATED
 
     def create_input_dist(self, device=None):
-        lookup = self.create_lookup()
-        dist_ = self.input_dist_class(lookup.layout, self.feature_names(), lookup.exchange_pg)
-        dist_.observe = lookup.observe
-        return dist_
+        return self.input_dist_class(self.create_lookup(), self.feature_names())
 
     def create_output_dist(self, device=None):
-        lookup = self.create_lookup()
-        return self.output_dist_class(lookup, lookup.exchange_pg)
+        return self.output_dist_class(self.create_lookup())
 
 
-class PipelinedRowReplicatedSharding(RowReplicatedStages, RwPooledEmbeddingSharding):
+class RowReplicatedPooledEmbeddingSharding(RowReplicatedStages, RwPooledEmbeddingSharding):
     """``het_row_replicated`` bags: row-wise shards, hot replicas, partial sums, in TorchRec's stages.
 
     Args:
@@ -88,7 +93,7 @@ class PipelinedRowReplicatedSharding(RowReplicatedStages, RwPooledEmbeddingShard
     output_dist_class = PartialSumsDist
 
 
-class PipelinedRowReplicatedSequenceSharding(RowReplicatedStages, RwSequenceEmbeddingSharding):
+class RowReplicatedSequenceEmbeddingSharding(RowReplicatedStages, RwSequenceEmbeddingSharding):
     """``het_row_replicated`` sequences: row-wise shards, hot replicas, distinct rows, in TorchRec's stages.
 
     Args:

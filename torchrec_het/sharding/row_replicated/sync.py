@@ -1,14 +1,10 @@
-"""Summing row gradients over the holders of replicated rows, so every copy takes the same step.
+"""The groups that sum hot rows' gradients over their holders, so every copy takes the same step.
 
-Two ways, chosen per step by the caller from the touched-row counts every rank knows:
-*sparse* (all-gather of the touched ids and their gradients, then the same sum on every
-rank) or *dense* (one all-reduce over the whole hot block). Both give every rank the
-same bits: dense through the collective, sparse by summing the same inputs in rank order.
-
-On several hosts (:class:`HostGroups`) both run hierarchically: summed within each host,
-then between the host leaders (one copy of each host's sum crosses the slow link, and of a
-dense block only the rows the host touched, with a bit mask), then handed back within the
-host: the same sum, in another float summation order.
+Replicated rows (held by every rank): on several hosts (:class:`HostGroups`) their sums run
+hierarchically: within each host, then between the host leaders (one copy of each host's sum
+crosses the slow link, only the rows the host touched, with a bit mask), then handed back
+within the host: every rank gets the same bits. Per-host rows (held by one rank per host)
+sum over their holders' group (:func:`holder_group`).
 """
 
 import torch
@@ -33,68 +29,32 @@ def every_rank_count(count: int, pg: dist.ProcessGroup | None) -> list[int]:
     return torch.cat(out).tolist()
 
 
-def sparse_bytes(counts: list[int], dim: int) -> int:
-    """Bytes one rank receives in a sparse combine (ids and rows, padded to the largest count)."""
-    return (len(counts) - 1) * max(counts, default=0) * (8 + 4 * dim)
-
-
-def dense_bytes(block_rows: int, dim: int, world_size: int) -> int:
-    """Bytes one rank receives in a ring all-reduce of the dense block."""
-    return 2 * (world_size - 1) * block_rows * (dim + 1) * 4 // max(world_size, 1)
-
-
-def combine_sparse(
-    ids: torch.Tensor, grads: torch.Tensor, counts: list[int], pg: dist.ProcessGroup | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids touched on any rank, their summed gradients); ``counts``: every rank's ``len(ids)``."""
-    width = max(counts, default=0)
-    dim = grads.size(1)
-    if width == 0:
-        return ids[:0], grads[:0]
-    padded_ids = torch.full((width,), -1, dtype=torch.int64, device=ids.device)
-    padded_ids[: ids.numel()] = ids
-    padded = torch.zeros(width, dim, device=grads.device)
-    padded[: ids.numel()] = grads
-    all_ids = [torch.empty_like(padded_ids) for _ in counts]
-    all_grads = [torch.empty_like(padded) for _ in counts]
-    dist.all_gather(all_ids, padded_ids, group=pg)
-    dist.all_gather(all_grads, padded, group=pg)
-    flat_ids, flat = torch.cat(all_ids), torch.cat(all_grads)
-    valid = flat_ids >= 0
-    uniq, inverse = torch.unique(flat_ids[valid], return_inverse=True)
-    return uniq, torch.zeros(uniq.numel(), dim, device=flat.device).index_add_(0, inverse, flat[valid])
-
-
-def combine_dense(
-    ids: torch.Tensor, grads: torch.Tensor, block: torch.Tensor, pg: dist.ProcessGroup | None,
-    hosts: "HostGroups | None" = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sums over ranks within the sorted id ``block`` (``ids`` must lie in it); over ``hosts``
-    (hierarchically) when given, else flat on ``pg``.
-
-    Returns (touched ids, their summed gradients, on how many ranks each was touched).
-    """
-    dim = grads.size(1)
-    dense = torch.zeros(block.numel(), dim + 1, device=grads.device)
-    pos = torch.searchsorted(block, ids)
-    dense[pos, :dim] = grads
-    dense[pos, dim] = 1.0
-    if hosts is not None:
-        hosts.all_reduce(dense)
-    else:
-        dist.all_reduce(dense, group=pg)
-    touched = dense[:, dim] > 0
-    return block[touched], dense[touched, :dim], dense[touched, dim]
+def holder_group(pg: dist.ProcessGroup | None, local_world_size: int) -> dist.ProcessGroup | None:
+    """The group of the ranks that hold the same per-host rows as this one (this local rank on every
+    host), created once, a collective: every rank of ``pg`` creates every such group, in order.
+    None with one host (per-host rows are then read from their owners)."""
+    ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(dist.get_world_size()))
+    local, me = local_world_size, dist.get_rank(pg)
+    if len(ranks) % local:
+        raise ValueError(f"world size {len(ranks)} is not a multiple of {local} ranks per host")
+    if len(ranks) == local:
+        return None
+    backend, timeout, mine = dist.get_backend(pg), process_group_timeout(pg), None
+    for index in range(local):
+        group = dist.new_group(ranks[index::local], backend=backend, timeout=timeout)
+        if me % local == index:
+            mine = group
+    return mine
 
 
 class HostGroups:
     """Subgroups of ``pg`` that sum replicated rows' gradients hierarchically (created once, a collective).
 
     Ranks of a host are ``local_world_size`` consecutive ranks of ``pg``; each host's first
-    rank is its leader. :meth:`all_reduce` and :meth:`combine_sparse` sum within a host, then
-    between the leaders (one copy per host crosses the slow link), then hand the leader's
-    result to its host, so every rank ends with the same bits. With one host, or one rank
-    per host, there are no subgroups and both are the flat collectives on ``pg``.
+    rank is its leader. :meth:`all_reduce` sums within a host, then between the leaders (one
+    copy per host crosses the slow link), then hands the leader's result to its host, so every
+    rank ends with the same bits. With one host, or one rank per host, there are no subgroups
+    and it is the flat all-reduce on ``pg``.
 
     Every rank of ``pg`` creates every subgroup, in the same order (the host groups, then the
     *cross* groups: the ranks of one local rank on every host, the leaders being cross group
@@ -142,26 +102,6 @@ class HostGroups:
             return work
         work.wait()
         return None
-
-    def combine_sparse(self, ids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ids touched on any rank, their summed gradients), as :func:`combine_sparse` over ``pg``;
-        only the leaders' host sums cross between hosts."""
-        if not self.hierarchical:
-            return combine_sparse(ids, grads, every_rank_count(ids.numel(), self.pg), self.pg)
-        ids, grads = combine_sparse(ids, grads, every_rank_count(ids.numel(), self.host), self.host)
-        if self.is_leader:
-            ids, grads = combine_sparse(ids, grads, every_rank_count(ids.numel(), self.cross), self.cross)
-        device = collective_device(self.host)
-        count = torch.tensor([ids.numel()], dtype=torch.int64, device=device)
-        dist.broadcast(count, src=self.leader, group=self.host)
-        n = int(count.item())
-        if not self.is_leader:
-            ids = torch.empty(n, dtype=torch.int64, device=ids.device)
-            grads = torch.empty(n, grads.size(1), dtype=grads.dtype, device=grads.device)
-        if n:
-            dist.broadcast(ids, src=self.leader, group=self.host)
-            dist.broadcast(grads, src=self.leader, group=self.host)
-        return ids, grads
 
 
 class _HostSum:
