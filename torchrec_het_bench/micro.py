@@ -13,9 +13,9 @@ optimizer updates rows here), ``optimizer.step()`` and ``zero_grad()``, on the b
 data (Zipf ids, the preset's alpha). After a warm-up, types are measured in rounds on the
 same batches in turn. Reported per type: ms per step (median, p10, p90; a step lasts as
 long as its slowest rank), collectives issued per step per rank (counted by
-:class:`~torchrec_het.comm.CommAccountant`, by collective family) and embedding bytes per
+:class:`~torchrec_het_bench.comm.CommAccountant`, by collective family) and embedding bytes per
 step; and the ids one rank's batch holds per step (``ids_per_step_per_rank``, which
-``python -m torchrec_het.planner.calibrate`` divides by). Writes ``micro.json`` and
+``python -m torchrec_het_bench.calibrate`` divides by). Writes ``micro.json`` and
 ``micro.md`` into ``--out`` and prints the table.
 """
 
@@ -42,7 +42,7 @@ from torchrec_het_bench.replicated_configs import hot_fraction
 from torchrec_het_bench.results import _percentile, versions
 from torchrec_het_bench.worker import LOOPBACK_BYTES_PER_S, quiet_torchrec
 from torchrec_het_bench.workloads import open_workload_source, training_sample
-from torchrec_het.comm import COLLECTIVE_FAMILIES, CommAccountant, CommTotals, sum_totals
+from torchrec_het_bench.comm import COLLECTIVE_FAMILIES, CommAccountant, CommTotals, sum_totals
 
 # Row name -> the benchmark configuration whose sharders and plan the type is built with.
 MICRO_TYPES: dict[str, str] = {

@@ -22,7 +22,7 @@ from torchrec_het_bench import report
 from torchrec_het_bench.het_stats import summarize_cache
 from torchrec_het_bench.step_time import STEP_PARTS, TIMED_PARTS
 from torchrec_het_bench.worker import RankRecord, RunSpec
-from torchrec_het.comm import EMBEDDING_PHASES, sum_totals
+from torchrec_het_bench.comm import EMBEDDING_PHASES, sum_totals
 from torchrec_het_bench.data import binary_auc
 
 

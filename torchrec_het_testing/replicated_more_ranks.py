@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torchrec.distributed.planner import Topology
 
-from torchrec_het.comm import CommAccountant, EMBEDDING_PHASES, sum_over_ranks
+from torchrec_het_bench.comm import CommAccountant, EMBEDDING_PHASES, sum_over_ranks
 from torchrec_het.planner import ProfileTiers
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import count_accesses

@@ -182,7 +182,7 @@ def all_hot(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -> d
 def wire_dtypes(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -> dict:
     """fp32 and bf16 cold traffic on the same batches: bf16 stays near exact, replicas still
     agree bit for bit, and the all-to-all moves fewer bytes."""
-    from torchrec_het.comm import CommAccountant
+    from torchrec_het_bench.comm import CommAccountant
 
     configs = table_configs(True)
     proj = projections(configs)
