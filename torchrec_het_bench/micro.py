@@ -39,7 +39,7 @@ from torchrec_het_bench.launch import spawn
 from torchrec_het_bench.model import shard_module, table_configs
 from torchrec_het_bench.presets import MIN_ROUNDS, PRESETS, get_preset
 from torchrec_het_bench.replicated_configs import hot_fraction
-from torchrec_het_bench.results import _percentile, versions
+from torchrec_het_bench.results import percentile, versions
 from torchrec_het_bench.worker import LOOPBACK_BYTES_PER_S, quiet_torchrec
 from torchrec_het_bench.workloads import open_workload_source, training_sample
 from torchrec_het_bench.comm import COLLECTIVE_FAMILIES, CommAccountant, CommTotals, sum_totals
@@ -192,7 +192,7 @@ def summarize(spec: MicroSpec, gathered: list[dict[str, MicroRecord]]) -> dict:
                 "config": per_rank[0].config,
                 "sharding_types": per_rank[0].sharding_types,
                 "params": bench_configs.CONFIGS[per_rank[0].config].params,
-                "ms_per_step": {"median": statistics.median(ms), "p10": _percentile(ms, 0.1), "p90": _percentile(ms, 0.9)},
+                "ms_per_step": {"median": statistics.median(ms), "p10": percentile(ms, 0.1), "p90": percentile(ms, 0.9)},
                 "collectives_per_step": {
                     "total": sum(by_family.values()),
                     "by_family": by_family,

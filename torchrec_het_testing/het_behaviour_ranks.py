@@ -43,7 +43,7 @@ from torchrec_het._compat import lookup_kernels
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.sharders import HetShardedEmbeddingBagCollection
 from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
-from torchrec_het_testing.het_ranks import loss_of, projections, sharded, table_configs
+from torchrec_het_testing.bag_models import loss_of, projections, sharded, table_configs
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
 
 SEED = 11

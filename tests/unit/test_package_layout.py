@@ -175,6 +175,27 @@ def test_no_runtime_module_imports_the_harness_or_plotting() -> None:
     assert not offenders, "the runtime imports the harness or a plotting library:\n" + "\n".join(offenders)
 
 
+def test_the_test_rank_bodies_do_not_import_the_benchmark() -> None:
+    # what they need (models, batches, comparisons) lives in torchrec_het_testing; rank bodies of
+    # tests of the benchmark's own tooling live in torchrec_het_bench.testing
+    offenders = _importers_of("torchrec_het_testing", ("torchrec_het_bench",))
+    assert not offenders, "torchrec_het_testing imports the benchmark:\n" + "\n".join(offenders)
+
+
+def test_the_harness_imports_no_private_name_across_modules() -> None:
+    # the runtime's own are issue 20's layout work; the harness's helpers have public names
+    modules = source_modules()
+    offenders = []
+    for name, path in modules.items():
+        if name.split(".")[0] == RUNTIME:
+            continue
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in (RUNTIME, *HARNESS):
+                offenders += [f"{name}: {node.module}.{a.name}" for a in node.names
+                              if a.name.startswith("_") and f"{node.module}.{a.name}" not in modules]
+    assert not offenders, "private names imported across modules:\n" + "\n".join(offenders)
+
+
 def _patches_torch_distributed(tree: ast.AST) -> bool:
     """Whether the code assigns an attribute of ``torch.distributed`` (as byte accounting does)."""
     aliases = {"torch.distributed"}

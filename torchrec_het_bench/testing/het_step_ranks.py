@@ -2,7 +2,7 @@
 
 Rank bodies of tests/distributed/test_het_step_costs.py, and a small timing tool::
 
-    python -m torchrec_het_testing.het_step_ranks --preset default --steps 20
+    python -m torchrec_het_bench.testing.het_step_ranks --preset default --steps 20
 
 :func:`step_costs` trains a DLRM (TorchRec's ``DLRMTrain``) whose 26 tables are all
 ``het_cached_row_wise`` (or stock ``row_wise`` / ``table_wise``) with fused row-wise
