@@ -6,8 +6,9 @@
 ``bounds``
     Every read-bound case of :mod:`~torchrec_het_testing.het_behaviour_ranks` under the
     pipeline: before each ``progress`` the pushes of the last backward are applied (the
-    lookup would do it first) and the owners' versions all-gathered; the lookup's
-    ``on_serve`` hook measures how far each copy served lags behind. Then
+    lookup would do it first) and the owners' versions all-gathered; a
+    :class:`~torchrec_het_testing.het_behaviour_ranks.ServeRecorder` measures how far each copy
+    served lags behind. Then
     ``flush_cache()``: gradient mass produced equals mass applied.
 ``ahead``
     Tables whose read bound allows one step of lag (het ``s_read >= ws * (s_write + 1)``,
@@ -121,21 +122,21 @@ def _pipeline(model) -> TrainPipelineSparseDist:
 
 def bounds(rank: int, world_size: int) -> dict:
     """Read bounds of every behaviour case under the pipeline, then gradient mass after a flush."""
-    configs, cache = behaviour._bound_configs()
+    configs, cache = behaviour.bound_configs()
     model = _model("het", configs, False, "sgd", cache, lr=behaviour.LR)
     sharded = model.module.ebc
     lookups = sharded.het_lookups()
-    recorder = behaviour._ServeRecorder.attach(lookups, rank)
+    recorder = behaviour.ServeRecorder.attach(lookups, rank)
     pipeline = _pipeline(model)
     iterator = iter([behaviour.batch(rank, step, configs) for step in range(behaviour.BOUND_STEPS)])
     for step in range(behaviour.BOUND_STEPS):
-        behaviour._apply_pushes(lookups)  # the lookup of this step applies them before it answers
-        recorder.truth = behaviour._true_versions(lookups, world_size)
+        behaviour.apply_pushes(lookups)  # the lookup of this step applies them before it answers
+        recorder.truth = behaviour.true_versions(lookups, world_size)
         recorder.step = step
         pipeline.progress(iterator)
     stats = sharded.cache_stats()
     sharded.flush_cache()
-    mass = behaviour._mass(sharded)
+    mass = behaviour.gradient_mass(sharded)
     tables = {
         name: {**record, "hits_unique": stats[name]["hits_unique"], "max_staleness": stats[name]["max_staleness"]}
         for name, record in recorder.records.items()
@@ -181,18 +182,18 @@ class _Collectives:
 def ahead(rank: int, world_size: int, pipelined: bool) -> dict:
     """Tables whose bound allows fetching ahead, under the pipeline or in a plain loop: the read
     bound per table, collectives in the forward, and gradient mass after a flush."""
-    configs, cache = behaviour._bound_configs(AHEAD_CASES)
+    configs, cache = behaviour.bound_configs(AHEAD_CASES)
     model = _model("het", configs, False, "sgd", cache, lr=behaviour.LR)
     sharded = model.module.ebc
     lookups = sharded.het_lookups()
-    recorder = behaviour._ServeRecorder.attach(lookups, rank)
+    recorder = behaviour.ServeRecorder.attach(lookups, rank)
     counter = _Collectives(model.module)
     batches = [behaviour.batch(rank, step, configs) for step in range(behaviour.BOUND_STEPS)]
     pipeline, iterator = (_pipeline(model), iter(batches)) if pipelined else (None, None)
     try:
         for step in range(behaviour.BOUND_STEPS):
-            behaviour._apply_pushes(lookups)  # the lookup of this step applies them before serving
-            recorder.truth = behaviour._true_versions(lookups, world_size)
+            behaviour.apply_pushes(lookups)  # the lookup of this step applies them before serving
+            recorder.truth = behaviour.true_versions(lookups, world_size)
             recorder.step = step
             if pipelined:
                 pipeline.progress(iterator)
@@ -207,7 +208,7 @@ def ahead(rank: int, world_size: int, pipelined: bool) -> dict:
         name: {**record, "hits_unique": stats[name]["hits_unique"], "rows_fetched": stats[name]["rows_fetched"]}
         for name, record in recorder.records.items()
     }
-    return {"ahead": all(lookup.ahead for lookup in lookups), "tables": tables, "mass": behaviour._mass(sharded),
+    return {"ahead": all(lookup.ahead for lookup in lookups), "tables": tables, "mass": behaviour.gradient_mass(sharded),
             "forward_collectives": counter.calls}
 
 

@@ -76,7 +76,6 @@ version after applying every earlier push) and every gradient is applied at its 
 before the next read: the same training as stock row-wise, also under the pipeline.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from collections import deque
@@ -200,7 +199,6 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         self.prefetched: _Batch | None = None  # the last batch ``prefetch`` prepared
         self._anchor = torch.zeros(1, device=self._compute_device, requires_grad=True)  # lets backward reach the write path
         self._views: dict[tuple, tuple] = {}  # (module, group) -> (buffer attribute, its data_ptr, (view, first rows))
-        self.on_serve: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor, int], None] | None = None
         self._build_groups(config, shards_by_table)
 
     # --- set-up and inspection --------------------------------------------------------
@@ -737,12 +735,6 @@ class HetCachedEmbeddingLookup(HetWrites, GroupedPooledEmbeddingsLookup):
         if self.batches_ahead and torch.is_grad_enabled():  # later batches settle before this backward
             read.pinned = cached_slots
             g.pins.index_add_(0, read.pinned, torch.ones_like(read.pinned, dtype=g.pins.dtype))
-        if self.on_serve is not None:  # an opt-in hook (tests): one call per table
-            hit = read.slots[served]
-            ids, tables = read.uniq[read.remote[served]], remote_tables[served]
-            for i, t in enumerate(g.tables):
-                mine = tables == i
-                self.on_serve(t.name, ids[mine] - g.offsets[i], cache.versions[hit[mine]], cache.validated_step[hit[mine]], step)
 
 
 def _sample_major(read: _Read) -> None:
