@@ -1,9 +1,28 @@
 # Two commands do everything on a fresh machine: `make bench` and `make test`.
+#
+# STACK picks the pinned TorchRec stack (requirements/torchrec-$(STACK).txt), each in its own venv:
+#   1.8 (default): torchrec 1.8.0, torch 2.13.0+cpu, fbgemm-gpu-cpu 1.8.0 -> .venv
+#   1.9:           torchrec 1.9.2, torch 2.14.1,     fbgemm-gpu-cpu 1.9.0 -> .venv-1.9
+# TESTS picks what `make test` runs (pytest paths and options), e.g.
+#   make test STACK=1.9 TESTS="tests/unit tests/distributed"
 PYTHON ?= python3
-VENV := .venv
+STACK ?= 1.8
+STACKS := 1.8 1.9
+TESTS ?= tests
+BENCH_ARGS ?= --preset default --network auto --out bench_out
+
+ifeq ($(filter $(STACK),$(STACKS)),)
+$(error STACK=$(STACK) is not a supported stack; choose one of: $(STACKS))
+endif
+
+REQUIREMENTS := requirements/torchrec-$(STACK).txt
+VENV := $(if $(filter 1.8,$(STACK)),.venv,.venv-$(STACK))
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
-BENCH_ARGS ?= --preset default --out bench_out
+# torchrec goes in with --no-deps (its metadata names the CUDA fbgemm-gpu wheel); its pin is
+# the requirements file's "#no-deps:" line.
+NO_DEPS = $(shell sed -n 's/^#no-deps: *//p' $(REQUIREMENTS))
+# One stamp per stack, rebuilt whenever its pinned file or the package metadata changes.
+STAMP := $(VENV)/.installed-torchrec-$(STACK)
 
 .PHONY: bench test test-faults docs setup clean
 
@@ -11,7 +30,7 @@ bench: $(STAMP)
 	$(PY) -m torchrec_het_bench $(BENCH_ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests -m "not faults"
+	$(PY) -m pytest -q $(TESTS) -m "not faults"
 
 # The slow fault runs (link cuts on emulated hosts, kills at worst moments; pytest marker `faults`).
 test-faults: $(STAMP)
@@ -23,14 +42,14 @@ docs: $(STAMP)
 
 setup: $(STAMP)
 
-# Rebuilt whenever the pinned stack or the package metadata changes.
-$(STAMP): pyproject.toml requirements/cpu.txt
+$(STAMP): pyproject.toml $(REQUIREMENTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements/cpu.txt
-	$(PY) -m pip install -q --no-deps torchrec==1.8.0
+	$(PY) -m pip install -q -r $(REQUIREMENTS)
+	$(PY) -m pip install -q --no-deps $(NO_DEPS)
 	$(PY) -m pip install -q --no-deps -e .
 	$(PY) -c "import torch, fbgemm_gpu, torchrec, torchx, iopath, torchrec_het.sharders"
+	$(PY) -c "import torchrec_het._compat as c, sys; sys.exit(0 if c.check_torchrec_version() else 1)"
 	touch $(STAMP)
 
 clean:

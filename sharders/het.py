@@ -6,7 +6,6 @@ cache, tables planned ``het_row_replicated`` get hot-row replicas, every other t
 is sharded by stock TorchRec in the same module.
 """
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -19,42 +18,26 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het._compat import sharded_embedding_shardings, sharded_lookups, sharded_table_configs
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.sharders.plugin_sharder import PluginSharder, require_hot_rows
+from torchrec_het.sharders.plugin_contexts import PluginContexts
+from torchrec_het.sharders.plugin_sharder import (
+    HET_CACHE_KEY,
+    REPLICATION_KEY,
+    PluginSharder,
+    require_hot_rows,
+    takes_pipelined_path,
+    without_settings,
+)
 from torchrec_het.sharders.replicated_module import ReplicatedModule
-from torchrec_het.sharding.het_cached_rw import HetCachedRwPooledEmbeddingSharding
-from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
-from torchrec_het.sharding.replicated_bags import PipelinedRowReplicatedSharding, ReplicatedBagLookup
-from torchrec_het.sharding.replicated_lookup import RowReplicatedEmbeddingLookup
-from torchrec_het.sharding.replicated_rw import RowReplicatedPooledEmbeddingSharding
-from torchrec_het.sharding.validate import FeatureCheck, plugin_features
+from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features
+from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
+from torchrec_het.sharding.het_cache.sharding import HetCachedRwPooledEmbeddingSharding
+from torchrec_het.sharding.row_replicated.legacy.replicated_lookup import RowReplicatedEmbeddingLookup
+from torchrec_het.sharding.row_replicated.legacy.replicated_rw import RowReplicatedPooledEmbeddingSharding
+from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup
+from torchrec_het.sharding.row_replicated.sharding import PipelinedRowReplicatedSharding
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 PLUGIN_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
-# The replication and HET cache settings travel to the shardings in the fused params under
-# these keys, which are removed before TorchRec groups tables or FBGEMM sees the dict.
-REPLICATION_KEY = "het_replication"
-HET_CACHE_KEY = "het_cache"
-
-
-def _without_settings(sharding_infos, key: str = REPLICATION_KEY) -> tuple[list, Any]:
-    """The sharding infos minus the plugin's fused-params ``key``, and the settings it carried."""
-    config, cleaned = None, []
-    for info in sharding_infos:
-        params = dict(info.fused_params or {})
-        config = params.pop(key, config)
-        cleaned.append(dataclasses.replace(info, fused_params=params))
-    return cleaned, config
-
-
-def _pipelined(config: ReplicationConfig, sharding_infos) -> bool:
-    """Whether these tables take the pipelined path: it has no per-host tier yet."""
-    if config.tiers is None:
-        return True
-    for info in sharding_infos:
-        table = info.embedding_config
-        if config.table_tiers(table.name, table.num_embeddings)[1].numel():
-            return False
-    return True
 
 
 class HetEmbeddingBagCollection(EmbeddingBagCollection):
@@ -84,8 +67,9 @@ class HetEmbeddingBagCollection(EmbeddingBagCollection):
             replication.check_tables({t.name: t.num_embeddings for t in tables})
 
 
-class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagCollection):
-    """TorchRec's sharded EBC, with the plugin's types routed to their shardings.
+class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, ShardedEmbeddingBagCollection):
+    """TorchRec's sharded EBC, with the plugin's types routed to their shardings (each given its
+    per-batch context, :mod:`~torchrec_het.sharders.plugin_contexts`).
 
     Settings are checked against the plan before TorchRec builds anything.
     """
@@ -113,14 +97,15 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, ShardedEmbeddingBagColl
         for sharding, lookup in zip(sharded_embedding_shardings(self), sharded_lookups(self)):
             if isinstance(lookup, RowReplicatedEmbeddingLookup):
                 lookup.attach(replication, sharding.shards_by_table)
+        self.find_plugin_shardings()
 
     @classmethod
     def create_embedding_bag_sharding(cls, sharding_infos, env, device=None, permute_embeddings=False, qcomm_codecs_registry=None):
         sharding_type = sharding_infos[0].param_sharding.sharding_type
-        sharding_infos, cache = _without_settings(sharding_infos, HET_CACHE_KEY)
-        sharding_infos, replication = _without_settings(sharding_infos)
+        sharding_infos, cache = without_settings(sharding_infos, HET_CACHE_KEY)
+        sharding_infos, replication = without_settings(sharding_infos)
         replication = replication if replication is not None else ReplicationConfig()
-        if sharding_type == HET_ROW_REPLICATED and _pipelined(replication, sharding_infos):
+        if sharding_type == HET_ROW_REPLICATED and takes_pipelined_path(replication, sharding_infos):
             return PipelinedRowReplicatedSharding(
                 sharding_infos, env, replication, device, qcomm_codecs_registry=qcomm_codecs_registry
             )

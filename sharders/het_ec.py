@@ -18,12 +18,22 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het._compat import sharded_embedding_shardings, sharded_lookups, sharded_table_configs, uses_index_dedup
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.sharders.plugin_sharder import PluginSharder, require_hot_rows
+from torchrec_het.sharders.plugin_contexts import PluginContexts
+from torchrec_het.sharders.plugin_sharder import (
+    REPLICATION_KEY,
+    PluginSharder,
+    require_hot_rows,
+    takes_pipelined_path,
+    without_settings,
+)
 from torchrec_het.sharders.replicated_module import ReplicatedModule
-from torchrec_het.sharders.het import REPLICATION_KEY, _pipelined, _without_settings
-from torchrec_het.sharding.replicated_sequence import RowReplicatedSequenceEmbeddingSharding, RowReplicatedSequenceLookup
-from torchrec_het.sharding.replicated_sequences import PipelinedRowReplicatedSequenceSharding, ReplicatedSequenceLookup
-from torchrec_het.sharding.validate import FeatureCheck, plugin_features
+from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features
+from torchrec_het.sharding.row_replicated.legacy.replicated_sequence import (
+    RowReplicatedSequenceEmbeddingSharding,
+    RowReplicatedSequenceLookup,
+)
+from torchrec_het.sharding.row_replicated.lookup import ReplicatedSequenceLookup
+from torchrec_het.sharding.row_replicated.sharding import PipelinedRowReplicatedSequenceSharding
 from torchrec_het.types import HET_ROW_REPLICATED
 
 SEQUENCE_PLUGIN_TYPES = (HET_ROW_REPLICATED,)
@@ -52,8 +62,9 @@ class HetEmbeddingCollection(EmbeddingCollection):
             replication.check_tables({t.name: t.num_embeddings for t in tables})
 
 
-class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection):
-    """TorchRec's sharded EC, with ``het_row_replicated`` routed to its sharding.
+class HetShardedEmbeddingCollection(ReplicatedModule, PluginContexts, ShardedEmbeddingCollection):
+    """TorchRec's sharded EC, with ``het_row_replicated`` routed to its sharding (given its per-batch
+    context, :mod:`~torchrec_het.sharders.plugin_contexts`).
 
     The plan (fused kernel for ``het_row_replicated`` tables) and the replication
     settings (against the module's tables) are checked before TorchRec builds anything;
@@ -81,12 +92,13 @@ class HetShardedEmbeddingCollection(ReplicatedModule, ShardedEmbeddingCollection
         for sharding, lookup in zip(sharded_embedding_shardings(self), sharded_lookups(self)):
             if isinstance(lookup, RowReplicatedSequenceLookup):
                 lookup.attach(replication, sharding.shards_by_table)
+        self.find_plugin_shardings()
 
     @classmethod
     def create_embedding_sharding(cls, sharding_type, sharding_infos, env, device=None, qcomm_codecs_registry=None):
-        sharding_infos, replication = _without_settings(sharding_infos)
+        sharding_infos, replication = without_settings(sharding_infos)
         replication = replication if replication is not None else ReplicationConfig()
-        if sharding_type == HET_ROW_REPLICATED and _pipelined(replication, sharding_infos):
+        if sharding_type == HET_ROW_REPLICATED and takes_pipelined_path(replication, sharding_infos):
             return PipelinedRowReplicatedSequenceSharding(
                 sharding_infos, env, replication, device, qcomm_codecs_registry=qcomm_codecs_registry
             )

@@ -1,13 +1,42 @@
 """What both plugin sharders add to TorchRec's: the module type they shard, chosen at construction,
-the plugin's sharding types on TorchRec's fused row-wise kernel, and the check that a table
-planned ``het_row_replicated`` has hot rows to replicate."""
+the plugin's sharding types on TorchRec's fused row-wise kernel, the check that a table
+planned ``het_row_replicated`` has hot rows to replicate, and the fused-params keys that carry
+the plugin's settings to its shardings."""
 
+import dataclasses
 from typing import Any
 
 from torchrec.distributed.types import ParameterSharding, ShardingType
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.types import HET_ROW_REPLICATED
+
+
+# The replication and HET cache settings travel to the shardings in the fused params under
+# these keys, which are removed before TorchRec groups tables or FBGEMM sees the dict.
+REPLICATION_KEY = "het_replication"
+HET_CACHE_KEY = "het_cache"
+
+
+def without_settings(sharding_infos, key: str = REPLICATION_KEY) -> tuple[list, Any]:
+    """The sharding infos minus the plugin's fused-params ``key``, and the settings it carried."""
+    config, cleaned = None, []
+    for info in sharding_infos:
+        params = dict(info.fused_params or {})
+        config = params.pop(key, config)
+        cleaned.append(dataclasses.replace(info, fused_params=params))
+    return cleaned, config
+
+
+def takes_pipelined_path(config: ReplicationConfig, sharding_infos) -> bool:
+    """Whether these tables take the pipelined path: it has no per-host tier yet."""
+    if config.tiers is None:
+        return True
+    for info in sharding_infos:
+        table = info.embedding_config
+        if config.table_tiers(table.name, table.num_embeddings)[1].numel():
+            return False
+    return True
 
 
 def require_hot_rows(replication: ReplicationConfig, plan: dict[str, ParameterSharding]) -> None:

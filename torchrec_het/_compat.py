@@ -1,10 +1,12 @@
-"""Every TorchRec (and FBGEMM) private the plugin reads or patches, behind one small function each.
+"""Every TorchRec private the plugin reads or patches, behind one small function each (FBGEMM's are in
+:mod:`torchrec_het._tbe`).
 
 TorchRec gives no promise about names with a leading underscore; when one moves, this module
 (and ``tests/unit/test_compat.py``, which calls every function here on real TorchRec
-objects) is the one place to change. The plugin is written against the pinned TorchRec
-(:data:`PINNED_TORCHREC`, as ``pyproject.toml`` pins it): importing this module warns when
-another version is installed.
+objects) is the one place to change. The plugin supports the TorchRec releases in
+:data:`SUPPORTED_TORCHREC` (``requirements/torchrec-<major.minor>.txt`` pins each stack); where
+they differ, the functions here answer for the installed one (:data:`TORCHREC_RELEASE`).
+Importing this module warns when another version is installed.
 
 The sharded modules, shardings and lookups (``torchrec_het.sharding``,
 ``torchrec_het.sharders``) reach TorchRec's sharded-module internals only through the
@@ -14,6 +16,7 @@ package for any other use.
 
 import copy
 import importlib.metadata
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,24 +37,31 @@ from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.planner.stats import EmbeddingStats
 from torchrec.distributed.planner.types import GeneralizedCommsBandwidth, Topology
 
-PINNED_TORCHREC = "1.8.0"
+SUPPORTED_TORCHREC = ("1.8.0", "1.9.2")
 
 
 class TorchRecVersionWarning(UserWarning):
-    """The installed TorchRec is not the one the plugin's privates were checked against."""
+    """The installed TorchRec is not one the plugin's privates were checked against."""
+
+
+def torchrec_release(installed: str | None = None) -> tuple[int, ...]:
+    """``installed`` (default: the installed torchrec) as numbers, a local build tag dropped: ``1.9.2+cpu`` -> (1, 9, 2)."""
+    installed = installed if installed is not None else importlib.metadata.version("torchrec")
+    return tuple(int(part) for part in re.findall(r"\d+", installed.split("+")[0])[:3])
 
 
 def check_torchrec_version(installed: str | None = None) -> bool:
-    """Whether ``installed`` (default: the installed torchrec) is :data:`PINNED_TORCHREC`; warns when not.
+    """Whether ``installed`` (default: the installed torchrec) is one of :data:`SUPPORTED_TORCHREC`; warns when not.
 
     A local build tag (``1.8.0+cpu``) counts as its release.
     """
     installed = installed if installed is not None else importlib.metadata.version("torchrec")
-    if installed.split("+")[0] == PINNED_TORCHREC:
+    if installed.split("+")[0] in SUPPORTED_TORCHREC:
         return True
+    supported = " or ".join(f"torchrec=={version}" for version in SUPPORTED_TORCHREC)
     warnings.warn(
-        f"torchrec_het was written against torchrec=={PINNED_TORCHREC} and reaches into its internals "
-        f"(torchrec_het/_compat.py); torchrec {installed} is installed. Install torchrec=={PINNED_TORCHREC}, "
+        f"torchrec_het supports {supported} and reaches into their internals (torchrec_het/_compat.py); "
+        f"torchrec {installed} is installed. Install a supported release (requirements/torchrec-*.txt), "
         "or run tests/unit/test_compat.py to see which internals moved.",
         TorchRecVersionWarning,
         stacklevel=2,
@@ -60,6 +70,8 @@ def check_torchrec_version(installed: str | None = None) -> bool:
 
 
 check_torchrec_version()
+TORCHREC_RELEASE = torchrec_release()
+"""The installed torchrec as numbers, e.g. (1, 9, 2): what the version-dependent functions below key on."""
 
 
 def _set(owner: object, name: str, value: object) -> None:
@@ -158,8 +170,9 @@ def default_sharders_homes() -> tuple[ModuleType, ...]:
 
 
 def train_pipeline_homes() -> tuple[ModuleType, ...]:
-    """Where TorchRec exports ``TrainPipelineSparseDist`` (its defining module first). Not a home:
-    ``train_pipeline.experimental_pipelines``, which imports it only to subclass it."""
+    """Where TorchRec exports ``TrainPipelineSparseDist`` (its defining module first). Not homes:
+    ``train_pipeline.experimental_pipelines`` and (TorchRec 1.9) ``train_pipeline.pec_train_pipeline``,
+    which import it only to subclass it."""
     import torchrec.distributed as distributed
     from torchrec.distributed import train_pipeline
     from torchrec.distributed.train_pipeline import train_pipelines
@@ -168,8 +181,16 @@ def train_pipeline_homes() -> tuple[ModuleType, ...]:
 
 
 def planner_homes() -> tuple[ModuleType, ...]:
-    """Modules that bind ``EmbeddingShardingPlanner`` by name (``torchrec.distributed.planner`` and its importers)."""
-    return _planner_package, _planners, _model_parallel, _shard
+    """Modules that bind ``EmbeddingShardingPlanner`` by name (``torchrec.distributed.planner`` and its importers).
+
+    TorchRec 1.9 adds ``distributed.planner.provider``, whose ``DefaultPlannerProvider.build_planner``
+    constructs the planner from a ``ShardingPlanRequest``.
+    """
+    if TORCHREC_RELEASE < (1, 9):
+        return _planner_package, _planners, _model_parallel, _shard
+    from torchrec.distributed.planner import provider
+
+    return _planner_package, _planners, _model_parallel, _shard, provider
 
 
 # ---- sharding plans and state dicts ------------------------------------------------------------
@@ -229,10 +250,27 @@ def sharding_lookup_arguments(sharding: Any) -> dict[str, Any]:
     }
 
 
-def tbe_optimizer_name(tbe: nn.Module) -> str:
-    """FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen.optimizer`` (an ``EmbOptimType``) as its lowercase name."""
-    return str(getattr(tbe.optimizer, "value", tbe.optimizer)).lower()
+def input_dist_awaitables(splits: Any) -> list:
+    """``KJTListSplitsAwaitable.awaitables``: what each sharding's input dist returned, in the order of
+    :func:`sharded_lookups` (a sharded module's ``input_dist`` returns the ``KJTListSplitsAwaitable``)."""
+    return splits.awaitables
 
+
+@contextmanager
+def lookups_called_with(module: nn.Module, replacements: dict[int, Callable]) -> Iterator[None]:
+    """Inside the block, TorchRec's loops over ``module._lookups`` (``compute``,
+    ``compute_and_output_dist``, ``prefetch`` of a sharded EBC or EC: a plain list) find
+    ``replacements[i]`` in place of lookup i (a plugin lookup bound to its batch's context); the
+    list itself is put back after, the registered submodules are never touched."""
+    if not replacements:
+        yield
+        return
+    lookups = module._lookups
+    module._lookups = [replacements.get(i, lookup) for i, lookup in enumerate(lookups)]
+    try:
+        yield
+    finally:
+        module._lookups = lookups
 
 
 # ---- for the train pipelines (torchrec_het.pipeline) ----------------------------------------
@@ -280,12 +318,22 @@ def pipeline_data_dist_stream(pipeline: Any) -> Any:
     return pipeline._data_dist_stream
 
 
+def pec_train_pipeline_class() -> type | None:
+    """TorchRec 1.9's ``TrainPipelinePEC`` (a compute-ahead pipeline for PEC EmbeddingCollections); None on 1.8,
+    which has none."""
+    if TORCHREC_RELEASE < (1, 9):
+        return None
+    from torchrec.distributed.train_pipeline.pec_train_pipeline import TrainPipelinePEC
+
+    return TrainPipelinePEC
+
+
 def cpu_semi_sync_class() -> type:
     """TorchRec's ``TrainPipelineSemiSync`` made to run on CPU: the smallest adapter that works.
 
-    TorchRec 1.8's semi-sync pipeline calls ``record_stream`` on the batch, the input dist's
-    KJT and the pooled embeddings, with the current stream of the batch's device, even on
-    CPU, where ``record_stream`` rejects CPU tensors ("unknown parameter type"). The adapter
+    TorchRec's semi-sync pipeline (1.8.0 and 1.9.2) calls ``record_stream`` on the batch, the
+    input dist's KJT and the pooled embeddings, with the current stream of the batch's device,
+    even on CPU, where ``record_stream`` rejects CPU tensors ("unknown parameter type"). The adapter
     changes exactly that, and only on CPU (the stream bookkeeping is meaningless there: one
     stream, no caching allocator):
 

@@ -3,6 +3,8 @@
     python -m torchrec_het_bench --preset default --out bench_out
     python -m torchrec_het_bench --list
     python -m torchrec_het_bench --network emulated --hosts 2 --gbit 1
+    python -m torchrec_het_bench --network auto      # loopback, then emulated hosts where possible (make bench)
+    python -m torchrec_het_bench --preset converge --seeds 3   # AUC over 3 seeds, differences with a t interval
     python -m torchrec_het_bench --pipeline plain     # default: TorchRec's TrainPipelineSparseDist
     python -m torchrec_het_bench --pipeline sparse_dist,hybrid,semi_sync --embedding-staleness 2
     python -m torchrec_het_bench --preset converge --configs stock_table_wise,planned_s10 --pipeline sparse_dist,hybrid
@@ -16,6 +18,7 @@ import sys
 from torchrec_het_bench import configs as bench_configs
 from torchrec_het_bench.flags import float_above, int_at_least
 from torchrec_het_bench.launch import launched_by_torchrun, run_under_torchrun, spawn
+from torchrec_het_bench.networks import NETWORK_MODES, plan_networks
 from torchrec_het_bench.model import BENCH_DEVICE, EMBEDDING_OPTIMIZERS
 from torchrec_het_bench.pipelines import (
     DEFAULT_EMBEDDING_STALENESS,
@@ -27,6 +30,7 @@ from torchrec_het_bench.pipelines import (
 )
 from torchrec_het_bench.presets import MIN_ROUNDS, PRESETS, REFERENCE_GBIT, get_preset
 from torchrec_het_bench.results import write_outputs
+from torchrec_het_bench.seeds import run_seeds
 from torchrec_het_bench.soak import SoakSpec, run_soak
 from torchrec_het_bench.soak_results import write_outputs as write_soak_outputs
 from torchrec_het_bench.worker import RunSpec, run_benchmark
@@ -35,7 +39,9 @@ from torchrec_het_bench.worker import RunSpec, run_benchmark
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="torchrec-het-bench", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
-    parser.add_argument("--configs", default="", help="comma-separated configuration names (default: the stock ones that apply)")
+    parser.add_argument(
+        "--configs", default="", help="comma-separated configuration names (default: the stock ones that apply, planned, planned_s10)"
+    )
     parser.add_argument("--list", action="store_true", help="print the configuration names and exit")
     parser.add_argument("--world-size", type=int_at_least(1), default=2, help="ranks to spawn (ignored under torchrun)")
     parser.add_argument("--out", default="bench_out", help="directory for results.json, results.md, results.png")
@@ -71,7 +77,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="held-out AUC every N trained steps besides the final one, for the AUC curve (overrides the preset; 0: final only)",
     )
     parser.add_argument("--data", help="Criteo data (TSV file/dir or npy day files); default: built-in synthetic data")
-    parser.add_argument("--network", choices=("loopback", "emulated"), default="loopback")
+    parser.add_argument(
+        "--network",
+        choices=NETWORK_MODES,
+        default="loopback",
+        help="auto: loopback into OUT/loopback, then emulated hosts into OUT/emulated where this machine allows "
+        "them (root, iproute2), else one line says why not",
+    )
     parser.add_argument("--hosts", type=int_at_least(1), default=2, help="emulated hosts (with --network emulated)")
     parser.add_argument(
         "--gbit",
@@ -83,6 +95,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--delay-ms", type=float_above(0, inclusive=True), default=0.05, help="emulated one-way link latency, ms"
     )
     parser.add_argument("--seed", type=int_at_least(0), default=0)
+    parser.add_argument(
+        "--seeds",
+        type=int_at_least(1),
+        default=1,
+        metavar="N",
+        help="run N times, seeds SEED..SEED+N-1 (into OUT/seed_<s>), and merge: AUC as the mean over seeds, "
+        "AUC differences from stock with a paired t interval",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--soak",
@@ -97,7 +117,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.soak_spec = _soak(parser, args)
-    if args.network == "emulated" and args.world_size % args.hosts:
+    if args.network != "loopback" and args.world_size % args.hosts:
         parser.error(f"--world-size {args.world_size} is not a multiple of --hosts {args.hosts}")
     # Checked here, in the parent, before any rank starts: argparse exits with code 2 and the message
     # names the flag, the bad value and the valid ones.
@@ -127,6 +147,8 @@ def _soak(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SoakSpec
     for flag in ("rounds", "steps_per_round", "eval_every"):
         if getattr(args, flag) is not None:
             parser.error(f"argument --{flag.replace('_', '-')}: not with --soak (a soak trains each entry --soak steps)")
+    if args.seeds > 1:
+        parser.error("argument --seeds: not with --soak (a soak measures memory, not AUC; run one --seed at a time)")
     try:
         return SoakSpec.of(args.soak, args.warmup_steps, args.soak_every)
     except ValueError as error:
@@ -141,8 +163,8 @@ def _staleness(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}") from None
 
 
-def _host_of_rank(args: argparse.Namespace) -> tuple[int, ...]:
-    if args.network == "loopback":
+def _host_of_rank(args: argparse.Namespace, network: dict) -> tuple[int, ...]:
+    if network["mode"] == "loopback":
         return (0,) * args.world_size
     per_host = args.world_size // args.hosts
     return tuple(rank // per_host for rank in range(args.world_size))
@@ -164,37 +186,34 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{config.name:24s} {config.description}{mark}")
         return 0
     chosen, runs = args.chosen, args.runs
-    network = {"mode": args.network}
-    if args.network == "emulated":
-        from torchrec_het_bench.netem import NetworkEmulationUnavailable, check_available
-
-        try:
-            check_available()
-        except NetworkEmulationUnavailable as error:
-            raise SystemExit(f"error: --network emulated is not possible here: {error}") from None
-        network.update(hosts=args.hosts, gbit=args.gbit, delay_ms=args.delay_ms)
-    spec = RunSpec(
-        preset=preset,
-        config_names=tuple(c.name for c in chosen),
-        world_size=args.world_size,
-        host_of_rank=_host_of_rank(args),
-        network=network,
-        embedding_optimizer=args.embedding_optimizer,
-        data_path=args.data,
-        out_dir=args.out,
-        seed=args.seed,
-        progress=not args.no_progress,
-        pipeline=",".join(run.name for run in runs),
-        embedding_staleness=args.embedding_staleness,
-    )
+    mode = "loopback" if args.network == "auto" and launched_by_torchrun() else args.network  # torchrun placed the ranks
+    networks, skipped = plan_networks(mode, args.out, args.hosts, args.gbit, args.delay_ms)
     body, on_done = run_benchmark, write_outputs
     if args.soak_spec is not None:
         body = functools.partial(run_soak, soak=args.soak_spec)
         on_done = functools.partial(write_soak_outputs, soak=args.soak_spec)
-    if launched_by_torchrun():
-        run_under_torchrun(spec, on_done, body)
-    else:
-        spawn(spec, on_done, body)
+    for run in networks:
+        spec = RunSpec(
+            preset=preset,
+            config_names=tuple(c.name for c in chosen),
+            world_size=args.world_size,
+            host_of_rank=_host_of_rank(args, run.network),
+            network=run.network,
+            embedding_optimizer=args.embedding_optimizer,
+            data_path=args.data,
+            out_dir=run.out_dir,
+            seed=args.seed,
+            progress=not args.no_progress,
+            pipeline=",".join(r.name for r in runs),
+            embedding_staleness=args.embedding_staleness,
+        )
+        launch = functools.partial(run_under_torchrun if launched_by_torchrun() else spawn, on_done=on_done, body=body)
+        if args.seeds > 1:
+            run_seeds(spec, args.seeds, launch)
+        else:
+            launch(spec)
+    if skipped is not None:
+        print(skipped, flush=True)
     return 0
 
 

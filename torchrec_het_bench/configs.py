@@ -129,7 +129,9 @@ def all_configs() -> dict[str, BenchConfig]:
 
 CONFIGS: dict[str, BenchConfig] = all_configs()
 
-DEFAULT_CONFIGS = ("stock_table_wise", "stock_row_wise", "stock_dp_small")
+# What a run without --configs (make bench) compares: the stock configurations that apply, the planner's
+# choice with the plugin's types (exact) and its bounded-staleness variant (replicas and caches 10 steps).
+DEFAULT_CONFIGS = ("stock_table_wise", "stock_row_wise", "stock_dp_small", "planned", "planned_s10")
 
 
 def select(names: list[str] | None, preset: BenchPreset) -> list[BenchConfig]:

@@ -10,7 +10,8 @@ rows, AUC, step-time breakdown, convergence and staleness gauge), and the held-o
 the run evaluated during training. A soak run (``--soak``) gets its parameters and its verdict table
 (:func:`torchrec_het_bench.soak_results.markdown_table`: peak RSS growth and live objects per entry,
 then the series at a few steps) instead. Nothing but the files is read, so the page is a pure function
-of them.
+of them. Where runs differ only in their TorchRec stack, a table puts them side by side first
+(:mod:`torchrec_het_bench.docs_stacks`).
 """
 
 import argparse
@@ -18,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from torchrec_het_bench import report, soak_results
+from torchrec_het_bench import docs_stacks, report, soak_results, versus
 
 HEADER = (
     "# Benchmarks\n\n"
@@ -26,11 +27,13 @@ HEADER = (
     "(`make docs` regenerates it). Each section is one run of `python -m torchrec_het_bench`: every "
     "configuration trained in the same run, interleaved in rounds, on the same data. Bytes are counted by "
     "wrapping `torch.distributed` (MiB per step, summed over ranks); samples/s are medians over the measured "
-    "steps and vary between runs on a shared machine, bytes and AUC do not. In \"Against stock TorchRec\", "
-    "\"x stock\" is the ratio to the run's stock table_wise under `sparse_dist` (TorchRec's "
+    "steps and vary between runs on a shared machine, bytes and AUC do not (for a given seed). In \"Against "
+    "stock TorchRec\", \"× stock\" is the ratio to the run's stock table_wise under `sparse_dist` (TorchRec's "
     "`TrainPipelineSparseDist`, what users train with) where the run has it, else under the entry's own "
-    "pipeline; the last column names it. A soak section (`--soak`) trains every entry alone for thousands of "
-    "steps and records its memory instead. What each column means: [measuring.md](measuring.md).\n"
+    "pipeline; the last column names it. \"AUC − stock\" is the difference ± the half-width of its 95% "
+    "interval: over seeds (paired t) where a run has several, else on the held-out samples of its one seed "
+    "(DeLong); \"equal\" means the interval holds 0. A soak section (`--soak`) trains every entry alone for "
+    "thousands of steps and records its memory instead. What each column means: [measuring.md](measuring.md).\n"
 )
 
 
@@ -59,7 +62,19 @@ def command_of(results: dict) -> str:
         argv.append(f"--network emulated --hosts {results['network']['hosts']} --gbit {results['network']['gbit']}")
     if results.get("data", "synthetic") != "synthetic":
         argv.append(f"--data {results['data']}")
+    if results.get("seed", 0):
+        argv.append(f"--seed {results['seed']}")
+    if len(results.get("seeds", [])) > 1:
+        argv.append(f"--seeds {len(results['seeds'])}")
     return " ".join(argv)
+
+
+def _seed_words(results: dict) -> str:
+    seeds = results.get("seeds", [])
+    if len(seeds) < 2:
+        return f"; seed {results.get('seed', 0)}"
+    return (f"; seeds {', '.join(str(s) for s in seeds)} (AUC and its curve: means over the seeds; speed, bytes, "
+            f"memory and step times: seed {results['measured_seed']}'s run)")
 
 
 def run_params(results: dict) -> list[str]:
@@ -67,6 +82,8 @@ def run_params(results: dict) -> list[str]:
     versions = ", ".join(f"{name} {v}" for name, v in results.get("versions", {}).items())
     sizes = results["table_sizes"]
     recorded = [f"{key} {results[key]}" for key in ("commit", "date") if results.get(key)]
+    if results.get("machine"):
+        recorded.append(f"machine {results['machine']['cpu']}, {results['machine']['cpus']} CPUs")
     links = report.links_line(results["network"])
     if results.get("mode") == "soak":
         soak = results["soak"]
@@ -77,7 +94,7 @@ def run_params(results: dict) -> list[str]:
     else:
         schedule = (
             f"- {results['warmup_steps']} warm-up steps, then {results['rounds']} rounds of {results['steps_per_round']} "
-            f"steps per configuration; held-out AUC on {results['eval_samples']} samples"
+            f"steps per configuration; held-out AUC on {results['eval_samples']} samples" + _seed_words(results)
         )
     return [
         f"- preset `{results['preset']}`: {len(sizes)} tables of {min(sizes)}..{max(sizes)} rows, dim "
@@ -91,40 +108,6 @@ def run_params(results: dict) -> list[str]:
     ]
 
 
-def _ratio(value: float | None, reference: float | None) -> str:
-    return "-" if value is None or not reference else f"{value / reference:.2f}x"
-
-
-def _mib_and_ratio(value: int | None, reference: int | None) -> str:
-    return report._mib(value) + ("" if value is None or not reference else f" ({value / reference:.2f}x)")
-
-
-def versus_stock(results: dict) -> list[str]:
-    """Lines of a table comparing every entry with stock TorchRec under the pipeline users train with:
-    stock table_wise under ``sparse_dist`` where the run has it (the benchmark's
-    ``convergence_vs_sparse_dist`` / ``convergence`` reference), so a hybrid entry's ratio includes the
-    pipeline's effect."""
-    entries = {c["name"]: c for c in report.ran(results["configs"])}
-    lines = [
-        "| entry | sharding | samples/s | x stock | embedding MiB/step (x stock) | inter-host MiB/step (x stock) "
-        "| HET hit rate (ideal LRU) | hot rows | AUC | AUC - stock | stock |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for c in report.by_workload(results["configs"]):
-        ref = entries.get((c.get("convergence_vs_sparse_dist") or c.get("convergence") or {}).get("reference", ""))
-        sps = c["samples_per_s"]["median"]
-        emb = c["bytes_per_step"]["embedding_cross_rank"]
-        lines.append(
-            f"| {c['name']} | {'+'.join(c['sharding_types'])} | {sps:.0f} "
-            f"| {_ratio(sps, ref and ref['samples_per_s']['median'])} "
-            f"| {_mib_and_ratio(emb, ref and ref['bytes_per_step']['embedding_cross_rank'])} "
-            f"| {_mib_and_ratio(c.get('inter_host_bytes'), ref and ref.get('inter_host_bytes'))} "
-            f"| {report.het_hit_rate(c)} | {report.hot_row_share(c)} | {report._auc(c['auc'])} "
-            f"| {report._delta(None if ref is None else c['auc'] - ref['auc'])} | {ref['name'] if ref else '-'} |"
-        )
-    return lines
-
-
 def auc_curves(results: dict) -> list[str]:
     """Lines of a table of held-out AUC by trained step (one column per entry); none when no entry has a curve."""
     entries = [c for c in report.by_workload(results["configs"]) if len(c.get("auc_curve") or []) > 1]
@@ -133,13 +116,13 @@ def auc_curves(results: dict) -> list[str]:
     curves = [dict((step, auc) for step, auc in c["auc_curve"]) for c in entries]
     steps = sorted({step for curve in curves for step in curve})
     lines = [
-        "held-out AUC by trained step:",
+        "held-out AUC by trained step" + (" (mean over the seeds):" if len(results.get("seeds", [])) > 1 else ":"),
         "",
         "| step | " + " | ".join(c["name"] for c in entries) + " |",
         "|---|" + "---|" * len(entries),
     ]
     for step in steps:
-        lines.append(f"| {step} | " + " | ".join(report._auc(curve.get(step)) for curve in curves) + " |")
+        lines.append(f"| {step} | " + " | ".join(report.format_auc(curve.get(step)) for curve in curves) + " |")
     return lines
 
 
@@ -149,8 +132,11 @@ def render_run(title: str, results: dict) -> str:
     if results.get("mode") == "soak":
         table = soak_results.markdown_table(results).rstrip("\n")
         return "\n".join([f"## {title}", "", *note, *run_params(results), "", "### Memory over the run", "", table]) + "\n"
-    lines = [f"## {title}", "", *note, *run_params(results), "", "### Against stock TorchRec", "", *versus_stock(results)]
-    lines += ["", "### All measurements", "", report.markdown_table(results).rstrip("\n")]
+    lines = [f"## {title}", "", *note, *run_params(results), "", "### Against stock TorchRec", "", *versus.table(results)]
+    verdicts = versus.verdicts(results)
+    if verdicts:
+        lines += ["", *verdicts]
+    lines += ["", "### All measurements", "", report.markdown_table(results, curve_plot=None).rstrip("\n")]
     curve = auc_curves(results)
     if curve:
         lines += ["", *curve]
@@ -159,8 +145,10 @@ def render_run(title: str, results: dict) -> str:
 
 def render(paths: list[Path], command: str) -> str:
     """The whole page: a header naming ``command``, then one section per file (titled by its file name)."""
-    sections = [render_run(Path(path).stem, json.loads(Path(path).read_text())) for path in paths]
-    return HEADER.format(command=command) + "".join("\n" + section for section in sections)
+    runs = [json.loads(Path(path).read_text()) for path in paths]
+    sections = [render_run(Path(path).stem, results) for path, results in zip(paths, runs)]
+    stacks = docs_stacks.render_stacks(runs)
+    return HEADER.format(command=command) + ("\n" + stacks if stacks else "") + "".join("\n" + s for s in sections)
 
 
 def command_line(paths: list[Path], out: Path) -> str:

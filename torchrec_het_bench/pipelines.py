@@ -17,12 +17,13 @@ embeddings are looked up before the previous batch's embedding update: at B-2), 
 from the first batch (``start_batch=0``; TorchRec's default of 900 would train the
 benchmark's whole run synchronously), built by
 :func:`torchrec_het.pipeline.semi_sync_pipeline_class`, whose CPU adapter skips only the
-CUDA stream bookkeeping (``record_stream``) that TorchRec 1.8 does on CPU tensors too.
+CUDA stream bookkeeping (``record_stream``) that TorchRec 1.8.0 and 1.9.2 do on CPU tensors too.
 
 Every kind is a :class:`PipelineKind` in :data:`PIPELINES`, built from :func:`pipeline_kinds`
-(a new kind goes there). A kind names the devices it runs on: :func:`check_pipeline` tells,
-before any rank starts, that a device cannot run it. On CPU with TorchRec 1.8,
-``PrefetchTrainPipelineSparseDist`` cannot run; it is offered for devices that can. A run
+(a new kind goes there). A kind names the devices it runs on (none where the installed
+TorchRec lacks it): :func:`check_pipeline` tells, before any rank starts, that a device cannot
+run it. On CPU, TorchRec's ``PrefetchTrainPipelineSparseDist`` and 1.9's ``TrainPipelinePEC``
+cannot run (each kind's ``why_not`` quotes the error); they are offered for devices that can. A run
 trains every configuration under each pipeline it names (:func:`parse_pipelines`), each
 pair its own entry (:class:`PipelineRun` says how the entry is named).
 
@@ -371,10 +372,37 @@ def pipeline_kinds() -> list[PipelineKind]:
             _torchrec("PrefetchTrainPipelineSparseDist"),
             lookahead=3,
             device_types=("cuda",),
-            why_not="TorchRec 1.8's PrefetchTrainPipelineSparseDist fails on CPU "
-            "('Invalid PrefetchPipelinedForward usage, please do not directly call model.forward()')",
+            why_not="TorchRec's PrefetchTrainPipelineSparseDist (1.8.0 and 1.9.2) fails on CPU "
+            "('Invalid PrefetchPipelinedForward usage, please do not directly call model.forward()'): "
+            "without a data-dist stream its prefetch_embeddings returns before it prefetches anything",
         ),
+        _pec_kind(),
     ]
+
+
+def _pec(sharded: ShardedModel, feed: BatchFeed, device: torch.device, k: int) -> TorchRecLoop:  # noqa: ARG001
+    from torchrec_het import _compat
+
+    return TorchRecLoop(_compat.pec_train_pipeline_class(), sharded, feed, device)
+
+
+def _pec_kind() -> PipelineKind:
+    import torchrec
+
+    from torchrec_het import _compat
+
+    on_this_torchrec = _compat.pec_train_pipeline_class() is not None
+    return PipelineKind(
+        "pec",
+        "TorchRec 1.9's TrainPipelinePEC (compute-ahead pipeline for PEC EmbeddingCollections)",
+        _pec,
+        lookahead=2,
+        device_types=("cuda",) if on_this_torchrec else (),
+        why_not="TorchRec 1.9.2's TrainPipelinePEC fails on CPU ('Found no NVIDIA driver on your system'): its "
+        "fill_pipeline records a torch.cuda.Event on the data-dist stream"
+        if on_this_torchrec
+        else f"TrainPipelinePEC is new in TorchRec 1.9; torchrec {torchrec.__version__} is installed",
+    )
 
 
 PIPELINES: dict[str, PipelineKind] = by_name(pipeline_kinds(), "pipeline")
@@ -396,6 +424,8 @@ def check_pipeline(name: str, device: torch.device) -> PipelineKind:
     kind = PIPELINES.get(name)
     if kind is None:
         raise PipelineUnavailable(f"--pipeline: unknown pipeline {name!r}; choose from {sorted(PIPELINES)}")
+    if not kind.device_types:
+        raise PipelineUnavailable(f"--pipeline {name} cannot run here: {kind.why_not}")
     if device.type not in kind.device_types:
         raise PipelineUnavailable(
             f"--pipeline {name} cannot run on this device ({device.type}): {kind.why_not}; "

@@ -9,7 +9,7 @@ from pathlib import Path
 PHASES = ("fwd_ids", "fwd_emb", "bwd_grad", "dense_allreduce", "other")
 
 
-def _mib(n: int | None) -> str:
+def format_mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.2f}"
 
 
@@ -68,9 +68,14 @@ def hot_row_share(entry: dict) -> str:
     return "" if share is None else f"{share:.2%}"
 
 
-def markdown_table(results: dict) -> str:
+def markdown_table(results: dict, curve_plot: str | None = "auc_curve.png") -> str:
     """One row per configuration, grouped by workload: speed, bytes per step (MiB, summed over ranks), the HET
-    cache's hit rate and the replicated share of rows (blank where the entry has neither), quality, memory."""
+    cache's hit rate and the replicated share of rows (blank where the entry has neither), quality, memory.
+
+    Args:
+        curve_plot: the AUC curves' plot the convergence table cites (written beside results.md), or None
+            where no plot goes with the table (docs/benchmarks.md shows the curves as a table instead).
+    """
     net = results["network"]
     where = "loopback" if net["mode"] == "loopback" else f"{net['hosts']} emulated hosts at {net['gbit']} Gbit/s"
     lines = [
@@ -91,8 +96,8 @@ def markdown_table(results: dict) -> str:
         lines.append(
             f"| {c.get('workload', 'dlrm')} | {c['name']} | {'+'.join(c['sharding_types'])} "
             f"| {sps['median']:.0f} [{sps['p10']:.0f}, {sps['p90']:.0f}] "
-            + "| " + " | ".join(_mib(b[p]) for p in PHASES)
-            + f" | {_mib(b['embedding_cross_rank'])} | {_mib(c['inter_host_bytes'])}"
+            + "| " + " | ".join(format_mib(b[p]) for p in PHASES)
+            + f" | {format_mib(b['embedding_cross_rank'])} | {format_mib(c['inter_host_bytes'])}"
             f" | {het_hit_rate(c)} | {hot_row_share(c)} | {c['auc']:.4f} | {c['loss']:.4f} | {rss} |"
         )
     refused = [c for c in results["configs"] if "not_run" in c]
@@ -100,7 +105,7 @@ def markdown_table(results: dict) -> str:
         lines.append("")
         lines += [f"not run: {c['name']}: {c['not_run']}" for c in refused]
     lines += ["", *step_time_table(results)]
-    lines += ["", *convergence_table(results)]
+    lines += ["", *convergence_table(results, curve_plot)]
     if "sequence" in results:
         s = results["sequence"]
         lines += [
@@ -131,7 +136,8 @@ def step_time_table(results: dict) -> list[str]:
     return lines
 
 
-def _auc(value: float | None) -> str:
+def format_auc(value: float | None) -> str:
+    """An AUC to 4 decimals, ``-`` where there is none."""
     return "-" if value is None else f"{value:.4f}"
 
 
@@ -149,21 +155,28 @@ def _against(c: dict, key: str) -> tuple[str, str, str]:
     if conv is None:
         return "-", "-", "-"
     steps = f"{_steps(conv['steps_to_target'])} ({_steps(conv['reference_steps_to_target'])})"
-    return conv["reference"], _delta(conv["auc_minus_reference"]), steps
+    delta = _delta(conv["auc_minus_reference"])
+    if "auc_half_width" in conv:  # the 95% interval's half-width (torchrec_het_bench.versus)
+        delta += f" ± {conv['auc_half_width']:.4f}"
+    return conv["reference"], delta, steps
 
 
-def convergence_table(results: dict) -> list[str]:
+def convergence_table(results: dict, curve_plot: str | None = "auc_curve.png") -> list[str]:
     """Lines of the convergence table: final AUC, the hybrid pipeline's staleness gauge (max), and per entry
-    its final AUC minus stock table_wise's and the steps to 99.5% of stock's plateau AUC."""
+    its final AUC minus stock table_wise's and the steps to 99.5% of stock's plateau AUC (``curve_plot``: as
+    for :func:`markdown_table`)."""
     every = results.get("eval_every") or 0
+    curves = has_auc_curves(results)
     lines = [
         "convergence: held-out AUC "
         + (f"every {every} trained steps and after the last" if every else "after the last step")
-        + " (auc_curve, auc_curve.png); plateau = the largest AUC on stock table_wise's curve; steps to 99.5% = "
+        + (f" (auc_curve, {curve_plot})" if curves and curve_plot else " (auc_curve)")
+        + "; plateau = the largest AUC on stock table_wise's curve; steps to 99.5% = "
         "the first evaluated step at or above 99.5% of that plateau (stock's own in parentheses); reference: "
         "stock table_wise under the entry's pipeline, or under sparse_dist when that pipeline has none; "
         "the last two columns compare with stock table_wise under sparse_dist where the reference is another "
-        "pipeline's; staleness max: the most embedding updates a trained batch's read missed (hybrid's gauge)",
+        "pipeline's; AUC differences ± the half-width of their 95% interval where recorded (as in the table against "
+        "stock); staleness max: the most embedding updates a trained batch's read missed (hybrid's gauge)",
         "",
         "| workload | entry | pipeline | k | staleness max | final AUC | reference | AUC - ref | steps to 99.5% "
         "| AUC - sparse_dist stock | steps to 99.5% (sparse_dist) |",
@@ -179,7 +192,7 @@ def convergence_table(results: dict) -> list[str]:
             caveats.append(f"* {c['name']}: {c['auc_curve_caveat']}")
         lines.append(
             f"| {c.get('workload', 'dlrm')} | {c['name']}{mark} | {c.get('pipeline', '-')} | {c.get('embedding_staleness', '-')} "
-            f"| {'-' if gauge is None else gauge['max']} | {_auc(c['auc'])} | {reference} | {delta} | {steps} "
+            f"| {'-' if gauge is None else gauge['max']} | {format_auc(c['auc'])} | {reference} | {delta} | {steps} "
             f"| {sync_delta} | {sync_steps} |"
         )
     return lines + ([""] + caveats if caveats else [])
@@ -201,7 +214,7 @@ def plot(results: dict, path: Path) -> None:
         ax_bytes.bar(names, heights, bottom=bottom, label=phase)
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax_bytes.set_ylabel("MiB per step (cross-rank, all ranks)")
-    ax_bytes.set_title("bytes per phase")
+    ax_bytes.set_title("bytes per phase (lower is better)")
     # Explicit headroom: autoscaling ends the axis at the tallest stack (its top edge clipped), and the
     # legend (one row of columns above the bars) needs room of its own.
     ax_bytes.set_ylim(0, max(bottom, default=0.0) * 1.3 or 1.0)
@@ -212,7 +225,7 @@ def plot(results: dict, path: Path) -> None:
     ax_speed.bar(names, medians, yerr=[low, high], capsize=4, color="tab:gray")
     ax_speed.set_ylim(0, max((c["samples_per_s"]["p90"] for c in configs), default=0.0) * 1.1 or 1.0)
     ax_speed.set_ylabel("samples/s (median, p10-p90)")
-    ax_speed.set_title("throughput")
+    ax_speed.set_title("throughput (higher is better)")
     for ax in (ax_bytes, ax_speed):
         ax.tick_params(axis="x", rotation=30)
     net = results["network"]
@@ -230,8 +243,14 @@ def save_figure(fig, path: Path) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
+def _staleness_size(bound: int) -> float:
+    """Marker area (points^2) of a HET entry with staleness bound ``bound``: grows with its square root."""
+    return 30 + 48 * min(bound, 100) ** 0.5
+
+
 def plot_het_tradeoff(results: dict, path: Path) -> bool:
-    """Embedding bytes vs AUC of the HET configurations (marker size: staleness bound), stock as lines.
+    """Embedding bytes vs AUC of the HET configurations (marker size: staleness bound), stock as lines;
+    better is up and left (higher AUC, fewer bytes).
 
     Returns False (and writes nothing) when the run has no HET configuration.
     """
@@ -243,7 +262,7 @@ def plot_het_tradeoff(results: dict, path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7.5, 5))
     for protocol, marker in (("het", "o"), ("lease", "s")):
         for capacity, color in ((0.01, "tab:orange"), (0.1, "tab:blue")):
             group = [c for c in het if c["params"]["protocol"] == protocol and c["params"]["capacity"] == capacity]
@@ -251,31 +270,42 @@ def plot_het_tradeoff(results: dict, path: Path) -> bool:
                 continue
             xs = [c["bytes_per_step"]["embedding_cross_rank"] / 2**20 for c in group]
             ys = [c["auc"] for c in group]
-            sizes = [30 + 12 * min(c["params"]["s_read"], 100) ** 0.5 * 4 for c in group]
+            sizes = [_staleness_size(c["params"]["s_read"]) for c in group]
             ax.scatter(xs, ys, s=sizes, marker=marker, color=color, alpha=0.8, label=f"{protocol}, {capacity:.0%} cache")
             for c, x, y in zip(group, xs, ys):
-                ax.annotate(f"s={c['params']['s_read']}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+                ax.annotate(f"s={c['params']['s_read']}", (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    for bound in (0, 10, 100):  # the size key, as empty gray markers
+        ax.scatter([], [], s=_staleness_size(bound), facecolors="none", edgecolors="gray", label=f"staleness bound s={bound}")
     for c in ran(results["configs"]):
         if c["stock"] and c.get("workload", "dlrm") == "dlrm":
             ax.axvline(c["bytes_per_step"]["embedding_cross_rank"] / 2**20, color="gray", linestyle=":", linewidth=1)
             ax.axhline(c["auc"], color="gray", linestyle=":", linewidth=1)
             ax.annotate(c["name"], (c["bytes_per_step"]["embedding_cross_rank"] / 2**20, c["auc"]), fontsize=7)
-    ax.set_xlabel("embedding bytes per step, MiB (cross-rank, all ranks)")
-    ax.set_ylabel("held-out AUC")
-    ax.set_title(f"HET: bytes vs AUC vs staleness bound (preset {results['preset']}, alpha {results.get('alpha')})")
-    ax.legend(fontsize=8)
+    ax.set_xlim(left=0)
+    ax.set_xlabel("embedding bytes per step, MiB (cross-rank, all ranks; fewer is better)")
+    ax.set_ylabel("held-out AUC (higher is better)")
+    ax.set_title(f"HET: bytes vs AUC, better up and left (preset {results['preset']}, alpha {results.get('alpha')})")
+    ax.legend(fontsize=8, labelspacing=1.2, borderpad=0.8)
     save_figure(fig, path)
     return True
 
 
+_MARKERS = "osD^vP*Xhp<>"
+
+
 def plot_bytes_vs_memory(results: dict, path: Path) -> bool:
     """Embedding bytes per step against model state per rank (max over ranks), one panel per workload,
-    for every configuration of a run that has a row-replicated one.
+    for every entry of a run where one has row-replicated tables (the planner's choice included); better is
+    down and left.
 
-    Returns False (and writes nothing) when the run has no row-replicated configuration.
+    Each entry has its own marker in the legend (entries of equal memory sit on top of each other,
+    so their names are not written beside the points). The axes start at 0, so an entry's distance
+    from another reads as a share of its memory and bytes.
+
+    Returns False (and writes nothing) when no entry has row-replicated tables.
     """
     configs = ran(results["configs"])
-    if not any(c["params"].get("sharding") == "het_row_replicated" for c in configs):
+    if not any("het_row_replicated" in c["sharding_types"] for c in configs):
         return False
     import matplotlib
 
@@ -283,22 +313,27 @@ def plot_bytes_vs_memory(results: dict, path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     workloads = sorted({c.get("workload", "dlrm") for c in configs})
-    fig, axes = plt.subplots(1, len(workloads), figsize=(6.5 * len(workloads), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(7.5 * len(workloads), 5), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
-        for c in (c for c in configs if c.get("workload", "dlrm") == workload):
+        entries = [c for c in configs if c.get("workload", "dlrm") == workload]
+        for index, c in enumerate(entries):
             x, y = max(c["state_mb"]), c["bytes_per_step"]["embedding_cross_rank"] / 2**20
-            replicated = c["params"].get("sharding") == "het_row_replicated"
-            label = "het_row_replicated (hot rows on every rank)" if replicated else "other configurations"
-            ax.scatter([x], [y], marker="o" if replicated else "s", color="tab:blue" if replicated else "gray", label=label)
-            ax.annotate(c["name"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        handles, labels = ax.get_legend_handles_labels()
-        unique = dict(zip(labels, handles))  # one entry per kind of marker
-        ax.legend(unique.values(), unique.keys(), fontsize=8)
-        ax.set_xlabel("model state per rank, MiB (weights + optimizer state, replicas included; max over ranks)")
-        ax.set_ylabel("embedding bytes per step, MiB (cross-rank, all ranks)")
-        ax.set_title(f"{workload}: bytes vs memory (preset {results['preset']})")
+            replicated = "het_row_replicated" in c["sharding_types"]
+            ax.scatter([x], [y], marker=_MARKERS[index % len(_MARKERS)], s=60, alpha=0.75,
+                       label=c["name"] + (" (hot rows on every rank)" if replicated else ""))
+        ax.set_xlim(0, max(max(c["state_mb"]) for c in entries) * 1.15 or 1.0)
+        ax.set_ylim(0, max(c["bytes_per_step"]["embedding_cross_rank"] for c in entries) / 2**20 * 1.15 or 1.0)
+        ax.legend(fontsize=8, loc="lower left")
+        ax.set_xlabel("model state per rank, MiB (max over ranks; less is better)\nweights + optimizer state, replicas included")
+        ax.set_ylabel("embedding bytes per step, MiB (fewer is better)\ncross-rank, summed over ranks")
+        ax.set_title(f"{workload}: bytes vs memory, better down and left (preset {results['preset']})")
     save_figure(fig, path)
     return True
+
+
+def has_auc_curves(results: dict) -> bool:
+    """Whether an entry has two AUC points or more: then :func:`plot_auc_curves` writes auc_curve.png."""
+    return any(len(c.get("auc_curve", [])) >= 2 for c in ran(results["configs"]))
 
 
 def plot_auc_curves(results: dict, path: Path) -> bool:
@@ -307,9 +342,9 @@ def plot_auc_curves(results: dict, path: Path) -> bool:
 
     Returns False (and writes nothing) when no entry has two points or more.
     """
-    configs = [c for c in by_workload(results["configs"]) if len(c.get("auc_curve", [])) >= 2]
-    if not configs:
+    if not has_auc_curves(results):
         return False
+    configs = [c for c in by_workload(results["configs"]) if len(c.get("auc_curve", [])) >= 2]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -331,7 +366,7 @@ def plot_auc_curves(results: dict, path: Path) -> bool:
             ax.annotate(f"{reference} plateau (dashed), 99.5% (dotted)", (0, plateau), fontsize=7,
                         xytext=(2, 3), textcoords="offset points", color="gray")
         ax.set_xlabel("trained steps (warm-up included)")
-        ax.set_ylabel("held-out AUC")
+        ax.set_ylabel("held-out AUC (higher is better)")
         ax.set_title(f"{workload}: held-out AUC (preset {results['preset']})")
         ax.legend(fontsize=7)
     save_figure(fig, path)

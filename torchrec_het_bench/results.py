@@ -9,6 +9,8 @@ measurements.
 """
 
 import json
+import os
+import platform
 import statistics
 import subprocess
 from datetime import datetime, timezone
@@ -18,7 +20,7 @@ from pathlib import Path
 import torch
 
 from torchrec_het_bench import configs as bench_configs
-from torchrec_het_bench import report
+from torchrec_het_bench import report, versus
 from torchrec_het_bench.het_stats import summarize_cache
 from torchrec_het_bench.step_time import STEP_PARTS, TIMED_PARTS
 from torchrec_het_bench.worker import RankRecord, RunSpec
@@ -103,7 +105,20 @@ def provenance() -> dict[str, str]:
         commit += "+dirty" if dirty else ""
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
-    return {"commit": commit, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    return {"commit": commit, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine()}
+
+
+def machine() -> dict:
+    """The CPU model and count: the math libraries pick their code path by CPU, so float rounding, and
+    through it a run's exact losses, may differ between machines (docs/measuring.md)."""
+    cpu = platform.processor() or "unknown"
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return {"cpu": cpu, "cpus": os.cpu_count()}
 
 
 # The reference of ``convergence``: stock table_wise of the entry's workload.
@@ -214,7 +229,7 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
     preset = spec.preset
     emulated = spec.network["mode"] == "emulated"
     host_of_rank = list(spec.host_of_rank) if emulated else None
-    entries = []
+    entries, held_out = [], {}  # held_out: entry name -> (scores, labels), for auc_vs_stock
     for entry in spec.entries():
         name = entry.name
         per_rank = [ranks[name] for ranks in gathered]
@@ -244,6 +259,7 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
         per_step, by_collective, inter_host, inter_host_embedding = _bytes(per_rank, steps, host_of_rank)
         scores = torch.cat([r.scores for r in per_rank])
         labels = torch.cat([r.labels for r in per_rank])
+        held_out[name] = scores, labels
         last_round = slice(-preset.steps_per_round, None)
         batch_size = preset.batch_size_of(config.workload)
         entries.append(
@@ -295,11 +311,13 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
         "eval_samples": preset.eval_batches * preset.batch_size * spec.world_size,
         "eval_every": preset.eval_every,
         "data": spec.data_path or "synthetic",
+        "seed": spec.seed,
         "configs": entries,
         "versions": versions(),
         **provenance(),
     }
     convergence(entries)
+    versus.add_auc_vs_stock(entries, held_out)
     # The fields above the configs describe the DLRM workload; the sequence workload's own
     # sizes follow when the run has any of its configurations.
     if preset.sequence is not None and any(e["workload"] == "sequence" for e in entries):
@@ -319,11 +337,15 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
 
 def write_outputs(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> None:
     """Writes results.json, results.md and results.png into ``spec.out_dir`` and prints the table."""
-    results = summarize(spec, gathered)
-    out = Path(spec.out_dir)
+    write_results(summarize(spec, gathered), Path(spec.out_dir))
+
+
+def write_results(results: dict, out: Path) -> None:
+    """Writes ``results`` (results.json), its tables (results.md, printed too) and plots into ``out``:
+    first every entry against stock (ratios, AUC difference with its interval, verdicts), then the rest."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    table = report.markdown_table(results)
+    table = versus.section(results) + report.markdown_table(results)
     (out / "results.md").write_text(table)
     report.plot(results, out / "results.png")
     if report.plot_het_tradeoff(results, out / "het_tradeoff.png"):

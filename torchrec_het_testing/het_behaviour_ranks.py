@@ -29,7 +29,6 @@ Checks:
     ``state_dict()`` / ``load_state_dict()`` round trip of a trained model.
 """
 
-import inspect
 import time
 import traceback
 from collections.abc import Callable
@@ -43,7 +42,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het._compat import lookup_kernels
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.sharders import HetShardedEmbeddingBagCollection
-from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
+from torchrec_het.sharding.het_cache import protocol
+from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
 from torchrec_het_testing.bag_models import loss_of, projections, sharded, table_configs
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
 
@@ -133,7 +133,7 @@ def apply_pushes(lookups: list[HetCachedEmbeddingLookup]) -> None:
     """Applies the pushes of the last backward at their owners (the next lookup would do it first):
     the owner's weights and versions are read here as that lookup will see them."""
     for lookup in lookups:
-        lookup.wait_pushes()
+        lookup.pushes.apply_arrived()
 
 
 def _owned_weights(lookups: list[HetCachedEmbeddingLookup], rank: int) -> dict[str, tuple[int, torch.Tensor]]:
@@ -171,7 +171,7 @@ def _cache_rows(lookups: list[HetCachedEmbeddingLookup]) -> int:
 def _pending(lookups: list[HetCachedEmbeddingLookup]) -> int:
     """Updates held back on this rank: in caches and in evicted rows not pushed yet."""
     cached = sum(int(g.cache.pending_count.sum()) for lookup in lookups for g in lookup.groups)
-    outbox = sum(int(p.counts.sum()) for lookup in lookups for parts in lookup._outbox for p in parts)
+    outbox = sum(int(p.counts.sum()) for lookup in lookups for parts in lookup.pushes.outbox for p in parts)
     return cached + outbox
 
 
@@ -195,8 +195,8 @@ def _snapshot(lookups: list[HetCachedEmbeddingLookup], rank: int) -> dict[str, t
     """Copies of everything a forward may change: weights, cache, versions, counters, step."""
     out = {f"weights/{name}": w.detach().clone() for name, (_, w) in _owned_weights(lookups, rank).items()}
     for li, lookup in enumerate(lookups):
-        out[f"{li}/step"] = torch.tensor(lookup._step)
-        out[f"{li}/outbox"] = torch.tensor([len(parts) for parts in lookup._outbox])
+        out[f"{li}/step"] = torch.tensor(lookup.clock)
+        out[f"{li}/outbox"] = torch.tensor([len(parts) for parts in lookup.pushes.outbox])
         for gi, g in enumerate(lookup.groups):
             cache = g.cache
             for attr in ("slot_ids", "values", "versions", "validated_step", "pending_count", "pending_grad",
@@ -227,11 +227,11 @@ def gradient_mass(sharded: HetShardedEmbeddingBagCollection) -> dict[str, dict[s
 class ServeRecorder:
     """Per table, how far each copy served from the cache lags the true owner version, and the age of its lease.
 
-    The runtime has no test hook: :meth:`attach` instruments the lookups from here, wrapping each
-    one's settle step (the requester side of a batch's exchange: stale copies refreshed, new rows
-    filled, the step's rows gathered) and reading, right after it, the cached copies the step
-    serves without fetching them, as the forward pools them. Set :attr:`truth` (every row's owner
-    version) and :attr:`step` before each step.
+    The runtime has no test hook: :meth:`attach` instruments the cache from here, wrapping the
+    protocol's settle step (:func:`~torchrec_het.sharding.het_cache.protocol.settle`: stale copies
+    refreshed, new rows filled, the batch's rows gathered) and reading, right after each call, the
+    cached copies it served without fetching them, as the forward pools them. Set :attr:`truth`
+    (every row's owner version) and :attr:`step` before each step; :meth:`detach` when done.
 
     Args:
         rank: this rank.
@@ -247,37 +247,40 @@ class ServeRecorder:
                    "max_age": 0, "min_age": 0}
             for name in row_starts
         }
+        self._settle = None
 
     @classmethod
     def attach(cls, lookups: list[HetCachedEmbeddingLookup], rank: int) -> "ServeRecorder":
-        """A recorder of every table of ``lookups``, observing each lookup's settle step."""
+        """A recorder of every table of ``lookups``, observing every settle of their groups from now on
+        (in this process: a spawned rank)."""
         row_starts = {t.name: t.row_starts for lookup in lookups for g in lookup.groups for t in g.tables}
         recorder = cls(rank, row_starts)
-        for lookup in lookups:
-            lookup._settle = recorder._observing(lookup._settle)  # an instance attribute over the method
+        recorder._settle = protocol.settle
+
+        def settle_and_record(g, read, *args, **kwargs) -> torch.Tensor:
+            served = recorder._settle(g, read, *args, **kwargs)
+            recorder.record_group(g, read, served)
+            return served
+
+        protocol.settle = settle_and_record
         return recorder
 
-    def _observing(self, settle: Callable) -> Callable:
-        signature = inspect.signature(settle)
+    def detach(self) -> None:
+        """The protocol's own settle step again."""
+        if self._settle is not None:
+            protocol.settle, self._settle = self._settle, None
 
-        def settle_and_record(*args, **kwargs) -> None:
-            settle(*args, **kwargs)
-            bound = signature.bind(*args, **kwargs).arguments
-            self.record_group(bound["g"], bound["read"], bound["asked"], bound["brings"], bound["step"])
-
-        return settle_and_record
-
-    def record_group(self, group, read, asked: torch.Tensor, brings: torch.Tensor, step: int) -> None:
-        """Records, per table of ``group``, the copies one settled batch serves from the cache:
-        its remote ids minus those whose request brought the row."""
-        served = torch.ones(read.remote.numel(), dtype=torch.bool, device=read.remote.device)
-        served[asked[brings]] = False
+    def record_group(self, group, read, served: torch.Tensor) -> None:
+        """Records, per table of ``group`` this recorder follows, the copies one settled batch served
+        from the cache (``served``: per remote id, no row came for it)."""
+        if group.tables[0].name not in self.records:
+            return
         hit = read.slots[served]
         ids, tables = read.uniq[read.remote[served]], read.tables.index_select(0, read.remote)[served]
         cache = group.cache
         for i, t in enumerate(group.tables):
             mine = tables == i
-            self(t.name, ids[mine] - group.offsets[i], cache.versions[hit[mine]], cache.validated_step[hit[mine]], step)
+            self(t.name, ids[mine] - group.offsets[i], cache.versions[hit[mine]], cache.validated_step[hit[mine]], read.step)
 
     def __call__(
         self, table: str, ids: torch.Tensor, versions: torch.Tensor, validated: torch.Tensor, step: int
@@ -332,19 +335,22 @@ def bounds(rank: int, world_size: int) -> dict:
     max_remote = {c.name: 0 for c in configs}
     max_pending = {c.name: 0 for c in configs}
     losses = []
-    for step in range(BOUND_STEPS):
-        apply_pushes(lookups)
-        recorder.truth = true_versions(lookups, world_size)  # versions move when pushes are applied and at flush
-        recorder.step = step
-        features = batch(rank, step, configs)
-        for name, ids in _ids_by_table(features, configs).items():
-            starts = recorder.row_starts[name]
-            remote = (ids < starts[rank]) | (ids >= starts[rank + 1])
-            min_remote[name] = min(min_remote[name], int(remote.sum()))
-            max_remote[name] = max(max_remote[name], int(remote.sum()))
-        losses.append(_train_step(model, features, proj))
-        for name, held in _max_pending(lookups).items():
-            max_pending[name] = max(max_pending[name], held)
+    try:
+        for step in range(BOUND_STEPS):
+            apply_pushes(lookups)
+            recorder.truth = true_versions(lookups, world_size)  # versions move when pushes are applied and at flush
+            recorder.step = step
+            features = batch(rank, step, configs)
+            for name, ids in _ids_by_table(features, configs).items():
+                starts = recorder.row_starts[name]
+                remote = (ids < starts[rank]) | (ids >= starts[rank + 1])
+                min_remote[name] = min(min_remote[name], int(remote.sum()))
+                max_remote[name] = max(max_remote[name], int(remote.sum()))
+            losses.append(_train_step(model, features, proj))
+            for name, held in _max_pending(lookups).items():
+                max_pending[name] = max(max_pending[name], held)
+    finally:
+        recorder.detach()
     stats = sharded.cache_stats()
     tables = {}
     for name, record in recorder.records.items():

@@ -98,8 +98,8 @@ def _width(configs) -> int:
     return sum(c.embedding_dim * len(c.feature_names) for c in configs)
 
 
-def _model(kind: str, configs, weighted: bool, optimizer: str, cache: HetCacheConfig | None = None,
-           lr: float | None = None) -> DistributedModelParallel:
+def het_model(kind: str, configs, weighted: bool, optimizer: str, cache: HetCacheConfig | None = None,
+              lr: float | None = None) -> DistributedModelParallel:
     ebc = ebc_with_optimizer(configs, weighted, optimizer, "meta", lr)
     if kind == "het":
         sharder, generator = HetEmbeddingBagCollectionSharder(cache=cache), het_cached_row_wise
@@ -116,24 +116,27 @@ def _model(kind: str, configs, weighted: bool, optimizer: str, cache: HetCacheCo
     return model
 
 
-def _pipeline(model) -> TrainPipelineSparseDist:
+def sparse_dist_pipeline(model) -> TrainPipelineSparseDist:
     return TrainPipelineSparseDist(model, CombinedOptimizer([model.fused_optimizer]), torch.device("cpu"))
 
 
 def bounds(rank: int, world_size: int) -> dict:
     """Read bounds of every behaviour case under the pipeline, then gradient mass after a flush."""
     configs, cache = behaviour.bound_configs()
-    model = _model("het", configs, False, "sgd", cache, lr=behaviour.LR)
+    model = het_model("het", configs, False, "sgd", cache, lr=behaviour.LR)
     sharded = model.module.ebc
     lookups = sharded.het_lookups()
     recorder = behaviour.ServeRecorder.attach(lookups, rank)
-    pipeline = _pipeline(model)
+    pipeline = sparse_dist_pipeline(model)
     iterator = iter([behaviour.batch(rank, step, configs) for step in range(behaviour.BOUND_STEPS)])
-    for step in range(behaviour.BOUND_STEPS):
-        behaviour.apply_pushes(lookups)  # the lookup of this step applies them before it answers
-        recorder.truth = behaviour.true_versions(lookups, world_size)
-        recorder.step = step
-        pipeline.progress(iterator)
+    try:
+        for step in range(behaviour.BOUND_STEPS):
+            behaviour.apply_pushes(lookups)  # the lookup of this step applies them before it answers
+            recorder.truth = behaviour.true_versions(lookups, world_size)
+            recorder.step = step
+            pipeline.progress(iterator)
+    finally:
+        recorder.detach()
     stats = sharded.cache_stats()
     sharded.flush_cache()
     mass = behaviour.gradient_mass(sharded)
@@ -183,13 +186,13 @@ def ahead(rank: int, world_size: int, pipelined: bool) -> dict:
     """Tables whose bound allows fetching ahead, under the pipeline or in a plain loop: the read
     bound per table, collectives in the forward, and gradient mass after a flush."""
     configs, cache = behaviour.bound_configs(AHEAD_CASES)
-    model = _model("het", configs, False, "sgd", cache, lr=behaviour.LR)
+    model = het_model("het", configs, False, "sgd", cache, lr=behaviour.LR)
     sharded = model.module.ebc
     lookups = sharded.het_lookups()
     recorder = behaviour.ServeRecorder.attach(lookups, rank)
     counter = _Collectives(model.module)
     batches = [behaviour.batch(rank, step, configs) for step in range(behaviour.BOUND_STEPS)]
-    pipeline, iterator = (_pipeline(model), iter(batches)) if pipelined else (None, None)
+    pipeline, iterator = (sparse_dist_pipeline(model), iter(batches)) if pipelined else (None, None)
     try:
         for step in range(behaviour.BOUND_STEPS):
             behaviour.apply_pushes(lookups)  # the lookup of this step applies them before serving
@@ -202,6 +205,7 @@ def ahead(rank: int, world_size: int, pipelined: bool) -> dict:
                 loss.backward()
     finally:
         counter.close()
+        recorder.detach()
     stats = sharded.cache_stats()
     sharded.flush_cache()
     tables = {
@@ -216,7 +220,7 @@ def prefetch(rank: int, world_size: int) -> dict:
     """Two s = 0 models on the same batches, one with ``prefetch()`` called as the prefetch pipeline calls it."""
     configs = table_configs(False)
     cache = HetCacheConfig(default=CacheSettings(capacity=0.3))
-    models = [_model("het", configs, False, "rowwise_adagrad", cache) for _ in range(2)]
+    models = [het_model("het", configs, False, "rowwise_adagrad", cache) for _ in range(2)]
     batches = [batch(rank, step, False, configs) for step in range(STEPS)]
     prefetched = 0
     for index, model in enumerate(models):
@@ -226,10 +230,11 @@ def prefetch(rank: int, world_size: int) -> dict:
             dist_input = sharded.input_dist(ctx, features).wait().wait()
             if index == 1:
                 sharded.prefetch(dist_input=dist_input, forward_stream=None, ctx=ctx)
-                prefetched += sum(int(lookup.prefetched is not None) for lookup in sharded.het_lookups())
             pooled = sharded.compute_and_output_dist(ctx, dist_input).wait()
             loss = pooled_loss(pooled)
             loss.backward()
+        if index == 1:
+            prefetched = sum(lookup.prefetched_batches for lookup in sharded.het_lookups())
     states = [m.state_dict() for m in models]
     worst = 0.0
     for key, value in states[0].items():

@@ -1,4 +1,4 @@
-"""Rank bodies of tests/distributed/test_replica_held.py: a :class:`~torchrec_het.sharding.replica_store.ReplicaBlock`
+"""Rank bodies of tests/distributed/test_replica_held.py: a :class:`~torchrec_het.sharding.row_replicated.replicas.ReplicaBlock`
 synced every k steps grows its Adagrad state as k synchronous steps would.
 
 Row 0 is read by rank 0 only, k steps; row 1 by every rank, in one step; row 2 by every rank,
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from torchrec_het.sharding.replica_store import ReplicaBlock
-from torchrec_het.sharding.row_optim import step_rows
+from torchrec_het._tbe import step_rows
+from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
 
 DIM, K, LR = 4, 5, 0.1

@@ -4,14 +4,15 @@ look at replicas directly (held gradients, agreement after a flush or a bad batc
 The generic tests (:mod:`~torchrec_het_testing.equivalence`) see replicas through what the model
 reads, and through :func:`replica_disagreement` at the end of a case; this is the one module of
 ``torchrec_het_testing`` that knows the lookups' insides (both the pipelined
-:class:`~torchrec_het.sharding.replica_holder.ReplicaHolder` and the per-host tier's lookups), so
+:class:`~torchrec_het.sharding.row_replicated.holder.ReplicaHolder` and the per-host tier's lookups), so
 it is the one to follow them when they change.
 """
 
 import torch
 import torch.distributed as dist
 
-from torchrec_het.sharding.replica_holder import ReplicaHolder
+from torchrec_het._compat import lookup_kernels
+from torchrec_het.sharding.row_replicated.holder import ReplicaHolder
 
 
 def replicated_lookups(model) -> list:
@@ -21,7 +22,7 @@ def replicated_lookups(model) -> list:
 
 def _owner_rows(lookup, group) -> torch.Tensor:
     """The group's replicated rows as their owners' shards hold them (every rank gets all; a collective)."""
-    weights = [m.split_embedding_weights() for m in lookup._emb_modules]
+    weights = [m.split_embedding_weights() for m in lookup_kernels(lookup)]
     block = torch.zeros(group.hot.numel(), group.dim, device=group.hot.device)
     owned = group.owner_of(group.hot) == lookup._rank
     block[owned] = group.read_owned(group.hot[owned], [weights[t.module_index][t.table_index] for t in group.tables])
@@ -39,7 +40,7 @@ def replica_disagreement(model) -> float:
                 if group.hot.numel():
                     worst = max(worst, float((block.weights - _owner_rows(lookup, group)).abs().max()))
             continue
-        lookup._weights = [m.split_embedding_weights() for m in lookup._emb_modules]
+        lookup._weights = [m.split_embedding_weights() for m in lookup_kernels(lookup)]
         for group in lookup.groups:
             for i, t in enumerate(group.tables):
                 rows = torch.sort(torch.cat([group.hot, group.host])).values
@@ -78,7 +79,7 @@ def replicated_rows(lookup) -> list[torch.Tensor]:
     tier's lookup: the owners' shards and the other ranks' replicas)."""
     if isinstance(lookup, ReplicaHolder):
         return [block.weights.clone() for block in lookup._blocks]
-    lookup._weights = [m.split_embedding_weights() for m in lookup._emb_modules]
+    lookup._weights = [m.split_embedding_weights() for m in lookup_kernels(lookup)]
     views = [r.split_embedding_weights() for r in lookup._replicas]
     out = []
     for group in lookup.groups:

@@ -93,6 +93,20 @@ def test_a_pipeline_the_device_cannot_run_is_refused_in_one_clear_line(name, rea
     assert check_pipeline(name, torch.device("cuda")) is PIPELINES[name]  # a device that can run it may
 
 
+def test_pec_is_offered_for_cuda_where_the_installed_torchrec_has_it():
+    from torchrec_het import _compat
+
+    if _compat.pec_train_pipeline_class() is None:  # TorchRec 1.8: no TrainPipelinePEC
+        for device in (CPU, torch.device("cuda")):
+            with pytest.raises(PipelineUnavailable, match=r"--pipeline pec cannot run here: TrainPipelinePEC is new in "
+                               r"TorchRec 1\.9; torchrec 1\.8\.0 is installed"):
+                check_pipeline("pec", device)
+    else:
+        with pytest.raises(PipelineUnavailable, match=r"--pipeline pec cannot run on this device \(cpu\): .*NVIDIA driver"):
+            check_pipeline("pec", CPU)
+        assert check_pipeline("pec", torch.device("cuda")) is PIPELINES["pec"]
+
+
 def test_the_command_line_refuses_before_starting_any_rank(capsys):
     with pytest.raises(SystemExit) as caught:
         main(["--preset", "smoke", "--configs", "stock_table_wise", "--pipeline", "sparse_dist,prefetch_sparse_dist",

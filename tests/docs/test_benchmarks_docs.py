@@ -1,11 +1,12 @@
 """docs/benchmarks.md is generated from docs/results/*.json by one command, and is up to date."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from torchrec_het_bench import docs
+from torchrec_het_bench import docs, docs_stacks, report
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = sorted((ROOT / "docs" / "results").glob("*.json"))
@@ -31,7 +32,7 @@ def test_generator_renders_a_small_results_file(tmp_path, capsys):
     assert text.startswith("# Benchmarks\n")
     assert "## small\n" in text
     for expected in ("commit abc1234; date 2026-11-24", "command: `python -m torchrec_het_bench --preset",
-                     "### Against stock TorchRec", "| stock_table_wise", "1.00x", "fwd ids", "emb fwd",
+                     "### Against stock TorchRec", "| stock_table_wise", "1.00×", "verdicts against stock:", "fwd ids", "emb fwd",
                      "staleness max", "samples/s median"):
         assert expected in text, expected
     names = [c["name"] for c in json.loads(small.read_text())["configs"]]
@@ -52,3 +53,40 @@ def test_benchmarks_page_is_up_to_date(monkeypatch):
     paths = [path.relative_to(ROOT) for path in RESULTS]
     expected = docs.render(paths, docs.command_line(paths, Path("docs/benchmarks.md")))
     assert PAGE.read_text() == expected, "docs/benchmarks.md is stale: run `make docs`"
+
+
+def test_runs_that_differ_only_in_their_stack_sit_side_by_side(tmp_path):
+    small = json.loads(_small_results(tmp_path).read_text())
+    other = json.loads(json.dumps(small))
+    other["versions"] = dict(small["versions"], torchrec="9.9.9", torch="9.9")
+    other["configs"][0]["samples_per_s"]["median"] *= 2  # stock twice as fast: every ratio halves
+    paths = []
+    for name, results in (("a", small), ("b", other)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(results))
+    text = docs_stacks.render_stacks([small, other])
+    assert text in docs.render(paths, "cmd")
+    assert "## The supported TorchRec stacks side by side" in text
+    assert f"torchrec {small['versions']['torchrec']}" in text and "torchrec 9.9.9, torch 9.9" in text
+    stock, last = small["configs"][0], small["configs"][-1]
+    ratio = last["samples_per_s"]["median"] / stock["samples_per_s"]["median"]
+    row = next(line for line in text.splitlines() if line.startswith(f"| {last['name']} | "))
+    assert f"| {ratio:.2f}x |" in row and f"| {ratio / 2:.2f}x |" in row
+    # the same stack twice is not a comparison of stacks
+    assert docs_stacks.render_stacks([small, small]) == ""
+
+
+def test_benchmarks_page_cites_only_files_it_has():
+    """A plot the page names (the convergence table's auc_curve.png, ...) must exist beside it: the page shows
+    the curves as a table instead, so a bare plot name would send a reader to a file that is not there."""
+    cited = set(re.findall(r"[\w./-]+\.(?:png|svg|csv)\b", PAGE.read_text()))
+    missing = sorted(name for name in cited if not (PAGE.parent / name).is_file())
+    assert not missing, f"docs/benchmarks.md cites files it does not have: {missing}"
+
+
+def test_convergence_table_cites_the_plot_only_where_one_is_written():
+    results = {"eval_every": 200, "configs": [
+        {"name": "stock_table_wise", "config": "stock_table_wise", "auc": 0.8, "auc_curve": [[200, 0.7], [400, 0.8]]},
+    ]}
+    assert "auc_curve.png" in report.convergence_table(results)[0]
+    assert "auc_curve.png" not in report.convergence_table(results, curve_plot=None)[0]

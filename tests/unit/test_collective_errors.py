@@ -41,9 +41,9 @@ def test_a_timed_out_collective_names_itself_the_wait_and_the_setting(monkeypatc
 
 def test_an_awaited_collective_is_named_by_where_it_was_waited_for(monkeypatch) -> None:
     monkeypatch.setenv("RANK", "0")
-    error = _raised_in("/repo/torchrec_het/sharding/het_writes.py", "wait_pushes", PAIR_CLOSED)
+    error = _raised_in("/repo/torchrec_het/sharding/het_cache/pushes.py", "wait_pushes", PAIR_CLOSED)
     line = describe_collective_error(error, timeout_s=4.0)
-    assert line.startswith("rank 0: a collective waited for at torchrec_het/sharding/het_writes.py:2 (wait_pushes) "
+    assert line.startswith("rank 0: a collective waited for at torchrec_het/sharding/het_cache/pushes.py:2 (wait_pushes) "
                            "timed out after 4 s (the process group timeout")
     assert line.endswith("[gloo: Application timeout caused pair closure]")
     assert " after " not in describe_collective_error(error)  # no timeout known: none made up

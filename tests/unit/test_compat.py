@@ -10,17 +10,20 @@ other object when ``_name`` is a private TorchRec or FBGEMM defines and no plugi
 
 import ast
 import importlib
+import importlib.metadata
 import inspect
 import json
 import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
 import pytest
 import torch
+import torchrec
 import torchrec.distributed.planner.stats as torchrec_stats
 import torchrec.distributed.sharding_plan as sharding_plan
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -33,8 +36,9 @@ from torchrec.distributed.planner.types import BasicCommsBandwidths
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het import _compat
+from torchrec_het import _compat, _tbe
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ("torchrec_het", "sharders", "recipes")
@@ -294,16 +298,49 @@ def test_the_exclusions_name_existing_paths() -> None:
 # ---- the pinned version ---------------------------------------------------------------------------
 
 
-def test_the_pin_is_pyprojects() -> None:
-    pins = re.findall(r'"torchrec==([^"]+)"', (ROOT / "pyproject.toml").read_text())
-    assert pins == [_compat.PINNED_TORCHREC]
+def stack_pins() -> dict[str, dict[str, str]]:
+    """requirements/torchrec-<stack>.txt -> {package: pinned version}, torchrec's ``#no-deps:`` line included."""
+    stacks = {}
+    for path in sorted((ROOT / "requirements").glob("torchrec-*.txt")):
+        lines = [line.removeprefix("#no-deps:").strip() for line in path.read_text().splitlines()]
+        pins = dict(line.split("==") for line in lines if re.fullmatch(r"[\w.-]+==[\w.+-]+", line))
+        stacks[path.stem.removeprefix("torchrec-")] = pins
+    return stacks
 
 
-def test_another_torchrec_warns_naming_both_versions(recwarn) -> None:
-    assert _compat.check_torchrec_version(_compat.PINNED_TORCHREC) and _compat.check_torchrec_version("1.8.0+cpu")
+def test_each_supported_torchrec_has_a_pinned_stack_the_metadata_admits() -> None:
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    ranges = {r.name: r.specifier for r in map(Requirement, project["dependencies"] + project["optional-dependencies"]["cpu"])}
+    stacks = stack_pins()
+    assert sorted(pins["torchrec"] for pins in stacks.values()) == sorted(_compat.SUPPORTED_TORCHREC)
+    for stack, pins in stacks.items():
+        assert pins["torchrec"].startswith(stack + "."), (stack, pins["torchrec"])
+        for package in ("torch", "torchrec", "fbgemm-gpu-cpu"):
+            assert ranges[package].contains(pins[package]), (stack, package, pins[package], ranges[package])
+        assert pins["fbgemm-gpu-cpu"].split(".")[:2] == pins["torchrec"].split(".")[:2]  # FBGEMM pairs with TorchRec
+    for unsupported in ("1.7.0", "1.9.0", "1.9.1", "1.10.0"):
+        assert not ranges["torchrec"].contains(unsupported), unsupported
+
+
+def test_the_installed_torchrec_is_a_supported_one_and_its_release_is_read() -> None:
+    assert importlib.metadata.version("torchrec") in _compat.SUPPORTED_TORCHREC
+    assert _compat.TORCHREC_RELEASE == tuple(int(p) for p in importlib.metadata.version("torchrec").split("."))
+    assert _compat.torchrec_release("1.9.2+cpu") == (1, 9, 2) and _compat.torchrec_release("1.10.0") == (1, 10, 0)
+
+
+@pytest.mark.parametrize("version", [*_compat.SUPPORTED_TORCHREC, *(v + "+cpu" for v in _compat.SUPPORTED_TORCHREC)])
+def test_a_supported_torchrec_does_not_warn(version, recwarn) -> None:
+    assert _compat.check_torchrec_version(version)
     assert not [w for w in recwarn if issubclass(w.category, _compat.TorchRecVersionWarning)]
-    with pytest.warns(_compat.TorchRecVersionWarning, match=r"torchrec==1\.8\.0.*torchrec 1\.9\.0 is installed"):
-        assert not _compat.check_torchrec_version("1.9.0")
+
+
+def test_another_torchrec_warns_naming_the_supported_versions() -> None:
+    for other in ("1.9.0", "1.7.0", "1.10.0"):
+        match = rf"torchrec==1\.8\.0 or torchrec==1\.9\.2 .*torchrec {re.escape(other)} is installed"
+        with pytest.warns(_compat.TorchRecVersionWarning, match=match):
+            assert not _compat.check_torchrec_version(other)
 
 
 def test_importing_compat_under_another_torchrec_warns_once() -> None:
@@ -378,24 +415,63 @@ def test_stats_accessors_reach_the_table_torchrec_prints() -> None:
     assert "t" in shown  # TorchRec's log asked the override for the shard's stats
 
 
-def test_registration_homes_bind_the_names_install_replaces() -> None:
-    for name, homes in (
-        ("get_default_sharders", _compat.default_sharders_homes()),
-        ("EmbeddingShardingPlanner", _compat.planner_homes()),
-        ("TrainPipelineSparseDist", _compat.train_pipeline_homes()),
-    ):
-        stock = getattr(homes[0], name)
-        assert all(getattr(home, name) is stock for home in homes), name
-        # every TorchRec module (tests and benchmarks aside) that binds the name is a home
-        source = Path(importlib.import_module("torchrec").__file__).parent
-        binders = {
-            "torchrec." + ".".join(p.relative_to(source).with_suffix("").parts).removesuffix(".__init__")
-            for p in (source / "distributed").rglob("*.py")
-            if not re.search(r"test|benchmark", str(p.relative_to(source)))
-            and re.search(rf"^from torchrec\S* import[^\n]*\b{name}\b|^\s+{name},$", p.read_text(), re.M)
-        }
-        subclassing_only = {"torchrec.distributed.train_pipeline.experimental_pipelines"}  # imports it to subclass
-        assert binders - subclassing_only <= {h.__name__ for h in homes}, (name, binders)
+@cache
+def torchrec_sources() -> list[tuple[str, ast.Module]]:
+    """(module name, parsed source) of every TorchRec module, tests and benchmarks aside."""
+    source = Path(importlib.import_module("torchrec").__file__).parent
+    return [
+        ("torchrec." + ".".join(path.relative_to(source).with_suffix("").parts).removesuffix(".__init__"),
+         ast.parse(path.read_text()))
+        for path in sorted(source.rglob("*.py"))
+        if not re.search(r"test|benchmark", str(path.relative_to(source)))
+    ]
+
+
+def torchrec_binders(name: str) -> dict[str, str]:
+    """Every TorchRec module (tests and benchmarks aside) that binds ``name`` at module level, read from its
+    source: module -> ``"defines"``, ``"imports"``, ``"subclasses"`` (imports it only to use it as a base
+    class and call the parent's methods) or ``"aliases as X"`` (a binding ``install()`` cannot replace)."""
+    found = {}
+    for module, tree in torchrec_sources():
+        for node in tree.body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name == name:
+                found[module] = "defines"
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name == name:
+                        found[module] = f"aliases as {alias.asname}" if alias.asname not in (None, name) else "imports"
+        if found.get(module) == "imports":
+            # a base class (also Base[T]), or the parent's attribute a subclass calls (Base._next_batch(...))
+            classes = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+            as_parent = {id(n) for c in classes for base in c.bases for n in ast.walk(base)}
+            as_parent |= {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+            uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
+            if uses and all(id(n) in as_parent for n in uses):
+                found[module] = "subclasses"
+    return found
+
+
+def test_torchrec_binders_reads_the_ways_a_module_binds_a_name() -> None:
+    binders = torchrec_binders("TrainPipelineSparseDist")
+    assert binders["torchrec.distributed.train_pipeline.train_pipelines"] == "defines"
+    assert binders["torchrec.distributed.train_pipeline"] == "imports"
+    assert binders["torchrec.distributed.train_pipeline.experimental_pipelines"] == "subclasses"
+    assert torchrec_binders("get_default_sharders")["torchrec.distributed.sharding_plan"] == "defines"
+
+
+@pytest.mark.parametrize("name, homes", [
+    ("get_default_sharders", _compat.default_sharders_homes),
+    ("EmbeddingShardingPlanner", _compat.planner_homes),
+    ("TrainPipelineSparseDist", _compat.train_pipeline_homes),
+])
+def test_registration_homes_bind_the_names_install_replaces(name, homes) -> None:
+    homes = homes()
+    stock = getattr(homes[0], name)
+    assert all(getattr(home, name) is stock for home in homes), name
+    binders = torchrec_binders(name)
+    # every module of the installed TorchRec that binds the name, other than to subclass it, is a home
+    needed = {module for module, how in binders.items() if how != "subclasses"}
+    assert needed == {home.__name__ for home in homes}, (name, torchrec.__version__, binders)
 
 
 def test_plan_and_state_dict_accessors() -> None:
@@ -426,9 +502,19 @@ def test_sharded_module_accessors(one_rank_env) -> None:
         assert len(lookups) == len(shardings) == 1
         assert [c.name for c in _compat.sharded_table_configs(module)] == names
         kernels = _compat.lookup_kernels(lookups[0])
-        assert kernels and _compat.tbe_optimizer_name(kernels[0].emb_module) == "exact_row_wise_adagrad"
+        assert kernels and _tbe.optimizer_name(kernels[0].emb_module) == "exact_row_wise_adagrad"
         arguments = _compat.sharding_lookup_arguments(shardings[0])
         assert arguments["pg"] is not None and arguments["env"] is one_rank_env and arguments["grouped_configs"]
+        features = KeyedJaggedTensor.from_lengths_sync([f"f_{n}" for n in names], torch.arange(len(names)),
+                                                       torch.ones(len(names), dtype=torch.int32))
+        ctx = module.create_context()
+        splits = module.input_dist(ctx, features)
+        assert len(_compat.input_dist_awaitables(splits)) == 1  # one per sharding, as the lookups
+        dist_input = splits.wait().wait()
+        calls = []
+        with _compat.lookups_called_with(module, {0: lambda kjt: calls.append(kjt) or lookups[0](kjt)}):
+            module.compute_and_output_dist(ctx, dist_input).wait()
+        assert len(calls) == 1 and _compat.sharded_lookups(module)[0] is lookups[0]  # called in place; put back
     assert _compat.uses_index_dedup(seq_sharder) is False
     weights = bag.state_dict()
     assert all(_compat.is_sharded_tensor(weights[f"embedding_bags.{n}.weight"]) for n in "ab")

@@ -36,7 +36,8 @@ def test_batch_layout():
     assert batch.dense_features.shape == (256, 13) and batch.dense_features.dtype == torch.float32
     assert batch.labels.shape == (256,) and batch.labels.dtype == torch.float32
     assert set(batch.labels.unique().tolist()) <= {0.0, 1.0}
-    assert (batch.dense_features >= 0).all()
+    assert batch.dense_features.abs().max() < 10  # standardized per feature
+    assert (_source(standardize_dense=False).batch(0, 0).dense_features >= 0).all()  # raw log(1 + count)
     kjt = batch.sparse_features
     assert kjt.keys() == source.feature_names
     assert kjt.stride() == 256
@@ -170,3 +171,13 @@ def test_default_preset_memory_is_small():
     source = SyntheticCriteo(DataConfig(preset_table_sizes("default"), batch_size=1024))
     assert source.nbytes < 64 * 2**20
     assert source.batch(0, 0).sparse_features.values().numel() == 26 * 1024
+
+
+def test_dense_features_are_standardized_per_feature():
+    source = _source(batch_size=4096)
+    dense = torch.cat([source.batch(step, 0).dense_features for step in range(4)])
+    assert dense.mean(0).abs().max() < 0.05
+    assert (dense.std(0) - 1).abs().max() < 0.05
+    raw = torch.cat([_source(batch_size=4096, standardize_dense=False).batch(step, 0).dense_features for step in range(4)])
+    torch.testing.assert_close((raw - raw.mean(0)) / raw.std(0), (dense - dense.mean(0)) / dense.std(0), rtol=1e-4, atol=1e-4)
+    assert torch.equal(_source().batch(0, 0).labels, _source(standardize_dense=False).batch(0, 0).labels)  # same label model

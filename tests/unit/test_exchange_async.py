@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from torchrec_het.sharding.exchange_async import start_exchange
+from torchrec_het.sharding.common.exchange import start_exchange
 
 
 @pytest.mark.parametrize("local_only", [False, True])

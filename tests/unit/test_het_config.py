@@ -7,7 +7,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.sharders import HetEmbeddingBagCollection, HetEmbeddingBagCollectionSharder
-from torchrec_het.sharding.validate import check_features
+from torchrec_het.sharding.common.validate import check_features
 from torchrec_het.types import HET_CACHED_ROW_WISE
 
 
@@ -103,7 +103,7 @@ def test_adagrad_family_is_recognized_for_scaled_pushes() -> None:
 
     from types import SimpleNamespace
 
-    from torchrec_het.sharding.row_apply import accumulates_squares
+    from torchrec_het._tbe import accumulates_squares
 
     assert accumulates_squares(SimpleNamespace(optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD))
     assert accumulates_squares(SimpleNamespace(optimizer=EmbOptimType.EXACT_ADAGRAD))

@@ -182,20 +182,6 @@ def test_the_test_rank_bodies_do_not_import_the_benchmark() -> None:
     assert not offenders, "torchrec_het_testing imports the benchmark:\n" + "\n".join(offenders)
 
 
-def test_the_harness_imports_no_private_name_across_modules() -> None:
-    # the runtime's own are issue 20's layout work; the harness's helpers have public names
-    modules = source_modules()
-    offenders = []
-    for name, path in modules.items():
-        if name.split(".")[0] == RUNTIME:
-            continue
-        for node in _imports(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in (RUNTIME, *HARNESS):
-                offenders += [f"{name}: {node.module}.{a.name}" for a in node.names
-                              if a.name.startswith("_") and f"{node.module}.{a.name}" not in modules]
-    assert not offenders, "private names imported across modules:\n" + "\n".join(offenders)
-
-
 def _patches_torch_distributed(tree: ast.AST) -> bool:
     """Whether the code assigns an attribute of ``torch.distributed`` (as byte accounting does)."""
     aliases = {"torch.distributed"}
@@ -232,3 +218,47 @@ def test_the_runtime_holds_no_measurement_code() -> None:
         assert moved not in modules, moved
     for tooling in ("torchrec_het_bench.comm.accounting", "torchrec_het_bench.ideal_cache", "torchrec_het_bench.calibrate"):
         assert tooling in modules, tooling
+def private_imports(modules: dict[str, Path], root: Path = REPO) -> list[str]:
+    """``path:line: from module import _name`` for each private name a module of ``modules`` imports
+    from another module of this repository (a private module itself, such as ``_compat``, is fine:
+    it is the one place its privates are reached through)."""
+    roots = {name.split(".")[0] for name in modules}
+    found = []
+    for name, path in modules.items():
+        package = name.split(".") if path.stem == "__init__" else name.split(".")[:-1]
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+            if base.split(".")[0] not in roots:
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{base}.{alias.name}" not in modules:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: from {base} import {alias.name}")
+    return found
+
+
+def test_the_private_import_scan_finds_them(tmp_path) -> None:
+    (tmp_path / "a.py").write_text("from pkg.b import _hidden, shown\nfrom pkg import _compat\n")
+    (tmp_path / "b.py").write_text("_hidden = shown = 1\n")
+    (tmp_path / "_compat.py").write_text("")
+    modules = {"pkg.a": tmp_path / "a.py", "pkg.b": tmp_path / "b.py", "pkg._compat": tmp_path / "_compat.py"}
+    assert private_imports(modules, tmp_path) == ["a.py:1: from pkg.b import _hidden"]
+
+
+def test_no_runtime_module_imports_a_private_name_of_another() -> None:
+    runtime = {name: path for name, path in source_modules().items() if name.split(".")[0] == RUNTIME}
+    assert "torchrec_het.sharding.het_cache.lookup" in runtime and "torchrec_het.sharders.het" in runtime
+    found = private_imports(runtime)
+    assert not found, "make these public or move them where they are used:\n" + "\n".join(found)
+
+
+def test_the_harness_imports_no_private_name_across_modules() -> None:
+    # the harness's helpers have public names (the runtime's: test_no_runtime_module_imports_a_private_name_of_another)
+    modules = source_modules()
+    harness = {str(path.relative_to(REPO)) for name, path in modules.items() if name.split(".")[0] in HARNESS}
+    found = [line for line in private_imports(modules) if line.split(":")[0] in harness]
+    assert not found, "make these public or move them where they are used:\n" + "\n".join(found)

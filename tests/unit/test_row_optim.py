@@ -9,8 +9,7 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen
 
-from torchrec_het.sharding.row_apply import apply_row_grads
-from torchrec_het.sharding.row_optim import _layout, apply_rows, optimizer_kind, step_rows
+from torchrec_het._tbe import apply_row_grads, apply_rows, kernel_layout, optimizer_kind, step_rows
 
 SPECS = [(13, 8), (9, 16), (21, 8)]  # (rows, dim): tables 0 and 2 share a width
 OPTIMIZERS = {
@@ -65,7 +64,7 @@ def _steps(tables: list[int]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Te
 def test_apply_rows_matches_the_fused_kernel(optimizer: str) -> None:
     mine, theirs = _kernel(optimizer), _kernel(optimizer)
     # the vectorized path; with weight decay the kernel itself
-    assert (_layout(mine) is None) == ("weight_decay" in OPTIMIZERS[optimizer][1])
+    assert (kernel_layout(mine) is None) == ("weight_decay" in OPTIMIZERS[optimizer][1])
     for tables in ([0, 2], [1]):  # a call updates tables of one width
         for table, rows, grads in _steps(tables):
             apply_rows(mine, table, rows, grads)
@@ -137,7 +136,7 @@ def _k_steps(kind: str, weight, state, grads, lr, eps):
 
 
 def _held(kind: str, weight, state, grads, lr, eps):
-    from torchrec_het.sharding.row_optim import squares_of, step_rows_held
+    from torchrec_het._tbe import squares_of, step_rows_held
 
     squares = sum(squares_of(kind, g) for g in grads) if kind != "sgd" else None
     return step_rows_held(kind, weight, state, sum(grads), squares, lr, eps, len(grads))
@@ -193,7 +192,7 @@ def test_held_sgd_is_the_sum_of_the_k_steps() -> None:
 def test_a_cancelled_estimate_of_the_squares_never_lets_a_row_jump(kind: str) -> None:
     """Holders whose held sums have opposite signs can estimate the squares at 0; k gradients that sum
     to G have squares of at least G^2 / k, so the state grows by that and the step stays bounded."""
-    from torchrec_het.sharding.row_optim import squares_of, step_rows_held
+    from torchrec_het._tbe import squares_of, step_rows_held
 
     k, dim = 6, 8
     weight, grad = torch.zeros(1, dim), torch.randn(1, dim, generator=torch.Generator().manual_seed(3))

@@ -40,7 +40,7 @@ cached row misses at most ``s_read`` of the row's versions plus k steps of updat
 a held update reaches the owner within ``s_write`` of the row's updates, each pushed by the
 backward after it, so the pipeline adds no write lag.) For k >= 1 the pipeline lets the HET
 lookups hold several batches between forward and backward
-(:meth:`~torchrec_het.sharding.het_lookup.HetCachedEmbeddingLookup.allow_batches_ahead`).
+(:meth:`~torchrec_het.sharding.het_cache.lookup.HetCachedEmbeddingLookup.allow_batches_ahead`).
 """
 
 import contextlib
@@ -63,7 +63,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedTensor
 
 from torchrec_het import _compat
 from torchrec_het.pipeline.dense_in_sparse import DenseParamsOfSparseModules
-from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
+from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
 
 
 # DDP rebuilds its gradient buckets once, in the forward after its first backward, with a

@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 from torchrec_het import _compat
+from torchrec_het._tbe import EmbOptimType
 from torchrec_het.replication.profile import AccessProfile
 
 SHARDED, PER_HOST, REPLICATED = 0, 1, 2

@@ -59,6 +59,8 @@ class DataConfig:
         alpha: Zipf exponent of the ids; row rank k is drawn with p ∝ (k+1)^-alpha
             (0 = uniform).
         num_dense: dense features per sample.
+        standardize_dense: whether dense features are standardized to mean 0, variance 1 per
+            feature (the default); False: the raw log(1 + count) values.
         pooling_factor: mean ids per bag; 1.0 is one-hot, above that bag lengths are
             1 + Poisson(pooling_factor - 1), capped at ``max_bag_size``.
         max_bag_size: longest bag; None picks ceil(3 * pooling_factor).
@@ -82,6 +84,7 @@ class DataConfig:
     batch_size: int
     alpha: float = 1.1
     num_dense: int = CRITEO_NUM_DENSE
+    standardize_dense: bool = True
     pooling_factor: float = 1.0
     max_bag_size: int | None = None
     weighted: bool = False

@@ -7,8 +7,11 @@ Features:
     * sparse: ``cat_i`` ids are Zipf(alpha) over table i's rows (see ``zipf.py``); bags
       hold 1 id (one-hot) or 1 + Poisson(pooling_factor - 1) ids, capped. Optional
       ``seq_j`` keys follow in the same KJT with histories of 1..sequence_length ids.
-    * dense: Criteo-like non-negative values log(1 + c) of counts
-      c = floor(exp(m_j + s_j * z_j)), z_j ~ N(0, 1), with fixed per-feature m_j, s_j.
+    * dense: Criteo-like log(1 + c) of counts c = floor(exp(m_j + s_j * z_j)), z_j ~ N(0, 1), with
+      fixed per-feature m_j, s_j, standardized to mean 0 and variance 1 per feature (the exact
+      moments of log(1 + c), :func:`log_count_moments`), as a data loader's normalization would;
+      ``standardize_dense=False`` keeps the raw values (0..~10), on which the benchmark's DLRM
+      (ReLU dense arch, Adagrad) often loses every unit of its dense arch in its first steps.
     * labels: Bernoulli(sigmoid(logit)) with
       logit = bias + Σ_tables a * effect_t(bag) + w · z + Σ_pairs b * pair_t(bag) * pair_u(bag),
       where effect_t(id) ~ N(0, 1) is computed from (seed, table, id) by an integer hash
@@ -80,6 +83,7 @@ class SyntheticCriteo:
         self._ids = ZipfTables(self.table_sizes + self.sequence_table_sizes, config.alpha, generator)
         self._dense_log_mean = torch.empty(config.num_dense).uniform_(0.5, 4.0, generator=generator)
         self._dense_log_std = torch.empty(config.num_dense).uniform_(0.5, 1.5, generator=generator)
+        self._dense_center, self._dense_scale = log_count_moments(self._dense_log_mean, self._dense_log_std)
         weights = torch.randn(config.num_dense, dtype=torch.float64, generator=generator)
         self._dense_weights = weights * (config.dense_signal / weights.norm().clamp_min(1e-12))
         num_tables = len(self.table_sizes)
@@ -149,6 +153,8 @@ class SyntheticCriteo:
         latent = torch.randn(size, config.num_dense, generator=generator)
         counts = torch.floor(torch.exp(self._dense_log_mean + self._dense_log_std * latent))
         dense = torch.log1p(counts)
+        if config.standardize_dense:
+            dense = (dense - self._dense_center) / self._dense_scale
         kjt = KeyedJaggedTensor(
             keys=self._keys,
             values=ids,
@@ -181,6 +187,19 @@ class SyntheticCriteo:
             else:
                 hi = mid
         return (lo + hi) / 2
+
+
+def log_count_moments(log_mean: torch.Tensor, log_std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard deviation (float32, one per feature) of log(1 + floor(exp(m + s z))), z ~ N(0, 1):
+    the normal's density integrated on a fine grid over +-9 standard deviations (no sampling, so the
+    same for every seed of the batch stream)."""
+    z = torch.linspace(-9.0, 9.0, 36_001, dtype=torch.float64)
+    weights = torch.exp(-0.5 * z * z)
+    weights /= weights.sum()
+    values = torch.log1p(torch.floor(torch.exp(log_mean.double()[:, None] + log_std.double()[:, None] * z)))
+    mean = values @ weights
+    std = ((values - mean[:, None]) ** 2 @ weights).sqrt()
+    return mean.float(), std.clamp_min(1e-6).float()
 
 
 class _BagMeans:

@@ -23,8 +23,8 @@ import signal
 import sys
 import threading
 
-from torchrec_het.sharding.het_lookup import HetCachedEmbeddingLookup
-from torchrec_het.sharding.replica_sync import HostGroups
+from torchrec_het.sharding.het_cache.pushes import HetPushes
+from torchrec_het.sharding.row_replicated.sync import HostGroups
 from torchrec_het_bench.recipes import train_dlrm
 
 KILL_ENV = "TORCHREC_HET_TESTING_KILL"
@@ -65,14 +65,14 @@ def arm(switch: KillSwitch) -> None:
     # the recipe's TrainPipelineSparseDist: TorchRec's, or the hybrid pipeline the launcher installed
     for cls in (train_dlrm.TrainPipelineSparseDist, train_dlrm.PlainSteps):
         _wrap_progress(cls, switch)
-    write_back = HetCachedEmbeddingLookup.write_back
+    write_back = HetPushes.write_back
 
     def het_write_back(self, *args, **kwargs):
         write_back(self, *args, **kwargs)  # the push's all-to-all is started
         switch.reached("het_push")
         switch.reached("hybrid_update")
 
-    HetCachedEmbeddingLookup.write_back = het_write_back
+    HetPushes.write_back = het_write_back
     for name in ("combine_sparse", "all_reduce"):
         _wrap_sync(name, getattr(HostGroups, name), switch)
 

@@ -1,0 +1,121 @@
+"""All-to-all exchanges of variable-size segments, the plugin's point-to-point traffic.
+
+Every rank calls each function in the same order with its own segments. :func:`exchange_counts`
+and :func:`exchange_flat` block; :func:`start_exchange` starts one that autograd can
+differentiate and returns an :class:`Exchange` whose ``wait()`` returns what arrived, by
+source. In the backward the gradient travels the reverse way: the receiving side's backward
+starts the reverse all-to-all and the sending side's backward waits for it, so other backward
+work can run in between (TorchRec's request/wait pattern in ``comm_ops``). When no rank sends
+to another (``local_only``), nothing is sent at all: each rank's own segment is its input.
+"""
+
+import torch
+import torch.distributed as dist
+
+
+class Exchange:
+    """One started exchange (forward), and the state its backward needs."""
+
+    def __init__(self, send_splits: list[int], recv_splits: list[int], pg, wire: torch.dtype, local_only: bool, rank: int):
+        self.send_splits, self.recv_splits, self.pg, self.wire = send_splits, recv_splits, pg, wire
+        self.local_only, self.rank = local_only, rank
+        self.work = None
+        self.received: torch.Tensor | None = None
+        self.grad_work = None
+        self.grad_sent: torch.Tensor | None = None
+        self.dummy: torch.Tensor | None = None
+
+    def _start(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]):
+        if self.local_only:
+            start = sum(send_splits[: self.rank])
+            return None, send[start : start + send_splits[self.rank]].clone()
+        out = send.new_empty(sum(recv_splits))
+        work = dist.all_to_all_single(out, send.contiguous(), recv_splits, send_splits, group=self.pg, async_op=True)
+        return work, out
+
+    def wait(self) -> torch.Tensor:
+        """What arrived (call once). The link to the forward send is handed to autograd here and
+        dropped: kept, ``dummy`` -> its ``_Send`` node -> ``ctx.exchange`` -> ``dummy`` would be a
+        cycle through an autograd node, which Python's gc cannot free (every step's graph leaked)."""
+        dummy, self.dummy = self.dummy, None
+        if dummy is None:
+            raise RuntimeError("Exchange.wait() called twice")
+        return _Receive.apply(self, dummy)
+
+
+class _Send(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, exchange: Exchange, send: torch.Tensor):
+        ctx.exchange, ctx.dtype, ctx.shape = exchange, send.dtype, send.shape
+        exchange.work, exchange.received = exchange._start(
+            send.detach().reshape(-1).to(exchange.wire), exchange.send_splits, exchange.recv_splits
+        )
+        return torch.empty(0, device=send.device, dtype=send.dtype)
+
+    @staticmethod
+    def backward(ctx, _):
+        exchange = ctx.exchange
+        if exchange.grad_work is not None:
+            exchange.grad_work.wait()
+        grad, exchange.grad_work, exchange.grad_sent = exchange.grad_sent, None, None
+        return None, grad.to(ctx.dtype).view(ctx.shape)
+
+
+class _Receive(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, exchange: Exchange, dummy: torch.Tensor):
+        ctx.exchange = exchange
+        if exchange.work is not None:
+            exchange.work.wait()
+        # The exchange lets go of what arrived: ``.to`` of the same dtype is that tensor itself,
+        # which autograd makes this node's output; kept on the exchange, output -> node ->
+        # ctx.exchange -> output would be a cycle gc cannot free.
+        received, exchange.work, exchange.received = exchange.received, None, None
+        return received.to(dummy.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        exchange = ctx.exchange
+        exchange.grad_work, exchange.grad_sent = exchange._start(
+            grad.to(exchange.wire), exchange.recv_splits, exchange.send_splits
+        )
+        return None, torch.empty(0, device=grad.device, dtype=grad.dtype)
+
+
+def start_exchange(
+    send: torch.Tensor, send_splits: list[int], recv_splits: list[int], pg, wire: torch.dtype, local_only: bool
+) -> Exchange:
+    """Starts sending ``send`` (flattened: segments by destination); ``wait()`` returns a flat
+    tensor and is differentiable."""
+    exchange = Exchange(send_splits, recv_splits, pg, wire, local_only, dist.get_rank(pg))
+    exchange.dummy = _Send.apply(exchange, send)
+    return exchange
+
+
+def exchange_counts(counts: torch.Tensor, pg: dist.ProcessGroup | None) -> torch.Tensor:
+    """Row d of ``counts`` goes to rank d; returns the rows every rank sent to this one.
+
+    Args:
+        counts: int64 ``[world_size, k]``.
+        pg: the process group.
+    """
+    world_size, k = counts.shape
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received.view(-1), counts.contiguous().view(-1), [k] * world_size, [k] * world_size, group=pg)
+    return received
+
+
+def exchange_flat(
+    send: torch.Tensor, send_splits: list[int], recv_splits: list[int], pg: dist.ProcessGroup | None
+) -> torch.Tensor:
+    """Sends ``send[sum(send_splits[:d]) : ...]`` to rank d; returns what arrives, by source rank.
+
+    Args:
+        send: a 1-D tensor, its segments ordered by destination rank.
+        send_splits: elements for each destination.
+        recv_splits: elements from each source.
+        pg: the process group.
+    """
+    received = send.new_empty(sum(recv_splits))
+    dist.all_to_all_single(received, send.contiguous(), recv_splits, send_splits, group=pg)
+    return received

@@ -1,0 +1,215 @@
+"""The dists of ``het_cached_row_wise``: every collective of the type, as TorchRec awaitables (the
+protocol is in :mod:`~torchrec_het.sharding.het_cache.lookup`; the lookup is local compute).
+
+input dist (:class:`HetRequestsDist`, two awaitables as TorchRec's row-wise dist)
+  the lookup plans the batch's reads and requests
+  (:meth:`~torchrec_het.sharding.het_cache.lookup.HetCachedEmbeddingLookup.plan_requests`).
+  First awaitable: every rank's request counts (and batch size), one all-gather
+  (:func:`~torchrec_het.sharding.common.counts.gather_counts`). Second: the requests, one int64
+  all-to-all (none when no rank asks another anything). The batch's own KJT comes out; the
+  batch (:class:`~torchrec_het.sharding.het_cache.batch.CachedBatch`) is the first awaitable's
+  ``batch``, which the sharded module puts in the batch's sharding context
+  (:class:`~torchrec_het.sharding.common.context.HetShardingContext`) for the lookup and the output dist.
+output dist (:class:`HetRowsDist`)
+  starts the owners' versions on their way back (int64 all-to-all, sizes known from the input
+  dist); its awaitable waits for them, sizes and runs the rows' all-to-all (with the backward's
+  push counts as a header), and has the lookup settle and pool: ``[batch, width]`` bags whose
+  backward starts the pushes.
+pushes (:class:`HetPushDist`)
+  the backward's gradient pushes to the owners (one all-to-all, started in the backward and
+  waited for at the next lookup), their counts where they do not ride the rows' exchange, and
+  the flush's exchanges (:class:`~torchrec_het.sharding.het_cache.pushes.HetPushes` prepares and
+  applies them).
+
+Collectives per step, whatever the number of groups: forward 4 (counts all-gather, requests,
+versions, rows), backward 1 (pushes); host syncs 3 (the counts, the rows' splits, the pushes'
+splits).
+
+Fetching ahead (``lookup.ahead``: one step of lag fits every group's read bound) the first
+awaitable also waits for the requests, has the owners answer, brings their versions back and
+starts the rows' all-to-all; the second waits for the rows. Under ``TrainPipelineSparseDist`` all
+of it runs between the previous batch's forward and backward, and the forward exchanges nothing.
+The push counts then go out in the backward: collectives 4 in the input dist, 0 in the forward, 2
+in the backward; host syncs 4 (the counts, the rows' splits, the cache's rescan decision, the
+pushes' splits).
+"""
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSparseFeaturesDist
+from torchrec.distributed.types import Awaitable
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_het.sharding.common.context import HetShardingContext
+from torchrec_het.sharding.common.counts import gather_counts
+from torchrec_het.sharding.common.exchange import Exchange, exchange_counts, exchange_flat, start_exchange
+from torchrec_het.sharding.het_cache.batch import CachedBatch
+
+if TYPE_CHECKING:
+    from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
+
+
+class HetRequestsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
+    """Keeps the batch on its rank and sends (id, held version) requests to the owners."""
+
+    def __init__(self, lookup: "HetCachedEmbeddingLookup"):
+        super().__init__()
+        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
+        self.pg = lookup.exchange_pg
+        self.rank, self.world_size = dist.get_rank(self.pg), dist.get_world_size(self.pg)
+
+    def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
+        lookup = self._lookup[0]
+        batch = lookup.plan_requests(sparse_features, lookup.training)  # the sharded module's mode (TorchRec sets it)
+        work, gathered = gather_counts(batch.dest, batch.batch, self.pg)
+        return _RequestSplits(self, sparse_features, batch, work, gathered)
+
+    def fetch_ahead(self, features: KeyedJaggedTensor, batch: CachedBatch) -> "_RowsAhead":
+        """The requests arrived (``batch.received``): the owners answer, their versions come back,
+        and the rows' all-to-all starts (the second awaitable waits for it)."""
+        lookup = self._lookup[0]
+        lookup.answer_ahead(batch)
+        if batch.local_only:
+            replies = batch.held.new_empty(0)
+        else:
+            replies = exchange_flat(batch.current, batch.recv_splits, batch.send_splits, self.pg)
+        send, recv = lookup.expect_rows_ahead(batch, replies)
+        received = batch.payload.new_empty(sum(recv))
+        work = None
+        if any(send) or any(recv):
+            work = dist.all_to_all_single(received, batch.payload, recv, send, group=self.pg, async_op=True)
+        batch.rows_received = received
+        batch.payload = batch.payload.new_empty(0)  # nothing left for the output dist to carry
+        return _RowsAhead(features, work)
+
+
+class _RequestSplits(Awaitable[Awaitable[KeyedJaggedTensor]]):
+    """First stage: every rank's request counts known; starts the requests' all-to-all. ``batch``: the batch planned."""
+
+    def __init__(self, dist_: HetRequestsDist, features: KeyedJaggedTensor, batch: CachedBatch, work, gathered):
+        super().__init__()
+        self.dist, self.features, self.batch, self.work, self.gathered = dist_, features, batch, work, gathered
+
+    def _wait_impl(self) -> Awaitable[KeyedJaggedTensor]:
+        self.work.wait()
+        ws, rank = self.dist.world_size, self.dist.rank
+        table = torch.stack(self.gathered).tolist()  # [source][dest counts..., batch size]: the input dist's host sync
+        batch = self.batch
+        batch.send_splits = [table[rank][d] for d in range(ws)]
+        batch.recv_splits = [table[s][rank] for s in range(ws)]
+        batch.local_only = not any(table[s][d] for s in range(ws) for d in range(ws))  # a requester never asks itself
+        requests = torch.stack([batch.ids, batch.held], 1).view(-1)
+        exchange = start_exchange(
+            requests, [2 * c for c in batch.send_splits], [2 * c for c in batch.recv_splits], self.dist.pg, torch.int64,
+            batch.local_only,
+        )
+        if self.dist._lookup[0].ahead:  # the owners answer now; the rows' all-to-all runs while the caller goes on
+            batch.received = exchange.wait().view(-1, 2)
+            return self.dist.fetch_ahead(self.features, batch)
+        return _Requests(self.features, batch, exchange)
+
+
+class _RowsAhead(Awaitable[KeyedJaggedTensor]):
+    """Second stage when fetching ahead: the rows arrived."""
+
+    def __init__(self, features: KeyedJaggedTensor, work):
+        super().__init__()
+        self.features, self.work = features, work
+
+    def _wait_impl(self) -> KeyedJaggedTensor:
+        if self.work is not None:
+            self.work.wait()
+        return self.features
+
+
+class _Requests(Awaitable[KeyedJaggedTensor]):
+    """Second stage: the requests asked of this rank arrived."""
+
+    def __init__(self, features: KeyedJaggedTensor, batch: CachedBatch, exchange: Exchange):
+        super().__init__()
+        self.features, self.batch, self.exchange = features, batch, exchange
+
+    def _wait_impl(self) -> KeyedJaggedTensor:
+        self.batch.received = self.exchange.wait().view(-1, 2)
+        return self.features
+
+
+class HetRowsDist(BaseEmbeddingDist):
+    """Sends the owners' versions back, then (in its awaitable) the rows; returns the pooled bags."""
+
+    def __init__(self, lookup: "HetCachedEmbeddingLookup"):
+        super().__init__()
+        self._lookup = [lookup]
+        self.pg = lookup.exchange_pg
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[CachedBatch]) -> Awaitable[torch.Tensor]:  # noqa: ARG002
+        lookup, batch, training = self._lookup[0], sharding_ctx.batch, sharding_ctx.training
+        if lookup.ahead:  # fetched in the input dist: only local work is left
+            return _Settled(lookup, batch, training)
+        exchange = start_exchange(batch.current, batch.recv_splits, batch.send_splits, self.pg, torch.int64,
+                                  batch.local_only)
+        return _FetchedBags(self, batch, training, exchange)
+
+
+class _FetchedBags(Awaitable[torch.Tensor]):
+    """The owners' versions on their way back; waited: the rows' exchange, the settle, the bags."""
+
+    def __init__(self, dist_: HetRowsDist, batch: CachedBatch, training: bool, exchange: Exchange):
+        super().__init__()
+        self.dist, self.batch, self.training, self.exchange = dist_, batch, training, exchange
+
+    def _wait_impl(self) -> torch.Tensor:
+        lookup = self.dist._lookup[0]
+        send, send_sizes, recv_sizes = lookup.rows_request(self.batch, self.exchange.wait(), self.training)
+        received = exchange_flat(send, send_sizes, recv_sizes, self.dist.pg)
+        return lookup.settle_fetched(self.batch, received, self.training)
+
+
+class _Settled(Awaitable[torch.Tensor]):
+    def __init__(self, lookup: "HetCachedEmbeddingLookup", batch: CachedBatch, training: bool):
+        super().__init__()
+        self.lookup, self.batch, self.training = lookup, batch, training
+
+    def _wait_impl(self) -> torch.Tensor:
+        return self.lookup.settle_ahead(self.batch, self.training)
+
+
+class HetPushDist:
+    """The exchanges of the write path (:class:`~torchrec_het.sharding.het_cache.pushes.HetPushes`
+    prepares what goes out and applies what comes in).
+
+    Args:
+        pg: the lookup's exchange group.
+    """
+
+    def __init__(self, pg: dist.ProcessGroup) -> None:
+        self.pg = pg
+
+    def counts(self, counts: torch.Tensor) -> torch.Tensor:
+        """Row d of ``counts`` (int64 ``[world_size, k]``) to rank d; returns what each rank sent here (blocking)."""
+        return exchange_counts(counts, self.pg)
+
+    def start(self, flat: torch.Tensor, send: list[int], recv: list[int]) -> Awaitable[torch.Tensor]:
+        """Starts the backward's pushes (``send[d]`` floats to rank d); the awaitable returns what arrived."""
+        received = flat.new_empty(sum(recv))
+        work = dist.all_to_all_single(received, flat, recv, send, group=self.pg, async_op=True)
+        return _Pushes(work, received)
+
+    def exchange(self, flat: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        """A flush's pushes, at once (blocking)."""
+        return exchange_flat(flat, send, recv, self.pg)
+
+
+class _Pushes(Awaitable[torch.Tensor]):
+    """Pushes in flight; waited: what arrived, by source."""
+
+    def __init__(self, work, received: torch.Tensor):
+        super().__init__()
+        self.work, self.received = work, received
+
+    def _wait_impl(self) -> torch.Tensor:
+        self.work.wait()
+        received, self.received = self.received, None
+        return received

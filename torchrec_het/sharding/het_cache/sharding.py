@@ -1,0 +1,48 @@
+"""``het_cached_row_wise``: row-wise owners, a stale-tolerant cache of remote rows on every rank.
+
+In TorchRec's grammar (:mod:`~torchrec_het.sharding.het_cache.dists`): the input dist sends
+each batch's requests (id, cached version) to the owners; the lookup
+(:class:`HetCachedEmbeddingLookup`) is local compute (the owner's answer); the output
+dist brings versions and rows back, settles the cache and pools the bags where the
+batch lives; where the read bound allows one step of lag, the whole fetch rides the input
+dist instead. Shards, grouping, state dict and fused optimizer are row-wise's own.
+The cache settings come from the plan (the ``het_cache`` fused-params key, taken out
+by the sharded module before TorchRec groups the tables).
+"""
+
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
+
+from torchrec_het.sharding.common.row_wise import StagedSharding, row_wise_as
+from torchrec_het.sharding.het_cache.dists import HetRequestsDist, HetRowsDist
+from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
+from torchrec_het.types import HET_CACHED_ROW_WISE
+
+
+class HetCachedRwPooledEmbeddingSharding(StagedSharding, RwPooledEmbeddingSharding):
+    """Row-wise shards, read and written through the HET cache, in TorchRec's three stages.
+
+    Args:
+        sharding_infos: TorchRec's per-table sharding infos (without the plugin's key).
+        env: sharding environment.
+        config: the HET cache settings (:class:`~torchrec_het.config.HetCacheConfig`).
+        device: compute device.
+    """
+
+    lookup_class = HetCachedEmbeddingLookup
+    sharding_type = HET_CACHED_ROW_WISE
+
+    def create_input_dist(self, device=None) -> HetRequestsDist:
+        return HetRequestsDist(self.create_lookup())
+
+    def create_output_dist(self, device=None) -> HetRowsDist:
+        return HetRowsDist(self.create_lookup())
+
+
+def het_cached_row_wise():
+    """A ``per_param_sharding`` generator for TorchRec's ``construct_module_sharding_plan``.
+
+    Shards a table row-wise over all ranks (TorchRec's own row-wise sizes and offsets)
+    and marks it ``het_cached_row_wise``. The sharder must offer row_wise and the
+    het type (:class:`torchrec_het.sharders.HetEmbeddingBagCollectionSharder` does).
+    """
+    return row_wise_as(HET_CACHED_ROW_WISE)

@@ -1,0 +1,42 @@
+"""The per-batch state of ``het_row_replicated``: what its input dists plan, its lookups fill in and
+its output dists finish, one dataclass per variant (bags, sequences); it travels in the batch's
+:class:`~torchrec_het.sharding.common.context.HetShardingContext`."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ReplicatedBagBatch:
+    """One batch's bookkeeping, from the input dist to the output dist."""
+
+    batch: int
+    hot_version: int  # the layout's hot rows this batch was routed with
+    lengths: torch.Tensor  # [F * B] reader's bag lengths (mean pooling)
+    hot: list  # per block: (slots, bags of its output part, weights) of the reader's hot values
+    sent_entries: torch.Tensor  # reader: distinct (dest, position, sample) keys of cold values sent
+    send_splits: list[int] = field(default_factory=list)
+    recv_splits: list[int] = field(default_factory=list)
+    local_only: bool = False
+    served_entries: torch.Tensor | None = None  # owner: (source, position, sample) of bags received
+    partial_at: tuple | None = None  # owner: (row, position, rows) of each partial in the kernels' compact output
+    hot_read: list | None = None  # reader: per block, the hot rows read at the lookup (HotRead)
+
+
+@dataclass
+class ReplicatedSequenceBatch:
+    """One batch's bookkeeping, from the input dist to the output dist."""
+
+    hot_version: int
+    num_values: int
+    hot: list  # per block: (slots, value indexes) of the reader's hot values
+    cold: torch.Tensor  # value indexes of the cold values
+    need_of: torch.Tensor  # distinct cold id (in the order sent) of every cold value
+    send_splits: list[int] = field(default_factory=list)
+    recv_splits: list[int] = field(default_factory=list)
+    local_only: bool = False
+    received: torch.Tensor | None = None  # owner: int32 [ids, 2] (position, row), by source
+    kernel_order: torch.Tensor | None = None  # owner: arrival index of each id in the KJT's order
+    rows: torch.Tensor | None = None  # owner: the rows asked for, in arrival order
+    hot_read: list | None = None  # reader: per block, the hot rows read at the lookup (HotRead)

@@ -1,0 +1,274 @@
+"""The input and output dists of ``het_row_replicated``, bags and sequences (every collective of a step
+but the replica syncs; the stages are described in :mod:`~torchrec_het.sharding.row_replicated.sharding`).
+
+Both input dists keep hot ids on the reader and send the rest to their owners in two
+awaitables, as TorchRec's row-wise dist: every rank's send counts (and batch size) by one
+all-gather, then one all-to-all; the first awaitable's ``batch`` is the batch planned, which
+the sharded module puts in the batch's sharding context for the lookup and the output dist. The output dists bring the owners' partial sums (bags) or rows
+(sequences) back and finish the output with :mod:`~torchrec_het.sharding.common.output_layout`.
+"""
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.comm_ops import get_gradient_division
+from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSparseFeaturesDist
+from torchrec.distributed.types import Awaitable
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_het.sharding.common.context import HetShardingContext
+from torchrec_het.sharding.common.counts import gather_counts
+from torchrec_het.sharding.common.exchange import Exchange, start_exchange
+from torchrec_het.sharding.common.id_space import bag_divisors
+from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source, output_layout
+from torchrec_het.sharding.row_replicated.batch import ReplicatedBagBatch, ReplicatedSequenceBatch
+from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, ReplicatedSequenceLookup
+from torchrec_het.sharding.row_replicated.routing import IdLayout
+
+
+class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
+    """First stage: every rank's send counts known; starts the ids' all-to-all. ``batch``: the batch planned."""
+
+    def __init__(self, dist_: "ColdIdsDist", batch: ReplicatedBagBatch | ReplicatedSequenceBatch, payload: torch.Tensor, width: int, work, gathered):
+        super().__init__()
+        self.dist, self.batch, self.payload, self.width, self.work, self.gathered = dist_, batch, payload, width, work, gathered
+
+    def _wait_impl(self) -> Awaitable[KeyedJaggedTensor]:
+        self.work.wait()
+        ws, rank = self.dist.world_size, self.dist.rank
+        table = torch.stack(self.gathered).tolist()  # [source][dest counts..., batch size]
+        batches = {row[ws] for row in table}
+        if len(batches) != 1:
+            raise ValueError(f"het_row_replicated needs one batch size on every rank, got {sorted(batches)}")
+        step = self.batch
+        step.send_splits = [table[rank][d] for d in range(ws)]
+        step.recv_splits = [table[s][rank] for s in range(ws)]
+        step.local_only = all(table[s][d] == 0 for s in range(ws) for d in range(ws) if s != d)
+        exchange = start_exchange(
+            self.payload.view(-1),
+            [c * self.width for c in step.send_splits],
+            [c * self.width for c in step.recv_splits],
+            self.dist.pg,
+            torch.int32,
+            step.local_only,
+        )
+        return _Ids(self.dist, step, exchange, self.width)
+
+
+class _Ids(Awaitable[KeyedJaggedTensor]):
+    """Second stage: the ids received, as the KJT the owner's kernels pool."""
+
+    def __init__(self, dist_: "ColdIdsDist", step: ReplicatedBagBatch, exchange: Exchange, width: int):
+        super().__init__()
+        self.dist, self.step, self.exchange, self.width = dist_, step, exchange, width
+
+    def _wait_impl(self) -> KeyedJaggedTensor:
+        received = self.exchange.wait().view(-1, self.width)
+        return self.dist.owner_features(self.step, received)
+
+
+class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
+    """Keeps hot ids on the reader and sends every other id to its owner."""
+
+    def __init__(self, layout: IdLayout, feature_names: list[str], pg):
+        super().__init__()
+        self.layout, self.feature_names, self.pg = layout, feature_names, pg
+        self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
+        self.observe = None  # the lookup's replica syncs and online profile
+
+    def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
+        layout, batch = self.layout, sparse_features.stride()
+        bags, ids = layout.flatten(sparse_features)
+        weights = sparse_features.weights_or_none()
+        if self.observe is not None:
+            self.observe(ids)  # replica syncs move on; online profile: counts, at its end new hot rows
+        hot_pos, owner, row = layout.route(ids)
+        hot = []
+        for index, (mine, slots) in enumerate(layout.hot_of(hot_pos)):
+            bag = layout.group_bags(bags.index_select(0, mine), batch, index)  # output rows are (sample, position)
+            hot.append((slots, bag, None if weights is None else weights.index_select(0, mine)))
+        cold = (hot_pos < 0).nonzero().flatten()
+        dest, by_owner = torch.sort(owner.index_select(0, cold), stable=True)  # by owner, each owner's in bag order
+        cold = cold.index_select(0, by_owner)
+        cold_bags = bags.index_select(0, cold)
+        columns = [cold_bags.to(torch.int32), row.index_select(0, cold).to(torch.int32)]
+        if weights is not None:
+            columns.append(weights.index_select(0, cold).float().view(torch.int32))
+        num_bags = batch * layout.num_positions
+        step = ReplicatedBagBatch(batch, layout.hot_version, sparse_features.lengths().long(), hot, torch.unique(dest * num_bags + cold_bags))
+        work, gathered = gather_counts(dest, batch, self.pg)
+        return _CountsGathered(self, step, torch.stack(columns, 1), len(columns), work, gathered)
+
+    def owner_features(self, step: ReplicatedBagBatch, received: torch.Tensor) -> KeyedJaggedTensor:
+        """The (bag, row) pairs received, as a compact KJT: per position, one bag per
+        (source, sample) that sent ids, in that order, padded with empty bags to the position
+        with the most. The owner's kernels pool it in one call per group."""
+        ws, batch, positions = self.world_size, step.batch, self.layout.num_positions
+        device = received.device
+        source = torch.repeat_interleave(torch.arange(ws, device=device), torch.tensor(step.recv_splits, device=device))
+        bag = received[:, 0].long()
+        position = bag // batch
+        # ids arrive by source, each source's in bag order: (source, position, sample) never decreases
+        step.served_entries = torch.unique_consecutive(source * (positions * batch) + bag)
+        key, order = torch.sort(position * (ws * batch) + source * batch + bag % batch, stable=True)
+        entries, counts = torch.unique_consecutive(key, return_counts=True)  # by (position, source, sample)
+        entry_position = entries // (ws * batch)
+        per_position = torch.bincount(entry_position, minlength=positions)
+        first = torch.cumsum(per_position, 0) - per_position
+        slot = torch.arange(entries.numel(), device=device) - first.index_select(0, entry_position)
+        stride = max(int(per_position.max()), 1) if entries.numel() else 1  # the owner's one extra host sync
+        lengths = torch.zeros(positions * stride, dtype=torch.int64, device=device)
+        lengths[entry_position * stride + slot] = counts
+        # where each entry's partial is, in the order the readers expect: (source, position, sample)
+        rest = entries % (ws * batch)
+        by_source = torch.argsort((rest // batch) * (positions * batch) + entry_position * batch + rest % batch)
+        step.partial_at = (slot.index_select(0, by_source), entry_position.index_select(0, by_source), stride)
+        received = received.index_select(0, order)
+        weights = received[:, 2].view(torch.float32) if received.size(1) > 2 else None
+        return KeyedJaggedTensor(
+            keys=self.feature_names, values=received[:, 1].long(), lengths=lengths.int(), weights=weights, stride=stride
+        )
+
+
+class _Bags(Awaitable[torch.Tensor]):
+    def __init__(self, dist_: "PartialSumsDist", step: ReplicatedBagBatch, exchange: Exchange):
+        super().__init__()
+        self.dist, self.step, self.exchange = dist_, step, exchange
+
+    def _wait_impl(self) -> torch.Tensor:
+        return self.dist.finish(self.step, self.exchange.wait().float())
+
+
+class PartialSumsDist(BaseEmbeddingDist):
+    """Sends the owners' partial sums back to their readers and finishes the bags."""
+
+    def __init__(self, lookup: ReplicatedBagLookup, pg):
+        super().__init__()
+        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
+        self.pg, self.layout = pg, lookup.layout
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]) -> Awaitable[torch.Tensor]:
+        lookup, step = self._lookup[0], sharding_ctx.batch
+        layout = self.layout
+        ws, bags = lookup._ws, step.batch * layout.num_positions
+        served_source, sent_dest = step.served_entries // bags, step.sent_entries // bags
+        if layout.uniform_dim is not None:
+            splits = torch.cat([torch.bincount(served_source, minlength=ws), torch.bincount(sent_dest, minlength=ws)])
+            splits = splits * layout.uniform_dim
+        else:  # elements: each entry is as wide as its position's table
+            served_width = layout.dims[(step.served_entries % bags) // step.batch].double()
+            sent_width = layout.dims[(step.sent_entries % bags) // step.batch].double()
+            splits = torch.cat([
+                torch.bincount(served_source, served_width, minlength=ws), torch.bincount(sent_dest, sent_width, minlength=ws)
+            ]).long()
+        splits = splits.tolist()  # the output dist's one host sync
+        send, recv = splits[:ws], splits[ws:]
+        exchange = start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only)
+        return _Bags(self, step, exchange)
+
+    def finish(self, step: ReplicatedBagBatch, received: torch.Tensor) -> torch.Tensor:
+        """``[batch, width]`` bags, one part per width (:mod:`~torchrec_het.sharding.common.output_layout`):
+        the hot rows from the replica block (their gradients go to it) plus the partials received
+        (theirs go back to the owners), mean applied, gradients scaled as TorchRec's row-wise
+        backward scales them."""
+        layout, batch, lookup = self.layout, step.batch, self._lookup[0]
+        entries = step.sent_entries % (layout.num_positions * batch)  # position * batch + sample of each partial
+        scale = 1.0 / lookup._ws if get_gradient_division() else 1.0
+        lengths = step.lengths.view(layout.num_positions, batch)
+        one_width = layout.uniform_dim is not None
+        if not one_width:  # the partials of every width, one after the other
+            position = entries // batch
+            group = layout.position_group.index_select(0, position)
+            widths = layout.dims.index_select(0, position)
+            starts = torch.cumsum(widths, 0) - widths
+        parts = []
+        for index, (read, (_, bags, weights)) in enumerate(zip(step.hot_read, step.hot)):
+            block = read.block
+            at, columns = layout.group_part(index)
+            if one_width:
+                mine, partials = entries, received.view(-1, block.dim)
+            else:
+                chosen = (group == index).nonzero().flatten()
+                mine = entries.index_select(0, chosen)
+                elements = starts.index_select(0, chosen).unsqueeze(1) + torch.arange(block.dim, device=received.device)
+                partials = received.index_select(0, elements.view(-1)).view(-1, block.dim)
+            sources = [
+                Source(read.rows, bags, None, weights, sink=read.add_grads),
+                Source(partials, layout.group_bags(mine, batch, index)),
+            ]
+            divisors = None
+            if layout.has_mean:
+                divisors = bag_divisors(lengths.index_select(0, at), layout.mean.index_select(0, at)).t().reshape(-1, 1)
+            parts.append(Part(sources, batch * at.numel(), block.dim, divisors, columns))
+        return output_layout(OutputPlan(parts, (batch, layout.width), scale), lookup._anchor)
+
+
+class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
+    """Keeps hot ids on the reader and asks each owner once for every distinct cold id."""
+
+    def __init__(self, layout: IdLayout, feature_names: list[str], pg):
+        super().__init__()
+        self.layout, self.feature_names, self.pg = layout, feature_names, pg
+        self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
+        self.observe = None  # the lookup's replica syncs and online profile
+
+    def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
+        layout = self.layout
+        bags, ids = layout.flatten(sparse_features)
+        positions = bags // sparse_features.stride()
+        if self.observe is not None:
+            self.observe(ids)
+        hot_pos, owner, row = layout.route(ids)
+        hot = [(slots, mine) for mine, slots in layout.hot_of(hot_pos)]
+        cold = (hot_pos < 0).nonzero().flatten()
+        key = owner.index_select(0, cold) * layout.total_rows + ids.index_select(0, cold)  # by owner, then id
+        need, need_of = torch.unique(key, return_inverse=True)
+        first = torch.empty_like(need).scatter_(0, need_of, torch.arange(cold.numel(), device=cold.device))
+        first = cold.index_select(0, first)
+        payload = torch.stack([positions.index_select(0, first).to(torch.int32), row.index_select(0, first).to(torch.int32)], 1)
+        step = ReplicatedSequenceBatch(layout.hot_version, ids.numel(), hot, cold, need_of)
+        work, gathered = gather_counts(need // layout.total_rows, sparse_features.stride(), self.pg)
+        return _CountsGathered(self, step, payload, 2, work, gathered)
+
+    def owner_features(self, step: ReplicatedSequenceBatch, received: torch.Tensor) -> KeyedJaggedTensor:
+        """The (position, row) pairs received, as a KJT of one bag per position."""
+        step.received = received
+        position = received[:, 0].long()
+        _, step.kernel_order = torch.sort(position, stable=True)
+        return KeyedJaggedTensor(
+            keys=self.feature_names,
+            values=received[:, 1].index_select(0, step.kernel_order).long(),
+            lengths=torch.bincount(position, minlength=self.layout.num_positions).int(),
+            stride=1,
+        )
+
+
+class _SequenceOutput(Awaitable[torch.Tensor]):
+    def __init__(self, dist_: "SequenceRowsDist", step: ReplicatedSequenceBatch, exchange: Exchange):
+        super().__init__()
+        self.dist, self.step, self.exchange = dist_, step, exchange
+
+    def _wait_impl(self) -> torch.Tensor:
+        lookup = self.dist._lookup[0]
+        scale = 1.0 / lookup._ws if get_gradient_division() else 1.0
+        received = self.exchange.wait().float()
+        step, dim = self.step, self.dist.layout.uniform_dim
+        # every position's row: one gather from the blocks' rows read and the rows received
+        sources = [Source(read.rows, at, sink=read.add_grads) for read, (_, at) in zip(step.hot_read, step.hot)]
+        sources.append(Source(received.view(-1, dim), step.cold, step.need_of))
+        plan = OutputPlan([Part(sources, step.num_values, dim, one_per_bag=True)], (step.num_values, dim), scale)
+        return output_layout(plan, lookup._anchor)
+
+
+class SequenceRowsDist(BaseEmbeddingDist):
+    """Sends the asked rows back and lays every position's row out in the reader's order."""
+
+    def __init__(self, lookup: ReplicatedSequenceLookup, pg):
+        super().__init__()
+        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
+        self.pg, self.layout = pg, lookup.layout
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedSequenceBatch]) -> Awaitable[torch.Tensor]:
+        lookup = self._lookup[0]
+        step, dim = sharding_ctx.batch, self.layout.uniform_dim
+        send, recv = [c * dim for c in step.recv_splits], [c * dim for c in step.send_splits]
+        return _SequenceOutput(self, step, start_exchange(local_embs, send, recv, self.pg, lookup._wire, step.local_only))

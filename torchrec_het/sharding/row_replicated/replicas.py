@@ -1,0 +1,293 @@
+"""Hot rows replicated on every rank: one dense block per embedding width, kept identical everywhere.
+
+A :class:`ReplicaBlock` holds the hot rows of tables of one width as a ``[rows, dim]``
+tensor plus the optimizer state the owners' FBGEMM kernels keep for them. Every rank
+reads its hot ids from it; the backward adds the rows' gradients to a pending buffer, and
+every ``sync_every`` steps a sync starts: touch counts are all-reduced at once, the touched
+rows' gradients once those are in (:meth:`ReplicaBlock.advance`). :meth:`ReplicaBlock.wait`
+applies the sums with the owners' optimizer arithmetic (:func:`~torchrec_het._tbe.step_rows`,
+the one the owners' row updates use) before the next
+read and writes the new rows and state through to the owners' shards, so a state dict or
+checkpoint always sees current values.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from torchrec_het import _tbe
+from torchrec_het._tbe import square_width, squares_of, step_rows, step_rows_held
+from torchrec_het.replication.tiers import replica_copies
+from torchrec_het.sharding.row_replicated.sync import HostGroups
+
+
+@dataclass
+class OwnedRows:
+    """Where hot rows this rank owns live in one owner kernel: flat element positions."""
+
+    kernel: _tbe.TBE
+    slots: torch.Tensor  # [n] rows of the block
+    weight_index: torch.Tensor  # [n, dim] positions in the kernel's flat weights
+    state_index: torch.Tensor  # [n, width] positions in its flat momentum
+
+
+class ReplicaBlock:
+    """The hot rows of tables of one width, replicated on every rank of ``pg``.
+
+    A sync is sparse: one all-reduce of how often each row was touched (started in the
+    backward, 4 bytes a row), then, before the next read, one all-reduce of the gradients of
+    the rows any rank touched. Every rank then applies the same sums to the same agreed rows:
+    after a sync, copies are identical.
+
+    Synced every k > 1 steps, a rank also steps its own copy with its own gradients at once
+    (the optimizer's step, on its local state), so its reads between syncs miss only the other
+    ranks' updates, as a HET cache's reads do; the agreed rows and state (``agreed_weights``,
+    ``agreed_state``) are what the next sync steps from, and the sync replaces the local steps.
+
+    Args:
+        hot_ids: sorted fused ids of the hot rows (the lookup's id space).
+        dim: their width.
+        optimizer: the owners' optimizer kind (all tables of the block share it).
+        kernels: the owners' kernels (their learning rates are read at every step).
+        kernel_of: ``[rows]`` index in ``kernels`` of each row's table.
+        eps: float64 ``[rows]`` epsilon of each row's table.
+        owned: where this rank's own hot rows live in its kernels.
+        sync_every: combine gradients every this many steps (1: exactly synchronous).
+        pg: the process group.
+        device: where the block lives.
+        hosts: ``pg``'s host subgroups: the sums run within each host, then between host
+            leaders, then back within the host (:class:`~torchrec_het.sharding.row_replicated.sync.HostGroups`);
+            None: flat all-reduces on ``pg``.
+    """
+
+    def __init__(
+        self, hot_ids, dim, optimizer, kernels, kernel_of, eps, owned: list[OwnedRows], sync_every, pg, device,
+        hosts: HostGroups | None = None,
+    ) -> None:  # fmt: skip
+        rows = hot_ids.numel()
+        self.hot_ids, self.dim, self.optimizer, self.pg = hot_ids.to(device), dim, optimizer, pg
+        self.hosts = hosts
+        self.weights = torch.zeros(rows, dim, device=device)
+        self.state = torch.zeros(rows, square_width(optimizer, dim), device=device)
+        self.kernels, self.kernel_of = kernels, kernel_of.to(device)
+        self.eps = eps.view(-1, 1).to(device=device, dtype=torch.float64)  # Adagrad adds it in double
+        self.owned, self.sync_every = owned, sync_every
+        self.pending = torch.zeros(rows, dim, device=device)  # summed gradients held
+        # syncing every k > 1 steps with an Adagrad-family optimizer: what each held step adds to the state
+        self.holds_squares = optimizer != "sgd" and sync_every > 1
+        self.squares = torch.zeros(rows, square_width(optimizer, dim) if self.holds_squares else 0, device=device)
+        self.touches = torch.zeros(rows, device=device)  # how many bags read each row since the last sync
+        # synced every k > 1 steps: the rows and state every rank agreed on at the last sync
+        # (``weights`` and ``state`` are this rank's copy with its own steps since)
+        self.steps_locally = replica_copies(sync_every) == 2
+        self.agreed_weights = torch.zeros(rows if self.steps_locally else 0, dim, device=device)
+        self.agreed_state = torch.zeros(self.agreed_weights.size(0), self.state.size(1), device=device)
+        self.steps_held = 0
+        self._touches = None  # the started all-reduce of touch counts, and its buffer
+        self._grads = None  # the started all-reduce of the touched rows' gradients
+        self.syncs = 0
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.weights, self.state, self.agreed_weights, self.agreed_state))
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Copies every row and its optimizer state from its owner (one all-reduce)."""
+        self.wait()
+        block = torch.zeros(self.weights.size(0), self.dim + self.state.size(1), device=self.weights.device)
+        for part in self.owned:
+            block[part.slots, : self.dim] = _tbe.flat_data(part.kernel, _tbe.WEIGHTS)[0][part.weight_index].float()
+            if self.state.size(1):
+                block[part.slots, self.dim :] = _tbe.flat_data(part.kernel, _tbe.STATE)[0][part.state_index].float()
+        self._all_reduce(block)
+        self.load(block[:, : self.dim], block[:, self.dim :])
+
+    @torch.no_grad()
+    def load(self, weights: torch.Tensor, state: torch.Tensor) -> None:
+        """Takes every row and its optimizer state as agreed (what a refresh copies); drops what is held."""
+        for copy in (self.weights, self.agreed_weights) if self.steps_locally else (self.weights,):
+            copy.copy_(weights)
+        for copy in (self.state, self.agreed_state) if self.steps_locally else (self.state,):
+            copy.copy_(state)
+        self.drop_held()
+
+    def drop_held(self) -> None:
+        """Forgets the gradients held since the last sync."""
+        self.pending.zero_()
+        self.squares.zero_()
+        self.touches.zero_()
+        self.steps_held = 0
+
+    def add_grads(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
+        """Backward: this rank's gradients of rows ``slots`` (repeats summed); starts the sync when due.
+
+        A sync started by an earlier backward and not yet applied (a pipeline that runs several
+        backwards between two lookups, as the hybrid pipeline does while it drains) is applied
+        first: its steps stay separate steps, which an Adagrad-family state tells apart."""
+        if self.weights.size(0) == 0:  # no hot rows: nothing to keep in sync (the same on every rank)
+            return
+        if self.steps_held >= self.sync_every:
+            self.wait()
+        if self.steps_locally:  # the step's gradient of each row, repeats summed
+            rows, inverse = torch.unique(slots, return_inverse=True)
+            step = torch.zeros(rows.numel(), self.dim, device=grads.device).index_add_(0, inverse, grads)
+            self.pending.index_add_(0, rows, step)
+            if self.holds_squares:  # squared on its own
+                self.squares.index_add_(0, rows, squares_of(self.optimizer, step).float())
+            self._step_locally(rows, step)
+        else:
+            self.pending.index_add_(0, slots, grads)  # contiguous: a strided target takes a 7x slower path
+        self.touches.index_add_(0, slots, torch.ones_like(slots, dtype=self.touches.dtype))
+        self.steps_held += 1
+        if self.steps_held >= self.sync_every:
+            self._start()
+
+    @torch.no_grad()
+    def _step_locally(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        """This rank's copy takes its own step at once (the optimizer's, on its local state)."""
+        weights, state = step_rows(
+            self.optimizer, self.weights.index_select(0, rows), self.state.index_select(0, rows), grads,
+            self._rates(rows), self.eps.index_select(0, rows),
+        )
+        self.weights.index_copy_(0, rows, weights)
+        if self.state.size(1):
+            self.state.index_copy_(0, rows, state)
+
+    def _rates(self, rows: torch.Tensor) -> torch.Tensor:
+        """``[rows, 1]``: each row's learning rate, read from its owner kernel now (a scheduler may change it)."""
+        rates = torch.stack([_tbe.learning_rate(k) for k in self.kernels]).to(self.weights.device)
+        return rates.index_select(0, self.kernel_of.index_select(0, rows)).view(-1, 1)
+
+    def _start(self) -> None:
+        touches = self.touches.clone()
+        self._touches = (self._all_reduce(touches, async_op=True), touches)
+
+    def advance(self) -> None:
+        """Once the touch counts are in, starts the all-reduce of the touched rows' gradients
+        (the input dist calls it, so that exchange overlaps the next batch's ids)."""
+        if self._touches is None:
+            return
+        work, touches = self._touches
+        self._touches = None
+        work.wait()
+        touched = (touches > 0).nonzero().flatten()
+        grads = self.pending.index_select(0, touched)  # only rows some rank touched travel
+        if self.holds_squares:  # and this rank's squares beyond its own sum's (see ``_apply``)
+            beyond = self.squares.index_select(0, touched) - squares_of(self.optimizer, grads).float()
+            grads = torch.cat([grads, beyond], 1)
+        self._grads = (self._all_reduce(grads, async_op=True), touched, grads, touches.index_select(0, touched))
+
+    def _all_reduce(self, tensor: torch.Tensor, async_op: bool = False):
+        """Sums ``tensor`` over the ranks: flat on ``pg``, or hierarchically over ``hosts``."""
+        if self.hosts is None:
+            return dist.all_reduce(tensor, group=self.pg, async_op=async_op)
+        return self.hosts.all_reduce(tensor, async_op=async_op)
+
+    def wait(self) -> bool:
+        """Finishes a started sync and applies it (call before reading the rows); whether there was one."""
+        self.advance()
+        if self._grads is None:
+            return False
+        work, touched, grads, touches = self._grads
+        self._grads = None
+        work.wait()
+        self._apply(touched, grads, touches)
+        self.syncs += 1
+        return True
+
+    def flush(self) -> int:
+        """Applies a started sync and whatever is held (a collective: every rank calls it); syncs applied."""
+        synced = int(self.wait())
+        if self.steps_held and self.weights.size(0):
+            self._start()
+            synced += int(self.wait())
+        return synced
+
+    @torch.no_grad()
+    def _apply(self, touched: torch.Tensor, summed: torch.Tensor, touches: torch.Tensor) -> None:  # noqa: ARG002
+        """Steps the touched rows with the gradients summed over ranks (and the held steps).
+
+        Synced every step, this is the synchronous step. Held over k > 1 steps (Adagrad
+        family), the squared-gradient state must grow by the squares of the k synchronous
+        gradients, each a sum over ranks. Each rank knows its own steps exactly (``Q_r``, the
+        sum of its steps' squares, and ``S_r``, its sum); the sync sums ``S = sum S_r`` and
+        ``sum (Q_r - S_r**2)`` and the state grows by ``S**2 + sum (Q_r - S_r**2)`` (at least 0):
+        exactly the k steps' squares when one rank touched the row, and the synchronous step's
+        when k = 1; in between, the cross-rank products of different steps stand in for those
+        of the same step, and the growth is never below ``S**2 / k`` (opposite-signed holders
+        could cancel the estimate). The step is :func:`~torchrec_het._tbe.step_rows_held`.
+        """
+        lr = self._rates(touched)
+        agreed_weights, agreed_state = (self.agreed_weights, self.agreed_state) if self.steps_locally else (self.weights, self.state)
+        weight, state = agreed_weights.index_select(0, touched), agreed_state.index_select(0, touched)
+        eps = self.eps.index_select(0, touched)
+        if self.holds_squares:
+            grads, beyond = summed[:, : self.dim], summed[:, self.dim :]
+            squares = (squares_of(self.optimizer, grads) + beyond).clamp(min=0)
+            weights, state = step_rows_held(self.optimizer, weight, state, grads, squares, lr, eps, max(self.steps_held, 1))
+        else:
+            weights, state = step_rows(self.optimizer, weight, state, summed, lr, eps)
+        self.weights.index_copy_(0, touched, weights)  # the sync's step replaces the local ones
+        self.state.index_copy_(0, touched, state)
+        if self.steps_locally:
+            self.agreed_weights.index_copy_(0, touched, weights)
+            self.agreed_state.index_copy_(0, touched, state)
+        self.drop_held()
+        self._write_through(touched)
+
+    def _write_through(self, touched: torch.Tensor) -> None:
+        """Copies updated rows this rank owns, with their state, into its owner kernels."""
+        mask = torch.zeros(self.weights.size(0), dtype=torch.bool, device=self.weights.device)
+        mask[touched] = True
+        for part in self.owned:
+            mine = mask.index_select(0, part.slots).nonzero().flatten()
+            slots = part.slots.index_select(0, mine)
+            weights = _tbe.flat_data(part.kernel, _tbe.WEIGHTS)[0]
+            rows = self.weights.index_select(0, slots).to(weights.dtype)
+            weights.index_copy_(0, part.weight_index.index_select(0, mine).view(-1), rows.view(-1))
+            if self.state.size(1):
+                state = _tbe.flat_data(part.kernel, _tbe.STATE)[0]
+                at = part.state_index.index_select(0, mine).view(-1)
+                state.index_copy_(0, at, self.state.index_select(0, slots).to(state.dtype).view(-1))
+
+
+def owned_rows(kernel, table_index: torch.Tensor, local_rows: torch.Tensor, slots: torch.Tensor, dim: int) -> OwnedRows:
+    """Flat positions of rows ``local_rows`` of tables ``table_index`` in ``kernel`` (rows of width ``dim``)."""
+    name = _tbe.replica_kind(kernel)
+    table_index, local_rows = table_index.cpu(), local_rows.cpu()
+    weights, weight_offsets = _tbe.flat_data(kernel, _tbe.WEIGHTS)
+    weight_index = (weight_offsets.cpu()[table_index] + local_rows * dim).unsqueeze(1) + torch.arange(dim)
+    width = square_width(name, dim)
+    if width:
+        state_offsets = _tbe.flat_data(kernel, _tbe.STATE)[1].cpu()
+        state_index = (state_offsets[table_index] + local_rows * width).unsqueeze(1) + torch.arange(width)
+    else:
+        state_index = torch.zeros(local_rows.numel(), 0, dtype=torch.int64)
+    device = weights.device
+    return OwnedRows(kernel, slots.to(device), weight_index.to(device), state_index.to(device))
+
+
+class _HotBags(torch.autograd.Function):
+    """Pools hot rows into bags; the backward hands their gradients to the block."""
+
+    @staticmethod
+    def forward(ctx, anchor, block: ReplicaBlock, slots, bags, weights, num_bags):  # noqa: ARG004
+        ctx.block, ctx.slots, ctx.bags, ctx.weights = block, slots, bags, weights
+        values = block.weights[slots]
+        if weights is not None:
+            values = values * weights.unsqueeze(1)
+        return torch.zeros(num_bags, block.dim, device=values.device).index_add_(0, bags, values)
+
+    @staticmethod
+    def backward(ctx, grad):
+        per_value = grad[ctx.bags]
+        if ctx.weights is not None:
+            per_value = per_value * ctx.weights.unsqueeze(1)
+        ctx.block.add_grads(ctx.slots, per_value)
+        return None, None, None, None, None, None
+
+
+def pool_hot(anchor, block: ReplicaBlock, slots, bags, weights, num_bags: int) -> torch.Tensor:
+    """``[num_bags, dim]`` sums of the block's rows ``slots`` into ``bags`` (weighted if ``weights``)."""
+    return _HotBags.apply(anchor, block, slots, bags, weights, num_bags)

@@ -1,0 +1,193 @@
+"""Where a ``het_row_replicated`` id is read: tables of one width with their tiers, and one id space over all.
+
+:class:`ReplicaGroup`: tables of one lookup that share a dimension, with their tiers, holders
+and servers. :class:`IdLayout`: one id space over every table of a sharding (static indexes,
+built once), as the pipelined dists route a batch's ids with it.
+
+Every row lives in its row-wise owner's shard (the copy checkpoints export). Hot rows
+have more holders: a row of the *replicated* tier is held by every rank; a row of the
+*per-host* tier by one rank per host, the one whose local rank is its owner's (so on
+the owner's host the owner itself holds it). Non-owner holders keep their copies in a
+replica kernel. A rank reads a row from the nearest holder: itself, a rank of its host,
+or the owner.
+"""
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_het.sharding.common.id_space import FusedIdSpace, TableInfo, flatten_batch, members, tensors_to
+
+
+class ReplicaGroup(FusedIdSpace):
+    """Fused id space of same-dimension tables plus their hot tiers.
+
+    Args:
+        tables: the tables, in the lookup's order.
+        tiers: per table, (replicated, per_host) sorted row ids.
+        dim: their embedding dimension.
+        rank: this rank.
+        world_size: ranks in the sharding's process group.
+        local_world_size: ranks per host (a host's ranks are consecutive).
+    """
+
+    def __init__(
+        self,
+        tables: list[TableInfo],
+        tiers: list[tuple[torch.Tensor, torch.Tensor]],
+        dim: int,
+        rank: int,
+        world_size: int,
+        local_world_size: int,
+    ) -> None:
+        super().__init__(tables, dim, rank, world_size)
+        self.local_world_size = local_world_size
+        empty = torch.zeros(0, dtype=torch.int64)
+        self.hot = torch.cat([empty] + [self.offsets[i] + rep for i, (rep, _) in enumerate(tiers)])
+        self.host = torch.cat([empty] + [self.offsets[i] + per for i, (_, per) in enumerate(tiers)])
+        host_owner = self.owner_of(self.host)
+        same_local = host_owner % local_world_size == rank % local_world_size
+        other_host = host_owner // local_world_size != rank // local_world_size
+        self.host_block = self.host[same_local]  # per-host rows this rank's holder group combines
+        held = torch.cat([self.hot[self.owner_of(self.hot) != rank], self.host[same_local & other_host]])
+        self.held = torch.sort(held).values
+        held_table = self.table_of(self.held)
+        per_table = torch.bincount(held_table, minlength=len(tables))
+        self.replica_rows = per_table.tolist()
+        self.held_row = torch.arange(self.held.numel()) - (torch.cumsum(per_table, 0) - per_table)[held_table]
+
+    def server_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rank each id is read from by this rank."""
+        server = self.owner_of(ids)
+        hot, _ = members(self.hot, ids)
+        server[hot] = self.rank
+        host, _ = members(self.host, ids)
+        first = (self.rank // self.local_world_size) * self.local_world_size
+        server[host] = first + server[host] % self.local_world_size
+        return server
+
+    def is_hot(self, ids: torch.Tensor) -> torch.Tensor:
+        return members(self.hot, ids)[0]
+
+    def is_host(self, ids: torch.Tensor) -> torch.Tensor:
+        return members(self.host, ids)[0]
+
+    def replica_rows_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """Row of each held id in its table's replica; RuntimeError if one is not held here."""
+        held, pos = members(self.held, ids)
+        if not bool(held.all()):
+            raise RuntimeError(f"rank {self.rank} was asked for rows it neither owns nor holds")
+        return self.held_row[pos]
+
+    def read(self, ids: torch.Tensor, shards: list[torch.Tensor], replicas: list[torch.Tensor]) -> torch.Tensor:
+        """Rows of ids this rank owns or holds (``shards[i]`` / ``replicas[i]``: table i's local copies)."""
+        out = torch.empty(ids.numel(), self.dim, device=ids.device)
+        owned = self.owner_of(ids) == self.rank
+        out[owned] = self.read_owned(ids[owned], shards)
+        held = (~owned).nonzero().flatten()
+        if held.numel():
+            rows = self.replica_rows_of(ids[held])
+            tables = self.table_of(ids[held])
+            for i in torch.unique(tables).tolist():
+                mine = tables == i
+                out[held[mine]] = replicas[i][rows[mine]].float()
+        return out
+
+
+class IdLayout:
+    """Static indexes of a sharding's features, built once: one id space over every table.
+
+    Positions are the sharding's features in order (a feature shared by two tables has two
+    positions). Table t's row r is id ``base[t] + r``; ids of one width are contiguous, so
+    the ids of a :class:`ReplicaGroup` (one width) are ``group_base[g] + its fused ids``.
+    The output's bags of one group are one part of it (:meth:`group_part`, :meth:`group_bags`).
+    """
+
+    def __init__(self, groups: list[ReplicaGroup], positions: list[tuple[int, int]], dims: list[int], mean: list[bool], world_size: int):
+        self.groups, self.world_size = groups, world_size
+        sizes = torch.tensor([int(g.offsets[-1]) for g in groups], dtype=torch.int64)
+        self.group_base = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(sizes, 0)[:-1]])
+        # per position: its group and fused offset of its table
+        self.position_group = torch.tensor([g for g, _ in positions], dtype=torch.int64)
+        self.position_base = torch.tensor(
+            [int(self.group_base[g]) + int(groups[g].offsets[t]) for g, t in positions], dtype=torch.int64
+        )
+        self.num_positions = len(positions)
+        self.dims = torch.tensor(dims, dtype=torch.int64)
+        self.columns = torch.cumsum(self.dims, 0) - self.dims
+        self.width = int(self.dims.sum())
+        self.uniform_dim = dims[0] if dims and all(d == dims[0] for d in dims) else None
+        self.mean = torch.tensor(mean, dtype=torch.bool)
+        self.has_mean = bool(self.mean.any())
+        # per group (one width): its positions and output columns, one group after the other
+        at = [[p for p, (g, _) in enumerate(positions) if g == i] for i in range(len(groups))]
+        starts = self.columns.tolist()
+        self.group_sizes = [len(ps) for ps in at]
+        self.group_positions = torch.tensor([p for ps in at for p in ps], dtype=torch.int64)
+        self.group_columns = torch.tensor([c for ps in at for p in ps for c in range(starts[p], starts[p] + dims[p])], dtype=torch.int64)
+        local = {p: i for ps in at for i, p in enumerate(ps)}
+        self.position_local = torch.tensor([local[p] for p in range(len(positions))], dtype=torch.int64)
+        self.group_spans, first, column = [], 0, 0  # per group: its ranges in group_positions and group_columns
+        for ps in at:
+            width = sum(dims[p] for p in ps)
+            self.group_spans.append((first, first + len(ps), column, column + width))
+            first, column = first + len(ps), column + width
+        self.owner_ends = torch.cat([self.group_base[i] + g.owner_ends for i, g in enumerate(groups)])
+        self.bucket_start = torch.cat([torch.zeros(1, dtype=torch.int64), self.owner_ends[:-1]])
+        self.total_rows = int(sizes.sum())
+        self.set_hot(groups)
+
+    def to(self, device: torch.device) -> "IdLayout":
+        """Moves every index to ``device`` (where the batches arrive)."""
+        self.device = device
+        return tensors_to(self, device)
+
+    def set_hot(self, groups: list[ReplicaGroup]) -> None:
+        """Takes the hot rows of ``groups`` (same tables and widths; after an online profile)."""
+        self.groups = groups
+        self.hot_version = getattr(self, "hot_version", -1) + 1
+        hot = [self.group_base[i] + g.hot for i, g in enumerate(groups)]
+        self.hot_ids = torch.cat([torch.zeros(0, dtype=torch.int64)] + hot)
+        counts = torch.tensor([h.numel() for h in hot], dtype=torch.int64)
+        self.hot_start = torch.cumsum(counts, 0) - counts
+        self.hot_group_ends = torch.cumsum(counts, 0)
+        if getattr(self, "device", None) is not None:
+            self.to(self.device)
+
+    def route(self, ids: torch.Tensor):
+        """(hot position in ``hot_ids`` or -1, owner rank, row in the owner's shard) of global ids."""
+        is_hot, pos = members(self.hot_ids, ids)
+        bucket = torch.bucketize(ids, self.owner_ends, right=True)
+        return torch.where(is_hot, pos, -1), bucket % self.world_size, ids - self.bucket_start[bucket]
+
+    def flatten(self, features: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(bag of every value, as position * batch + sample; its global id): :func:`flatten_batch`."""
+        return flatten_batch(features, self.position_base, "het_row_replicated")
+
+    def hot_of(self, hot_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per replica block: (indexes of the values it serves, their rows in the block)."""
+        block_of = torch.bucketize(hot_pos, self.hot_group_ends, right=True)
+        out = []
+        for index in range(len(self.groups)):
+            mine = ((hot_pos >= 0) & (block_of == index)).nonzero().flatten()
+            out.append((mine, hot_pos[mine] - self.hot_start[index]))
+        return out
+
+    def group_part(self, group: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the group's positions, its output columns; None when it is the only group)."""
+        start, end, first, last = self.group_spans[group]
+        return self.group_positions[start:end], None if len(self.group_sizes) == 1 else self.group_columns[first:last]
+
+    def group_bags(self, bags: torch.Tensor, batch: int, group: int) -> torch.Tensor:
+        """Bags (``position * batch + sample``) of ``group``'s positions as bags of its output part,
+        sample by sample: ``sample * its positions + the position's index among them``."""
+        if len(self.group_sizes) == 1:
+            return bags % batch * self.num_positions + bags // batch
+        return bags % batch * self.group_sizes[group] + self.position_local.index_select(0, bags // batch)
+
+    def elements(self, rows: torch.Tensor, positions: torch.Tensor, row_width: int) -> torch.Tensor:
+        """Flat indexes of the blocks (row, position) in a ``[*, width]`` matrix, for mixed widths."""
+        widths = self.dims[positions]
+        start = rows * row_width + self.columns[positions]
+        first = torch.repeat_interleave(torch.cumsum(widths, 0) - widths, widths)
+        base = torch.repeat_interleave(start, widths)
+        return base + torch.arange(base.numel(), device=base.device) - first

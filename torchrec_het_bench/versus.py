@@ -1,0 +1,175 @@
+"""Every entry against stock TorchRec: speed and bytes as ratios, the AUC difference with its
+95% interval, and a one-line verdict.
+
+The reference of an entry is stock table_wise of its workload under ``sparse_dist`` (TorchRec's
+``TrainPipelineSparseDist``, what users train with) where the run has it, else under the entry's
+own pipeline: the reference of ``convergence_vs_sparse_dist``, else of ``convergence``
+(:func:`torchrec_het_bench.results.convergence`). The AUC difference and its interval are the
+entry's ``auc_vs_stock`` (:mod:`torchrec_het_bench.auc_intervals`: DeLong on one run's
+held-out samples, or a paired t interval over seeds). "Equal" means the interval holds 0.
+"""
+
+from torchrec_het_bench.auc_intervals import AucDifference, paired_delong, verdict_word
+from torchrec_het_bench.report import by_workload, het_hit_rate, hot_row_share
+
+
+def reference_name(entry: dict) -> str | None:
+    """The name of the stock entry ``entry`` is compared with, or None (the run has none)."""
+    conv = entry.get("convergence_vs_sparse_dist") or entry.get("convergence")
+    return None if conv is None else conv["reference"]
+
+
+def add_auc_vs_stock(entries: list[dict], scores: dict) -> None:
+    """Adds ``auc_vs_stock`` (DeLong's paired interval on the held-out samples) to every entry that ran
+    and has a reference other than itself.
+
+    Args:
+        entries: results.json entries, ``convergence`` already added.
+        scores: entry name -> (scores, labels) of its held-out samples, in the same sample order for
+            every entry of a workload.
+    """
+    def delong(entry: dict, reference: str) -> AucDifference:
+        own, labels = scores[entry["name"]]
+        ref_scores, ref_labels = scores[reference]
+        if not bool((labels == ref_labels).all()):
+            raise ValueError(f"{entry['name']} and {reference} were evaluated on different held-out samples")
+        return paired_delong(own, ref_scores, labels)
+
+    for entry in entries:
+        reference = reference_name(entry)
+        if reference is None or reference == entry["name"] or "not_run" in entry:
+            continue
+        entry["auc_vs_stock"] = dict(delong(entry, reference).as_dict(), reference=reference)
+        add_convergence_intervals(entry, lambda ref: delong(entry, ref).half_width)
+
+
+def add_convergence_intervals(entry: dict, half_width) -> None:
+    """Adds ``auc_half_width`` (``half_width(reference name)``) to the entry's ``convergence`` and
+    ``convergence_vs_sparse_dist`` against another entry, so the convergence table shows their intervals."""
+    for key in ("convergence", "convergence_vs_sparse_dist"):
+        conv = entry.get(key)
+        if conv is not None and conv["reference"] != entry["name"]:
+            conv["auc_half_width"] = half_width(conv["reference"])
+
+
+def auc_difference(entry: dict) -> AucDifference | None:
+    """The entry's ``auc_vs_stock`` as an :class:`AucDifference` (None: not recorded)."""
+    recorded = entry.get("auc_vs_stock")
+    if recorded is None:
+        return None
+    return AucDifference(recorded["difference"], recorded["half_width"], recorded["method"], recorded["samples"])
+
+
+def _ratio(value: float | None, reference: float | None) -> float | None:
+    if value is None or not reference:
+        return None
+    return value / reference
+
+
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}×"
+
+
+def _mib_and_ratio(value: int | None, reference: int | None) -> str:
+    """``7.01 (0.53×)`` in MiB, ``-`` when not measured (inter-host bytes on loopback)."""
+    if value is None:
+        return "-"
+    ratio = _ratio(value, reference)
+    return f"{value / 2**20:.2f}" + ("" if ratio is None else f" ({_times(ratio)})")
+
+
+def signed(value: float) -> str:
+    """``+0.0012`` / ``−0.0012`` (a real minus sign, as the report prints differences)."""
+    return f"{value:+.4f}".replace("-", "−")
+
+
+def auc_text(entry: dict) -> str:
+    """``0.8045``, or over seeds the mean and each seed's: ``0.8045 (0.8031, 0.8062, 0.8042)``."""
+    by_seed = entry.get("auc_by_seed")
+    if not by_seed or len(by_seed) < 2:
+        return f"{entry['auc']:.4f}"
+    return f"{entry['auc']:.4f} (" + ", ".join(f"{auc:.4f}" for auc in by_seed) + ")"
+
+
+def difference_text(entry: dict, reference: dict | None) -> str:
+    """``−0.0003 ± 0.0008``, or the bare difference when no interval was recorded (older results)."""
+    diff = auc_difference(entry)
+    if diff is not None:
+        return f"{signed(diff.difference)} ± {diff.half_width:.4f}"
+    if reference is None:
+        return "-"
+    return f"{signed(entry['auc'] - reference['auc'])} (no interval recorded)"
+
+
+def verdict(entry: dict, reference: dict) -> str:
+    """One line: ``planned: 1.31× stock_table_wise at 0.53× its bytes, AUC equal (−0.0003 ± 0.0008); tables:
+    het_row_replicated`` (the sharding types a plugin configuration's tables got, after the ``;``)."""
+    speed = _ratio(entry["samples_per_s"]["median"], reference["samples_per_s"]["median"])
+    emb = _ratio(entry["bytes_per_step"]["embedding_cross_rank"], reference["bytes_per_step"]["embedding_cross_rank"])
+    diff = auc_difference(entry)
+    if diff is None:
+        quality = f"AUC {signed(entry['auc'] - reference['auc'])} (no interval recorded)"
+    else:
+        quality = f"AUC {verdict_word(diff)} ({signed(diff.difference)} ± {diff.half_width:.4f})"
+    bytes_words = "its bytes" if emb is not None else "bytes not comparable"
+    line = f"{entry['name']}: {_times(speed)} {reference['name']} at {_times(emb)} {bytes_words}, {quality}"
+    if entry.get("stock"):
+        return line
+    return line + f"; tables: {'+'.join(entry['sharding_types'])}"  # what the plugin's configuration chose
+
+
+def _ran_by_name(results: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in results["configs"] if "not_run" not in c}
+
+
+def rows(results: dict) -> list[tuple[dict, dict | None]]:
+    """(entry, its reference entry or None) for every entry that ran, grouped by workload."""
+    entries = _ran_by_name(results)
+    return [(c, entries.get(reference_name(c) or "")) for c in by_workload(results["configs"])]
+
+
+def interval_note(results: dict) -> str:
+    """What the ± means in this run (the methods its entries recorded)."""
+    methods = sorted({c["auc_vs_stock"]["method"] for c in _ran_by_name(results).values() if "auc_vs_stock" in c})
+    if not methods:
+        return "AUC − stock: no interval recorded in this run"
+    return "AUC − stock: difference ± half-width of its 95% interval (" + "; ".join(methods) + "); equal: the interval holds 0"
+
+
+def table(results: dict) -> list[str]:
+    """Lines of the "against stock" table: samples/s, embedding and inter-host bytes per step with their
+    ratio to the reference's, the HET hit rate, the hot-row share, AUC and AUC − stock with its interval."""
+    lines = [
+        "| entry | sharding | samples/s | × stock | embedding MiB/step (× stock) | inter-host MiB/step (× stock) "
+        "| HET hit rate (ideal LRU) | hot rows | AUC (by seed) | AUC − stock (95%) | stock |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c, ref in rows(results):
+        sps = c["samples_per_s"]["median"]
+        emb, inter = c["bytes_per_step"]["embedding_cross_rank"], c.get("inter_host_bytes")
+        lines.append(
+            f"| {c['name']} | {'+'.join(c['sharding_types'])} | {sps:.0f} "
+            f"| {_times(_ratio(sps, ref and ref['samples_per_s']['median']))} "
+            f"| {_mib_and_ratio(emb, ref and ref['bytes_per_step']['embedding_cross_rank'])} "
+            f"| {_mib_and_ratio(inter, ref and ref.get('inter_host_bytes'))} "
+            f"| {het_hit_rate(c)} | {hot_row_share(c)} | {auc_text(c)} "
+            f"| {'0 (reference)' if ref is c else difference_text(c, ref)} | {ref['name'] if ref else '-'} |"
+        )
+    return lines
+
+
+def verdicts(results: dict) -> list[str]:
+    """One verdict line per entry that has a reference other than itself, then what the ± means."""
+    lines = [verdict(c, ref) for c, ref in rows(results) if ref is not None and ref is not c]
+    if not lines:
+        return []
+    return ["verdicts against stock:", *(f"- {line}" for line in lines), "", interval_note(results)]
+
+
+
+def section(results: dict) -> str:
+    """The report's opening: the "against stock" table and the verdicts (empty without a stock reference)."""
+    if not any(ref is not None for _, ref in rows(results)):
+        return ""
+    return "\n".join(["every entry against stock TorchRec (higher samples/s, fewer bytes are better):", "",
+                      *table(results), "", *verdicts(results)]) + "\n\n"
