@@ -84,7 +84,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TORCHREC_HET_EMBEDDING_STALENESS", "embedding_staleness", int,
             "k >= 0: the script's TrainPipelineSparseDist is the hybrid pipeline with bound k"),
     Setting(ENV_COSTS, "compute_costs", str,
-            "compute-cost table the planner prices with (python -m torchrec_het.planner.calibrate)"),
+            "compute-cost table the planner prices with (python -m torchrec_het_bench.calibrate)"),
     Setting("TORCHREC_HET_PG_TIMEOUT", "pg_timeout", float,
             "process group timeout in seconds, for the script's init_process_group calls that pass none "
             "(default torch's: 30 minutes for gloo)", parse=parse_timeout),
@@ -161,7 +161,7 @@ def install(
             (:class:`~torchrec_het.pipeline.HybridTrainPipeline`); default
             ``$TORCHREC_HET_EMBEDDING_STALENESS`` or unset: TorchRec's own.
         compute_costs: the plugin lookups' compute per id the planner prices (a ``ComputeCosts``
-            or the path of a table from ``python -m torchrec_het.planner.calibrate``, measured on
+            or the path of a table from ``python -m torchrec_het_bench.calibrate``, measured on
             your machines); default ``$TORCHREC_HET_COMPUTE_COSTS``, else the table shipped
             with the package (measured on a 2-core CPU VM).
         pg_timeout: the process group timeout, in seconds (or a ``timedelta``): how long a

@@ -2,7 +2,7 @@
 
 import torch
 
-from torchrec_het.cache.ideal import lru_hits
+from torchrec_het_bench.ideal_cache import lru_hits
 
 _COUNTERS = (
     "lookups", "unique_lookups", "remote_unique", "remote_lookups", "hits_unique", "hits_lookups",

@@ -13,9 +13,9 @@ optimizer updates rows here), ``optimizer.step()`` and ``zero_grad()``, on the b
 data (Zipf ids, the preset's alpha). After a warm-up, types are measured in rounds on the
 same batches in turn. Reported per type: ms per step (median, p10, p90; a step lasts as
 long as its slowest rank), collectives issued per step per rank (counted by
-:class:`~torchrec_het.comm.CommAccountant`, by collective family) and embedding bytes per
+:class:`~torchrec_het_bench.comm.CommAccountant`, by collective family) and embedding bytes per
 step; and the ids one rank's batch holds per step (``ids_per_step_per_rank``, which
-``python -m torchrec_het.planner.calibrate`` divides by). Writes ``micro.json`` and
+``python -m torchrec_het_bench.calibrate`` divides by). Writes ``micro.json`` and
 ``micro.md`` into ``--out`` and prints the table.
 """
 
@@ -39,10 +39,10 @@ from torchrec_het_bench.launch import spawn
 from torchrec_het_bench.model import shard_module, table_configs
 from torchrec_het_bench.presets import MIN_ROUNDS, PRESETS, get_preset
 from torchrec_het_bench.replicated_configs import hot_fraction
-from torchrec_het_bench.results import _percentile, versions
+from torchrec_het_bench.results import percentile, versions
 from torchrec_het_bench.worker import LOOPBACK_BYTES_PER_S, quiet_torchrec
 from torchrec_het_bench.workloads import open_workload_source, training_sample
-from torchrec_het.comm import COLLECTIVE_FAMILIES, CommAccountant, CommTotals, sum_totals
+from torchrec_het_bench.comm import COLLECTIVE_FAMILIES, CommAccountant, CommTotals, sum_totals
 
 # Row name -> the benchmark configuration whose sharders and plan the type is built with.
 MICRO_TYPES: dict[str, str] = {
@@ -192,7 +192,7 @@ def summarize(spec: MicroSpec, gathered: list[dict[str, MicroRecord]]) -> dict:
                 "config": per_rank[0].config,
                 "sharding_types": per_rank[0].sharding_types,
                 "params": bench_configs.CONFIGS[per_rank[0].config].params,
-                "ms_per_step": {"median": statistics.median(ms), "p10": _percentile(ms, 0.1), "p90": _percentile(ms, 0.9)},
+                "ms_per_step": {"median": statistics.median(ms), "p10": percentile(ms, 0.1), "p90": percentile(ms, 0.9)},
                 "collectives_per_step": {
                     "total": sum(by_family.values()),
                     "by_family": by_family,

@@ -24,11 +24,11 @@ from torchrec_het_bench import report, versus
 from torchrec_het_bench.het_stats import summarize_cache
 from torchrec_het_bench.step_time import STEP_PARTS, TIMED_PARTS
 from torchrec_het_bench.worker import RankRecord, RunSpec
-from torchrec_het.comm import EMBEDDING_PHASES, sum_totals
+from torchrec_het_bench.comm import EMBEDDING_PHASES, sum_totals
 from torchrec_het_bench.data import binary_auc
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     position = (len(ordered) - 1) * q
     low = int(position)
@@ -42,8 +42,8 @@ def _samples_per_s(per_rank: list[RankRecord], samples_per_step: int) -> dict[st
     rates = [samples_per_step / s for s in step_seconds]
     return {
         "median": statistics.median(rates),
-        "p10": _percentile(rates, 0.10),
-        "p90": _percentile(rates, 0.90),
+        "p10": percentile(rates, 0.10),
+        "p90": percentile(rates, 0.90),
     }
 
 

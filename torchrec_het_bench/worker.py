@@ -57,7 +57,7 @@ from torchrec_het_bench.presets import BenchPreset
 from torchrec_het_bench.replicated_configs import hot_fraction
 from torchrec_het_bench.step_time import CLOCK, TIMED_PARTS, instrument, timing_installed
 from torchrec_het_bench.workloads import open_workload_source, shard_workload
-from torchrec_het.comm import CommAccountant, attach_ddp_hooks
+from torchrec_het_bench.comm import CommAccountant, attach_ddp_hooks
 from torchrec_het_bench.data import DataExhaustedError
 from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 

@@ -13,18 +13,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het_testing.het_ranks import (
-    _local_shard_errors,
-    _rel_error,
-    _worst,
-    batch,
-    loss_of,
-    projections,
-    table_configs,
-    unsharded,
-)
-from torchrec_het_testing.replicated_ranks import replicated, tiers
+from torchrec_het_testing.bag_models import batch, loss_of, projections, replicated, table_configs, unsharded
+from torchrec_het_testing.settings import hot_rows
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
+from torchrec_het_testing.weights import full_tables, relative_error
 
 HOT = 12  # replicated rows per table: 0..11
 WINDOW = 8
@@ -70,7 +62,7 @@ def _sample_signatures(batches: list[Batch]) -> dict[int, list[tuple]]:
 def regrouping(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -> dict:
     configs = table_configs(False)
     proj = projections(configs)
-    rep = replicated(configs, False, optimizer, ReplicationConfig(tiers=tiers(configs, hot=HOT)))
+    rep = replicated(configs, False, optimizer, ReplicationConfig(tiers=hot_rows(configs, HOT)))
     reference = unsharded(configs, False, optimizer)
     original = stream(rank, configs)
     wrapper = AllHotBatches(original, read_here_of(rep), window=WINDOW)
@@ -85,7 +77,7 @@ def regrouping(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -
     everyone = [None] * world_size
     dist.all_gather_object(everyone, [(b.sparse_features.values(), b.sparse_features.lengths()) for b in regrouped])
     rep.module.reset_replication_stats()
-    errors: dict = {}
+    worst_out = 0.0
     for step in range(len(regrouped)):
         kjts = [
             KeyedJaggedTensor(keys=regrouped[0].sparse_features.keys(), values=v, lengths=n)
@@ -93,12 +85,12 @@ def regrouping(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -
         ]
         out = rep(regrouped[step].sparse_features)
         ref_outs = [reference(k) for k in kjts]
-        for f in proj:
-            _worst(errors, "out_rep_vs_unsharded", _rel_error(out[f], ref_outs[rank][f]))
+        worst_out = max([worst_out] + [relative_error(out[f], ref_outs[rank][f]) for f in proj])
         loss_of(out, proj).backward()
         (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
-    _local_shard_errors(rep, reference, configs, errors, "weights_rep_vs_unsharded")
-    result["errors"] = errors
+    tables = full_tables(rep, configs)
+    weights = max(relative_error(tables[c.name], reference.embedding_bags[c.name].weight) for c in configs)
+    result["errors"] = {"out_rep_vs_unsharded": worst_out, "weights_rep_vs_unsharded": weights}
     result["replication"] = rep.module.replication_stats()
     return result
 
@@ -106,7 +98,7 @@ def regrouping(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -
 def uneven_streams(rank: int, world_size: int) -> str:
     """Rank 0 yields more batches than the others: every rank gets the same clear error."""
     configs = table_configs(False)
-    rep = replicated(configs, False, "sgd", ReplicationConfig(tiers=tiers(configs, hot=HOT)))
+    rep = replicated(configs, False, "sgd", ReplicationConfig(tiers=hot_rows(configs, HOT)))
     batches = stream(rank, configs, count=8 if rank == 0 else 5)
     try:
         list(AllHotBatches(batches, read_here_of(rep), window=4))

@@ -44,9 +44,9 @@ from torchrec_het.pipeline import HybridTrainPipeline
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders import get_het_sharders
 from torchrec_het.sharding import het_cached_row_wise, het_row_replicated
-from torchrec_het_bench.table_init import init_tables_by_row, table_rows
-from torchrec_het_testing.replicated_ranks import tiers
+from torchrec_het_testing.settings import hot_rows
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
+from torchrec_het_testing.weights import full_tables, seeded_tables, set_tables
 
 SEED = 11
 BATCH = 8
@@ -104,8 +104,7 @@ def _shared_model(plugin: bool) -> DistributedModelParallel:
     model = SharedBatch(torch.device("meta"))
     apply_optimizer_in_backward(torch.optim.SGD, [*model.ebc.parameters(), *model.ec.parameters()], {"lr": LR})
     cache = HetCacheConfig(default=CacheSettings(s_read=0, s_write=0, capacity=0.3))
-    hot = tiers([ITEM], hot=6)
-    hot.spans_modules = True  # the whole model's tiers, as a profile's: each module takes its own tables
+    hot = hot_rows([ITEM], 6)  # the whole model's tiers, as a profile's: each module takes its own tables
     sharders = get_het_sharders(cache=cache, replication=ReplicationConfig(tiers=hot))
     by_module = {s.module_type: s for s in sharders}
     world_size = dist.get_world_size()
@@ -118,21 +117,8 @@ def _shared_model(plugin: bool) -> DistributedModelParallel:
             world_size=world_size, device_type="cpu", sharder=by_module[EmbeddingCollection]),
     })  # fmt: skip
     sharded = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
-    init_tables_by_row(sharded, [USER, ITEM], SEED)
+    set_tables(sharded, seeded_tables([USER, ITEM], SEED))
     return sharded
-
-
-def _tables(model: DistributedModelParallel, configs) -> dict[str, torch.Tensor]:
-    """Every table's full weights (the ranks' local shards summed into place)."""
-    out = {c.name: torch.zeros(c.num_embeddings, c.embedding_dim) for c in configs}
-    for key, value in model.state_dict().items():
-        if hasattr(value, "local_shards"):
-            for shard in value.local_shards():
-                (r, col), (n, m) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-                out[key.split(".")[-2]][r : r + n, col : col + m] += shard.tensor.detach()
-    for weights in out.values():
-        dist.all_reduce(weights)
-    return out
 
 
 def _train(model: DistributedModelParallel, pipeline_of, batches: list[Batch]) -> tuple[object, list[float]]:
@@ -165,7 +151,7 @@ def shared_batch() -> dict:
         for plugin in (False, True):
             model = _shared_model(plugin)
             pipeline, losses = _train(model, pipeline_of, batches)
-            runs[plugin] = (_tables(model, [USER, ITEM]), losses)
+            runs[plugin] = (full_tables(model, [USER, ITEM]), losses)
             gauges[plugin] = pipeline.gauge.max if isinstance(pipeline, HybridTrainPipeline) else None
             if plugin and name == "sparse_dist":
                 stats = torchrec_het.stats_by_table(model)
@@ -183,8 +169,7 @@ def shared_batch() -> dict:
 
 
 def _tables_at_init(name: str) -> torch.Tensor:
-    config = {c.name: c for c in (USER, ITEM)}[name]
-    return table_rows(config, SEED, 0, config.num_embeddings)
+    return seeded_tables([USER, ITEM], SEED)[name]
 
 
 def _vbe_batch(rank: int) -> KeyedJaggedTensor:
@@ -249,7 +234,7 @@ def _position_weighted() -> DistributedModelParallel:
         world_size=dist.get_world_size(), device_type="cpu", sharder=sharder,
     )  # fmt: skip
     sharded = DistributedModelParallel(model, device=torch.device("cpu"), plan=ShardingPlan({"fp_ebc": plan}), sharders=sharders)
-    init_tables_by_row(sharded, FP_TABLES, SEED)
+    set_tables(sharded, seeded_tables(FP_TABLES, SEED))
     return sharded
 
 
@@ -268,7 +253,7 @@ def feature_processor() -> dict:
     ):
         model = _position_weighted()
         pipeline, losses = _train(model, pipeline_of, batches)
-        runs[name] = (_position_weights(model), _tables(model, FP_TABLES), losses)
+        runs[name] = (_position_weights(model), full_tables(model, FP_TABLES), losses)
         if name == "hybrid_default":
             out["default_k"] = pipeline.embedding_staleness
             out["default_on_worker"] = pipeline.backward_on_worker_chosen

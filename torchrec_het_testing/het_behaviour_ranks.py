@@ -11,8 +11,8 @@ Checks:
 ``bounds``
     One model, one pair of tables (40 rows, one feature; 70 rows, two features, the
     pair fused into one group) per (protocol, s_read, s_write, capacity); before
-    every forward each rank all-gathers the owners' versions, and the lookup's
-    ``on_serve`` hook measures, for every id served from the cache, the version lag
+    every forward each rank all-gathers the owners' versions, and a :class:`ServeRecorder`
+    (wrapped around each lookup's settle step) measures, for every id served from the cache, the version lag
     behind the true owner version and the age of its lease; after every step, the
     most updates a cached row holds back (``s_write``).
 ``nothing_lost``
@@ -42,8 +42,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het._compat import lookup_kernels
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.sharders import HetShardedEmbeddingBagCollection
+from torchrec_het.sharding.het_cache import protocol
 from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
-from torchrec_het_testing.het_ranks import loss_of, projections, sharded, table_configs
+from torchrec_het_testing.bag_models import loss_of, projections, sharded, table_configs
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
 
 SEED = 11
@@ -128,7 +129,7 @@ def _train_step(model: DistributedModelParallel, features: KeyedJaggedTensor, pr
     return float(loss)
 
 
-def _apply_pushes(lookups: list[HetCachedEmbeddingLookup]) -> None:
+def apply_pushes(lookups: list[HetCachedEmbeddingLookup]) -> None:
     """Applies the pushes of the last backward at their owners (the next lookup would do it first):
     the owner's weights and versions are read here as that lookup will see them."""
     for lookup in lookups:
@@ -156,7 +157,7 @@ def _owned_versions(lookups: list[HetCachedEmbeddingLookup]) -> dict[str, torch.
     }
 
 
-def _true_versions(lookups: list[HetCachedEmbeddingLookup], world_size: int) -> dict[str, torch.Tensor]:
+def true_versions(lookups: list[HetCachedEmbeddingLookup], world_size: int) -> dict[str, torch.Tensor]:
     """Per table: every row's owner version (all-gathered; rank r's range follows rank r - 1's)."""
     gathered: list[dict[str, torch.Tensor] | None] = [None] * world_size
     dist.all_gather_object(gathered, _owned_versions(lookups))
@@ -212,7 +213,7 @@ def _changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) ->
     return sorted(k for k in before if k not in after or not torch.equal(before[k], after[k]))
 
 
-def _mass(sharded: HetShardedEmbeddingBagCollection) -> dict[str, dict[str, list[float]]]:
+def gradient_mass(sharded: HetShardedEmbeddingBagCollection) -> dict[str, dict[str, list[float]]]:
     stats = sharded.cache_stats()
     return {
         name: {"produced": s["grad_produced"], "applied": s["grad_applied"]}
@@ -223,8 +224,14 @@ def _mass(sharded: HetShardedEmbeddingBagCollection) -> dict[str, dict[str, list
 # --- 1. bounds ------------------------------------------------------------------------------
 
 
-class _ServeRecorder:
-    """``on_serve`` hook: per table, how far each served copy lags the true owner version.
+class ServeRecorder:
+    """Per table, how far each copy served from the cache lags the true owner version, and the age of its lease.
+
+    The runtime has no test hook: :meth:`attach` instruments the cache from here, wrapping the
+    protocol's settle step (:func:`~torchrec_het.sharding.het_cache.protocol.settle`: stale copies
+    refreshed, new rows filled, the batch's rows gathered) and reading, right after each call, the
+    cached copies it served without fetching them, as the forward pools them. Set :attr:`truth`
+    (every row's owner version) and :attr:`step` before each step; :meth:`detach` when done.
 
     Args:
         rank: this rank.
@@ -240,20 +247,46 @@ class _ServeRecorder:
                    "max_age": 0, "min_age": 0}
             for name in row_starts
         }
+        self._settle = None
 
     @classmethod
-    def attach(cls, lookups: list, rank: int) -> "_ServeRecorder":
-        """A recorder for every table of ``lookups``, set as their ``on_serve`` hook."""
+    def attach(cls, lookups: list[HetCachedEmbeddingLookup], rank: int) -> "ServeRecorder":
+        """A recorder of every table of ``lookups``, observing every settle of their groups from now on
+        (in this process: a spawned rank)."""
         row_starts = {t.name: t.row_starts for lookup in lookups for g in lookup.groups for t in g.tables}
         recorder = cls(rank, row_starts)
-        for lookup in lookups:
-            lookup.on_serve = recorder
+        recorder._settle = protocol.settle
+
+        def settle_and_record(g, read, *args, **kwargs) -> torch.Tensor:
+            served = recorder._settle(g, read, *args, **kwargs)
+            recorder.record_group(g, read, served)
+            return served
+
+        protocol.settle = settle_and_record
         return recorder
+
+    def detach(self) -> None:
+        """The protocol's own settle step again."""
+        if self._settle is not None:
+            protocol.settle, self._settle = self._settle, None
+
+    def record_group(self, group, read, served: torch.Tensor) -> None:
+        """Records, per table of ``group`` this recorder follows, the copies one settled batch served
+        from the cache (``served``: per remote id, no row came for it)."""
+        if group.tables[0].name not in self.records:
+            return
+        hit = read.slots[served]
+        ids, tables = read.uniq[read.remote[served]], read.tables.index_select(0, read.remote)[served]
+        cache = group.cache
+        for i, t in enumerate(group.tables):
+            mine = tables == i
+            self(t.name, ids[mine] - group.offsets[i], cache.versions[hit[mine]], cache.validated_step[hit[mine]], read.step)
 
     def __call__(
         self, table: str, ids: torch.Tensor, versions: torch.Tensor, validated: torch.Tensor, step: int
     ) -> None:
-        """Records one table's served ids of one forward (the signature of ``on_serve``)."""
+        """Records one table's ids served from the cache in one forward, with their copies' versions
+        and validation steps, and the lookup's step."""
         record = self.records[table]
         record["calls"] += 1
         record["wrong_step"] += int(step != self.step)
@@ -297,24 +330,27 @@ def bounds(rank: int, world_size: int) -> dict:
     sharded = _sharded(model)
     lookups = sharded.het_lookups()
     proj = projections(configs)
-    recorder = _ServeRecorder.attach(lookups, rank)
+    recorder = ServeRecorder.attach(lookups, rank)
     min_remote = {c.name: 1 << 30 for c in configs}
     max_remote = {c.name: 0 for c in configs}
     max_pending = {c.name: 0 for c in configs}
     losses = []
-    for step in range(BOUND_STEPS):
-        _apply_pushes(lookups)
-        recorder.truth = _true_versions(lookups, world_size)  # versions move when pushes are applied and at flush
-        recorder.step = step
-        features = batch(rank, step, configs)
-        for name, ids in _ids_by_table(features, configs).items():
-            starts = recorder.row_starts[name]
-            remote = (ids < starts[rank]) | (ids >= starts[rank + 1])
-            min_remote[name] = min(min_remote[name], int(remote.sum()))
-            max_remote[name] = max(max_remote[name], int(remote.sum()))
-        losses.append(_train_step(model, features, proj))
-        for name, held in _max_pending(lookups).items():
-            max_pending[name] = max(max_pending[name], held)
+    try:
+        for step in range(BOUND_STEPS):
+            apply_pushes(lookups)
+            recorder.truth = true_versions(lookups, world_size)  # versions move when pushes are applied and at flush
+            recorder.step = step
+            features = batch(rank, step, configs)
+            for name, ids in _ids_by_table(features, configs).items():
+                starts = recorder.row_starts[name]
+                remote = (ids < starts[rank]) | (ids >= starts[rank + 1])
+                min_remote[name] = min(min_remote[name], int(remote.sum()))
+                max_remote[name] = max(max_remote[name], int(remote.sum()))
+            losses.append(_train_step(model, features, proj))
+            for name, held in _max_pending(lookups).items():
+                max_pending[name] = max(max_pending[name], held)
+    finally:
+        recorder.detach()
     stats = sharded.cache_stats()
     tables = {}
     for name, record in recorder.records.items():
@@ -361,15 +397,15 @@ def nothing_lost(rank: int, world_size: int) -> dict:
     for step in range(LOST_STEPS):
         _train_step(model, batch(rank, step, configs), proj)
     sharded.flush_cache()
-    out = {"flushed": _mass(sharded), "pending_after_flush": _pending(lookups)}
+    out = {"flushed": gradient_mass(sharded), "pending_after_flush": _pending(lookups)}
     for name, moved in _weight_moves(lookups, rank, initial).items():
         out["flushed"][name]["moved"] = moved
     for step in range(LOST_STEPS, LOST_STEPS + UNFLUSHED_STEPS):
         _train_step(model, batch(rank, step, configs), proj)
     out["pending_before_state_dict"] = _pending(lookups)
-    out["unflushed"] = _mass(sharded)
+    out["unflushed"] = gradient_mass(sharded)
     model.state_dict()
-    out["state_dict"] = _mass(sharded)
+    out["state_dict"] = gradient_mass(sharded)
     out["pending_after_state_dict"] = _pending(lookups)
     for name, moved in _weight_moves(lookups, rank, initial).items():
         out["state_dict"][name]["moved"] = moved
@@ -424,7 +460,7 @@ def write_bound(rank: int, world_size: int) -> dict:
             local_updates[name][ids] += 1  # one update per distinct row per step
         _train_step(model, features, proj)
     stats = sharded.cache_stats()
-    _apply_pushes(lookups)
+    apply_pushes(lookups)
     owned = _owned_weights(lookups, rank)
     before = {name: w.detach().clone() for name, (_, w) in owned.items()}
     out = {

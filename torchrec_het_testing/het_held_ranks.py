@@ -16,9 +16,9 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het._compat import lookup_kernels
-from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het._tbe import row_state, step_rows
-from torchrec_het_testing.het_ranks import sharded
+from torchrec_het.config import CacheSettings, HetCacheConfig
+from torchrec_het_testing.bag_models import sharded
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
 
 K, DIM, LR = 4, 4, 0.1

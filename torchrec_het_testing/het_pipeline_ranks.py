@@ -1,19 +1,14 @@
 """Rank bodies of tests/distributed/test_het_pipeline.py: ``het_cached_row_wise`` under TorchRec's
-``TrainPipelineSparseDist``, which runs the input dist of batch i+1 before the forward of batch i.
+``TrainPipelineSparseDist``, which runs the input dist of batch i+1 before the forward of batch i
+(that it trains there as the unsharded model at s = 0 is checked by the generic tests,
+:mod:`~torchrec_het_testing.equivalence`).
 
-``exact``
-    ``s_read = s_write = 0`` against the unsharded EmbeddingBagCollection trained on the
-    global batches, stock row_wise under the same pipeline beside it (the control): SGD,
-    Adagrad and row-wise Adagrad, weighted and not, on tables of two widths (two cache
-    groups), with a table read by two features, a mean-pooled table and a feature that
-    feeds two tables. Records the largest relative difference of the losses (every step)
-    and of the local shards (after the last step, read through ``state_dict``, which
-    flushes).
 ``bounds``
     Every read-bound case of :mod:`~torchrec_het_testing.het_behaviour_ranks` under the
     pipeline: before each ``progress`` the pushes of the last backward are applied (the
-    lookup would do it first) and the owners' versions all-gathered; the lookup's
-    ``on_serve`` hook measures how far each copy served lags behind. Then
+    lookup would do it first) and the owners' versions all-gathered; a
+    :class:`~torchrec_het_testing.het_behaviour_ranks.ServeRecorder` measures how far each copy
+    served lags behind. Then
     ``flush_cache()``: gradient mass produced equals mass applied.
 ``ahead``
     Tables whose read bound allows one step of lag (het ``s_read >= ws * (s_write + 1)``,
@@ -38,14 +33,13 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.optim.keyed import CombinedOptimizer
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het_bench.table_init import init_tables_by_row
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.sharders import CpuRowWiseEmbeddingBagCollectionSharder, HetEmbeddingBagCollectionSharder
 from torchrec_het.sharding import het_cached_row_wise
 from torchrec_het_testing import het_behaviour_ranks as behaviour
-from torchrec_het_testing.het_ranks import OPTIMIZERS, _ebc, _rel_error
-from torchrec_het_testing.shared_feature_ranks import skewed_bags
+from torchrec_het_testing.bag_models import ebc_with_optimizer, skewed_bags
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
+from torchrec_het_testing.weights import relative_error, seeded_tables, set_tables
 
 SEED = 7
 BATCH = 6
@@ -105,8 +99,8 @@ def _width(configs) -> int:
 
 
 def het_model(kind: str, configs, weighted: bool, optimizer: str, cache: HetCacheConfig | None = None,
-           lr: float | None = None) -> DistributedModelParallel:
-    ebc = _ebc(configs, weighted, optimizer, "meta", lr)
+              lr: float | None = None) -> DistributedModelParallel:
+    ebc = ebc_with_optimizer(configs, weighted, optimizer, "meta", lr)
     if kind == "het":
         sharder, generator = HetEmbeddingBagCollectionSharder(cache=cache), het_cached_row_wise
     else:
@@ -118,52 +112,12 @@ def het_model(kind: str, configs, weighted: bool, optimizer: str, cache: HetCach
     model = DistributedModelParallel(
         LossModel(ebc, _width(configs)), device=torch.device("cpu"), plan=ShardingPlan({"ebc": plan}), sharders=[sharder]
     )
-    init_tables_by_row(model, configs, SEED)
+    set_tables(model, seeded_tables(configs, SEED))
     return model
-
-
-def _weight_error(model, reference, configs) -> float:
-    """Largest relative difference of the local shards (``state_dict``: flushes) from the unsharded rows."""
-    full = {c.name: reference.ebc.embedding_bags[c.name].weight.detach() for c in configs}
-    worst = 0.0
-    for key, value in model.state_dict().items():
-        if hasattr(value, "local_shards"):
-            for shard in value.local_shards():
-                row0 = shard.metadata.shard_offsets[0]
-                want = full[key.split(".")[-2]][row0 : row0 + shard.tensor.size(0)]
-                worst = max(worst, _rel_error(shard.tensor, want))
-    return worst
 
 
 def sparse_dist_pipeline(model) -> TrainPipelineSparseDist:
     return TrainPipelineSparseDist(model, CombinedOptimizer([model.fused_optimizer]), torch.device("cpu"))
-
-
-def exact(rank: int, world_size: int, optimizer: str, weighted: bool) -> dict:
-    """het (s = 0) and stock row_wise under the pipeline against the unsharded model."""
-    configs = table_configs(weighted)
-    reference = LossModel(_ebc(configs, weighted, optimizer, "cpu"), _width(configs))
-    init_tables_by_row(reference, configs, SEED)
-    batches = [[batch(r, step, weighted, configs) for r in range(world_size)] for step in range(STEPS)]
-    want = []
-    for step_batches in batches:
-        losses = [reference(b)[0] for b in step_batches]
-        want.append(float(losses[rank]))
-        (sum(losses) / world_size).backward()  # TorchRec averages over ranks
-    result = {}
-    for kind in ("het", "row_wise"):
-        model = het_model(kind, configs, weighted, optimizer, HetCacheConfig(default=CacheSettings(capacity=0.3)))
-        pipeline = sparse_dist_pipeline(model)
-        iterator = iter([b[rank] for b in batches])
-        got = [float(pipeline.progress(iterator)) for _ in range(STEPS)]
-        result[f"loss/{kind}"] = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(got, want))
-        result[f"weights/{kind}"] = _weight_error(model, reference, configs)
-        if kind == "het":
-            stats = model.module.ebc.cache_stats()
-            result["groups"] = sum(len(lookup.groups) for lookup in model.module.ebc.het_lookups())
-            result["hits"] = sum(s["hits_unique"] for s in stats.values())
-            result["fetched"] = sum(s["rows_fetched"] for s in stats.values())
-    return result
 
 
 def bounds(rank: int, world_size: int) -> dict:
@@ -172,17 +126,20 @@ def bounds(rank: int, world_size: int) -> dict:
     model = het_model("het", configs, False, "sgd", cache, lr=behaviour.LR)
     sharded = model.module.ebc
     lookups = sharded.het_lookups()
-    recorder = behaviour._ServeRecorder.attach(lookups, rank)
+    recorder = behaviour.ServeRecorder.attach(lookups, rank)
     pipeline = sparse_dist_pipeline(model)
     iterator = iter([behaviour.batch(rank, step, configs) for step in range(behaviour.BOUND_STEPS)])
-    for step in range(behaviour.BOUND_STEPS):
-        behaviour._apply_pushes(lookups)  # the lookup of this step applies them before it answers
-        recorder.truth = behaviour._true_versions(lookups, world_size)
-        recorder.step = step
-        pipeline.progress(iterator)
+    try:
+        for step in range(behaviour.BOUND_STEPS):
+            behaviour.apply_pushes(lookups)  # the lookup of this step applies them before it answers
+            recorder.truth = behaviour.true_versions(lookups, world_size)
+            recorder.step = step
+            pipeline.progress(iterator)
+    finally:
+        recorder.detach()
     stats = sharded.cache_stats()
     sharded.flush_cache()
-    mass = behaviour._mass(sharded)
+    mass = behaviour.gradient_mass(sharded)
     tables = {
         name: {**record, "hits_unique": stats[name]["hits_unique"], "max_staleness": stats[name]["max_staleness"]}
         for name, record in recorder.records.items()
@@ -232,14 +189,14 @@ def ahead(rank: int, world_size: int, pipelined: bool) -> dict:
     model = het_model("het", configs, False, "sgd", cache, lr=behaviour.LR)
     sharded = model.module.ebc
     lookups = sharded.het_lookups()
-    recorder = behaviour._ServeRecorder.attach(lookups, rank)
+    recorder = behaviour.ServeRecorder.attach(lookups, rank)
     counter = _Collectives(model.module)
     batches = [behaviour.batch(rank, step, configs) for step in range(behaviour.BOUND_STEPS)]
     pipeline, iterator = (sparse_dist_pipeline(model), iter(batches)) if pipelined else (None, None)
     try:
         for step in range(behaviour.BOUND_STEPS):
-            behaviour._apply_pushes(lookups)  # the lookup of this step applies them before serving
-            recorder.truth = behaviour._true_versions(lookups, world_size)
+            behaviour.apply_pushes(lookups)  # the lookup of this step applies them before serving
+            recorder.truth = behaviour.true_versions(lookups, world_size)
             recorder.step = step
             if pipelined:
                 pipeline.progress(iterator)
@@ -248,13 +205,14 @@ def ahead(rank: int, world_size: int, pipelined: bool) -> dict:
                 loss.backward()
     finally:
         counter.close()
+        recorder.detach()
     stats = sharded.cache_stats()
     sharded.flush_cache()
     tables = {
         name: {**record, "hits_unique": stats[name]["hits_unique"], "rows_fetched": stats[name]["rows_fetched"]}
         for name, record in recorder.records.items()
     }
-    return {"ahead": all(lookup.ahead for lookup in lookups), "tables": tables, "mass": behaviour._mass(sharded),
+    return {"ahead": all(lookup.ahead for lookup in lookups), "tables": tables, "mass": behaviour.gradient_mass(sharded),
             "forward_collectives": counter.calls}
 
 
@@ -282,18 +240,14 @@ def prefetch(rank: int, world_size: int) -> dict:
     for key, value in states[0].items():
         if hasattr(value, "local_shards"):
             for a, b in zip(value.local_shards(), states[1][key].local_shards()):
-                worst = max(worst, _rel_error(b.tensor, a.tensor))
+                worst = max(worst, relative_error(b.tensor, a.tensor))
     return {"weights": worst, "prefetched": prefetched}
 
 
 def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """Spawn target: ``exact`` per optimizer, weighted and not; ``bounds``; ``prefetch``."""
+    """Spawn target: ``bounds``, ``ahead`` (under the pipeline and in a plain loop), ``prefetch``."""
     with gloo_rank(rank, world_size, port, timeout_s=120):
-        results = {
-            f"{optimizer}/{'weighted' if weighted else 'unweighted'}": exact(rank, world_size, optimizer, weighted)
-            for optimizer in OPTIMIZERS
-            for weighted in (False, True)
-        }
+        results = {}
         results["bounds"] = bounds(rank, world_size)
         results["ahead/pipeline"] = ahead(rank, world_size, pipelined=True)
         results["ahead/plain"] = ahead(rank, world_size, pipelined=False)

@@ -1,13 +1,12 @@
 """Rank bodies of tests/distributed/test_hybrid_pipeline.py: :class:`~torchrec_het.pipeline.HybridTrainPipeline`
-against TorchRec's ``TrainPipelineSparseDist``.
+against TorchRec's ``TrainPipelineSparseDist`` (that k = 0 trains as the unsharded model, and
+replicas synced every step as stock row_wise under every k, is checked by the generic tests,
+:mod:`~torchrec_het_testing.equivalence`).
 
 The model is an EmbeddingBagCollection (stock table_wise and row_wise, ``het_cached_row_wise``
 at s = 0, ``het_row_replicated`` with hot rows synced every step) under a small dense layer
 that DDP trains, so both halves of the hybrid are exercised.
 
-``exact``
-    k = 0 against ``TrainPipelineSparseDist``: the same losses and the same embedding and
-    dense weights after several steps.
 ``stale``
     k = 1 and 2: the staleness gauge's largest value is k (and never more), the run is
     finite, and gradient mass is conserved: with fused SGD (sum pooling, no weights), the
@@ -22,26 +21,26 @@ that DDP trains, so both halves of the hybrid are exercised.
 import torch
 import torch.distributed as dist
 from torchrec.distributed.comm_ops import get_gradient_division
-from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.model_parallel import DistributedModelParallel, get_unwrapped_module
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.distributed.types import ShardingPlan
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het_bench.table_init import init_tables_by_row
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.pipeline import HybridTrainPipeline
 from torchrec_het.pipeline.hybrid import PROBE_STEPS, SYNC_FIRST
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders import CpuRowWiseEmbeddingBagCollectionSharder, HetEmbeddingBagCollectionSharder
 from torchrec_het.sharding import het_cached_row_wise, het_row_replicated
-from torchrec_het_testing.het_ranks import _ebc, batch
-from torchrec_het_testing.replicated_ranks import tiers
+from torchrec_het_testing.bag_models import batch, ebc_with_optimizer
+from torchrec_het_testing.settings import hot_rows
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
+from torchrec_het_testing.weights import full_tables, seeded_tables, set_tables
 
 SEED = 5
 STEPS = 7
@@ -51,12 +50,8 @@ TABLES = [("t0", ["f0"], 8, 50), ("t1", ["f1", "f2"], 4, 37), ("t2", ["f3"], 8, 
 KINDS = ("table_wise", "row_wise", "het", "replicated")
 
 
-def _configs(mean: bool = False) -> list[EmbeddingBagConfig]:
-    return [
-        EmbeddingBagConfig(name=n, feature_names=f, embedding_dim=d, num_embeddings=r,
-                           pooling=PoolingType.MEAN if mean and n == "t2" else PoolingType.SUM)
-        for n, f, d, r in TABLES
-    ]
+def _configs() -> list[EmbeddingBagConfig]:
+    return [EmbeddingBagConfig(name=n, feature_names=f, embedding_dim=d, num_embeddings=r) for n, f, d, r in TABLES]
 
 
 class DenseOnTop(torch.nn.Module):
@@ -89,10 +84,10 @@ class DenseOnTop(torch.nn.Module):
 
 
 def _model(kind: str, configs, optimizer: str = "sgd"):
-    ebc = _ebc(configs, False, optimizer, "meta", LR)
+    ebc = ebc_with_optimizer(configs, False, optimizer, "meta", LR)
     if kind in ("het", "replicated"):
         cache = HetCacheConfig(default=CacheSettings(s_read=0, s_write=0, capacity=0.3))
-        replication = ReplicationConfig(tiers=tiers(configs, hot=6)) if kind == "replicated" else None
+        replication = ReplicationConfig(tiers=hot_rows(configs, 6)) if kind == "replicated" else None
         sharder = HetEmbeddingBagCollectionSharder(cache=cache, replication=replication)
         generator = het_cached_row_wise if kind == "het" else het_row_replicated
     else:
@@ -107,26 +102,15 @@ def _model(kind: str, configs, optimizer: str = "sgd"):
     model = DistributedModelParallel(
         DenseOnTop(ebc, configs), device=torch.device("cpu"), plan=ShardingPlan({"ebc": plan}), sharders=[sharder]
     )
-    init_tables_by_row(model, configs, SEED)
+    set_tables(model, seeded_tables(configs, SEED))
     dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())), lambda params: torch.optim.SGD(params, lr=LR))
     return model, CombinedOptimizer([model.fused_optimizer, dense])
 
 
 def _tables(model, configs) -> dict[str, torch.Tensor]:
-    """Every table's full weights (the local shards summed into place over ranks) and the dense weights."""
-    out = {c.name: torch.zeros(c.num_embeddings, c.embedding_dim) for c in configs}
-    state = model.state_dict()
-    for key, value in state.items():
-        table = key.split(".")[-2]
-        if hasattr(value, "local_shards"):
-            for shard in value.local_shards():
-                (r, col), (n, m) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-                out[table][r : r + n, col : col + m] += shard.tensor.detach()
-    for t in out.values():
-        dist.all_reduce(t)
-    for key, value in state.items():
-        if "dense" in key:
-            out[key.split("module.")[-1]] = value.detach().clone()
+    """Every table whole (all ranks' shards) and the dense layer's weights."""
+    out = full_tables(model, configs)  # state_dict(): drains the update in flight first
+    out.update({name: p.detach().clone() for name, p in get_unwrapped_module(model).dense.named_parameters()})
     return out
 
 
@@ -144,32 +128,6 @@ def _train(kind: str, configs, pipeline_of, optimizer: str = "sgd", record: bool
 
 def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
-
-
-def _differences(got: tuple, want: tuple) -> dict:
-    """Largest differences of two runs' (tables, losses): {"weights", "losses"}."""
-    (got_tables, got_losses), (want_tables, want_losses) = got, want
-    return {
-        "weights": _max_diff(got_tables, want_tables),
-        "losses": max(abs(a - b) for a, b in zip(got_losses, want_losses)),
-    }
-
-
-def exact(world_size: int) -> dict:
-    """k = 0 against TrainPipelineSparseDist, per sharding kind and optimizer."""
-    configs = _configs(mean=True)
-    out = {}
-    for kind in KINDS:
-        for optimizer in ("sgd", "rowwise_adagrad"):
-            runs = {}
-            for name, make in (
-                ("sparse_dist", lambda m, o: TrainPipelineSparseDist(m, o, torch.device("cpu"))),
-                ("hybrid", lambda m, o: HybridTrainPipeline(m, o, torch.device("cpu"), embedding_staleness=0)),
-            ):
-                model, _, losses = _train(kind, configs, make, optimizer)
-                runs[name] = (_tables(model, configs), losses)
-            out[f"{kind}/{optimizer}"] = _differences(runs["hybrid"], runs["sparse_dist"])
-    return out
 
 
 def _mass(seen: list, configs) -> dict[str, torch.Tensor]:
@@ -219,24 +177,6 @@ def stale(world_size: int) -> dict:
                 "finite": all(l == l and abs(l) < 1e9 for l in losses),
                 "gauge": pipeline.gauge.as_dict() if k is not None else None,
             }
-    return out
-
-
-def replicated_as_row_wise(world_size: int) -> dict:  # noqa: ARG001
-    """k = 0, 1, 2: replicas synced every step train exactly as row_wise under the same pipeline
-    (every row of a batch is read at its lookup, hot ones from the replicas too)."""
-    configs = _configs(mean=True)
-    out = {}
-    for optimizer in ("sgd", "rowwise_adagrad"):
-        for k in (0, 1, 2):
-            make = lambda m, o, k=k: HybridTrainPipeline(  # noqa: E731
-                m, o, torch.device("cpu"), embedding_staleness=k, backward_on_worker=True
-            )
-            runs = {}
-            for kind in ("row_wise", "replicated"):
-                model, _, losses = _train(kind, configs, make, optimizer)
-                runs[kind] = (_tables(model, configs), losses)
-            out[f"{optimizer}/k{k}"] = _differences(runs["replicated"], runs["row_wise"])
     return out
 
 
@@ -301,9 +241,5 @@ class _NoEmbeddings(torch.nn.Module):
 def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Spawn target: every check of this module."""
     with gloo_rank(rank, world_size, port, timeout_s=120):
-        result = {
-            "exact": exact(world_size), "stale": stale(world_size), "placement": placement(world_size),
-            "replicated_as_row_wise": replicated_as_row_wise(world_size),
-            "errors": errors(world_size),
-        }
+        result = {"stale": stale(world_size), "placement": placement(world_size), "errors": errors(world_size)}
     write_rank_result(out_dir, rank, result)

@@ -1,304 +1,109 @@
-"""Rank bodies of tests/distributed/test_row_replicated.py.
+"""Rank bodies of tests/distributed/test_row_replicated.py: what ``het_row_replicated`` (bags)
+does beyond training as the unsharded model (that is checked by the generic tests,
+:mod:`~torchrec_het_testing.equivalence`).
 
-``het_row_replicated`` against the unsharded EmbeddingBagCollection trained on the
-global batch and against stock row_wise, with and without hot rows, with the fused
-optimizers users use; plus all-hot steps, bounded-stale replicas and replica agreement.
+``online``
+    No tier plan, ``online_profile_steps=3``: row-wise for 3 steps while counting reads, then
+    the rows every rank's counts say are read at least once a step get replicas, chosen once.
+``online_evaluated``
+    The same with an evaluation forward of other rows before every training step: the profile
+    does not count them, so the same rows are chosen at the same step.
+``held``, ``held_sparse``
+    ``replica_sync_every`` beyond the run (SGD): while training, a rank's replicated rows move
+    only by its own steps (in its replica blocks), their gradients are held, and the flush before a state dict applies exactly their sum over
+    ranks everywhere.
+``bad_input``
+    Tier plans that do not fit the model and bad batches raise naming the table or feature,
+    and leave the weights unchanged.
+``carried``
+    Tiers carried by a HetEmbeddingBagCollection train the same model as tiers given to the sharder.
 """
-
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.sharding_plan import construct_module_sharding_plan
-from torchrec.distributed.types import ShardingPlan
-from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+import torch.distributed.checkpoint as dcp
 
-from torchrec_het_bench.table_init import init_tables_by_row
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.sharders import HetEmbeddingBagCollection, HetEmbeddingBagCollectionSharder
-from torchrec_het.sharding import het_row_replicated
-from torchrec_het_testing.het_ranks import (
-    OPTIMIZERS,
-    SEED,
-    STEPS,
-    _ebc,
-    _local_shard_errors,
-    _pooling,
-    _rel_error,
-    _worst,
-    batch,
-    loss_of,
-    projections,
-    sharded,
-    table_configs,
-    unsharded,
+from torchrec_het.sharders import HetEmbeddingBagCollection
+from torchrec_het_testing.bag_models import SEED, STEPS, batch, loss_of, projections, replicated, table_configs, unsharded
+from torchrec_het_testing.replica_state import (
+    held_gradients,
+    refresh_replicas,
+    replica_disagreement,
+    replicated_lookups,
+    replicated_rows,
 )
+from torchrec_het_testing.settings import hot_rows, unchecked_tiers
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
+from torchrec_het_testing.weights import full_tables, relative_error, seeded_tables
 
 
-def tiers(configs, hot: int = 0, per_host: int = 0, stride: int = 1) -> SimpleNamespace:
-    """Rows 0, stride, ... (the batches' hottest) replicated, the next ``per_host`` of them per host."""
-    tables = {}
-    for c in configs:
-        ids = torch.arange(0, c.num_embeddings, stride)
-        tables[c.name] = SimpleNamespace(num_rows=c.num_embeddings, replicated=ids[:hot], per_host=ids[hot : hot + per_host])
-    return SimpleNamespace(tables=tables)
+def online_choice(rank: int, world_size: int, profile_steps: int = 3, evaluate: bool = False) -> dict:
+    """Hot rows chosen online: how many every step had, and which ones in the end.
 
-
-def shard_ebc(ebc, configs, sharder, generator, seed: int = SEED, device: str = "cpu"):
-    """``ebc`` (on the meta device) with every table planned by ``generator`` and sharded by
-    ``sharder`` on ``device`` over the default group, weights set by row."""
-    plan = construct_module_sharding_plan(
-        ebc,
-        per_param_sharding={c.name: generator() for c in configs},
-        world_size=dist.get_world_size(),
-        device_type=torch.device(device).type,
-        sharder=sharder,
-    )
-    model = DistributedModelParallel(ebc, device=torch.device(device), plan=ShardingPlan({"": plan}), sharders=[sharder])
-    init_tables_by_row(model, configs, seed)
-    return model
-
-
-def replicated(
-    configs,
-    weighted: bool,
-    optimizer: str,
-    replication: ReplicationConfig,
-    seed: int = SEED,
-    carried: bool = False,
-    device: str = "cpu",
-):
-    """The EBC with every table ``het_row_replicated``, weights set, on ``device``.
-
-    ``carried``: a HetEmbeddingBagCollection carries the config (else the sharder does).
-    """
-    if carried:
-        ebc = HetEmbeddingBagCollection(configs, is_weighted=weighted, device=torch.device("meta"), replication=replication)
-        cls, kwargs = OPTIMIZERS[optimizer]
-        apply_optimizer_in_backward(cls, ebc.parameters(), dict(kwargs))
-        sharder = HetEmbeddingBagCollectionSharder(module_type=HetEmbeddingBagCollection)
-    else:
-        ebc = _ebc(configs, weighted, optimizer, "meta")
-        sharder = HetEmbeddingBagCollectionSharder(replication=replication)
-    return shard_ebc(ebc, configs, sharder, het_row_replicated, seed, device)
-
-
-def _owner_rows(lookup, g, ids: torch.Tensor) -> torch.Tensor:
-    """Rows ``ids`` of group ``g`` as their owners' shards hold them (every rank gets all; a collective)."""
-    weights = [m.split_embedding_weights() for m in lookup._emb_modules]
-    block = torch.zeros(ids.numel(), g.dim)
-    owned = g.owner_of(ids) == lookup.replicas.rank
-    block[owned] = g.read_owned(ids[owned], [weights[t.module_index][t.table_index] for t in g.tables])
-    dist.all_reduce(block)
-    return block
-
-
-def replica_disagreement(model) -> float:
-    """Largest difference between any replica copy (a replicated row's on every rank, a per-host
-    row's on its holders) and its owner's row (0.0: all copies agree)."""
-    worst = 0.0
-    for lookup in model.module.replicated_lookups():
-        for g, block in zip(lookup.groups, lookup.replicas.blocks):
-            if g.hot.numel():
-                worst = max(worst, float((block.weights - _owner_rows(lookup, g, g.hot)).abs().max()))
-        for g, block in zip(lookup.groups, lookup.replicas.host_blocks):
-            if g.host.numel():  # every rank reads all per-host rows' owners' copies, then checks the ones it holds
-                owners = _owner_rows(lookup, g, g.host)
-                mine = torch.searchsorted(g.host, g.host_block)
-                if mine.numel():
-                    worst = max(worst, float((block.weights - owners[mine]).abs().max()))
-    return worst
-
-
-def per_host_held(lookup) -> int:
-    """Per-host rows this rank holds for its host and does not own (copies away from their owners)."""
-    return sum(int((g.owner_of(g.host_block) != g.rank).sum()) for g in lookup.groups if lookup.replicas.host_blocks)
-
-
-def equivalence(
-    rank: int, world_size: int, optimizer: str, weighted: bool, hot: int, sync_every: int = 1, per_host: int = 0
-) -> dict:
-    """Largest relative differences over STEPS steps (keys as in het_ranks.equivalence, 'rep' for this type)."""
-    configs = table_configs(weighted)
-    proj = projections(configs)
-    pooling = {f: _pooling(c) for c in configs for f in c.feature_names}
-    config = ReplicationConfig(tiers=tiers(configs, hot=hot, per_host=per_host), replica_sync_every=sync_every)
-    rep = replicated(configs, weighted, optimizer, config)
-    stock = sharded("row_wise", configs, weighted, optimizer)
-    reference = unsharded(configs, weighted, optimizer)
-    errors: dict = {}
-    for step in range(STEPS):
-        batches = [batch(r, step, weighted, configs) for r in range(world_size)]
-        out_rep, out_stock = rep(batches[rank]), stock(batches[rank])
-        ref_outs = [reference(b) for b in batches]
-        for f in proj:
-            _worst(errors, f"out_rep_vs_row_wise/{pooling[f]}", _rel_error(out_rep[f], out_stock[f]))
-            _worst(errors, f"out_rep_vs_unsharded/{pooling[f]}", _rel_error(out_rep[f], ref_outs[rank][f]))
-            _worst(errors, f"out_row_wise_vs_unsharded/{pooling[f]}", _rel_error(out_stock[f], ref_outs[rank][f]))
-        loss_of(out_rep, proj).backward()
-        loss_of(out_stock, proj).backward()
-        (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
-    rep.state_dict()  # flushes held replica gradients
-    _local_shard_errors(rep, reference, configs, errors, "weights_rep_vs_unsharded")
-    _local_shard_errors(stock, reference, configs, errors, "weights_row_wise_vs_unsharded")
-    errors["replica_disagreement"] = replica_disagreement(rep)
-    errors["stats"] = rep.module.replication_stats()
-    return errors
-
-
-def all_hot(rank: int, world_size: int, optimizer: str = "rowwise_adagrad", skip_all_hot: bool = True) -> dict:
-    """Batches that read replicated rows only: every step skips the cold exchange (unless
-    ``skip_all_hot`` is off), training stays exact."""
-    configs = table_configs(False)
-    proj = projections(configs)
-    hot = {c.name: 12 for c in configs}
-    config = ReplicationConfig(tiers=tiers(configs, hot=12), skip_all_hot=skip_all_hot)
-    rep = replicated(configs, False, optimizer, config, carried=True)
-    reference = unsharded(configs, False, optimizer)
-    errors: dict = {}
-    for step in range(STEPS):
-        batches = []
-        for r in range(world_size):
-            b = batch(r, step, False, configs)
-            per_key = b.to_dict()
-            values = torch.cat([per_key[k].values() % hot[_table_of(configs, k)] for k in b.keys()])
-            batches.append(type(b)(keys=b.keys(), values=values, lengths=b.lengths()))
-        out = rep(batches[rank])
-        ref_outs = [reference(b) for b in batches]
-        for f in proj:
-            _worst(errors, "out_rep_vs_unsharded", _rel_error(out[f], ref_outs[rank][f]))
-        loss_of(out, proj).backward()
-        (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
-    _local_shard_errors(rep, reference, configs, errors, "weights_rep_vs_unsharded")
-    errors["stats"] = rep.module.replication_stats()
-    return errors
-
-
-def wire_dtypes(rank: int, world_size: int, optimizer: str = "rowwise_adagrad") -> dict:
-    """fp32 and bf16 cold traffic on the same batches: bf16 stays near exact, replicas still
-    agree bit for bit, and the all-to-all moves fewer bytes."""
-    from torchrec_het.comm import CommAccountant
-
-    configs = table_configs(True)
-    proj = projections(configs)
-    reference = unsharded(configs, True, optimizer)
-    models = {
-        wire: replicated(configs, True, optimizer, ReplicationConfig(tiers=tiers(configs, hot=4), wire_dtype=wire))
-        for wire in ("fp32", "bf16")
-    }
-    result: dict = {}
-    for step in range(STEPS):
-        batches = [batch(r, step, True, configs) for r in range(world_size)]
-        ref_outs = [reference(b) for b in batches]
-        for wire, model in models.items():
-            with CommAccountant() as accountant:
-                out = model(batches[rank])
-                loss_of(out, proj).backward()
-            sent = sum(sum(row) for (phase, family), m in accountant.totals().traffic.items() if family == "all_to_all" for row in m)
-            result[f"a2a_bytes/{wire}"] = result.get(f"a2a_bytes/{wire}", 0) + sent
-            for f in proj:
-                _worst(result, f"out_vs_unsharded/{wire}", _rel_error(out[f], ref_outs[rank][f]))
-        (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
-    for wire, model in models.items():
-        errors: dict = {}
-        _local_shard_errors(model, reference, configs, errors, "weights")
-        result[f"weights_vs_unsharded/{wire}"] = max(errors.values())
-        result[f"replica_disagreement/{wire}"] = replica_disagreement(model)
-    return result
-
-
-def online_profile(
-    rank: int, world_size: int, optimizer: str = "rowwise_adagrad", profile_steps: int = 3, evaluate: bool = False
-) -> dict:
-    """No tier plan, ``online_profile_steps=3``: row-wise for 3 steps while counting reads, then
-    the rows every rank's counts say are read at least once a step get replicas; exact throughout.
     ``evaluate``: an evaluation forward (``model.eval()``, no grad) of another batch before every
     training step, which the profile must not count."""
     configs = table_configs(False)
     proj = projections(configs)
-    rep = replicated(configs, False, optimizer, ReplicationConfig(online_profile_steps=profile_steps))
-    reference = unsharded(configs, False, optimizer)
-    result: dict = {"hot_after_step": []}
+    rep = replicated(configs, False, "rowwise_adagrad", ReplicationConfig(online_profile_steps=profile_steps))
+    hot_after_step = []
     for step in range(profile_steps + 3):
         if evaluate:
             rep.eval()
             with torch.no_grad():
                 rep(batch(rank, 1_000 + step, False, configs))
             rep.train()
-        batches = [batch(r, step, False, configs) for r in range(world_size)]
-        out = rep(batches[rank])
-        result["hot_after_step"].append(sum(g.hot.numel() for lookup in rep.module.replicated_lookups() for g in lookup.groups))
-        ref_outs = [reference(b) for b in batches]
-        for f in proj:
-            _worst(result, "out_vs_unsharded", _rel_error(out[f], ref_outs[rank][f]))
+        out = rep(batch(rank, step, False, configs))
+        hot_after_step.append(sum(g.hot.numel() for lookup in replicated_lookups(rep) for g in lookup.groups))
         loss_of(out, proj).backward()
-        (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
-    errors: dict = {}
-    _local_shard_errors(rep, reference, configs, errors, "weights")
-    result["weights_vs_unsharded"] = max(errors.values())
-    result["replica_disagreement"] = replica_disagreement(rep)
-    result["hot_rows"] = [g.hot.tolist() for lookup in rep.module.replicated_lookups() for g in lookup.groups]
-    result["stats"] = rep.module.replication_stats()
-    return result
+    return {
+        "hot_after_step": hot_after_step,
+        "hot_rows": [g.hot.tolist() for lookup in replicated_lookups(rep) for g in lookup.groups],
+        "stats": rep.module.replication_stats(),
+        "replica_disagreement": replica_disagreement(rep),
+    }
 
 
 def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1, hot: int = 8, per_host: int = 0) -> dict:
-    """``replica_sync_every`` beyond the run (SGD): while training, a rank's replicated rows move
-    only by its own steps (in its replica blocks), their gradients are held, and the flush before
-    a state dict applies exactly their sum over ranks everywhere."""
+    """Replicated rows trained with syncs held back to the flush (module docstring)."""
     configs = table_configs(False)
     proj = projections(configs)
-    plan = tiers(configs, hot=hot, per_host=per_host)
-    rep = replicated(configs, False, "sgd", ReplicationConfig(tiers=plan, replica_sync_every=1000))
-    lookup = rep.module.replicated_lookups()[0]
-    _refresh(lookup)  # replicas take the owners' rows (the first forward would do it)
-    before = _hot_rows(lookup)
+    rep = replicated(configs, False, "sgd", ReplicationConfig(tiers=hot_rows(configs, hot, per_host), replica_sync_every=1000))
+    lookup = replicated_lookups(rep)[0]
+    refresh_replicas(lookup)  # replicas take the owners' rows (the first forward would do it)
+    before = replicated_rows(lookup)
     for step in range(STEPS):
         loss_of(rep(batch(rank, step, False, configs)), proj).backward()
-    held = [p.clone() for p in _pending(lookup)]
+    held = [p.clone() for p in held_gradients(lookup)]
     moved_beyond_own_steps = max(
-        _rel_error(now, first - lr * mine[:, : g.dim])
-        for g, now, first, mine in zip(lookup.groups, _hot_rows(lookup), before, held)
+        relative_error(now, first - lr * mine[:, : g.dim])
+        for g, now, first, mine in zip(lookup.groups, replicated_rows(lookup), before, held)
     )
     for p in held:
         dist.all_reduce(p)
     rep.state_dict()  # flush: the held sums are applied
-    errors = {"moved_beyond_own_steps": moved_beyond_own_steps, "replica_disagreement": replica_disagreement(rep)}
-    worst = 0.0
-    for g, total, start, end in zip(lookup.groups, held, before, _hot_rows(lookup)):
-        want = start - lr * total[:, : g.dim]  # held gradients are already divided by the world size
-        worst = max(worst, _rel_error(end, want))
-    errors["flushed_vs_sum"] = worst
-    errors["held_rows"] = int(sum(int((p[:, -1] > 0).sum()) for p in held))
-    errors["stats"] = rep.module.replication_stats()
-    return errors
-
-
-def _refresh(lookup) -> None:
-    lookup.replicas.refresh()
-
-
-def _pending(lookup) -> list[torch.Tensor]:
-    """Held gradients (and touch counts) of every group's replicated rows."""
-    return [torch.cat([block.pending, block.touches.unsqueeze(1)], 1) for block in lookup.replicas.blocks]
-
-
-def _hot_rows(lookup) -> list[torch.Tensor]:
-    """Every group's replicated rows as this rank reads them (its replica block)."""
-    return [block.weights.clone() for block in lookup.replicas.blocks]
+    flushed = max(
+        relative_error(end, start - lr * total[:, : g.dim])  # held gradients are already divided by the world size
+        for g, total, start, end in zip(lookup.groups, held, before, replicated_rows(lookup))
+    )
+    return {
+        "moved_beyond_own_steps": moved_beyond_own_steps,
+        "flushed_vs_sum": flushed,
+        "held_rows": int(sum(int((p[:, -1] > 0).sum()) for p in held)),
+        "replica_disagreement": replica_disagreement(rep),
+        "stats": rep.module.replication_stats(),
+    }
 
 
 def bad_input(rank: int, world_size: int) -> dict:
     """Error messages for tier plans that do not fit the model and for bad batches; weights after a bad batch."""
     configs = table_configs(False)
     messages = {}
-    wrong_rows = tiers(configs, hot=4)
+    wrong_rows = unchecked_tiers(configs, hot=4)
     wrong_rows.tables["t1"].num_rows = 36
-    unknown = tiers(configs, hot=4)
+    unknown = unchecked_tiers(configs, hot=4)
     unknown.tables["t9"] = unknown.tables.pop("t2")
-    outside = tiers(configs, hot=4)
+    outside = unchecked_tiers(configs, hot=4)
     outside.tables["t2"].replicated = torch.tensor([3, 101])
     for case, plan in (("wrong_rows", wrong_rows), ("unknown_table", unknown), ("row_outside", outside)):
         for how in ("module", "sharder"):
@@ -310,7 +115,7 @@ def bad_input(rank: int, world_size: int) -> dict:
                 messages[f"{case}/{how}"] = None
             except ValueError as error:
                 messages[f"{case}/{how}"] = str(error)
-    rep = replicated(configs, False, "sgd", ReplicationConfig(tiers=tiers(configs, hot=4)))
+    rep = replicated(configs, False, "sgd", ReplicationConfig(tiers=hot_rows(configs, 4)))
     loss_of(rep(batch(rank, 0, False, configs)), projections(configs)).backward()
     before = {k: v.local_shards()[0].tensor.clone() for k, v in rep.state_dict().items()}
     good = batch(rank, 1, False, configs)
@@ -327,28 +132,92 @@ def bad_input(rank: int, world_size: int) -> dict:
     return messages
 
 
-def _table_of(configs, feature: str) -> str:
-    return next(c.name for c in configs if feature in c.feature_names)
+def carried_route(rank: int, world_size: int) -> dict:  # noqa: ARG001
+    """The same tiers carried by the module and given to the sharder, STEPS steps on the same batches:
+    the largest difference of the two models' tables, how far they trained, and their replica syncs."""
+    configs = table_configs(True)
+    proj = projections(configs)
+    replication = ReplicationConfig(tiers=hot_rows(configs, 8))
+    models = {carried: replicated(configs, True, "rowwise_adagrad", replication, carried=carried) for carried in (False, True)}
+    for step in range(STEPS):
+        for model in models.values():
+            loss_of(model(batch(rank, step, True, configs)), proj).backward()
+    given, carried = (full_tables(models[c], configs) for c in (False, True))
+    start = seeded_tables(configs, SEED)
+    stats = {c: m.module.replication_stats() for c, m in models.items()}
+    return {
+        "difference": max(relative_error(carried[n], given[n]) for n in given),
+        "trained": min(relative_error(given[n], start[n]) for n in given),
+        "syncs": [s["sparse_syncs"] + s["dense_syncs"] for s in stats.values()],
+    }
 
 
 def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """Spawn target: every optimizer, weighted and not, no hot rows and some; writes ``rank<r>.json``."""
+    """Spawn target: every check above; writes ``rank<r>.json``."""
     with gloo_rank(rank, world_size, port, timeout_s=120):
-        results = {}
-        for optimizer in OPTIMIZERS:
-            for weighted in (False, True):
-                for hot in (0, 8):
-                    case = f"{optimizer}/{'weighted' if weighted else 'unweighted'}/hot{hot}"
-                    results[case] = equivalence(rank, world_size, optimizer, weighted, hot)
-        # a per-host tier on one host: its rows are read from their owners, as cold ones
-        results["per_host/one_host"] = equivalence(rank, world_size, "rowwise_adagrad", True, 8, per_host=3)
-        results["held"] = held_replica_gradients(rank, world_size)
-        # a mostly untouched block, beside a per-host tier
-        results["held_sparse"] = held_replica_gradients(rank, world_size, hot=36, per_host=3)
-        results["all_hot"] = all_hot(rank, world_size)
-        results["all_hot/not_skipped"] = all_hot(rank, world_size, skip_all_hot=False)
-        results["wire"] = wire_dtypes(rank, world_size)
-        results["online"] = online_profile(rank, world_size)
-        results["online_evaluated"] = online_profile(rank, world_size, evaluate=True)
-        results["bad_input"] = bad_input(rank, world_size)
+        results = {
+            "online": online_choice(rank, world_size),
+            "online_evaluated": online_choice(rank, world_size, evaluate=True),
+            "held": held_replica_gradients(rank, world_size),  # mostly touched blocks: one dense all-reduce
+            "held_sparse": held_replica_gradients(rank, world_size, hot=36, per_host=3),  # a mostly untouched block: synced sparse
+            "bad_input": bad_input(rank, world_size),
+            "carried": carried_route(rank, world_size),
+        }
     write_rank_result(out_dir, rank, results)
+
+
+# --- checkpoints saved on one world size and loaded on another --------------------------------
+
+
+def save_after(rank: int, world_size: int, path: str, steps: int) -> None:
+    """Trains ``steps`` steps (SGD, some hot rows) and saves the state dict with torch.distributed.checkpoint."""
+    configs = table_configs(False)
+    proj = projections(configs)
+    rep = replicated(configs, False, "sgd", ReplicationConfig(tiers=hot_rows(configs, 6, per_host=2)))
+    for step in range(steps):
+        loss_of(rep(batch(rank, step, False, configs)), proj).backward()
+    dcp.save(rep.state_dict(), checkpoint_id=path)
+
+
+def load_and_continue(rank: int, world_size: int, path: str, saved_world: int, saved_steps: int) -> dict:
+    """Loads the checkpoint into this world size (other hot rows), trains on, compares with the unsharded model."""
+    configs = table_configs(False)
+    proj = projections(configs)
+    rep = replicated(configs, False, "sgd", ReplicationConfig(tiers=hot_rows(configs, 9, stride=2)), seed=123)
+    rep(batch(rank, 0, False, configs))  # a step on other weights first: the load must replace everything
+    state = rep.state_dict()
+    dcp.load(state, checkpoint_id=path)
+    rep.load_state_dict(state)
+    reference = unsharded(configs, False, "sgd")
+    for step in range(saved_steps):  # what the saving world did
+        outs = [reference(batch(r, step, False, configs)) for r in range(saved_world)]
+        (sum(loss_of(o, proj) for o in outs) / saved_world).backward()
+    want = {c.name: reference.embedding_bags[c.name].weight for c in configs}
+    errors = {"loaded_vs_unsharded": max(relative_error(t, want[n]) for n, t in full_tables(rep, configs).items())}
+    worst_out = 0.0
+    for step in range(saved_steps, saved_steps + STEPS):
+        batches = [batch(r, step, False, configs) for r in range(world_size)]
+        out = rep(batches[rank])
+        ref_outs = [reference(b) for b in batches]
+        worst_out = max([worst_out] + [relative_error(out[f], ref_outs[rank][f]) for f in proj])
+        loss_of(out, proj).backward()
+        (sum(loss_of(o, proj) for o in ref_outs) / world_size).backward()
+    errors["out_rep_vs_unsharded"] = worst_out
+    errors["weights_rep_vs_unsharded"] = max(relative_error(t, want[n]) for n, t in full_tables(rep, configs).items())
+    errors["replica_disagreement"] = replica_disagreement(rep)
+    errors["state_rows"] = {k: list(v.size()) for k, v in rep.state_dict().items()}
+    return errors
+
+
+def run_save(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    with gloo_rank(rank, world_size, port, timeout_s=120):
+        save_after(rank, world_size, f"{out_dir}/checkpoint", steps=3)
+        write_rank_result(out_dir, rank, {"saved": True})
+        dist.barrier()  # nobody leaves while another rank still writes
+
+
+def run_load(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    with gloo_rank(rank, world_size, port, timeout_s=120):
+        saved_world = int(open(f"{out_dir}/saved_world").read())
+        write_rank_result(out_dir, rank, load_and_continue(rank, world_size, f"{out_dir}/checkpoint", saved_world, 3))
+        dist.barrier()

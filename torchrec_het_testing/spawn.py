@@ -1,8 +1,10 @@
-"""Spawning a gloo world for a test: every rank runs a body from this package and writes ``rank<r>.json``."""
+"""Process groups for a test: a spawned gloo world whose every rank runs a body from this package
+and writes ``rank<r>.json``, or a world of one in this process."""
 
 import gc
 import json
 import socket
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,9 +23,10 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def spawn_world(run_world: Callable[[int, int, int, str], None], world_size: int, out_dir: str | Path) -> list[dict]:
-    """Runs ``run_world(rank, world_size, port, out_dir)`` on ``world_size`` ranks; returns each rank's JSON."""
-    mp.spawn(run_world, args=(world_size, free_port(), str(out_dir)), nprocs=world_size, join=True)
+def spawn_world(run_world: Callable[..., None], world_size: int, out_dir: str | Path, *args: object) -> list[dict]:
+    """Runs ``run_world(rank, world_size, port, out_dir, *args)`` on ``world_size`` ranks (``args``
+    reach them pickled); returns each rank's JSON."""
+    mp.spawn(run_world, args=(world_size, free_port(), str(out_dir), *args), nprocs=world_size, join=True)
     return [json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in range(world_size)]
 
 
@@ -45,6 +48,25 @@ def gloo_rank(rank: int, world_size: int, port: int, timeout_s: float = 60) -> I
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+@contextmanager
+def one_rank_group(device: torch.device, store_dir: str | Path | None = None) -> Iterator[None]:
+    """A world-size-1 process group in this process for the block: NCCL on CUDA, gloo on the CPU,
+    met through a FileStore in ``store_dir`` (a temporary folder if None)."""
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialized in this process")
+    with tempfile.TemporaryDirectory(dir=store_dir) as folder:
+        store = dist.FileStore(str(Path(folder, "store")), 1)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=device)
+        else:
+            dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
 
 
 def write_rank_result(out_dir: str | Path, rank: int, result: object) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from torchrec_het_bench.micro import MICRO_TYPES
 from torchrec_het_bench.presets import get_preset
-from torchrec_het.comm import COLLECTIVE_FAMILIES
+from torchrec_het_bench.comm import COLLECTIVE_FAMILIES
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from torchrec_het_bench.netem import (
     run_command,
 )
 from torchrec_het_bench.netem_measure import link_truth, transfer_seconds
-from torchrec_het_testing.netem_ranks import collectives_rank, planner_links_rank
+from torchrec_het_bench.testing.netem_ranks import collectives_rank, planner_links_rank
 
 PREFIX = "trhtest"
 

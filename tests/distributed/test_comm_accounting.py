@@ -1,7 +1,7 @@
 """CommAccountant on real gloo groups of 2 and 3 ranks.
 
 Every check of one world size runs inside one spawned group
-(:mod:`torchrec_het_testing.comm_ranks`); the ranks report what they counted
+(:mod:`torchrec_het_bench.testing.comm_ranks`); the ranks report what they counted
 and the facts behind it, and the expected bytes are computed here by hand.
 """
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from torchrec_het_testing.comm_ranks import BATCH_SIZE, DDP_STEPS, DDP_VARIANTS, DENSE_OUT, TABLES, run_world
+from torchrec_het_bench.testing.comm_ranks import BATCH_SIZE, DDP_STEPS, DDP_VARIANTS, DENSE_OUT, TABLES, run_world
 from torchrec_het_testing.spawn import spawn_world
 
 FLOAT32 = 4

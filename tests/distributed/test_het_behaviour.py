@@ -1,6 +1,6 @@
 """What het_cached_row_wise promises, observed on 2 and 3 gloo ranks (one spawned world per size).
 
-Read bounds (instrumented through the lookup's ``on_serve`` hook against the
+Read bounds (the harness's ``ServeRecorder`` wrapped around each lookup's settle step, against the
 all-gathered owner versions) and write bounds, no gradient lost at ``flush_cache()`` or
 ``state_dict()``, ``s_write`` holding gradients back until the flush, malformed
 batches rejected before anything changes, and the checkpoint round trip. The rank
@@ -50,7 +50,7 @@ def test_read_bound_is_never_exceeded(world: list[dict], case: str) -> None:
     settings = CASES[case]
     records = _case_tables(_observed(world, "bounds"), case)
     for record in records:
-        assert record["wrong_step"] == 0, record  # on_serve reports the forward's step
+        assert record["wrong_step"] == 0, record  # the settle step served the forward's step
         assert record["not_remote"] == 0, record  # only rows owned elsewhere are served from the cache
         assert record["min_lag"] >= 0, record  # a cached copy is never ahead of its owner
         assert record["min_age"] >= 0, record
@@ -71,8 +71,8 @@ def test_cache_is_exercised(world: list[dict], case: str) -> None:
     settings = CASES[case]
     records = _case_tables(_observed(world, "bounds"), case)
     for record in records:
-        assert record["calls"] == BOUND_STEPS, record  # the hook runs every forward
-        assert record["served"] == record["hits_unique"], record  # the hook sees every hit, nothing else
+        assert record["calls"] == BOUND_STEPS, record  # every forward settled once per table
+        assert record["served"] == record["hits_unique"], record  # the recorder sees every hit, nothing else
     assert sum(r["served"] for r in records) > 0, records
     if settings.capacity == PRESSURE_ROWS:
         for record in records:

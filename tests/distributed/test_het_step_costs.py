@@ -4,12 +4,12 @@ Two gloo ranks train TorchRec's DLRM (26 tables of 2,000 rows, the default prese
 table count; fused row-wise Adagrad) and count, per measured step, the host syncs
 (``.tolist()``, ``.item()``, ``int/bool/float(tensor)``, ``__index__``: see
 :mod:`torchrec_het_testing.host_syncs`) and the collectives of the forward and of the
-backward (rank bodies: :mod:`torchrec_het_testing.het_step_ranks`).
+backward (rank bodies: :mod:`torchrec_het_bench.testing.het_step_ranks`).
 """
 
 import pytest
 
-from torchrec_het_testing.het_step_ranks import SMALL_ROWS, WithCases
+from torchrec_het_bench.testing.het_step_ranks import SMALL_ROWS, WithCases
 from torchrec_het_testing.spawn import spawn_world
 
 # Host syncs per training step, whole step (forward, backward, optimizer). Measured: 13 for

@@ -6,7 +6,7 @@ import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from torchrec_het_bench.table_init import BLOCK_ROWS, table_rows
-from torchrec_het_testing.table_init_ranks import run_world
+from torchrec_het_bench.testing.table_init_ranks import run_world
 from torchrec_het_testing.spawn import spawn_world
 
 

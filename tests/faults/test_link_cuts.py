@@ -22,7 +22,7 @@ import pytest
 
 from torchrec_het_bench.netem import EmulatedHosts, LinkSpec, NetworkEmulationUnavailable, check_available, run_command
 from torchrec_het_bench.netem_faults import link_cut
-from torchrec_het_testing.emulated_launch import launch_on_hosts
+from torchrec_het_bench.testing.emulated_launch import launch_on_hosts
 from torchrec_het_testing.recipe_runs import (
     attempts_of,
     checkpoint_tensors,

@@ -1,7 +1,7 @@
 """A rank killed (SIGKILL) at the runtime's worst moments resumes exactly (2 ranks, loopback).
 
 The DLRM recipe trains through ``python -m torchrec_het.launch --max-restarts 1`` with a kill
-armed by the harness (:mod:`torchrec_het_testing.killed_recipe`): rank 1 kills itself in the
+armed by the harness (:mod:`torchrec_het_bench.testing.killed_recipe`): rank 1 kills itself in the
 middle of a HET gradient push, right after a replica sync summed the replicated rows'
 gradients, or while the hybrid pipeline's embedding update runs on its worker thread. torchrun
 restarts both ranks, they resume from the newest complete checkpoint, and train to the end.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrec_het_testing.killed_recipe import KILL_ENV
+from torchrec_het_bench.testing.killed_recipe import KILL_ENV
 from torchrec_het_testing.launched import LaunchedRun, first_match
 from torchrec_het_testing.recipe_runs import (
     attempts_of,
@@ -65,7 +65,7 @@ def _train(folder: Path, kill: Kill, env: dict[str, str], armed: bool) -> list[s
     folder.mkdir(parents=True, exist_ok=True)
     argv = [
         sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", "--max-restarts", "1",
-        "-m", "torchrec_het_testing.killed_recipe", "--preset", "smoke", "--steps", str(kill.steps),
+        "-m", "torchrec_het_bench.testing.killed_recipe", "--preset", "smoke", "--steps", str(kill.steps),
         "--eval-batches", "0", "--resume", "--checkpoint-path", str(folder / "ckpt"),
         "--checkpoint-every", str(kill.every), "--save-weights", str(folder / "weights.pt"), "--print-plan",
     ]  # fmt: skip

@@ -1,21 +1,35 @@
 """The plugin's types train exactly on CUDA, world size 1 (deliverable 8: device-agnostic).
 
-``test_cuda_world_size_one`` shards a small EBC (het_cached_row_wise at s = 0,
-het_row_replicated with hot rows, and with a per-host tier too, which takes the unstaged
-lookups) and a pair of ECs (het_row_replicated, likewise) on the GPU with
-NCCL, trains them with each fused optimizer and compares outputs and weights with the
-unsharded model at 1e-5. It is marked ``gpu`` and skips where no CUDA device or no CUDA
-build of fbgemm_gpu exists. ``test_cpu_world_size_one`` runs the same body on the CPU
+``test_cuda_world_size_one`` runs the generic sharded-vs-unsharded cases
+(:mod:`torchrec_het_testing.equivalence`) on the GPU with NCCL, in one process: pooled tables
+(with weighted ones) on het_cached_row_wise at s = 0 and on het_row_replicated with hot rows,
+and with a per-host tier too (the unstaged lookups), and sequence tables on het_row_replicated
+likewise, with each fused optimizer. It is marked ``gpu`` and skips where no CUDA device or no
+CUDA build of fbgemm_gpu exists. ``test_cpu_world_size_one`` runs the same cases on the CPU
 (gloo) in the normal suite, so the body is proven where no GPU is at hand.
 """
 
 import pytest
 import torch
 
-from torchrec_het_testing.het_ranks import STEPS
-from torchrec_het_testing.replicated_device import CASES, DEVICE_OPTIMIZERS, world_size_one
+from torchrec_het.config import CacheSettings
+from torchrec_het_testing.equivalence import EquivalenceCase, run_cases
+from torchrec_het_testing.expectations import case_problems
+from torchrec_het_testing.settings import ReplicaSettings
+from torchrec_het_testing.spawn import one_rank_group
 
-TOLERANCE = 1e-5
+REP = "het_row_replicated"
+CASES = [
+    EquivalenceCase(tables, sharding, settings, optimizer, world_size=1)
+    for optimizer in ("sgd", "adagrad", "rowwise_adagrad")
+    for tables, sharding, settings in (
+        ("bags", "het_cached_row_wise", CacheSettings(s_read=0, s_write=0, capacity=0.3)),
+        ("bags", REP, ReplicaSettings(hot=8)),
+        ("bags", REP, ReplicaSettings(hot=8, per_host=3)),
+        ("sequences", REP, ReplicaSettings(hot=8)),
+        ("sequences", REP, ReplicaSettings(hot=8, per_host=3)),
+    )
+]
 
 
 def _cuda_missing() -> str | None:
@@ -30,25 +44,18 @@ def _cuda_missing() -> str | None:
     return None
 
 
-def _check(results: dict) -> None:
-    assert sorted(results) == sorted(f"{c}/{o}" for c in CASES for o in DEVICE_OPTIMIZERS)
-    for case, errors in results.items():
-        errors = dict(errors)
-        if case.startswith("het_row_replicated"):  # hot rows were read from replicas and synced every step
-            assert errors.pop("replica_syncs") >= STEPS, (case, errors)
-        expected = {"out_rep_vs_unsharded", "weights_rep_vs_unsharded"} if "/sequences" in case else {
-            "out/sum", "out/mean", "weights/sum", "weights/mean"
-        }
-        assert set(errors) == expected, (case, errors)
-        for key, value in errors.items():
-            assert value < TOLERANCE, (case, key, errors)
+def _check(device: torch.device, store_dir) -> None:
+    with one_rank_group(device, store_dir):
+        results = run_cases(CASES, device)
+    problems = {case.name: case_problems(case, [results[case.name]]) for case in CASES}
+    assert not any(problems.values()), {name: p for name, p in problems.items() if p}
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(_cuda_missing() is not None, reason=str(_cuda_missing()))
 def test_cuda_world_size_one(tmp_path) -> None:
-    _check(world_size_one(torch.device("cuda", 0), store_dir=tmp_path))
+    _check(torch.device("cuda", 0), tmp_path)
 
 
 def test_cpu_world_size_one(tmp_path) -> None:
-    _check(world_size_one(torch.device("cpu"), store_dir=tmp_path))
+    _check(torch.device("cpu"), tmp_path)

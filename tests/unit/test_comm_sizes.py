@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from torchrec_het.comm import CommTotals, phase, sum_totals
-from torchrec_het.comm import sizes
-from torchrec_het.comm.phases import classify
+from torchrec_het_bench.comm import CommTotals, phase, sum_totals
+from torchrec_het_bench.comm import sizes
+from torchrec_het_bench.comm.phases import classify
 
 
 def test_split_evenly_puts_the_remainder_first() -> None:

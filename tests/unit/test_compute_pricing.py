@@ -1,6 +1,6 @@
 """The plugin lookups' compute in the planner's perf estimate: the stored calibration
 (``torchrec_het/planner/compute_costs.json``), how it scales with a table's ids, the golden
-plans it gives, and the table's loading and regeneration (``python -m torchrec_het.planner.calibrate``).
+plans it gives, and the table's loading and regeneration (``python -m torchrec_het_bench.calibrate``).
 """
 
 import json
@@ -16,7 +16,7 @@ from torchrec.distributed.planner import ParameterConstraints, Topology
 
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.planner import AccessModel, HetEmbeddingEnumerator, HetEmbeddingShardingPlanner, PluginPricing, zipf_shares
-from torchrec_het.planner.calibrate import costs_from_micro
+from torchrec_het_bench.calibrate import costs_from_micro
 from torchrec_het.planner.compute_costs import COSTS_PATH, VERSION, ComputeCosts, load_compute_costs
 from torchrec_het.planner.estimators import with_extra_compute
 from torchrec_het.planner.planner import cpu_network
@@ -248,7 +248,7 @@ def test_the_calibrate_command_writes_a_table_that_loads(tmp_path) -> None:
     micro.write_text(json.dumps(_micro()))
     out = tmp_path / "costs.json"
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het.planner.calibrate", str(micro), "--command", "python -m torchrec_het_bench.micro",
+        [sys.executable, "-m", "torchrec_het_bench.calibrate", str(micro), "--command", "python -m torchrec_het_bench.micro",
          "--out", str(out)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -256,7 +256,7 @@ def test_the_calibrate_command_writes_a_table_that_loads(tmp_path) -> None:
     assert "het_row_replicated: exact +1000.0 ns/id, stale -500.0 ns/id" in run.stdout
     assert load_compute_costs(out).per_id("het_cached_row_wise", "stale") == pytest.approx(2e-6)
     missing = subprocess.run(
-        [sys.executable, "-m", "torchrec_het.planner.calibrate", str(tmp_path / "none.json"), "--out", str(out)],
+        [sys.executable, "-m", "torchrec_het_bench.calibrate", str(tmp_path / "none.json"), "--out", str(out)],
         capture_output=True, text=True, timeout=120,
     )
     assert missing.returncode == 2 and "none.json" in missing.stderr

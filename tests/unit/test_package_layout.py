@@ -158,18 +158,66 @@ def test_the_runtime_depends_on_no_plotting_library() -> None:
     assert not named, f"[project] dependencies name {named}: plotting belongs to the bench/test extras"
 
 
-def test_no_runtime_module_imports_the_harness_or_plotting() -> None:
-    graph_roots = HARNESS + PLOTTING
+def _importers_of(importer_root: str, banned_roots: tuple[str, ...]) -> list[str]:
+    """``file: [modules]`` for each module under ``importer_root`` that imports one under ``banned_roots``."""
     offenders = []
     for name, path in source_modules().items():
-        if name.split(".")[0] != RUNTIME:
+        if name.split(".")[0] != importer_root:
             continue
-        bad = sorted(i for i in imported_names(name, path) if i.split(".")[0] in graph_roots)
+        bad = sorted(i for i in imported_names(name, path) if i.split(".")[0] in banned_roots)
         if bad:
             offenders.append(f"{path.relative_to(REPO)}: {bad}")
+    return offenders
+
+
+def test_no_runtime_module_imports_the_harness_or_plotting() -> None:
+    offenders = _importers_of(RUNTIME, HARNESS + PLOTTING)
     assert not offenders, "the runtime imports the harness or a plotting library:\n" + "\n".join(offenders)
 
 
+def test_the_test_rank_bodies_do_not_import_the_benchmark() -> None:
+    # what they need (models, batches, comparisons) lives in torchrec_het_testing; rank bodies of
+    # tests of the benchmark's own tooling live in torchrec_het_bench.testing
+    offenders = _importers_of("torchrec_het_testing", ("torchrec_het_bench",))
+    assert not offenders, "torchrec_het_testing imports the benchmark:\n" + "\n".join(offenders)
+
+
+def _patches_torch_distributed(tree: ast.AST) -> bool:
+    """Whether the code assigns an attribute of ``torch.distributed`` (as byte accounting does)."""
+    aliases = {"torch.distributed"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.name == "torch.distributed" and a.asname}
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch":
+            aliases |= {a.asname or a.name for a in node.names if a.name == "distributed"}
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and ast.unparse(target.value) in aliases:
+                return True
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr" and node.args:
+            if ast.unparse(node.args[0]) in aliases:
+                return True
+    return False
+
+
+def test_patches_torch_distributed_finds_both_ways() -> None:
+    assert _patches_torch_distributed(ast.parse("import torch.distributed as dist\ndist.all_reduce = f"))
+    assert _patches_torch_distributed(ast.parse("from torch import distributed as d\nsetattr(d, 'broadcast', f)"))
+    assert not _patches_torch_distributed(ast.parse("import torch.distributed as dist\ndist.all_reduce(t)"))
+
+
+def test_the_runtime_holds_no_measurement_code() -> None:
+    # byte accounting (which wraps torch.distributed's collectives), the ideal cache and the
+    # compute-cost calibration are the benchmark's (torchrec_het_bench.comm, .ideal_cache, .calibrate)
+    modules = source_modules()
+    patching = [str(p.relative_to(REPO)) for n, p in modules.items()
+                if n.split(".")[0] == RUNTIME and _patches_torch_distributed(ast.parse(p.read_text()))]
+    assert not patching, f"runtime modules that patch torch.distributed: {patching}"
+    for moved in ("torchrec_het.comm", "torchrec_het.cache.ideal", "torchrec_het.planner.calibrate"):
+        assert moved not in modules, moved
+    for tooling in ("torchrec_het_bench.comm.accounting", "torchrec_het_bench.ideal_cache", "torchrec_het_bench.calibrate"):
+        assert tooling in modules, tooling
 def private_imports(modules: dict[str, Path], root: Path = REPO) -> list[str]:
     """``path:line: from module import _name`` for each private name a module of ``modules`` imports
     from another module of this repository (a private module itself, such as ``_compat``, is fine:
@@ -205,4 +253,12 @@ def test_no_runtime_module_imports_a_private_name_of_another() -> None:
     runtime = {name: path for name, path in source_modules().items() if name.split(".")[0] == RUNTIME}
     assert "torchrec_het.sharding.het_cache.lookup" in runtime and "torchrec_het.sharders.het" in runtime
     found = private_imports(runtime)
+    assert not found, "make these public or move them where they are used:\n" + "\n".join(found)
+
+
+def test_the_harness_imports_no_private_name_across_modules() -> None:
+    # the harness's helpers have public names (the runtime's: test_no_runtime_module_imports_a_private_name_of_another)
+    modules = source_modules()
+    harness = {str(path.relative_to(REPO)) for name, path in modules.items() if name.split(".")[0] in HARNESS}
+    found = [line for line in private_imports(modules) if line.split(":")[0] in harness]
     assert not found, "make these public or move them where they are used:\n" + "\n".join(found)

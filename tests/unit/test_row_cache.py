@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from torchrec_het.cache import PendingRows, RowCache
-from torchrec_het.cache.ideal import lru_hits
+from torchrec_het_bench.ideal_cache import lru_hits
 
 DTYPES = [torch.float32, torch.float64]
 

@@ -5,7 +5,7 @@ replicas synced every step; ``stale``: any bound or sync interval above that), t
 per id per step one rank spends beyond stock ``row_wise`` doing the same lookups (forward,
 backward and fused optimizer), as measured by the microbenchmark
 (:mod:`torchrec_het_bench.micro`). A figure may be negative (a lookup cheaper than
-row_wise's). Regenerate it with ``python -m torchrec_het.planner.calibrate <micro.json>``.
+row_wise's). Regenerate it with ``python -m torchrec_het_bench.calibrate <micro.json>``.
 """
 
 import json
@@ -68,7 +68,7 @@ def load_compute_costs(path: str | Path | None = None) -> ComputeCosts:
     if doc["version"] != VERSION:
         raise ValueError(
             f"compute-cost table {str(path)!r} has version {doc['version']!r}, this torchrec_het reads version "
-            f"{VERSION}; regenerate it with python -m torchrec_het.planner.calibrate <micro.json>"
+            f"{VERSION}; regenerate it with python -m torchrec_het_bench.calibrate <micro.json>"
         )
     for key in ("device", "measured_with", "measured_on", "extra_seconds_per_id"):
         if key not in doc:
@@ -92,7 +92,7 @@ _loaded: dict[str, ComputeCosts] = {}
 
 def default_compute_costs() -> ComputeCosts:
     """The table the planner prices with: ``$TORCHREC_HET_COMPUTE_COSTS`` when set (a table from
-    ``python -m torchrec_het.planner.calibrate``, measured where you train), else the one shipped
+    ``python -m torchrec_het_bench.calibrate``, measured where you train), else the one shipped
     with the package (read once per path)."""
     path = os.environ.get(ENV_COSTS) or str(COSTS_PATH)
     if path not in _loaded:

@@ -42,8 +42,6 @@ no clock and changes no cache slot. With ``s_read = s_write = 0`` every remote r
 fresh and every gradient is applied at its owner before the next read: stock row-wise training.
 """
 
-from collections.abc import Callable
-
 import torch
 import torch.distributed as dist
 from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
@@ -95,7 +93,6 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         self.prefetched_batches = 0  # batches ``prefetch`` prepared
         self._anchor = torch.zeros(1, device=self._compute_device, requires_grad=True)  # lets backward reach the write path
         self.owned_rows = OwnedRows(lookup_kernels(self), self._compute_device)
-        self.on_serve: Callable[[str, torch.Tensor, torch.Tensor, torch.Tensor, int], None] | None = None
         self._build_groups(config, shards_by_table)
 
     # --- set-up and inspection --------------------------------------------------------
@@ -370,19 +367,9 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             at = starts.index_select(0, plan.mine[plan.brings]).unsqueeze(1) + torch.arange(g.fetch_width, device=self._compute_device)
             rows = received.index_select(0, at.reshape(-1)).view(-1, g.fetch_width)
             owned = self.owned_rows.read(g, read.uniq.index_select(0, read.local))
-            served = protocol.settle(g, read, plan, batch.replies.index_select(0, plan.mine), rows, owned, validated,
-                                     training, keep_pinned)
-            if self.on_serve is not None:  # an opt-in hook (tests): one call per table
-                self._report_served(g, read, served)
+            protocol.settle(g, read, plan, batch.replies.index_select(0, plan.mine), rows, owned, validated, training,
+                            keep_pinned)
         batch.slot_plans = None
-
-    def _report_served(self, g: HetGroup, read, served: torch.Tensor) -> None:
-        hit = read.slots[served]
-        ids, tables = read.uniq[read.remote[served]], read.tables.index_select(0, read.remote)[served]
-        cache = g.cache
-        for i, t in enumerate(g.tables):
-            mine = tables == i
-            self.on_serve(t.name, ids[mine] - g.offsets[i], cache.versions[hit[mine]], cache.validated_step[hit[mine]], read.step)
 
     def _pooled(self, batch: CachedBatch) -> torch.Tensor:
         self.pushes.settled(batch)

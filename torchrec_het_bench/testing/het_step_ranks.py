@@ -2,13 +2,13 @@
 
 Rank bodies of tests/distributed/test_het_step_costs.py, and a small timing tool::
 
-    python -m torchrec_het_testing.het_step_ranks --preset default --steps 20
+    python -m torchrec_het_bench.testing.het_step_ranks --preset default --steps 20
 
 :func:`step_costs` trains a DLRM (TorchRec's ``DLRMTrain``) whose 26 tables are all
 ``het_cached_row_wise`` (or stock ``row_wise`` / ``table_wise``) with fused row-wise
 Adagrad on synthetic Zipf(1.1) batches, and reports per measured step the host syncs
 (:func:`~torchrec_het_testing.host_syncs.count_host_syncs`), the collectives issued in
-the forward and in the backward (:class:`~torchrec_het.comm.accounting.CommAccountant`),
+the forward and in the backward (:class:`~torchrec_het_bench.comm.accounting.CommAccountant`),
 and the seconds spent in the embedding module's forward and backward.
 """
 
@@ -30,7 +30,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from torchrec_het_bench.table_init import init_tables_by_row
-from torchrec_het.comm.accounting import CommAccountant
+from torchrec_het_bench.comm.accounting import CommAccountant
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het_bench.data.config import DataConfig, preset_table_sizes
 from torchrec_het_bench.data.synthetic import SyntheticCriteo

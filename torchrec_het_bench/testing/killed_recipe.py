@@ -1,7 +1,7 @@
 """The DLRM recipe with a SIGKILL armed at one of the runtime's worst moments.
 
     python -m torchrec_het.launch --nproc-per-node 2 --max-restarts 1 \\
-        -m torchrec_het_testing.killed_recipe --steps 10 ...      # the recipe's own arguments
+        -m torchrec_het_bench.testing.killed_recipe --steps 10 ...      # the recipe's own arguments
 
 ``$TORCHREC_HET_TESTING_KILL=POINT:RANK:STEP``: in the first attempt (torchrun's
 ``TORCHELASTIC_RESTART_COUNT`` 0), rank RANK kills itself with SIGKILL at the first POINT once

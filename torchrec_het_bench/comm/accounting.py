@@ -19,18 +19,18 @@ families: ``all_to_all``, ``reduce_scatter``, ``all_gather``, ``all_reduce``,
 
 Not seen: ``torch.ops._c10d_functional`` (the functional collectives used under
 ``torch.compile``); collectives that DDP's C++ reducer issues (use
-:func:`torchrec_het.comm.ddp.attach_ddp_hooks`, which routes the gradient
+:func:`torchrec_het_bench.comm.ddp.attach_ddp_hooks`, which routes the gradient
 buckets through ``dist.all_reduce``); names bound before entering (``from
 torch.distributed import all_reduce``) or called inside
 ``torch.distributed.distributed_c10d`` itself (``all_gather_object``,
 ``broadcast_object_list``, ``_broadcast_coalesced``); point-to-point, gather,
 scatter, reduce, barrier and the ``*_coalesced`` collectives.
 
-Bytes (see :mod:`torchrec_het.comm.sizes` for the per-collective rules) are
+Bytes (see :mod:`torchrec_het_bench.comm.sizes` for the per-collective rules) are
 what this rank sends, per destination global rank; ``group=`` arguments are
 mapped to global ranks. *Payload* sums every destination including the sender
 itself, *cross-rank* every other rank, *inter-host* every rank on another host
-than the sender. Phases are decided by :func:`torchrec_het.comm.phases.classify`.
+than the sender. Phases are decided by :func:`torchrec_het_bench.comm.phases.classify`.
 """
 
 import copy
@@ -44,9 +44,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchrec_het.comm import sizes
-from torchrec_het.comm.phases import classify
-from torchrec_het.comm.totals import CommTotals
+from torchrec_het_bench.comm import sizes
+from torchrec_het_bench.comm.phases import classify
+from torchrec_het_bench.comm.totals import CommTotals
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Rules, first match wins:
 
 1. an explicit :func:`phase` override on this thread (innermost wins; the DDP
-   hook of :mod:`torchrec_het.comm.ddp` uses it to mark ``dense_allreduce``);
+   hook of :mod:`torchrec_het_bench.comm.ddp` uses it to mark ``dense_allreduce``);
 2. inside an autograd backward node -> ``bwd_grad``;
 3. while TorchRec's KJT input dist is on the Python stack (a frame of a
    ``KJT*`` / ``SplitsAllToAll*`` class of ``torchrec/distributed/dist_data.py``
@@ -27,7 +27,7 @@ from types import CodeType, FrameType
 
 import torch
 
-from torchrec_het.comm.totals import PHASES
+from torchrec_het_bench.comm.totals import PHASES
 
 _INPUT_DIST_CLASS_PREFIXES = {
     os.path.join("torchrec", "distributed", "dist_data.py"): ("KJT", "SplitsAllToAll"),

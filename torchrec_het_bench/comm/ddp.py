@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.embedding_types import BaseEmbeddingLookup
 
-from torchrec_het.comm.phases import phase
+from torchrec_het_bench.comm.phases import phase
 
 _NOT_SEEN = object()
 

@@ -1,7 +1,7 @@
 """Regenerates the planner's compute-cost table (``compute_costs.json``) from a microbenchmark run.
 
     python -m torchrec_het_bench.micro --out /tmp/micro
-    python -m torchrec_het.planner.calibrate /tmp/micro/micro.json --command "<the micro command>"
+    python -m torchrec_het_bench.calibrate /tmp/micro/micro.json --command "<the micro command>"
 
 Each plugin type's extra seconds per id per step is ``(ms/step of the type - ms/step of
 row_wise) / 1000 / ids per step per rank``, from micro's medians. The microbenchmark measures
@@ -87,7 +87,7 @@ def costs_from_micro(micro: dict, measured_with: str, measured_on: str | None = 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m torchrec_het.planner.calibrate",
+        prog="python -m torchrec_het_bench.calibrate",
         description="Regenerate the planner's compute-cost table from a microbenchmark's micro.json.",
     )
     parser.add_argument("micro_json", help="micro.json written by python -m torchrec_het_bench.micro")

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchrec_het.comm import CommAccountant, CommTotals, attach_ddp_hooks, phase, sum_over_ranks
-from torchrec_het.comm.accounting import WRAPPED_NAMES
+from torchrec_het_bench.comm import CommAccountant, CommTotals, attach_ddp_hooks, phase, sum_over_ranks
+from torchrec_het_bench.comm.accounting import WRAPPED_NAMES
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
 
 Observation = dict
