@@ -34,7 +34,7 @@ in the backward; host syncs 4 (the counts, the rows' splits, the cache's rescan 
 pushes' splits).
 """
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -47,14 +47,34 @@ from torchrec_het.sharding.common.counts import gather_counts
 from torchrec_het.sharding.common.exchange import Exchange, exchange_counts, exchange_flat, start_exchange
 from torchrec_het.sharding.het_cache.batch import CachedBatch
 
-if TYPE_CHECKING:
-    from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
+
+class CacheSide(Protocol):
+    """What the dists ask of the lookup (:class:`~torchrec_het.sharding.het_cache.lookup.HetCachedEmbeddingLookup`):
+    the protocol's local steps between the exchanges."""
+
+    exchange_pg: dist.ProcessGroup
+    ahead: bool
+    training: bool
+
+    def plan_requests(self, sparse_features: KeyedJaggedTensor, training: bool) -> CachedBatch: ...
+
+    def answer_ahead(self, batch: CachedBatch) -> None: ...
+
+    def expect_rows_ahead(self, batch: CachedBatch, replies: torch.Tensor) -> tuple[list[int], list[int]]: ...
+
+    def settle_ahead(self, batch: CachedBatch, training: bool) -> torch.Tensor: ...
+
+    def rows_request(
+        self, batch: CachedBatch, replies: torch.Tensor, training: bool
+    ) -> tuple[torch.Tensor, list[int], list[int]]: ...
+
+    def settle_fetched(self, batch: CachedBatch, received: torch.Tensor, training: bool) -> torch.Tensor: ...
 
 
 class HetRequestsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
     """Keeps the batch on its rank and sends (id, held version) requests to the owners."""
 
-    def __init__(self, lookup: "HetCachedEmbeddingLookup"):
+    def __init__(self, lookup: CacheSide):
         super().__init__()
         self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
         self.pg = lookup.exchange_pg
@@ -139,7 +159,7 @@ class _Requests(Awaitable[KeyedJaggedTensor]):
 class HetRowsDist(BaseEmbeddingDist):
     """Sends the owners' versions back, then (in its awaitable) the rows; returns the pooled bags."""
 
-    def __init__(self, lookup: "HetCachedEmbeddingLookup"):
+    def __init__(self, lookup: CacheSide):
         super().__init__()
         self._lookup = [lookup]
         self.pg = lookup.exchange_pg
@@ -168,7 +188,7 @@ class _FetchedBags(Awaitable[torch.Tensor]):
 
 
 class _Settled(Awaitable[torch.Tensor]):
-    def __init__(self, lookup: "HetCachedEmbeddingLookup", batch: CachedBatch, training: bool):
+    def __init__(self, lookup: CacheSide, batch: CachedBatch, training: bool):
         super().__init__()
         self.lookup, self.batch, self.training = lookup, batch, training
 
