@@ -3,7 +3,6 @@
 import dataclasses
 import os
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 
@@ -103,5 +102,29 @@ class ReplicationConfig:
         """
         if self.tiers is None:
             return self
-        kept = SimpleNamespace(tables={name: t for name, t in self.tiers.tables.items() if name in tables})
-        return dataclasses.replace(self, tiers=kept)
+        return dataclasses.replace(self, tiers=SomeTables(self.tiers, frozenset(tables)))
+
+
+class SomeTables:
+    """A hot-row source's tiers of some tables only (its ``fingerprint`` and ``tables_for`` kept).
+
+    Args:
+        source: the whole source (``tables``: name -> tiers).
+        names: the tables kept.
+    """
+
+    def __init__(self, source: object, names: frozenset) -> None:
+        self.source, self.names = source, names
+
+    @property
+    def fingerprint(self) -> str | None:
+        return getattr(self.source, "fingerprint", None)
+
+    @property
+    def tables(self) -> dict:
+        return {name: t for name, t in self.source.tables.items() if name in self.names}
+
+    def tables_for(self, world_size: int) -> dict:
+        sized = getattr(self.source, "tables_for", None)
+        tables = sized(world_size) if sized is not None else self.source.tables
+        return {name: t for name, t in tables.items() if name in self.names}
