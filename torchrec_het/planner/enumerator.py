@@ -96,9 +96,9 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
                 twin.sharding_type = sharding_type
                 table_options = getattr(sharder, "table_options", None)  # the plugin's sharders: their settings
                 if table_options is not None:
-                    options = table_options(option.module[1], option.name, sharding_type, self.world_size)
-                    attach_options(twin, options)
-                    self.plan_options[(option.path, option.name, sharding_type)] = options
+                    settings = table_options(option.module[1], option.name, sharding_type, self.world_size)
+                    attach_options(twin, settings)
+                    self.plan_options[(option.path, option.name, sharding_type)] = settings
                 added.append(twin)
         if added:
             for shard in (s for o in added for s in o.shards):
