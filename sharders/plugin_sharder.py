@@ -11,7 +11,7 @@ from torch import nn
 from torchrec.distributed.types import ParameterSharding, ShardingType
 
 from torchrec_het.config import HetCacheConfig
-from torchrec_het.plan_options import PlanOptions, check_options, options_of, replica_options, with_options
+from torchrec_het.plan_options import PlanOptions, check_options, options_of, with_options
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
@@ -92,7 +92,7 @@ class PluginSharder:
         if sharding_type == HET_CACHED_ROW_WISE:
             return cache.for_table(table)
         if sharding_type == HET_ROW_REPLICATED:
-            return replica_options(replication, table, world_size)
+            return replication.table_options(table, world_size)
         raise ValueError(f"table {table!r}: {sharding_type!r} is not a plugin sharding type")
 
     def with_table_options(

@@ -12,11 +12,13 @@ carries it through the generators of :mod:`torchrec_het.sharding`.
 import dataclasses
 from dataclasses import dataclass
 
+import torch
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
 from torchrec_het.config import CacheSettings
-from torchrec_het.replication.config import WIRE_DTYPES, ReplicationConfig
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
+
+WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -72,15 +74,6 @@ class ReplicaOptions:
         return (self.replica_sync_every, self.wire_dtype, self.skip_all_hot, self.local_world_size,
                 self.counted_online, self.online_profile_steps, self.online_max_hot_fraction)  # fmt: skip
 
-    def runtime_config(self, tiers: object | None) -> ReplicationConfig:
-        """The :class:`ReplicationConfig` a replica holder runs with: these settings, ``tiers`` the hot row ids."""
-        return ReplicationConfig(
-            tiers=tiers, replica_sync_every=self.replica_sync_every, skip_all_hot=self.skip_all_hot,
-            local_world_size=self.local_world_size, wire_dtype=self.wire_dtype,
-            online_profile_steps=self.online_profile_steps if self.counted_online else 0,
-            online_max_hot_fraction=self.online_max_hot_fraction,
-        )  # fmt: skip
-
 
 PlanOptions = CacheSettings | ReplicaOptions
 OPTIONS_CLASS = {HET_CACHED_ROW_WISE: CacheSettings, HET_ROW_REPLICATED: ReplicaOptions}
@@ -112,30 +105,6 @@ def check_options(sharding_type: str, options: object, table: str | None = None)
         where = f"table {table!r}: " if table else ""
         wanted = expected.__name__ if expected else "no plugin options"
         raise TypeError(f"{where}{sharding_type} takes {wanted}, got {type(options).__name__}")
-
-
-def replica_options(config: ReplicationConfig, table: str, world_size: int) -> ReplicaOptions:
-    """The options of ``table`` from a sharder's :class:`ReplicationConfig`: its settings, and the
-    sizes of the tiers its hot-row source gives the table for ``world_size`` ranks (None when the
-    source names no hot rows of the table: counted online, or left to the planner's estimate)."""
-    sizes: tuple[int | None, int | None] = (None, None)
-    fingerprint = None
-    source = config.tiers
-    tiers = tables_for(source, world_size).get(table) if source is not None else None
-    if tiers is not None:
-        sizes = (int(tiers.replicated.numel()), int(tiers.per_host.numel()))
-        fingerprint = getattr(source, "fingerprint", None)
-    return ReplicaOptions(
-        config.replica_sync_every, config.wire_dtype, config.skip_all_hot, config.local_world_size, sizes[0], sizes[1],
-        fingerprint,
-        config.online_profile_steps, config.online_max_hot_fraction,
-    )  # fmt: skip
-
-
-def tables_for(source: object, world_size: int) -> dict:
-    """A hot-row source's tiers per table for ``world_size`` ranks (``ProfileTiers`` scale their counts by it)."""
-    sized = getattr(source, "tables_for", None)
-    return sized(world_size) if sized is not None else source.tables
 
 
 def describe(options: PlanOptions | None) -> str:

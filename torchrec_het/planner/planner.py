@@ -94,6 +94,13 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._use_links(link_figures(topology, self.link_settings, None, cpu_bandwidths, why))
 
     @property
+    def priced_options(self) -> dict[tuple[str, str, str], object]:
+        """The plan options the last enumeration priced: (module path, table, sharding type) -> options
+        (the sharders' settings; the plan carries those of the types chosen). Empty with an enumerator
+        that is not the plugin's."""
+        return dict(getattr(self._het_enumerator, "plan_options", None) or {})
+
+    @property
     def links(self) -> LinkFigures:
         """The link figures the planner prices with now, and where each came from."""
         return self._het_links
@@ -138,7 +145,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             print(f"torchrec_het: {self.links.describe()}", file=sys.stderr, flush=True)
             self._het_announced = True
         plan = super().plan(module, sharders)
-        options = getattr(self._het_enumerator, "plan_options", None)
+        options = self.priced_options
         return with_plan_options(plan, options) if options else plan
 
     def _use_links(self, figures: LinkFigures) -> None:

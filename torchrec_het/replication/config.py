@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
+from torchrec_het.plan_options import WIRE_DTYPES, ReplicaOptions
 
-WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,23 @@ class ReplicationConfig:
             raise ValueError(f"the tier plan names table(s) {unknown} that this module does not have")
         for name, rows in num_rows_of.items():
             self.table_tiers(name, rows)
+
+    def table_options(self, table: str, world_size: int) -> ReplicaOptions:
+        """The plan options of ``table``: these settings, and the sizes of the tiers ``tiers`` gives the
+        table for ``world_size`` ranks (None when it names no hot rows of the table: counted online,
+        or left to the planner's estimate), with the profile they come from."""
+        sizes: tuple[int | None, int | None] = (None, None)
+        fingerprint = None
+        if self.tiers is not None:
+            sized = getattr(self.tiers, "tables_for", None)  # ProfileTiers scale their counts by the world size
+            tiers = (sized(world_size) if sized is not None else self.tiers.tables).get(table)
+            if tiers is not None:
+                sizes = (int(tiers.replicated.numel()), int(tiers.per_host.numel()))
+                fingerprint = getattr(self.tiers, "fingerprint", None)
+        return ReplicaOptions(
+            self.replica_sync_every, self.wire_dtype, self.skip_all_hot, self.local_world_size, sizes[0], sizes[1],
+            fingerprint, self.online_profile_steps, self.online_max_hot_fraction,
+        )  # fmt: skip
 
     def restricted_to(self, tables: set[str]) -> "ReplicationConfig":
         """This config with the tiers of ``tables`` only.

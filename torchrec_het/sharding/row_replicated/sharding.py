@@ -136,10 +136,16 @@ def replica_config(options_by_table: dict[str, ReplicaOptions], hot_rows) -> Rep
             "wire_dtype, skip_all_hot, local_world_size and online counting; their options differ"
         )
     first = next(iter(options_by_table.values()))
-    if first.counted_online:
-        return first.runtime_config(None)
-    named = dict(hot_rows.tables) if hot_rows is not None else {}
-    return first.runtime_config(ChosenTiers({name: named[name] for name in options_by_table if name in named}))
+    tiers = None
+    if not first.counted_online:
+        named = dict(hot_rows.tables) if hot_rows is not None else {}
+        tiers = ChosenTiers({name: named[name] for name in options_by_table if name in named})
+    return ReplicationConfig(
+        tiers=tiers, replica_sync_every=first.replica_sync_every, skip_all_hot=first.skip_all_hot,
+        local_world_size=first.local_world_size, wire_dtype=first.wire_dtype,
+        online_profile_steps=first.online_profile_steps if first.counted_online else 0,
+        online_max_hot_fraction=first.online_max_hot_fraction,
+    )  # fmt: skip
 
 
 class ChosenTiers:
