@@ -19,22 +19,14 @@ from torchrec_het._compat import sharded_lookups, sharded_table_configs
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders.plugin_contexts import PluginContexts
-from torchrec_het.sharders.plugin_sharder import (
-    HET_CACHE_KEY,
-    REPLICATION_KEY,
-    PluginSharder,
-    require_hot_rows,
-    without_settings,
-)
+from torchrec_het.sharders.plugin_sharder import PluginSharder, plan_tiers
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features
 from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
 from torchrec_het.sharding.het_cache.sharding import HetCachedRwPooledEmbeddingSharding
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup
 from torchrec_het.sharding.row_replicated.sharding import RowReplicatedPooledEmbeddingSharding
-from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
-
-PLUGIN_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
+from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED, HET_SHARDING_TYPES
 
 
 class HetEmbeddingBagCollection(EmbeddingBagCollection):
@@ -68,45 +60,36 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, Sharded
     """TorchRec's sharded EBC, with the plugin's types routed to their shardings (each given its
     per-batch context, :mod:`~torchrec_het.sharders.plugin_contexts`).
 
-    Settings are checked against the plan before TorchRec builds anything.
+    Every plugin table is built from the options its plan entry carries
+    (:class:`~torchrec_het.plan_options.HetParameterSharding`); ``hot_rows`` is this rank's source of
+    the hot row ids of ``het_row_replicated`` tables (checked against the plan's tier sizes before
+    TorchRec builds anything).
     """
 
-    def __init__(
-        self, *args: Any, cache: HetCacheConfig, replication: ReplicationConfig | None = None, **kwargs: Any
-    ) -> None:
-        replication = replication if replication is not None else ReplicationConfig()
+    def __init__(self, *args: Any, hot_rows: object | None = None, **kwargs: Any) -> None:
         plan = kwargs.get("table_name_to_parameter_sharding", args[1] if len(args) > 1 else {})
         module = kwargs.get("module", args[0] if args else None)
         rows = {t.name: t.num_embeddings for t in module.embedding_bag_configs()}
-        cache.check_tables([n for n, p in plan.items() if p.sharding_type == HET_CACHED_ROW_WISE])
-        replication.check_tables(rows)
-        require_hot_rows(replication, plan)
-        kwargs["fused_params"] = {
-            **(kwargs.get("fused_params") or {}), REPLICATION_KEY: replication, HET_CACHE_KEY: cache
-        }
+        self._het_tiers = plan_tiers(hot_rows, plan, rows)  # read by create_embedding_bag_sharding
         super().__init__(*args, **kwargs)
         self._rows_of_feature = {
             feature: config.num_embeddings for config in sharded_table_configs(self) for feature in config.feature_names
         }
         self._check_features = FeatureCheck(
-            self._rows_of_feature, plugin_features(plan, module.embedding_bag_configs(), PLUGIN_TYPES)
+            self._rows_of_feature, plugin_features(plan, module.embedding_bag_configs(), HET_SHARDING_TYPES)
         )
         self.find_plugin_shardings()
 
-    @classmethod
-    def create_embedding_bag_sharding(cls, sharding_infos, env, device=None, permute_embeddings=False, qcomm_codecs_registry=None):
+    def create_embedding_bag_sharding(self, sharding_infos, env, device=None, permute_embeddings=False, qcomm_codecs_registry=None):
+        """The plugin's shardings for its types (built from the plan's options), TorchRec's for the others."""
         sharding_type = sharding_infos[0].param_sharding.sharding_type
-        sharding_infos, cache = without_settings(sharding_infos, HET_CACHE_KEY)
-        sharding_infos, replication = without_settings(sharding_infos)
-        replication = replication if replication is not None else ReplicationConfig()
         if sharding_type == HET_ROW_REPLICATED:
             return RowReplicatedPooledEmbeddingSharding(
-                sharding_infos, env, replication, device, qcomm_codecs_registry=qcomm_codecs_registry
+                sharding_infos, env, self._het_tiers, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         if sharding_type == HET_CACHED_ROW_WISE:
             return HetCachedRwPooledEmbeddingSharding(
-                sharding_infos, env, cache if cache is not None else HetCacheConfig(), device,
-                qcomm_codecs_registry=qcomm_codecs_registry,
+                sharding_infos, env, None, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         return super().create_embedding_bag_sharding(
             sharding_infos, env, device, permute_embeddings=permute_embeddings, qcomm_codecs_registry=qcomm_codecs_registry
@@ -154,7 +137,7 @@ class HetEmbeddingBagCollectionSharder(PluginSharder, EmbeddingBagCollectionShar
         **kwargs: passed on to ``EmbeddingBagCollectionSharder``.
     """
 
-    plugin_types = PLUGIN_TYPES
+    plugin_types = HET_SHARDING_TYPES
     module_base = EmbeddingBagCollection
 
     def __init__(
@@ -174,7 +157,7 @@ class HetEmbeddingBagCollectionSharder(PluginSharder, EmbeddingBagCollectionShar
         types = list(super().sharding_types(compute_device_type))
         if ShardingType.ROW_WISE.value not in types:
             types.append(ShardingType.ROW_WISE.value)
-        return types + list(PLUGIN_TYPES)
+        return types + list(HET_SHARDING_TYPES)
 
     def shard(
         self,
@@ -184,14 +167,12 @@ class HetEmbeddingBagCollectionSharder(PluginSharder, EmbeddingBagCollectionShar
         device: torch.device | None = None,
         module_fqn: str | None = None,
     ) -> ShardedEmbeddingBagCollection:
-        if not any(p.sharding_type in PLUGIN_TYPES for p in params.values()):
+        if not any(p.sharding_type in HET_SHARDING_TYPES for p in params.values()):
             return super().shard(module, params, env, device, module_fqn)
-        cache = getattr(module, "het_cache_config", None) or self._cache
-        replication = getattr(module, "het_replication_config", None)
-        if replication is None:
-            replication = self._replication
-            if getattr(replication.tiers, "spans_modules", False):  # e.g. a whole-model profile: this module's tables
-                replication = replication.restricted_to({t.name for t in module.embedding_bag_configs()})
+        cache, replication = self.settings_for(module)
+        cache.check_tables([n for n, p in params.items() if p.sharding_type == HET_CACHED_ROW_WISE])
+        replication.check_tables({t.name: t.num_embeddings for t in module.embedding_bag_configs()})
+        params = self.with_table_options(module, params, env.world_size)
         return HetShardedEmbeddingBagCollection(
             module=module,
             table_name_to_parameter_sharding=params,
@@ -200,6 +181,14 @@ class HetEmbeddingBagCollectionSharder(PluginSharder, EmbeddingBagCollectionShar
             device=device,
             qcomm_codecs_registry=self.qcomm_codecs_registry,
             module_fqn=module_fqn,
-            cache=cache,
-            replication=replication,
+            hot_rows=replication.tiers,
         )
+
+    def settings_for(self, module: EmbeddingBagCollection) -> tuple[HetCacheConfig, ReplicationConfig]:
+        cache = getattr(module, "het_cache_config", None) or self._cache
+        replication = getattr(module, "het_replication_config", None)
+        if replication is None:
+            replication = self._replication
+            if getattr(replication.tiers, "spans_modules", False):  # e.g. a whole-model profile: this module's tables
+                replication = replication.restricted_to({t.name for t in module.embedding_bag_configs()})
+        return cache, replication

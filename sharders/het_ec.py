@@ -19,12 +19,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het._compat import sharded_lookups, sharded_table_configs, uses_index_dedup
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders.plugin_contexts import PluginContexts
-from torchrec_het.sharders.plugin_sharder import (
-    REPLICATION_KEY,
-    PluginSharder,
-    require_hot_rows,
-    without_settings,
-)
+from torchrec_het.config import HetCacheConfig
+from torchrec_het.sharders.plugin_sharder import PluginSharder, plan_tiers
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedSequenceLookup
@@ -66,17 +62,15 @@ class HetShardedEmbeddingCollection(ReplicatedModule, PluginContexts, ShardedEmb
     batches are checked before anything is read or sent.
     """
 
-    def __init__(self, *args: Any, replication: ReplicationConfig | None = None, **kwargs: Any) -> None:
-        replication = replication if replication is not None else ReplicationConfig()
+    def __init__(self, *args: Any, hot_rows: object | None = None, **kwargs: Any) -> None:
         module = kwargs.get("module", args[0] if args else None)
         plan = kwargs.get("table_name_to_parameter_sharding", args[1] if len(args) > 1 else {})
         for name, sharding in plan.items():
             kernel = sharding.compute_kernel
             if sharding.sharding_type == HET_ROW_REPLICATED and kernel != EmbeddingComputeKernel.FUSED.value:
                 raise ValueError(f"table {name!r}: het_row_replicated needs the fused kernel, planned {kernel!r}")
-        replication.check_tables({t.name: t.num_embeddings for t in module.embedding_configs()})
-        require_hot_rows(replication, plan)
-        kwargs["fused_params"] = {**(kwargs.get("fused_params") or {}), REPLICATION_KEY: replication}
+        rows = {t.name: t.num_embeddings for t in module.embedding_configs()}
+        self._het_tiers = plan_tiers(hot_rows, plan, rows)  # read by create_embedding_sharding
         super().__init__(*args, **kwargs)
         self._rows_of_feature = {
             feature: config.num_embeddings for config in sharded_table_configs(self) for feature in config.feature_names
@@ -86,13 +80,11 @@ class HetShardedEmbeddingCollection(ReplicatedModule, PluginContexts, ShardedEmb
         )  # its per-key layout kept between batches
         self.find_plugin_shardings()
 
-    @classmethod
-    def create_embedding_sharding(cls, sharding_type, sharding_infos, env, device=None, qcomm_codecs_registry=None):
-        sharding_infos, replication = without_settings(sharding_infos)
-        replication = replication if replication is not None else ReplicationConfig()
+    def create_embedding_sharding(self, sharding_type, sharding_infos, env, device=None, qcomm_codecs_registry=None):
+        """``het_row_replicated``'s sharding (built from the plan's options), TorchRec's for the others."""
         if sharding_type == HET_ROW_REPLICATED:
             return RowReplicatedSequenceEmbeddingSharding(
-                sharding_infos, env, replication, device, qcomm_codecs_registry=qcomm_codecs_registry
+                sharding_infos, env, self._het_tiers, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         return super().create_embedding_sharding(
             sharding_type, sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
@@ -157,17 +149,23 @@ class HetEmbeddingCollectionSharder(PluginSharder, EmbeddingCollectionSharder):
     ) -> ShardedEmbeddingCollection:
         if not any(p.sharding_type in SEQUENCE_PLUGIN_TYPES for p in params.values()):
             return super().shard(module, params, env, device, module_fqn)
-        replication = getattr(module, "het_replication_config", None)
-        if replication is None:  # the sharder's, shared by every EC it shards: this module's tables
-            replication = self._replication.restricted_to({t.name for t in module.embedding_configs()})
+        _, replication = self.settings_for(module)
+        replication.check_tables({t.name: t.num_embeddings for t in module.embedding_configs()})
         return HetShardedEmbeddingCollection(
             module=module,
-            table_name_to_parameter_sharding=params,
+            table_name_to_parameter_sharding=self.with_table_options(module, params, env.world_size),
             env=env,
             fused_params=self.fused_params,
             device=device,
             qcomm_codecs_registry=self.qcomm_codecs_registry,
             use_index_dedup=uses_index_dedup(self),
             module_fqn=module_fqn,
-            replication=replication,
+            hot_rows=replication.tiers,
         )
+
+    def settings_for(self, module: EmbeddingCollection) -> tuple[HetCacheConfig, ReplicationConfig]:
+        """No cache (sequences have no ``het_cached_row_wise``); the module's replication, else the sharder's."""
+        replication = getattr(module, "het_replication_config", None)
+        if replication is None:  # the sharder's, shared by every EC it shards: this module's tables
+            replication = self._replication.restricted_to({t.name for t in module.embedding_configs()})
+        return HetCacheConfig(), replication

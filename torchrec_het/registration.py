@@ -204,7 +204,7 @@ def install(
     elif isinstance(compute_costs, str):
         compute_costs = read_compute_costs(compute_costs, "install(compute_costs=...)")
     pricing = PluginPricing(
-        AccessModel(profile, alpha, source, origin), cache, sync, max_hot_fraction, online,
+        AccessModel(profile, alpha, source, origin), max_hot_fraction=max_hot_fraction, online_profile_steps=online,
         **({"compute": compute_costs} if compute_costs is not None else {}),
         per_host_tier=False,  # the tiers below know no topology: the planner prices what they build
     )

@@ -57,7 +57,7 @@ def _make_sharders(staleness: int):
 
 def _make_planner(staleness: int):
     def build(context: ShardingContext, topology: Topology, **planner_args):
-        pricing = PluginPricing(AccessModel(per_rank_profile(context)), _cache(staleness), staleness)
+        pricing = PluginPricing(AccessModel(per_rank_profile(context)))  # the settings: the sharders' options
         return HetEmbeddingShardingPlanner(topology=_planner_topology(context, topology), pricing=pricing, **planner_args)
 
     return build

@@ -148,10 +148,7 @@ def profile_of(groups: list[tuple[list, list]]) -> AccessProfile:
 
 
 def plugin_pricing(settings: CacheSettings | ReplicaSettings | None, profile: AccessProfile) -> PluginPricing:
-    """What the planner prices ``settings`` with, reads measured in ``profile``."""
-    kwargs: dict = {}
-    if isinstance(settings, CacheSettings):
-        kwargs["cache"] = HetCacheConfig(default=settings)
-    elif isinstance(settings, ReplicaSettings):
-        kwargs.update(replica_sync_every=settings.sync_every, online_profile_steps=settings.online_profile_steps)
-    return PluginPricing(access=AccessModel(profile), **kwargs)
+    """What the planner prices with besides the sharders' options: reads measured in ``profile``
+    (and, for hot rows counted online, that they are)."""
+    online = settings.online_profile_steps if isinstance(settings, ReplicaSettings) else 0
+    return PluginPricing(access=AccessModel(profile), online_profile_steps=online)

@@ -20,6 +20,8 @@ from torchrec_het_bench.calibrate import costs_from_micro
 from torchrec_het.planner.compute_costs import COSTS_PATH, VERSION, ComputeCosts, load_compute_costs
 from torchrec_het.planner.estimators import with_extra_compute
 from torchrec_het.planner.planner import cpu_network
+from torchrec_het.planner.pricing import priced_options
+from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
 
@@ -52,10 +54,11 @@ def _plan(ebc, pricing: PluginPricing, world_size: int = 2, local_world_size: in
     return {n: (p.sharding_type, p.ranks if len(p.ranks) < world_size else "all") for n, p in plan.items()}
 
 
-def _options(ebc, pricing: PluginPricing, world_size: int = 2, compute_device: str = "cpu") -> dict:
+def _options(ebc, pricing: PluginPricing, world_size: int = 2, compute_device: str = "cpu", sharder=None) -> dict:
     topology = cpu_network(Topology(world_size=world_size, local_world_size=world_size, compute_device=compute_device))
     enumerator = HetEmbeddingEnumerator(topology, BATCH, pricing=pricing)
-    return {(o.name, o.sharding_type): o for o in enumerator.enumerate(ebc, [HetEmbeddingBagCollectionSharder()])}
+    sharders = [sharder or HetEmbeddingBagCollectionSharder()]
+    return {(o.name, o.sharding_type): o for o in enumerator.enumerate(ebc, sharders)}
 
 
 def _compute(option) -> float:
@@ -76,7 +79,7 @@ def test_a_uniform_profile_is_planned_row_wise_not_row_replicated_with_no_hot_ro
     priced = PluginPricing(AccessModel(profile))
     options = _options(ebc, priced)
     replicated, row_wise = options[("u", "het_row_replicated")], options[("u", "row_wise")]
-    assert priced.hot_rows(priced.load(replicated, 2)) == 0
+    assert priced.hot_rows(priced.load(replicated, 2), priced_options(replicated)) == 0
     assert replicated.total_perf > row_wise.total_perf
     assert _plan(ebc, priced) == {"u": ("row_wise", "all")}
     forced = {"u": ParameterConstraints(sharding_types=["row_wise", "het_row_replicated"])}
@@ -117,8 +120,9 @@ def test_plugin_perf_includes_the_stored_cost_per_id_times_the_ids_per_rank(sync
     counts = (torch.full((50_000,), 3 * 4 * BATCH // 50_000 + 1), torch.full((20_000,), 1))  # ~3 and ~1 ids per sample
     profile = AccessProfile(tuple(sizes), tuple(sizes.values()), counts, 4)
     cache = HetCacheConfig(default=CacheSettings(s_read=bound, s_write=bound))
-    pricing = PluginPricing(AccessModel(profile), cache=cache, replica_sync_every=sync)
-    options = _options(_ebc(sizes), pricing)
+    pricing = PluginPricing(AccessModel(profile))  # the settings are the sharder's, in each option's plan options
+    sharder = HetEmbeddingBagCollectionSharder(cache=cache, replication=ReplicationConfig(replica_sync_every=sync))
+    options = _options(_ebc(sizes), pricing, sharder=sharder)
     for name in sizes:
         twin = options[(name, "row_wise")]
         ids_per_rank = BATCH * sum(twin.input_lengths)

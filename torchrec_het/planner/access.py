@@ -196,23 +196,34 @@ class ProfileTiers:
 
     @property
     def tables(self) -> dict[str, TableTiers]:
-        if self._tables is None:
-            if self.world_size is None:
-                import torch.distributed as dist
+        if self.world_size is None:
+            import torch.distributed as dist
 
-                self.world_size = dist.get_world_size() if dist.is_initialized() else 1
-            scale = self.world_size / max(self.profile.batches, 1)  # reads per step, as AccessModel.reads
-            tables = {}
-            for name, rows, counts in zip(self.profile.tables, self.profile.num_rows, self.profile.counts):
-                reads = counts.double() * scale
-                hot = hottest_rows(reads, self.min_reads_per_step, self.max_hot_fraction)
-                host = torch.zeros(0, dtype=torch.int64)
-                if self.topology is not None:
-                    room = math.floor(self.max_hot_fraction * rows) - hot.numel()
-                    host = per_host_rows(reads, hot, self.topology, room)
-                tables[name] = TableTiers(name, rows, hot, host)
-            self._tables = tables
+            self.world_size = dist.get_world_size() if dist.is_initialized() else 1
+        if self._tables is None:
+            self._tables = self.tables_for(self.world_size)
         return self._tables
+
+    @property
+    def fingerprint(self) -> str:
+        """The profile's fingerprint (:meth:`AccessProfile.fingerprint`): the plan names it."""
+        return self.profile.fingerprint()
+
+    def tables_for(self, world_size: int) -> dict[str, TableTiers]:
+        """The tiers of every profiled table when ``world_size`` ranks read (the planner's view)."""
+        if world_size == self.world_size and self._tables is not None:
+            return self._tables
+        scale = world_size / max(self.profile.batches, 1)  # reads per step, as AccessModel.reads
+        tables = {}
+        for name, rows, counts in zip(self.profile.tables, self.profile.num_rows, self.profile.counts):
+            reads = counts.double() * scale
+            hot = hottest_rows(reads, self.min_reads_per_step, self.max_hot_fraction)
+            host = torch.zeros(0, dtype=torch.int64)
+            if self.topology is not None:
+                room = math.floor(self.max_hot_fraction * rows) - hot.numel()
+                host = per_host_rows(reads, hot, self.topology, room)
+            tables[name] = TableTiers(name, rows, hot, host)
+        return tables
 
 
 def tier_topology(topology) -> TierTopology:

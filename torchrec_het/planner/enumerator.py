@@ -29,7 +29,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingType
 
 from torchrec_het import _compat
 from torchrec_het.planner.estimators import HetPerfEstimator, HetStorageEstimator
-from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
+from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing, attach_options
 
 ROW_WISE = ShardingType.ROW_WISE.value
 
@@ -41,7 +41,11 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
         topology, batch_size, constraints, use_exact_enumerate_order: as TorchRec's.
         estimator: estimators; default the plugin's perf and storage estimators (which
             delegate TorchRec's types to TorchRec's estimators).
-        pricing: the plugin's settings and reads per row (a profile, or a stated skew).
+        pricing: reads per row (a profile, or a stated skew) and the lookups' compute.
+
+    Each plugin option carries the plan options its sharder gives the table
+    (``sharder.table_options``, :func:`~torchrec_het.planner.pricing.priced_options`): the
+    estimators price them and the planner puts them in the plan.
     """
 
     def __init__(
@@ -54,6 +58,8 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
         pricing: PluginPricing | None = None,
     ) -> None:
         self.pricing = pricing or PluginPricing()
+        self.world_size = topology.world_size
+        self.plan_options: dict[tuple[str, str, str], object] = {}  # (module path, table, type) -> options
         if estimator is None:
             estimator = [
                 HetPerfEstimator(topology, constraints, self.pricing),
@@ -88,6 +94,11 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
                     continue
                 twin = copy.deepcopy(option)
                 twin.sharding_type = sharding_type
+                table_options = getattr(sharder, "table_options", None)  # the plugin's sharders: their settings
+                if table_options is not None:
+                    settings = table_options(option.module[1], option.name, sharding_type, self.world_size)
+                    attach_options(twin, settings)
+                    self.plan_options[(option.path, option.name, sharding_type)] = settings
                 added.append(twin)
         if added:
             for shard in (s for o in added for s in o.shards):

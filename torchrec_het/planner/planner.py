@@ -1,4 +1,5 @@
-"""``EmbeddingShardingPlanner`` with the plugin's enumerator and stats as defaults, pricing links it measured."""
+"""``EmbeddingShardingPlanner`` with the plugin's enumerator and stats as defaults, pricing links it measured;
+its plans carry each plugin table's options (:mod:`torchrec_het.plan_options`)."""
 
 import dataclasses
 import inspect
@@ -12,6 +13,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.types import ShardingPlan
 
 from torchrec_het import _compat
+from torchrec_het.plan_options import with_plan_options
 from torchrec_het.planner.enumerator import HetEmbeddingEnumerator, table_rows
 from torchrec_het.planner.link_probe import ProbeBudget, ProbeResult, probe_device, probe_links
 from torchrec_het.planner.network import (  # noqa: F401 (CPU_* and cpu_network re-exported)
@@ -76,6 +78,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._het_cpu_bandwidths = cpu_bandwidths
         self._het_pricing = pricing or default_pricing()
         self._het_own_enumerator = given.get("enumerator") is None
+        self._het_enumerator = given.get("enumerator")  # the plugin's, set by _use_links: its plan options go in the plan
         # the plugin's pricing, or None when the enumerator given is not the plugin's
         self.het_pricing: PluginPricing | None = (
             self._het_pricing if self._het_own_enumerator else getattr(given.get("enumerator"), "pricing", None)
@@ -89,6 +92,13 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         if not self._het_own_enumerator:
             why = "not measured: the enumerator given prices with its own topology"
         self._use_links(link_figures(topology, self.link_settings, None, cpu_bandwidths, why))
+
+    @property
+    def priced_options(self) -> dict[tuple[str, str, str], object]:
+        """The plan options the last enumeration priced: (module path, table, sharding type) -> options
+        (the sharders' settings; the plan carries those of the types chosen). Empty with an enumerator
+        that is not the plugin's."""
+        return dict(getattr(self._het_enumerator, "plan_options", None) or {})
 
     @property
     def links(self) -> LinkFigures:
@@ -134,7 +144,9 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         if self.installed_links is not None and not self._het_announced and _rank() == 0:
             print(f"torchrec_het: {self.links.describe()}", file=sys.stderr, flush=True)
             self._het_announced = True
-        return super().plan(module, sharders)
+        plan = super().plan(module, sharders)
+        options = self.priced_options
+        return with_plan_options(plan, options) if options else plan
 
     def _use_links(self, figures: LinkFigures) -> None:
         topology = with_links(self._het_topology, figures, self.link_settings)
@@ -145,6 +157,8 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                 topology=topology, batch_size=batch_size, constraints=constraints, pricing=self._het_pricing
             )
         _compat.set_planner_parts(self, topology=topology, enumerator=enumerator)
+        if enumerator is not None:
+            self._het_enumerator = enumerator
         self._het_links = figures
         self._het_announced = False
 

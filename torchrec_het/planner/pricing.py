@@ -1,31 +1,50 @@
-"""What the planner assumes about the plugin's types: their settings, the reads behind them and
-their lookups' compute (:mod:`torchrec_het.planner.compute_costs`)."""
+"""What the planner assumes about the plugin's types: the reads behind them and their lookups'
+compute (:mod:`torchrec_het.planner.compute_costs`). Their settings are each option's plan options
+(:mod:`torchrec_het.plan_options`), which the enumerator takes from the sharders
+(:func:`attach_options`): the planner prices what the plan carries and the sharded module builds."""
 
 import math
 from dataclasses import dataclass, field
 
 from torchrec.distributed.planner.types import ShardingOption
 
-from torchrec_het.config import HetCacheConfig
+from torchrec_het.config import CacheSettings
+from torchrec_het.plan_options import PlanOptions, ReplicaOptions, check_options
 from torchrec_het.planner.access import AccessModel
 from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
 from torchrec_het.replication.tiers import TierTopology, host_row_count, hot_row_count, replica_copies
 from torchrec_het.planner.traffic import Bytes, TableLoad, cached_bytes, row_replicated_bytes, sequence_replicated_bytes
-from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
+from torchrec_het.types import HET_ROW_REPLICATED, HET_SHARDING_TYPES
 
-PLUGIN_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
+PLUGIN_TYPES = HET_SHARDING_TYPES  # the one tuple of torchrec_het.types, under the planner's name
+
+OPTIONS_ATTR = "het_options"  # where an enumerated ShardingOption keeps its plan options
+
+
+def attach_options(option: ShardingOption, options: PlanOptions) -> None:
+    """Gives a plugin-typed ``option`` its plan options (kept through the planner's deep copies)."""
+    check_options(option.sharding_type, options, option.name)
+    setattr(option, OPTIONS_ATTR, options)
+
+
+def priced_options(option: ShardingOption) -> PlanOptions:
+    """The plan options ``option`` is priced with: those attached, else the type's defaults."""
+    options = getattr(option, OPTIONS_ATTR, None)
+    if options is not None:
+        return options
+    return ReplicaOptions() if option.sharding_type == HET_ROW_REPLICATED else CacheSettings()
 
 
 @dataclass(frozen=True)
 class PluginPricing:
-    """Settings the plugin's types will run with, and where reads per row come from.
+    """Where reads per row come from, and the lookups' compute; the settings the types run with are
+    each option's plan options (:func:`priced_options`).
 
     Attributes:
         access: a profile (it names ``het_row_replicated``'s hot rows, unless they are counted
             online) and the skew assumed where nothing was measured.
-        cache: settings of ``het_cached_row_wise`` tables.
-        replica_sync_every: replica sync interval of ``het_row_replicated`` tables.
-        max_hot_fraction: at most this share of a table's rows is replicated.
+        max_hot_fraction: at most this share of a table's rows is replicated, where the options
+            name no tier sizes (the planner estimates them).
         online_profile_steps: > 0 when the sharders choose hot rows from reads counted during
             training (``ReplicationConfig.online_profile_steps``). Online counts come after
             planning, so they are no evidence: they only let row replication be built for a
@@ -36,15 +55,13 @@ class PluginPricing:
             ``$TORCHREC_HET_COMPUTE_COSTS`` when set, else the table shipped with the package,
             ``compute_costs.json``, measured on CPU; on other devices no extra is priced). ``ComputeCosts.bytes_only()`` prices bytes alone.
         per_host_tier: on a topology of several hosts with several ranks each, price the
-            per-host tier of profiled ``het_row_replicated`` tables (the rows
-            :class:`~torchrec_het.planner.ProfileTiers` given the same topology puts there). False
-            when the sharders' tiers know no topology (hot rows counted online are always
+            per-host tier of profiled ``het_row_replicated`` tables whose options name no tier sizes
+            (the rows :class:`~torchrec_het.planner.ProfileTiers` given the same topology puts there).
+            False when the sharders' tiers know no topology (hot rows counted online are always
             replicated on every rank).
     """
 
     access: AccessModel = field(default_factory=AccessModel)
-    cache: HetCacheConfig = field(default_factory=HetCacheConfig)
-    replica_sync_every: int = 1
     max_hot_fraction: float = 0.5
     online_profile_steps: int = 0
     compute: ComputeCosts = field(default_factory=default_compute_costs)
@@ -82,10 +99,10 @@ class PluginPricing:
 
     def setting_class(self, option: ShardingOption) -> str:
         """"exact" (cache bounds 0, replicas synced every step) or "stale", as the compute table keys it."""
+        options = priced_options(option)
         if option.sharding_type == HET_ROW_REPLICATED:
-            return "exact" if self.replica_sync_every <= 1 else "stale"
-        settings = self.cache.for_table(option.name)
-        return "exact" if settings.s_read == 0 and settings.s_write == 0 else "stale"
+            return "exact" if options.replica_sync_every <= 1 else "stale"
+        return "exact" if options.s_read == 0 and options.s_write == 0 else "stale"
 
     def extra_compute_seconds(self, option: ShardingOption, compute_device: str = "cpu") -> float:
         """Compute per step one rank spends on ``option``'s lookups beyond its row_wise twin:
@@ -95,18 +112,23 @@ class PluginPricing:
             return 0.0
         return self.compute.per_id(option.sharding_type, self.setting_class(option)) * self.ids_per_rank(option)
 
-    def hot_rows(self, load: TableLoad) -> int:
-        """Rows replicated on every rank (read at least once per replica sync)."""
-        return hot_row_count(load.reads, 1.0 / self.replica_sync_every, self.max_hot_fraction)
+    def hot_rows(self, load: TableLoad, options: ReplicaOptions) -> int:
+        """Rows replicated on every rank: the options' tier size, else those read at least once per
+        replica sync (the planner's estimate)."""
+        if options.replicated_rows is not None:
+            return options.replicated_rows
+        return hot_row_count(load.reads, 1.0 / options.replica_sync_every, self.max_hot_fraction)
 
-    def host_rows(self, load: TableLoad, table: str | None = None) -> int:
-        """Rows of the per-host tier (several hosts, ``load.topology``): the next hottest that
-        are cheaper held once per host than sharded, within ``max_hot_fraction`` with the
-        replicated ones (:class:`~torchrec_het.planner.ProfileTiers`' rule). None unless
+    def host_rows(self, load: TableLoad, options: ReplicaOptions, table: str | None = None) -> int:
+        """Rows of the per-host tier: the options' tier size, else (several hosts, ``load.topology``)
+        the next hottest that are cheaper held once per host than sharded, within ``max_hot_fraction``
+        with the replicated ones (:class:`~torchrec_het.planner.ProfileTiers`' rule). None unless
         ``per_host_tier``, or for a ``table`` the profile does not name (its hot rows are counted online)."""
+        if options.per_host_rows is not None:
+            return options.per_host_rows if load.hosts > 1 else 0
         if load.hosts == 1 or not self.per_host_tier or (table is not None and not self.access.measured(table)):
             return 0
-        hot = self.hot_rows(load)
+        hot = self.hot_rows(load, options)
         return host_row_count(load.reads, hot, load.topology, math.floor(self.max_hot_fraction * load.reads.numel()) - hot)
 
     def extra_rows(self, option: ShardingOption, load: TableLoad) -> int:
@@ -114,16 +136,18 @@ class PluginPricing:
         row is held by ``hosts - 1`` ranks besides its owner, counted as that share of a row per rank.
         Replicas synced every s > 1 steps are held twice (the agreed rows, and the rank's copy with its
         own steps since the last sync)."""
+        options = priced_options(option)
         if option.sharding_type == HET_ROW_REPLICATED:
-            per_host = self.host_rows(load, option.name) * (load.hosts - 1) / load.world_size
-            return replica_copies(self.replica_sync_every) * self.hot_rows(load) + math.ceil(per_host)
-        return self.cache.for_table(option.name).capacity_rows(option.tensor.shape[0])
+            per_host = self.host_rows(load, options, option.name) * (load.hosts - 1) / load.world_size
+            return replica_copies(options.replica_sync_every) * self.hot_rows(load, options) + math.ceil(per_host)
+        return options.capacity_rows(option.tensor.shape[0])
 
     def bytes(self, option: ShardingOption, load: TableLoad) -> Bytes:
+        options = priced_options(option)
         if option.sharding_type == HET_ROW_REPLICATED:
+            hot, sync = self.hot_rows(load, options), options.replica_sync_every
             if not option.is_pooled:
-                return sequence_replicated_bytes(load, self.hot_rows(load), self.replica_sync_every)
-            return row_replicated_bytes(load, self.hot_rows(load), self.replica_sync_every, self.host_rows(load, option.name))
-        settings = self.cache.for_table(option.name)
-        capacity = settings.capacity_rows(option.tensor.shape[0])
-        return cached_bytes(load, capacity, settings.s_read, settings.s_write, settings.protocol)
+                return sequence_replicated_bytes(load, hot, sync)
+            return row_replicated_bytes(load, hot, sync, self.host_rows(load, options, option.name))
+        capacity = options.capacity_rows(option.tensor.shape[0])
+        return cached_bytes(load, capacity, options.s_read, options.s_write, options.protocol)

@@ -2,7 +2,8 @@
 
 TorchRec's stats table abbreviates sharding types through a private lookup that rejects
 types it does not know; :class:`HetEmbeddingStats` extends that lookup for the duration of
-its own ``log`` call only (restored afterwards, also on error) and adds a legend and, from
+its own ``log`` call only (restored afterwards, also on error) and adds a legend, each plugin
+table's plan options and, from
 :class:`~torchrec_het.planner.HetEmbeddingShardingPlanner`, the link figures it priced. Input
 and output sizes of a plugin option are shown as those of its row_wise twin.
 """
@@ -10,7 +11,9 @@ and output sizes of a plugin option are shown as those of its row_wise twin.
 from torchrec.distributed.planner.stats import logger  # the legend goes where TorchRec's table goes
 
 from torchrec_het import _compat
+from torchrec_het.plan_options import describe
 from torchrec_het.planner.estimators import as_row_wise
+from torchrec_het.planner.pricing import priced_options
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 ABBREVIATIONS = {HET_CACHED_ROW_WISE: "HC", HET_ROW_REPLICATED: "HR"}
@@ -34,6 +37,10 @@ class HetEmbeddingStats(_compat.EmbeddingStatsWithShardOption):
         used = sorted({o.sharding_type for o in best_plan} & set(ABBREVIATIONS))
         if used:
             logger.info("torchrec_het sharding types: %s", ", ".join(f"{ABBREVIATIONS[t]} = {t}" for t in used))
+        for option in best_plan:
+            if option.sharding_type in ABBREVIATIONS:
+                text = describe(priced_options(option))
+                logger.info("torchrec_het options: %s %s: %s", option.fqn, ABBREVIATIONS[option.sharding_type], text)
         figures = getattr(topology.comms_bandwidths, "figures", None)  # HetCommsBandwidths: the planner's
         if figures is not None:
             logger.info("torchrec_het %s", figures.describe())

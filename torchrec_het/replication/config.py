@@ -3,12 +3,12 @@
 import dataclasses
 import os
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 
+from torchrec_het.plan_options import WIRE_DTYPES, ReplicaOptions
 
-WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,23 @@ class ReplicationConfig:
         for name, rows in num_rows_of.items():
             self.table_tiers(name, rows)
 
+    def table_options(self, table: str, world_size: int) -> ReplicaOptions:
+        """The plan options of ``table``: these settings, and the sizes of the tiers ``tiers`` gives the
+        table for ``world_size`` ranks (None when it names no hot rows of the table: counted online,
+        or left to the planner's estimate), with the profile they come from."""
+        sizes: tuple[int | None, int | None] = (None, None)
+        fingerprint = None
+        if self.tiers is not None:
+            sized = getattr(self.tiers, "tables_for", None)  # ProfileTiers scale their counts by the world size
+            tiers = (sized(world_size) if sized is not None else self.tiers.tables).get(table)
+            if tiers is not None:
+                sizes = (int(tiers.replicated.numel()), int(tiers.per_host.numel()))
+                fingerprint = getattr(self.tiers, "fingerprint", None)
+        return ReplicaOptions(
+            self.replica_sync_every, self.wire_dtype, self.skip_all_hot, self.local_world_size, sizes[0], sizes[1],
+            fingerprint, self.online_profile_steps, self.online_max_hot_fraction,
+        )  # fmt: skip
+
     def restricted_to(self, tables: set[str]) -> "ReplicationConfig":
         """This config with the tiers of ``tables`` only.
 
@@ -103,5 +120,29 @@ class ReplicationConfig:
         """
         if self.tiers is None:
             return self
-        kept = SimpleNamespace(tables={name: t for name, t in self.tiers.tables.items() if name in tables})
-        return dataclasses.replace(self, tiers=kept)
+        return dataclasses.replace(self, tiers=SomeTables(self.tiers, frozenset(tables)))
+
+
+class SomeTables:
+    """A hot-row source's tiers of some tables only (its ``fingerprint`` and ``tables_for`` kept).
+
+    Args:
+        source: the whole source (``tables``: name -> tiers).
+        names: the tables kept.
+    """
+
+    def __init__(self, source: object, names: frozenset) -> None:
+        self.source, self.names = source, names
+
+    @property
+    def fingerprint(self) -> str | None:
+        return getattr(self.source, "fingerprint", None)
+
+    @property
+    def tables(self) -> dict:
+        return {name: t for name, t in self.source.tables.items() if name in self.names}
+
+    def tables_for(self, world_size: int) -> dict:
+        sized = getattr(self.source, "tables_for", None)
+        tables = sized(world_size) if sized is not None else self.source.tables
+        return {name: t for name, t in tables.items() if name in self.names}

@@ -7,6 +7,7 @@ and read through iopath's global ``g_pathmgr`` (local paths, or any scheme whose
 handler is registered with it, e.g. ``g_pathmgr.register_handler(...)``).
 """
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -40,6 +41,14 @@ class AccessProfile:
         for name, rows, counts in zip(self.tables, self.num_rows, self.counts):
             if counts.shape != (rows,) or counts.dtype != torch.int64:
                 raise ValueError(f"table {name!r}: counts must be int64 [{rows}], got {counts.dtype} {list(counts.shape)}")
+
+    def fingerprint(self) -> str:
+        """A short hash of the tables, row counts, counts and batches: names this profile in a plan."""
+        digest = hashlib.blake2b(digest_size=8)
+        digest.update(repr((self.tables, self.num_rows, self.batches)).encode())
+        for counts in self.counts:
+            digest.update(counts.contiguous().numpy().tobytes())
+        return digest.hexdigest()
 
     def table_counts(self, name: str) -> torch.Tensor:
         """The counts of table ``name``."""

@@ -50,7 +50,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het import _tbe
 from torchrec_het._compat import lookup_kernels
-from torchrec_het.config import HetCacheConfig
+from torchrec_het.config import CacheSettings
 from torchrec_het.sharding.common.context import HetShardingContext
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.common.id_space import TableInfo
@@ -73,13 +73,13 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         feature_names: input feature order (the sharding's ``feature_names()``; a
             feature that feeds two tables appears twice).
         pg: the process group of the sharding.
-        config: the HET cache settings (per table).
+        config: each table's cache settings (from the plan).
         shards_by_table: each table's shard metadata (row ranges per rank).
         device: compute device.
         env: sharding environment.
     """
 
-    def __init__(self, grouped_configs, feature_names: list[str], pg, config: HetCacheConfig, shards_by_table,
+    def __init__(self, grouped_configs, feature_names: list[str], pg, config: dict[str, CacheSettings], shards_by_table,
                  device=None, env=None) -> None:
         super().__init__(
             grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
@@ -97,7 +97,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
 
     # --- set-up and inspection --------------------------------------------------------
 
-    def _build_groups(self, config: HetCacheConfig, shards_by_table: dict[str, list]) -> None:
+    def _build_groups(self, config: dict[str, CacheSettings], shards_by_table: dict[str, list]) -> None:
         """Creates the per-group state and the static indexes (once, at construction)."""
         by_key: dict[tuple, list[TableInfo]] = {}
         positions: dict[str, list[int]] = {}
@@ -106,7 +106,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             lr = float((group.fused_params or {}).get("learning_rate", 0.01))
             for table_index, table in enumerate(group.embedding_tables):
                 info = TableInfo.of(table, module_index, table_index, shards_by_table[table.name], self._ws, lr)
-                by_key.setdefault((table.embedding_dim, config.for_table(table.name)), []).append(info)
+                by_key.setdefault((table.embedding_dim, config[table.name]), []).append(info)
                 positions[table.name] = list(range(position, position + len(table.feature_names)))
                 for feature, at in zip(table.feature_names, positions[table.name]):
                     if at >= len(self._features) or self._features[at] != feature:

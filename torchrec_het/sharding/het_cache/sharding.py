@@ -6,12 +6,13 @@ each batch's requests (id, cached version) to the owners; the lookup
 dist brings versions and rows back, settles the cache and pools the bags where the
 batch lives; where the read bound allows one step of lag, the whole fetch rides the input
 dist instead. Shards, grouping, state dict and fused optimizer are row-wise's own.
-The cache settings come from the plan (the ``het_cache`` fused-params key, taken out
-by the sharded module before TorchRec groups the tables).
+Each table's cache settings come from its plan entry
+(:class:`~torchrec_het.plan_options.HetParameterSharding` ``options``, a ``CacheSettings``).
 """
 
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 
+from torchrec_het.config import CacheSettings
 from torchrec_het.sharding.common.row_wise import StagedSharding, row_wise_as
 from torchrec_het.sharding.het_cache.dists import HetRequestsDist, HetRowsDist
 from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
@@ -24,12 +25,16 @@ class HetCachedRwPooledEmbeddingSharding(StagedSharding, RwPooledEmbeddingShardi
     Args:
         sharding_infos: TorchRec's per-table sharding infos (without the plugin's key).
         env: sharding environment.
-        config: the HET cache settings (:class:`~torchrec_het.config.HetCacheConfig`).
+        hot_rows: unused (None): ``het_row_replicated``'s argument.
         device: compute device.
     """
 
     lookup_class = HetCachedEmbeddingLookup
     sharding_type = HET_CACHED_ROW_WISE
+
+    def lookup_config(self, options_by_table: dict, hot_rows) -> dict:
+        """The lookup runs with each table's ``CacheSettings`` from the plan."""
+        return dict(options_by_table)
 
     def create_input_dist(self, device=None) -> HetRequestsDist:
         return HetRequestsDist(self.create_lookup())
@@ -38,11 +43,12 @@ class HetCachedRwPooledEmbeddingSharding(StagedSharding, RwPooledEmbeddingShardi
         return HetRowsDist(self.create_lookup())
 
 
-def het_cached_row_wise():
+def het_cached_row_wise(options: CacheSettings | None = None):
     """A ``per_param_sharding`` generator for TorchRec's ``construct_module_sharding_plan``.
 
     Shards a table row-wise over all ranks (TorchRec's own row-wise sizes and offsets)
-    and marks it ``het_cached_row_wise``. The sharder must offer row_wise and the
+    and marks it ``het_cached_row_wise``, with ``options`` as its cache settings (None: the
+    sharder's, filled in when it shards). The sharder must offer row_wise and the
     het type (:class:`torchrec_het.sharders.HetEmbeddingBagCollectionSharder` does).
     """
-    return row_wise_as(HET_CACHED_ROW_WISE)
+    return row_wise_as(HET_CACHED_ROW_WISE, options=options)

@@ -56,6 +56,8 @@ written through.
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 
+from torchrec_het.plan_options import ReplicaOptions
+from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.common.row_wise import StagedSharding, row_wise_as
 from torchrec_het.sharding.row_replicated.dists import ColdIdsDist, PartialSumsDist, SequenceIdsDist, SequenceRowsDist
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, ReplicatedSequenceLookup
@@ -71,6 +73,11 @@ class RowReplicatedStages(StagedSharding):
     output_dist_class: type
     sharding_type = HET_ROW_REPLICATED
 
+    def lookup_config(self, options_by_table: dict, hot_rows) -> ReplicationConfig:
+        """The replica holder's settings: those every table's options share, and this rank's hot row
+        ids of these tables (``hot_rows.tables``)."""
+        return replica_config(options_by_table, hot_rows)
+
     def create_input_dist(self, device=None):
         return self.input_dist_class(self.create_lookup(), self.feature_names())
 
@@ -84,7 +91,7 @@ class RowReplicatedPooledEmbeddingSharding(RowReplicatedStages, RwPooledEmbeddin
     Args:
         sharding_infos: TorchRec's per-table sharding infos.
         env: sharding environment.
-        config: replication settings for these tables.
+        hot_rows: this rank's hot row ids (``.tables``: name -> tiers) of the tables the plan does not count online.
         device: compute device.
     """
 
@@ -99,7 +106,7 @@ class RowReplicatedSequenceEmbeddingSharding(RowReplicatedStages, RwSequenceEmbe
     Args:
         sharding_infos: TorchRec's per-table sharding infos.
         env: sharding environment.
-        config: replication settings for these tables.
+        hot_rows: this rank's hot row ids (``.tables``: name -> tiers) of the tables the plan does not count online.
         device: compute device.
     """
 
@@ -108,11 +115,41 @@ class RowReplicatedSequenceEmbeddingSharding(RowReplicatedStages, RwSequenceEmbe
     output_dist_class = SequenceRowsDist
 
 
-def het_row_replicated():
+def het_row_replicated(options: ReplicaOptions | None = None):
     """A ``per_param_sharding`` generator for TorchRec's ``construct_module_sharding_plan``.
 
     Shards a table row-wise over all ranks (TorchRec's own sizes and offsets, fused
-    kernel) and marks it ``het_row_replicated``; its hot rows come from the module's
-    :class:`~torchrec_het.replication.ReplicationConfig`.
+    kernel) and marks it ``het_row_replicated`` with ``options`` (None: the sharder's, from its
+    :class:`~torchrec_het.replication.ReplicationConfig`, filled in when it shards); the hot row
+    ids come from the sharder's hot-row source and must have the options' tier sizes.
     """
-    return row_wise_as(HET_ROW_REPLICATED, compute_kernel="fused")
+    return row_wise_as(HET_ROW_REPLICATED, compute_kernel="fused", options=options)
+
+
+def replica_config(options_by_table: dict[str, ReplicaOptions], hot_rows) -> ReplicationConfig:
+    """One sharding's :class:`ReplicationConfig` from its tables' options (ValueError naming the
+    tables when their sharding-wide settings differ) and the hot row ids ``hot_rows``."""
+    distinct = {o.module_settings() for o in options_by_table.values()}
+    if len(distinct) > 1:
+        raise ValueError(
+            f"het_row_replicated tables {sorted(options_by_table)} of one module must share replica_sync_every, "
+            "wire_dtype, skip_all_hot, local_world_size and online counting; their options differ"
+        )
+    first = next(iter(options_by_table.values()))
+    tiers = None
+    if not first.counted_online:
+        named = dict(hot_rows.tables) if hot_rows is not None else {}
+        tiers = ChosenTiers({name: named[name] for name in options_by_table if name in named})
+    return ReplicationConfig(
+        tiers=tiers, replica_sync_every=first.replica_sync_every, skip_all_hot=first.skip_all_hot,
+        local_world_size=first.local_world_size, wire_dtype=first.wire_dtype,
+        online_profile_steps=first.online_profile_steps if first.counted_online else 0,
+        online_max_hot_fraction=first.online_max_hot_fraction,
+    )  # fmt: skip
+
+
+class ChosenTiers:
+    """Hot row ids per table (``tables``), as a :class:`ReplicationConfig` reads them."""
+
+    def __init__(self, tables: dict) -> None:
+        self.tables = tables
