@@ -46,13 +46,6 @@ class TableTiers:
         if bool(torch.isin(self.replicated, self.per_host).any()):
             raise ValueError(f"table {self.name!r}: a row is in both the replicated and the per-host tier")
 
-    def tier_of(self, ids: torch.Tensor) -> torch.Tensor:
-        """int8 tier of each id: 0 sharded, 1 per_host, 2 replicated."""
-        out = torch.full(ids.shape, SHARDED, dtype=torch.int8)
-        out[torch.isin(ids, self.per_host)] = PER_HOST
-        out[torch.isin(ids, self.replicated)] = REPLICATED
-        return out
-
     @property
     def hot_fraction(self) -> float:
         return (self.replicated.numel() + self.per_host.numel()) / self.num_rows
