@@ -39,9 +39,6 @@ KINDS = {  # FBGEMM optimizer names -> the row update they are
     "exact_row_wise_adagrad": "rowwise_adagrad",
     "row_wise_adagrad": "rowwise_adagrad",
 }
-# Optimizers whose step on a row depends only on that row's gradient and state (no global
-# step counter), so two kernels given the same gradients keep identical copies.
-ROW_LOCAL_OPTIMIZERS = ("sgd", "exact_sgd", "exact_adagrad", "exact_row_wise_adagrad", "row_wise_adagrad")
 WEIGHTS, STATE = "weights", "momentum1"  # the two flat buffers rows are read from: the rows, their optimizer state
 _PLACEMENT_BUFFERS = {
     EmbeddingLocation.DEVICE.value: "dev",
@@ -49,8 +46,8 @@ _PLACEMENT_BUFFERS = {
     EmbeddingLocation.MANAGED.value: "uvm",
 }
 __all__ = [  # EmbOptimType too: the planner's memory model names optimizers by it
-    "KINDS", "ROW_LOCAL_OPTIMIZERS", "STATE", "TBE", "WEIGHTS", "EmbOptimType", "FlatRows", "KernelLayout",
-    "accumulates_squares", "apply_row_grads", "apply_rows", "buffer", "check_row_local", "flat_buffer", "flat_data",
+    "KINDS", "STATE", "TBE", "WEIGHTS", "EmbOptimType", "FlatRows", "KernelLayout",
+    "accumulates_squares", "apply_row_grads", "apply_rows", "buffer", "flat_buffer", "flat_data",
     "kernel_layout", "learning_rate", "num_tables", "optimizer_eps", "optimizer_kind", "optimizer_name",
     "replica_kind", "row_state", "square_width", "squares_of", "step_rows", "step_rows_held",
 ]
@@ -83,13 +80,6 @@ def replica_kind(tbe: TBE) -> str:
 def accumulates_squares(tbe: TBE) -> bool:
     """Whether the kernel's optimizer keeps a running sum of squared gradients (the Adagrad family)."""
     return "adagrad" in optimizer_name(tbe)
-
-
-def check_row_local(tbe: TBE, what: str) -> None:
-    """ValueError unless the kernel's optimizer keeps copies identical under identical gradients."""
-    name = optimizer_name(tbe)
-    if name not in ROW_LOCAL_OPTIMIZERS:
-        raise ValueError(f"{what}: fused optimizer {name!r} is not supported; use one of {ROW_LOCAL_OPTIMIZERS}")
 
 
 def optimizer_eps(tbe: TBE) -> float:

@@ -3,7 +3,7 @@
 Each configuration profiles a 5% sample of its workload's training stream (every 20th
 step, counted on every rank and summed), takes the per-rank peak of the plan the stock
 planner would choose as the memory-neutral budget, scales it by ``memory_budget_ratio``,
-and lets :func:`~torchrec_het.replication.tiers.select_tiers` choose the hot rows.
+and lets :func:`~torchrec_het.replication.tier_selection.select_tiers` choose the hot rows.
 """
 
 import dataclasses
@@ -17,15 +17,9 @@ from torchrec.distributed.planner.storage_reservations import FixedPercentageSto
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile, count_accesses
-from torchrec_het.replication.tiers import (
-    TableMemory,
-    TierPlan,
-    TierTopology,
-    bytes_per_row,
-    plan_peak_bytes,
-    replica_copies,
-    select_tiers,
-)
+from torchrec_het.replication.memory import TableMemory, TierTopology, bytes_per_row, plan_peak_bytes, replica_copies
+from torchrec_het.replication.tier_selection import select_tiers
+from torchrec_het.replication.tiers import TierPlan
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
 from torchrec_het.sharding import het_row_replicated
 from torchrec_het_bench.config_types import BenchConfig, ShardingContext

@@ -26,7 +26,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.planner import AccessModel, HetEmbeddingShardingPlanner, PluginPricing, ProfileTiers
 from torchrec_het.replication.config import ReplicationConfig, SomeTables
-from torchrec_het.replication.tiers import TableMemory, TierTopology
+from torchrec_het.replication.memory import TableMemory, TierTopology
 from torchrec_het.sharders import (
     HetEmbeddingBagCollection,
     HetEmbeddingBagCollectionSharder,

@@ -27,11 +27,11 @@ from torchrec_het.planner import (
     ProfileTiers,
     zipf_shares,
 )
-from torchrec_het.replication.tiers import hot_row_count
+from torchrec_het.replication.hot_rows import hot_row_count
 from torchrec_het.planner.compute_costs import ComputeCosts
 from torchrec_het.planner.traffic import TableLoad, row_replicated_bytes, row_wise_bytes, table_wise_bytes
 from torchrec_het.replication.profile import AccessProfile
-from torchrec_het.replication.tiers import TierTopology, bytes_per_row
+from torchrec_het.replication.memory import TierTopology, bytes_per_row
 from torchrec_het.planner.access import tier_topology
 from torchrec_het.plan_options import ReplicaOptions
 from torchrec_het.planner.planner import cpu_network

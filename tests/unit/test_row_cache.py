@@ -293,7 +293,7 @@ def test_random_workload_matches_the_model_and_loses_no_gradient(policy, dtype, 
     num_rows, dim = ends[-1], 3
     cache = RowCache(num_rows, dim, capacities if len(capacities) > 1 else capacities[0], policy, dtype, ends)
     if candidates is not None:
-        cache.CANDIDATES_PER_VICTIM, cache.MIN_CANDIDATES = candidates
+        cache.eviction.CANDIDATES_PER_VICTIM, cache.eviction.MIN_CANDIDATES = candidates
     model = _Model(capacities, ends, policy, dim, dtype)
     produced = torch.zeros(num_rows, dim, dtype=torch.float64)
     produced_count = torch.zeros(num_rows, dtype=torch.int64)

@@ -112,7 +112,6 @@ def test_optimizer_accessors() -> None:
     assert _tbe.optimizer_name(tbe) == "exact_row_wise_adagrad" and _tbe.optimizer_kind(tbe) == "rowwise_adagrad"
     assert _tbe.replica_kind(tbe) == "rowwise_adagrad" and _tbe.accumulates_squares(tbe)
     assert _tbe.optimizer_eps(tbe) == 1e-5 and float(_tbe.learning_rate(tbe)) == 0.25 and _tbe.num_tables(tbe) == 2
-    _tbe.check_row_local(tbe, "t")
     sgd = _kernel(EmbOptimType.EXACT_SGD)
     assert _tbe.optimizer_kind(sgd) == "sgd" and not _tbe.accumulates_squares(sgd)
     decayed = _kernel(EmbOptimType.EXACT_ROWWISE_ADAGRAD, weight_decay=0.1)

@@ -17,20 +17,11 @@ from torchrec.distributed.sharding_plan import (
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from torchrec_het.replication import tiers as tiers_module
+from torchrec_het.replication import hot_rows, tier_selection
+from torchrec_het.replication.memory import TableMemory, TierTopology, bytes_per_row, plan_peak_bytes, row_owner, row_wise_sizes
 from torchrec_het.replication.profile import AccessProfile
-from torchrec_het.replication.tiers import (
-    TableMemory,
-    TableTiers,
-    TierPlan,
-    TierTopology,
-    bytes_per_row,
-    layout_bytes_per_rank,
-    plan_peak_bytes,
-    row_owner,
-    row_wise_sizes,
-    select_tiers,
-)
+from torchrec_het.replication.tier_selection import select_tiers
+from torchrec_het.replication.tiers import TableTiers, TierPlan, layout_bytes_per_rank
 from torchrec_het.sharders import CpuRowWiseEmbeddingBagCollectionSharder
 
 ONE_HOST = TierTopology(4, 4, 1e11, 1e9)
@@ -141,7 +132,7 @@ def test_topology_from_torchrec_and_validation() -> None:
 
 def test_table_tiers_and_layout_by_hand() -> None:
     tt = TableTiers("t", 8, replicated=_ids(3), per_host=_ids(0, 5))
-    assert tt.tier_of(_ids(0, 1, 3, 5, 7)).tolist() == [1, 0, 2, 1, 0] and tt.hot_fraction == pytest.approx(3 / 8)
+    assert tt.hot_fraction == pytest.approx(3 / 8)
     for replicated, per_host in ((_ids(3, 1), NONE), (_ids(8), NONE), (_ids(2), _ids(2, 4))):  # unsorted, outside, both
         with pytest.raises(ValueError, match="'t'"):
             TableTiers("t", 8, replicated, per_host)
@@ -175,7 +166,7 @@ def test_cost_model_by_hand() -> None:
     """Saved seconds per step per added byte (over all ranks) of each promotion, as the model states it."""
     table = TableMemory("t", 40, 8, 36)
     rps = torch.tensor([0.5, 1.0, 3.0], dtype=torch.float64)
-    got = tiers_module._Scorer(table, TWO_HOSTS).scores(rps)
+    got = tier_selection._Scorer(table, TWO_HOSTS).scores(rps)
     wire, intra, inter = 2 * 8 * 4, 1e11, 1e9  # 2 hosts x 2 ranks
     for row, r in enumerate(rps.tolist()):
         once = min(1.0, r)
@@ -186,7 +177,7 @@ def test_cost_model_by_hand() -> None:
         expected = [s / cost if s > 0 else -math.inf for s, cost in saved]
         assert got[row].tolist() == pytest.approx(expected, rel=1e-12)
     assert got[0, 0] == -math.inf and got[1, 1] == -math.inf and got[2, 0] > got[2, 1] > got[2, 2] > 0
-    one_host = tiers_module._Scorer(table, ONE_HOST).scores(rps)
+    one_host = tier_selection._Scorer(table, ONE_HOST).scores(rps)
     assert bool((one_host[:, [0, 2]] == -math.inf).all()) and one_host[2, 1] > 0
 
 
@@ -291,7 +282,7 @@ def _sequential_greedy(tables, profile, topo, budget, min_reads, max_fraction):
         rows = sorted(rows, key=lambda i: (-int(c[i]), i))[: int(max_fraction * t.num_rows)]
         if not rows:
             continue
-        scores = tiers_module._Scorer(t, topo).scores(c[rows].double() / profile.batches).tolist()
+        scores = tier_selection._Scorer(t, topo).scores(c[rows].double() / profile.batches).tolist()
         for i, (s_host, s_all, s_up) in zip(rows, scores):
             steps = [(s_host, 0), (s_up, 2)] if s_host > -math.inf and s_host >= s_up else [(s_all, 1), (s_host, 0)]
             cands += [(-s, ti, i, slot, kind) for slot, (s, kind) in enumerate(steps) if s > -math.inf]
@@ -319,8 +310,8 @@ def _sequential_greedy(tables, profile, topo, budget, min_reads, max_fraction):
 )
 def test_blocked_selection_matches_one_at_a_time(topo: TierTopology, small_blocks: bool, monkeypatch) -> None:
     if small_blocks:  # many blocks and chunks, a row's two steps often split across them
-        monkeypatch.setattr(tiers_module, "_BLOCK_ROWS", 5)
-        monkeypatch.setattr(tiers_module, "_CHUNK_CELLS", 7 * topo.world_size)
+        monkeypatch.setattr(tier_selection, "_BLOCK_ROWS", 5)
+        monkeypatch.setattr(tier_selection, "_CHUNK_CELLS", 7 * topo.world_size)
     tables = [TableMemory("a", 37, 8, 36), TableMemory("b", 23, 4, 20), TableMemory("c", 50, 16, 68)]
     gen = torch.Generator().manual_seed(topo.world_size * 10 + topo.local_world_size)
     counts = [(200.0 / (torch.randperm(t.num_rows, generator=gen) + 1.0) ** 0.8).long() * 3 for t in tables]
@@ -343,7 +334,7 @@ def test_host_tier_saving_by_hand() -> None:
     2 rows per read within the host, and 1 row from every host that read it to the other host."""
     topo = TierTopology(4, 2, 10.0, 1.0)  # 2 hosts x 2 ranks, the link between hosts 10x slower
     reads = torch.tensor([0.0, 0.1, 1.0, 4.0], dtype=torch.float64)
-    got = tiers_module.host_tier_saving(reads, topo)
+    got = hot_rows.host_tier_saving(reads, topo)
     for r, saving in zip(reads.tolist(), got.tolist()):
         sharded = r * 2 * (1 / 4 / 10.0 + 2 / 4 / 1.0)
         per_host = r * 2 * (1 / 2) / 10.0 + 2 * (1 - math.exp(-r / 2)) * 1 / 1.0
@@ -351,10 +342,10 @@ def test_host_tier_saving_by_hand() -> None:
     assert got[0] == 0.0 and got[1] < 0 < got[2] < got[3]  # rarely read rows stay sharded
     # one host, or one rank per host (the per-host tier is the replicated one): no saving
     for flat in (TierTopology(4, 4, 10.0, 1.0), TierTopology(4, 1, 10.0, 1.0)):
-        assert bool((tiers_module.host_tier_saving(reads, flat) == 0).all())
+        assert bool((hot_rows.host_tier_saving(reads, flat) == 0).all())
     # the break-even read rate follows the bandwidth ratio
     grid = torch.linspace(0.01, 4.0, 400, dtype=torch.float64)
-    first = [float(grid[tiers_module.host_tier_saving(grid, TierTopology(4, 2, ratio, 1.0)) > 0][0]) for ratio in (2.0, 10.0, 100.0)]
+    first = [float(grid[hot_rows.host_tier_saving(grid, TierTopology(4, 2, ratio, 1.0)) > 0][0]) for ratio in (2.0, 10.0, 100.0)]
     assert first[0] > first[1] > first[2]
 
 
@@ -363,9 +354,9 @@ def test_per_host_rows_golden() -> None:
     topo = TierTopology(4, 2, 10.0, 1.0)
     reads = torch.tensor([0.9, 5.0, 0.05, 3.0, 0.4, 2.0, 0.9, 0.0], dtype=torch.float64)
     replicated = _ids(1, 3, 5)
-    assert tiers_module.per_host_rows(reads, replicated, topo, max_rows=8).tolist() == [0, 4, 6]
-    assert tiers_module.per_host_rows(reads, replicated, topo, max_rows=2).tolist() == [0, 6]  # hottest first, ties: lower id
-    assert tiers_module.per_host_rows(reads, replicated, topo, max_rows=0).numel() == 0
-    assert tiers_module.per_host_rows(reads, replicated, TierTopology(4, 4, 10.0, 1.0), 8).numel() == 0
+    assert hot_rows.per_host_rows(reads, replicated, topo, max_rows=8).tolist() == [0, 4, 6]
+    assert hot_rows.per_host_rows(reads, replicated, topo, max_rows=2).tolist() == [0, 6]  # hottest first, ties: lower id
+    assert hot_rows.per_host_rows(reads, replicated, topo, max_rows=0).numel() == 0
+    assert hot_rows.per_host_rows(reads, replicated, TierTopology(4, 4, 10.0, 1.0), 8).numel() == 0
     ordered = torch.sort(reads, descending=True).values  # the planner's view: hottest first
-    assert tiers_module.host_row_count(ordered, 3, topo, 8) == 3 and tiers_module.host_row_count(ordered, 3, topo, 1) == 1
+    assert hot_rows.host_row_count(ordered, 3, topo, 8) == 3 and hot_rows.host_row_count(ordered, 3, topo, 1) == 1

@@ -5,59 +5,12 @@ The distributed lookup decides what to fetch and push; this class keeps the rows
 their versions, their pending gradients and the eviction metadata.
 """
 
-from dataclasses import dataclass
-
 import torch
 
+from torchrec_het.cache.eviction import EvictionOrder
+from torchrec_het.cache.pending import PendingRows
+
 POLICIES = ("lru", "lfu")
-
-_INT64_MAX = torch.iinfo(torch.int64).max
-_INT32_MAX = torch.iinfo(torch.int32).max
-_UINT32_MAX = (1 << 32) - 1
-
-
-@dataclass(frozen=True)
-class PendingRows:
-    """Rows whose accumulated gradient must go to their owner.
-
-    Attributes:
-        ids: int64 ``[n]`` row ids in the table's global id space.
-        grads: ``[n, dim]`` sum of the gradients accumulated since the last push.
-        counts: int64 ``[n]`` updates (``accumulate`` calls) folded into ``grads``.
-        squares: what those updates add to an Adagrad-family state (their gradients' squares,
-            summed: ``[n, width]``), where the cache holds squares; else None.
-    """
-
-    ids: torch.Tensor
-    grads: torch.Tensor
-    counts: torch.Tensor
-    squares: torch.Tensor | None = None
-
-    @staticmethod
-    def empty(dim: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> "PendingRows":
-        """No rows, with gradients of width ``dim``."""
-        return PendingRows(
-            torch.empty(0, dtype=torch.int64, device=device), torch.empty(0, dim, dtype=dtype, device=device),
-            torch.empty(0, dtype=torch.int64, device=device),
-        )
-
-    def __len__(self) -> int:
-        return self.ids.numel()
-
-    @staticmethod
-    def concat(parts: list["PendingRows"]) -> "PendingRows":
-        """All parts, one after the other (the parts share one dim; at least one part)."""
-        if not parts:
-            raise ValueError("PendingRows.concat needs at least one part (use PendingRows.empty)")
-        with_squares = [p for p in parts if p.squares is not None]
-        squares = None
-        if with_squares:  # a part without squares holds one update per row: its square is its gradient's
-            width = with_squares[0].squares.size(1)
-            squares = torch.cat([p.squares if p.squares is not None else _one_update_squares(p.grads, width) for p in parts])
-        return PendingRows(
-            torch.cat([p.ids for p in parts]), torch.cat([p.grads for p in parts]), torch.cat([p.counts for p in parts]),
-            squares,
-        )
 
 
 class RowCache:
@@ -72,22 +25,10 @@ class RowCache:
     Each slot costs ``3 * dim`` values (value, pending gradient, pending local
     delta) plus six int64 counters, and twice the optimizer state's width where the cache
     keeps one (:meth:`hold_optimizer_state`); ``nbytes()`` gives that total (the eviction
-    bookkeeping below adds a few int64 per partition and per candidate victim).
+    bookkeeping (:class:`EvictionOrder`) adds a few int64 per partition and per candidate victim).
 
     Eviction: free slots are used first (lowest slot first), then victims among the
-    occupied, unprotected slots of the partition: LRU takes the smallest
-    ``last_used`` (ties: smallest ``frequency``, then smallest slot), LFU the
-    smallest ``frequency`` (ties: smallest ``last_used``, then smallest slot).
-    Victims are handed out in that eviction order. (Keys saturate at 2**31 steps and
-    2**32 uses, where ties fall to the next key.)
-
-    How victims are found without scanning every slot every step: a slot's eviction
-    key never decreases while it holds a row (uses only add). Each partition keeps a
-    small set of candidate slots and a threshold such that every occupied slot outside
-    the set orders after the threshold; candidates that still order before it are
-    exactly the partition's first victims. A partition rescans its slots (one sort,
-    every partition needing it at once) only when too few candidates remain, and rows
-    inserted below the threshold (LFU's fresh rows) join the candidates.
+    occupied, unprotected slots of the partition, in :class:`EvictionOrder`'s order.
 
     Args:
         num_rows: rows of the table (ids are in ``[0, num_rows)``).
@@ -99,9 +40,6 @@ class RowCache:
             (default: one partition).
         device: where every tensor of the cache lives.
     """
-
-    CANDIDATES_PER_VICTIM = 8  # a rescan keeps this many candidates per victim wanted, so rescans are rare
-    MIN_CANDIDATES = 64
 
     def __init__(
         self,
@@ -143,10 +81,10 @@ class RowCache:
         self.last_used = torch.zeros(total, dtype=torch.int64, device=device)
         self.frequency = torch.zeros(total, dtype=torch.int64, device=device)
         self.slot_ids = torch.full((total,), -1, dtype=torch.int64, device=device)
-        map_dtype = torch.int32 if total <= _INT32_MAX else torch.int64
+        map_dtype = torch.int32 if total <= torch.iinfo(torch.int32).max else torch.int64
         self._slot_of = torch.full((num_rows,), -1, dtype=map_dtype, device=device)
         self._protected = torch.zeros(total, dtype=torch.bool, device=device)
-        self._reset_eviction()
+        self.eviction = EvictionOrder(policy, self.slot_starts, self.last_used, self.frequency)
 
     def hold_optimizer_state(self, width: int) -> None:
         """Keeps, per slot, an Adagrad-family optimizer state of ``width`` floats per row (``dim`` for
@@ -170,14 +108,6 @@ class RowCache:
         """The optimizer state of each slot's row as this rank knows it: the owner's at the last
         fetch plus the squares of this rank's updates not yet pushed."""
         return self.states.index_select(0, slots) + self.pending_squares.index_select(0, slots)
-
-    def _reset_eviction(self) -> None:
-        partitions = self.partition_capacity.numel()
-        self._filled = torch.zeros(partitions, dtype=torch.int64, device=self.device)  # slots ever filled since clear: a prefix
-        self._candidates = torch.zeros(0, dtype=torch.int64, device=self.device)
-        # (key, slot) every occupied non-candidate slot orders at or after; (-1, -1): none known yet
-        self._bound_key = torch.full((partitions,), -1, dtype=torch.int64, device=self.device)
-        self._bound_slot = torch.full((partitions,), -1, dtype=torch.int64, device=self.device)
 
     def __len__(self) -> int:
         """Occupied slots."""
@@ -203,9 +133,6 @@ class RowCache:
         """The partition of each id."""
         return torch.bucketize(ids, self.partition_ends, right=True)
 
-    def _partition_of_slot(self, slots: torch.Tensor) -> torch.Tensor:
-        return torch.bucketize(slots, self.slot_starts[1:], right=True)
-
     def touch(self, slots: torch.Tensor, step: int, uses: torch.Tensor | None = None) -> None:
         """Records a use of each (distinct, occupied) slot at ``step``.
 
@@ -216,73 +143,6 @@ class RowCache:
         self.last_used.index_copy_(0, slots, self.last_used.index_select(0, slots).clamp_min(step))
         added = torch.ones_like(slots) if uses is None else uses.to(torch.int64)
         self.frequency.index_add_(0, slots, added)
-
-    # --- eviction order -----------------------------------------------------------------
-
-    def _keys(self, slots: torch.Tensor) -> torch.Tensor:
-        """One int64 per slot that orders as the policy's (primary, secondary) keys."""
-        last = self.last_used.index_select(0, slots).clamp_max(_INT32_MAX)  # 31 bits
-        uses = self.frequency.index_select(0, slots).clamp_max(_UINT32_MAX)  # 32 bits
-        if self.policy == "lru":
-            return (last << 32) | uses
-        return (uses << 31) | last
-
-    def _before_bound(self, keys: torch.Tensor, slots: torch.Tensor, partitions: torch.Tensor) -> torch.Tensor:
-        bound_key, bound_slot = self._bound_key[partitions], self._bound_slot[partitions]
-        return (keys < bound_key) | ((keys == bound_key) & (slots < bound_slot))
-
-    def _rescan(self, partitions: torch.Tensor, keep: torch.Tensor) -> None:
-        """Rebuilds the candidates of ``partitions`` (bool [P]): their first ``keep[p]`` occupied slots."""
-        counts = torch.where(partitions, self._filled, 0)
-        slots = _ranges(self.slot_starts[:-1], counts)  # ascending: ties stay in slot order
-        part = self._partition_of_slot(slots)
-        order = torch.sort(self._keys(slots), stable=True).indices
-        order = order[torch.sort(part[order], stable=True).indices]
-        slots, part = slots[order], part[order]
-        rank = torch.arange(slots.numel(), device=self.device) - (torch.cumsum(counts, 0) - counts)[part]
-        kept = rank < keep[part]
-        bound = rank == keep[part]  # the first slot left out: every other one orders after it
-        self._bound_key[partitions] = _INT64_MAX
-        self._bound_slot[partitions] = _INT64_MAX
-        self._bound_key[part[bound]] = self._keys(slots[bound])
-        self._bound_slot[part[bound]] = slots[bound]
-        old = self._candidates[~partitions[self._partition_of_slot(self._candidates)]]
-        self._candidates = torch.cat([old, slots[kept]])
-
-    def _usable(self, protected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(partition, key, position in the candidates) of every candidate that may go now."""
-        cand = self._candidates
-        part = self._partition_of_slot(cand)
-        keys = self._keys(cand)
-        live = self._before_bound(keys, cand, part)
-        self._candidates, part, keys = cand[live], part[live], keys[live]  # the others never order first again
-        ok = (~protected[self._candidates]).nonzero().flatten()
-        return part[ok], keys[ok], ok
-
-    def _victims(
-        self, wanted: torch.Tensor, protected: torch.Tensor, protect_count: torch.Tensor, rescan: bool | None
-    ) -> torch.Tensor:
-        """``wanted[p]`` eligible victims of each partition (never a slot marked in the bool mask
-        ``protected``), grouped by partition, in eviction order; they leave the candidates.
-        ``rescan``: whether some partition has too few candidates (None: find out, a host sync)."""
-        part, keys, ok = self._usable(protected)
-        found = torch.bincount(part, minlength=wanted.numel())
-        short = found < wanted
-        if bool(short.any()) if rescan is None else rescan:
-            keep = wanted * self.CANDIDATES_PER_VICTIM + protect_count + self.MIN_CANDIDATES
-            self._rescan(short, keep)
-            part, keys, ok = self._usable(protected)
-            found = torch.bincount(part, minlength=wanted.numel())
-        order = torch.sort(self._candidates[ok]).indices  # ties of both keys go to the smallest slot
-        order = order[torch.sort(keys[order], stable=True).indices]
-        order = order[torch.sort(part[order], stable=True).indices]
-        rank = torch.arange(order.numel(), device=self.device) - (torch.cumsum(found, 0) - found)[part[order]]
-        chosen = ok[order[rank < wanted[part[order]]]]
-        victims = self._candidates[chosen]
-        left = torch.ones(self._candidates.numel(), dtype=torch.bool, device=self.device)
-        left[chosen] = False
-        self._candidates = self._candidates[left]
-        return victims
 
     # --- rows in and out ----------------------------------------------------------------
 
@@ -372,14 +232,13 @@ class RowCache:
         protected = self._protected  # a scratch mask, all False between calls
         protected[protect] = True
         try:
-            victims = self._victims(evictable, protected, protect_count, rescan)
+            victims = self.eviction.victims(evictable, protected, protect_count, rescan)
         finally:
             protected[protect] = False
-        free_slots = _ranges(self.slot_starts[:-1] + self._filled, free)
-        self._filled += free
+        free_slots = self.eviction.take_free(free)
         # per partition: its free slots (in slot order), then its victims (in eviction order)
         granted = torch.cat([free_slots, victims])
-        granted = granted[torch.sort(self._partition_of_slot(granted), stable=True).indices]
+        granted = granted[torch.sort(self.eviction.partition_of_slot(granted), stable=True).indices]
         count = free + evictable
         order = torch.sort(partition, stable=True).indices  # ids of a partition keep their order
         part = partition[order]
@@ -398,8 +257,7 @@ class RowCache:
                               (self.pending_grad, 0), (self.pending_delta, 0), (self.pending_count, 0),
                               (self.pending_squares, 0), (self.states, 0)):
             tensor.index_fill_(0, slots, value)
-        early = self._before_bound(self._keys(slots), slots, self._partition_of_slot(slots))
-        self._candidates = torch.cat([self._candidates, slots[early]])  # e.g. LFU's fresh rows
+        self.eviction.admit(slots)  # e.g. LFU's fresh rows
         return result, dirty, evicted_ids
 
     def _demand(self, ids: torch.Tensor, protect: torch.Tensor | None):
@@ -408,10 +266,10 @@ class RowCache:
         partitions = self.partition_capacity.numel()
         partition = self.partition_of(ids)
         wanted = torch.bincount(partition, minlength=partitions)
-        free = torch.minimum(wanted, self.partition_capacity - self._filled)
+        free = torch.minimum(wanted, self.partition_capacity - self.eviction.filled)
         protect = torch.unique(protect[protect >= 0]) if protect is not None else ids[:0].long()
-        protect_count = torch.bincount(self._partition_of_slot(protect), minlength=partitions)
-        evictable = torch.minimum(wanted - free, self._filled - protect_count)
+        protect_count = torch.bincount(self.eviction.partition_of_slot(protect), minlength=partitions)
+        evictable = torch.minimum(wanted - free, self.eviction.filled - protect_count)
         return partition, wanted, free, protect, protect_count, evictable
 
     def shortfall(self, ids: torch.Tensor, protect: torch.Tensor | None = None) -> torch.Tensor:
@@ -423,7 +281,7 @@ class RowCache:
         protected = self._protected
         protected[protect] = True
         try:
-            part, _, _ = self._usable(protected)
+            part, _, _ = self.eviction.usable(protected)
         finally:
             protected[protect] = False
         return (torch.bincount(part, minlength=evictable.numel()) < evictable).any()
@@ -512,7 +370,7 @@ class RowCache:
             self.pending_count, self.last_used, self.frequency, self.pending_squares, self.states,
         ):
             tensor.zero_()
-        self._reset_eviction()
+        self.eviction.reset()
 
     def nbytes(self) -> int:
         """Bytes held by the cached rows, their metadata and the id -> slot map."""
@@ -523,14 +381,3 @@ class RowCache:
         )
         return sum(t.numel() * t.element_size() for t in tensors)
 
-
-def _one_update_squares(grads: torch.Tensor, width: int) -> torch.Tensor:
-    """Squares of rows that hold one update each (their gradient is that update's)."""
-    squares = grads * grads
-    return squares if width == grads.size(1) else squares.sum(1, keepdim=True) / grads.size(1)
-
-
-def _ranges(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """``starts[p] + 0 .. counts[p] - 1`` for every p, one after the other."""
-    base = torch.repeat_interleave(starts, counts)
-    return base + torch.arange(base.numel(), device=base.device) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)

@@ -21,7 +21,9 @@ import torch
 from torchrec_het.errors import ConfigurationError
 from torchrec_het.planner.network import cpu_network
 from torchrec_het.replication.profile import AccessProfile
-from torchrec_het.replication.tiers import TableTiers, TierTopology, hottest_rows, per_host_rows
+from torchrec_het.replication.hot_rows import hottest_rows, per_host_rows
+from torchrec_het.replication.memory import TierTopology
+from torchrec_het.replication.tiers import TableTiers
 
 @dataclass(frozen=True)
 class TableReads:
@@ -160,12 +162,12 @@ class ProfileTiers:
     """Hot rows of every profiled table (a ``ReplicationConfig.tiers``): the rule the planner prices.
 
     Rows read at least once per replica sync (over all ranks,
-    :func:`~torchrec_het.replication.tiers.hottest_rows`) are replicated on every rank. On a
+    :func:`~torchrec_het.replication.hot_rows.hottest_rows`) are replicated on every rank. On a
     topology of several hosts with several ranks each, the next rows, hot enough for one host
     but not for all, get the *per-host* tier (one copy per host, read within the host; their
     gradients cross between hosts once per host and step) where the topology's intra- and
     inter-host bandwidths make that cheaper than sharding them
-    (:func:`~torchrec_het.replication.tiers.per_host_rows`); both tiers together stay within
+    (:func:`~torchrec_het.replication.hot_rows.per_host_rows`); both tiers together stay within
     ``max_hot_fraction`` of a table. On one host the per-host tier is empty.
 
     It names the tables of a whole model (``spans_modules``): each sharded module takes its own.
@@ -175,7 +177,7 @@ class ProfileTiers:
         world_size: ranks of the training job (None: torch.distributed's world size when first read).
         replica_sync_every: the replicas' sync interval s: rows read at least once per s steps are hot.
         max_hot_fraction: at most this share of a table's rows is hot.
-        topology: the planner's ``Topology`` (or a :class:`~torchrec_het.replication.tiers.TierTopology`):
+        topology: the planner's ``Topology`` (or a :class:`~torchrec_het.replication.memory.TierTopology`):
             hosts and bandwidths. Give the planner's, so that the tiers built are the ones it
             priced. None: ``world_size`` ranks on one host (no per-host tier).
     """

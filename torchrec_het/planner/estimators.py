@@ -18,7 +18,7 @@ from torchrec.distributed.types import ShardingType
 
 from torchrec_het import _compat
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
-from torchrec_het.replication.tiers import TierTopology, bytes_per_row
+from torchrec_het.replication.memory import TierTopology, bytes_per_row
 
 DEFAULT_OPTIMIZER = "exact_row_wise_adagrad"
 

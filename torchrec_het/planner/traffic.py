@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torchrec_het.replication.tiers import TierTopology
+from torchrec_het.replication.memory import TierTopology
 
 FLOAT, ID = 4, 8
 

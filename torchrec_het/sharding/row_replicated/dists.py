@@ -26,7 +26,7 @@ from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, Rep
 class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
     """First stage: every rank's send counts known; starts the ids' all-to-all. ``batch``: the batch planned."""
 
-    def __init__(self, dist_: "ColdIdsDist", batch: ReplicatedBagBatch | ReplicatedSequenceBatch, payload: torch.Tensor, width: int, work, gathered):
+    def __init__(self, dist_: "_ReplicaIdsDist", batch: ReplicatedBagBatch | ReplicatedSequenceBatch, payload: torch.Tensor, width: int, work, gathered):
         super().__init__()
         self.dist, self.batch, self.payload, self.width, self.work, self.gathered = dist_, batch, payload, width, work, gathered
 
@@ -58,7 +58,7 @@ class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
 class _Ids(Awaitable[KeyedJaggedTensor]):
     """Second stage: the ids received, as the KJT the owner's kernels pool."""
 
-    def __init__(self, dist_: "ColdIdsDist", step: ReplicatedBagBatch, exchange: Exchange, width: int):
+    def __init__(self, dist_: "_ReplicaIdsDist", step: ReplicatedBagBatch, exchange: Exchange, width: int):
         super().__init__()
         self.dist, self.step, self.exchange, self.width = dist_, step, exchange, width
 
@@ -67,23 +67,32 @@ class _Ids(Awaitable[KeyedJaggedTensor]):
         return self.dist.owner_features(self.step, received)
 
 
-class ColdIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
-    """Keeps hot ids on the reader and sends every other id to its owner."""
+class _ReplicaIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
+    """What both input dists share: the replicas, the layout, and the routing of each id."""
 
-    def __init__(self, lookup: ReplicatedBagLookup, feature_names: list[str]):
+    def __init__(self, lookup: ReplicatedBagLookup | ReplicatedSequenceLookup, feature_names: list[str]):
         super().__init__()
         self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
         self.replicas, self.feature_names = lookup.replicas, feature_names
         self.layout, self.pg = self.replicas.layout, self.replicas.exchange_pg
         self.rank, self.world_size = self.replicas.rank, self.replicas.world_size
 
+    def _route(self, sparse_features: KeyedJaggedTensor):
+        """(bag, id, hot position, destination, row) of every id; replica syncs move on, and the
+        online profile counts training batches (at its end: new hot rows)."""
+        bags, ids = self.layout.flatten(sparse_features)
+        self.replicas.observe(ids, self._lookup[0].training)
+        return (bags, ids, *self.layout.route(ids))  # cold ids to owners, per-host ids to the host's holder
+
+
+class ColdIdsDist(_ReplicaIdsDist):
+    """Keeps hot ids on the reader and sends every other id to its owner."""
+
+
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         layout, batch = self.layout, sparse_features.stride()
-        bags, ids = layout.flatten(sparse_features)
+        bags, ids, hot_pos, dest, row = self._route(sparse_features)
         weights = sparse_features.weights_or_none()
-        # replica syncs move on; online profile: training batches counted, at its end new hot rows
-        self.replicas.observe(ids, self._lookup[0].training)
-        hot_pos, dest, row = layout.route(ids)  # cold ids to their owners, per-host ids to the host's holder
         hot = []
         for index, (mine, slots) in enumerate(layout.hot_of(hot_pos)):
             bag = layout.group_bags(bags.index_select(0, mine), batch, index)  # output rows are (sample, position)
@@ -154,13 +163,17 @@ class _Bags(Awaitable[torch.Tensor]):
         return self.dist.finish(self.step, self.exchange.wait().float())
 
 
-class PartialSumsDist(BaseEmbeddingDist):
-    """Sends the owners' partial sums back to their readers and finishes the bags."""
+class _ReplicaOutputDist(BaseEmbeddingDist):
+    """What both output dists share: the replicas and the layout."""
 
-    def __init__(self, lookup: ReplicatedBagLookup):
+    def __init__(self, lookup: ReplicatedBagLookup | ReplicatedSequenceLookup):
         super().__init__()
         self.replicas = lookup.replicas
         self.pg, self.layout = self.replicas.exchange_pg, self.replicas.layout
+
+
+class PartialSumsDist(_ReplicaOutputDist):
+    """Sends the owners' partial sums back to their readers and finishes the bags."""
 
     def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]) -> Awaitable[torch.Tensor]:
         replicas, step = self.replicas, sharding_ctx.batch
@@ -218,22 +231,13 @@ class PartialSumsDist(BaseEmbeddingDist):
         return output_layout(OutputPlan(parts, (batch, layout.width), scale), replicas.anchor)
 
 
-class SequenceIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
+class SequenceIdsDist(_ReplicaIdsDist):
     """Keeps hot ids on the reader and asks each owner once for every distinct cold id."""
-
-    def __init__(self, lookup: ReplicatedSequenceLookup, feature_names: list[str]):
-        super().__init__()
-        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
-        self.replicas, self.feature_names = lookup.replicas, feature_names
-        self.layout, self.pg = self.replicas.layout, self.replicas.exchange_pg
-        self.rank, self.world_size = self.replicas.rank, self.replicas.world_size
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         layout = self.layout
-        bags, ids = layout.flatten(sparse_features)
+        bags, ids, hot_pos, dest, row = self._route(sparse_features)
         positions = bags // sparse_features.stride()
-        self.replicas.observe(ids, self._lookup[0].training)
-        hot_pos, dest, row = layout.route(ids)
         hot = [(slots, mine) for mine, slots in layout.hot_of(hot_pos)]
         cold = (hot_pos < 0).nonzero().flatten()
         key = dest.index_select(0, cold) * layout.total_rows + ids.index_select(0, cold)  # by destination, then id
@@ -282,13 +286,8 @@ class _SequenceOutput(Awaitable[torch.Tensor]):
         return output_layout(plan, replicas.anchor)
 
 
-class SequenceRowsDist(BaseEmbeddingDist):
+class SequenceRowsDist(_ReplicaOutputDist):
     """Sends the asked rows back and lays every position's row out in the reader's order."""
-
-    def __init__(self, lookup: ReplicatedSequenceLookup):
-        super().__init__()
-        self.replicas = lookup.replicas
-        self.pg, self.layout = self.replicas.exchange_pg, self.replicas.layout
 
     def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedSequenceBatch]) -> Awaitable[torch.Tensor]:
         step, dim = sharding_ctx.batch, self.layout.uniform_dim

@@ -14,7 +14,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het import _tbe
 from torchrec_het.plan_options import WIRE_DTYPES
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.replication.tiers import hottest_rows
+from torchrec_het.replication.hot_rows import hottest_rows
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.common.id_space import TableInfo
 from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock, owned_rows, read_rows

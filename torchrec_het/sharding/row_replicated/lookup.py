@@ -23,9 +23,19 @@ from torchrec_het.sharding.row_replicated.routing import ReplicaGroup
 
 class ReplicaHooks:
     """What both lookups add to TorchRec's grouped lookup: their replicas' groups and checkpoint
-    hooks, and TorchRec's prefetch with the plugin lookups' signature. Set ``replicas`` in ``__init__``."""
+    hooks, and TorchRec's prefetch with the plugin lookups' signature.
+
+    Both lookups take ``(grouped_configs, feature_names, pg, config, shards_by_table, device, env)``:
+    the local shards grouped as row-wise groups them, the sharding's features (unused), process
+    group, replication settings (tiers, sync interval, wire dtype), each table's shard metadata,
+    the compute device and the sharding environment.
+    """
 
     replicas: ReplicaHolder
+
+    def _hold_replicas(self, grouped_configs, pg, config: ReplicationConfig, shards_by_table, device) -> None:
+        kernels = [m.emb_module for m in lookup_kernels(self)]
+        self.replicas = ReplicaHolder(kernels, grouped_configs, pg, config, shards_by_table, device)
 
     @property
     def groups(self) -> list[ReplicaGroup]:
@@ -47,22 +57,11 @@ class ReplicaHooks:
 
 
 class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
-    """The owner pools received ids with its fused kernels; the reader pools hot ids from replicas.
-
-    Args:
-        grouped_configs: the local shards, grouped as row-wise groups them.
-        feature_names: the sharding's features.
-        pg: the sharding's process group.
-        config: replication settings (tiers, sync interval, wire dtype).
-        shards_by_table: each table's shard metadata.
-        device: compute device.
-        env: sharding environment.
-    """
+    """The owner pools received ids with its fused kernels; the reader pools hot ids from replicas."""
 
     def __init__(self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None):  # noqa: ARG002
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env)
-        kernels = [m.emb_module for m in lookup_kernels(self)]
-        self.replicas = ReplicaHolder(kernels, grouped_configs, pg, config, shards_by_table, device)
+        self._hold_replicas(grouped_configs, pg, config, shards_by_table, device)
 
     def forward(self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]) -> torch.Tensor:
         step, replicas = sharding_ctx.batch, self.replicas
@@ -94,22 +93,11 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
 
 
 class ReplicatedSequenceLookup(ReplicaHooks, GroupedEmbeddingsLookup):
-    """The owner's fused kernels read the asked rows (local compute); their backward steps them.
-
-    Args:
-        grouped_configs: the local shards, grouped as row-wise groups them.
-        feature_names: the sharding's features.
-        pg: the sharding's process group.
-        config: replication settings.
-        shards_by_table: each table's shard metadata.
-        device: compute device.
-        env: sharding environment.
-    """
+    """The owner's fused kernels read the asked rows (local compute); their backward steps them."""
 
     def __init__(self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None):  # noqa: ARG002
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, env=env)
-        kernels = [m.emb_module for m in lookup_kernels(self)]
-        self.replicas = ReplicaHolder(kernels, grouped_configs, pg, config, shards_by_table, device)
+        self._hold_replicas(grouped_configs, pg, config, shards_by_table, device)
         if self.replicas.layout.uniform_dim is None:
             raise ValueError("het_row_replicated sequences need one embedding dimension for all their tables")
         self.replicas.stats["rows_fetched"] = 0  # distinct rows this rank read from other ranks

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from torchrec_het import _tbe
 from torchrec_het._tbe import square_width, squares_of, step_rows, step_rows_held
-from torchrec_het.replication.tiers import replica_copies
+from torchrec_het.replication.memory import replica_copies
 from torchrec_het.sharding.row_replicated.sync import HostGroups
 
 
