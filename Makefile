@@ -24,7 +24,7 @@ NO_DEPS = $(shell sed -n 's/^#no-deps: *//p' $(REQUIREMENTS))
 # One stamp per stack, rebuilt whenever its pinned file or the package metadata changes.
 STAMP := $(VENV)/.installed-torchrec-$(STACK)
 
-.PHONY: bench test test-faults docs setup clean
+.PHONY: bench test test-faults lint docs setup clean
 
 bench: $(STAMP)
 	$(PY) -m torchrec_het_bench $(BENCH_ARGS)
@@ -35,6 +35,12 @@ test: $(STAMP)
 # The slow fault runs (link cuts on emulated hosts, kills at worst moments; pytest marker `faults`).
 test-faults: $(STAMP)
 	$(PY) -m pytest -q tests -m faults
+
+# The formatter and linter in check mode (ruff; settings in pyproject.toml). `ruff format .`
+# and `ruff check --fix .` (with $(VENV)/bin/ruff) make most of what they report right.
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
 
 # docs/benchmarks.md from the committed results (python -m torchrec_het_bench.docs).
 docs: $(STAMP)

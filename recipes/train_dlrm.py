@@ -41,8 +41,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torchrec.optim
-from torch.distributed.tensor import DTensor
 from iopath.common.file_io import NativePathHandler, PathManager
+from torch.distributed.tensor import DTensor
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -90,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--alpha", type=float, default=DataConfig.alpha,
         help=f"Zipf exponent of the synthetic ids (0: uniform; default {DataConfig.alpha}); ignored with --data",
     )  # fmt: skip
-    parser.add_argument("--checkpoint-path", default=None, help="checkpoint directory (local path or file:// URI); omit for none")
+    parser.add_argument(
+        "--checkpoint-path", default=None, help="checkpoint directory (local path or file:// URI); omit for none"
+    )
     parser.add_argument("--checkpoint-every", type=int, default=0, help="save every N steps (0: only at the end)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     parser.add_argument("--eval-batches", type=int, default=4, help="held-out batches per rank for the AUC")
@@ -371,7 +373,9 @@ def init_distributed(timeout_s: float | None = None) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        os.environ.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        )
     dist.init_process_group("gloo", timeout=None if timeout_s is None else timedelta(seconds=timeout_s))
 
 

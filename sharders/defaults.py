@@ -48,7 +48,9 @@ def get_het_sharders(
     return out
 
 
-def with_profile_tiers(replication: ReplicationConfig | None, profile: AccessProfile | str, topology=None) -> ReplicationConfig:
+def with_profile_tiers(
+    replication: ReplicationConfig | None, profile: AccessProfile | str, topology=None
+) -> ReplicationConfig:
     """``replication`` (default ``ReplicationConfig()``) with the hot rows of ``profile`` as its
     tiers (per host too on a ``topology`` of several hosts).
 

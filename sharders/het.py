@@ -80,7 +80,9 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, Sharded
         )
         self.find_plugin_shardings()
 
-    def create_embedding_bag_sharding(self, sharding_infos, env, device=None, permute_embeddings=False, qcomm_codecs_registry=None):
+    def create_embedding_bag_sharding(
+        self, sharding_infos, env, device=None, permute_embeddings=False, qcomm_codecs_registry=None
+    ):
         """The plugin's shardings for its types (built from the plan's options), TorchRec's for the others."""
         sharding_type = sharding_infos[0].param_sharding.sharding_type
         if sharding_type == HET_ROW_REPLICATED:
@@ -92,7 +94,11 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, Sharded
                 sharding_infos, env, None, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         return super().create_embedding_bag_sharding(
-            sharding_infos, env, device, permute_embeddings=permute_embeddings, qcomm_codecs_registry=qcomm_codecs_registry
+            sharding_infos,
+            env,
+            device,
+            permute_embeddings=permute_embeddings,
+            qcomm_codecs_registry=qcomm_codecs_registry,
         )
 
     def input_dist(self, ctx, features: KeyedJaggedTensor):

@@ -17,9 +17,9 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het._compat import sharded_lookups, sharded_table_configs, uses_index_dedup
+from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders.plugin_contexts import PluginContexts
-from torchrec_het.config import HetCacheConfig
 from torchrec_het.sharders.plugin_sharder import PluginSharder, plan_tiers
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features

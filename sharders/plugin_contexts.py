@@ -11,7 +11,12 @@ planned; and TorchRec's own loops call their lookups ``lookup(features, sharding
 dists get that context as TorchRec's ``sharding_ctx``. Stock shardings run as TorchRec runs them.
 """
 
-from torchrec_het._compat import input_dist_awaitables, lookups_called_with, sharded_embedding_shardings, sharded_lookups
+from torchrec_het._compat import (
+    input_dist_awaitables,
+    lookups_called_with,
+    sharded_embedding_shardings,
+    sharded_lookups,
+)
 from torchrec_het.sharding.common.context import ContextBoundLookup, HetShardingContext, het_sharding_context
 from torchrec_het.sharding.common.row_wise import StagedSharding
 
@@ -30,7 +35,9 @@ class PluginContexts:
         if self._plugin_shardings:
             awaitables = input_dist_awaitables(splits)
             for i in self._plugin_shardings:
-                ctx.sharding_contexts[i] = het_sharding_context(ctx.sharding_contexts[i], awaitables[i].batch, self.training)
+                ctx.sharding_contexts[i] = het_sharding_context(
+                    ctx.sharding_contexts[i], awaitables[i].batch, self.training
+                )
         return splits
 
     def compute(self, ctx, dist_input):

@@ -42,7 +42,9 @@ def plan_tiers(source: object | None, plan: dict[str, ParameterSharding], rows_o
             )
         fingerprint = getattr(source, "fingerprint", None)
         if options.profile is not None and fingerprint is not None and fingerprint != options.profile:
-            raise ValueError(f"table {name!r}: the plan names profile {options.profile}, the sharder's hot rows come from {fingerprint}")
+            raise ValueError(
+                f"table {name!r}: the plan names profile {options.profile}, the sharder's hot rows come from {fingerprint}"
+            )
         tables[name] = source.tables[name]
     if missing:
         raise ValueError(
@@ -105,7 +107,9 @@ class PluginSharder:
             if sharding.sharding_type in self.plugin_types:
                 options = options_of(sharding)
                 if options is None:
-                    sharding = with_options(sharding, self.table_options(module, name, sharding.sharding_type, world_size))
+                    sharding = with_options(
+                        sharding, self.table_options(module, name, sharding.sharding_type, world_size)
+                    )
                 else:
                     check_options(sharding.sharding_type, options, name)
             out[name] = sharding

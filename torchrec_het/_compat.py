@@ -23,13 +23,13 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
+import torch
 import torchrec.distributed.model_parallel as _model_parallel
 import torchrec.distributed.planner as _planner_package
 import torchrec.distributed.planner.planners as _planners
 import torchrec.distributed.planner.stats as _stats
 import torchrec.distributed.shard as _shard
 import torchrec.distributed.sharding_plan as _sharding_plan
-import torch
 from torch import nn
 from torch.distributed._shard.sharded_tensor import ShardedTensor as _ShardedTensor
 from torchrec.distributed.embedding import ShardedEmbeddingCollection

@@ -46,10 +46,31 @@ _PLACEMENT_BUFFERS = {
     EmbeddingLocation.MANAGED.value: "uvm",
 }
 __all__ = [  # EmbOptimType too: the planner's memory model names optimizers by it
-    "KINDS", "STATE", "TBE", "WEIGHTS", "EmbOptimType", "FlatRows", "KernelLayout",
-    "accumulates_squares", "apply_row_grads", "apply_rows", "buffer", "flat_buffer", "flat_data",
-    "kernel_layout", "learning_rate", "num_tables", "optimizer_eps", "optimizer_kind", "optimizer_name",
-    "replica_kind", "row_state", "square_width", "squares_of", "step_rows", "step_rows_held",
+    "KINDS",
+    "STATE",
+    "TBE",
+    "WEIGHTS",
+    "EmbOptimType",
+    "FlatRows",
+    "KernelLayout",
+    "accumulates_squares",
+    "apply_row_grads",
+    "apply_rows",
+    "buffer",
+    "flat_buffer",
+    "flat_data",
+    "kernel_layout",
+    "learning_rate",
+    "num_tables",
+    "optimizer_eps",
+    "optimizer_kind",
+    "optimizer_name",
+    "replica_kind",
+    "row_state",
+    "square_width",
+    "squares_of",
+    "step_rows",
+    "step_rows_held",
 ]
 
 
@@ -121,7 +142,9 @@ def flat_data(tbe: TBE, part: str) -> tuple[torch.Tensor, torch.Tensor]:
     not bump the version of weights a forward still in flight saved."""
     found = flat_buffer(tbe, part)
     if found is None:
-        raise ValueError(f"het_row_replicated: the kernel's {part} are not in one flat buffer (mixed placements or a cache)")
+        raise ValueError(
+            f"het_row_replicated: the kernel's {part} are not in one flat buffer (mixed placements or a cache)"
+        )
     return getattr(tbe, found[0]).data, found[1]
 
 
@@ -214,8 +237,12 @@ class FlatRows:
 
 @torch.no_grad()
 def apply_rows(
-    tbe: TBE, tables: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor,
-    beyond: torch.Tensor | None = None, steps: torch.Tensor | None = None,
+    tbe: TBE,
+    tables: torch.Tensor,
+    rows: torch.Tensor,
+    grads: torch.Tensor,
+    beyond: torch.Tensor | None = None,
+    steps: torch.Tensor | None = None,
 ) -> None:
     """One optimizer step of ``tbe``: row ``rows[i]`` of its table ``tables[i]`` gets ``grads[i]``.
 
@@ -262,7 +289,9 @@ def apply_rows(
     state = getattr(tbe, layout.state).data.view(-1)
     first = torch.empty_like(starts).scatter_(0, inverse, torch.arange(rows.numel(), device=flat.device))
     width = dim if layout.kind == "adagrad" else 1
-    state_starts = layout.state_offsets.index_select(0, tables.index_select(0, first)) + rows.index_select(0, first) * width
+    state_starts = (
+        layout.state_offsets.index_select(0, tables.index_select(0, first)) + rows.index_select(0, first) * width
+    )
     states = FlatRows(state, state_starts, width, aligned if layout.kind == "adagrad" else True)
     if beyond is None:
         weight, momentum = step_rows(layout.kind, weight, states.read(), grad, lr, optimizer_eps(tbe))
@@ -307,7 +336,9 @@ def step_rows(
         return (weight.double() - _as(lr, torch.float64) * grad.double()).float(), state
     if kind == "adagrad":
         momentum = (state.double() + grad.double() * grad.double()).float()  # fused multiply-add
-        step = (lr * grad).double() / (momentum.double().sqrt() + _as(eps, torch.float64))  # the kernel divides in double
+        step = (lr * grad).double() / (
+            momentum.double().sqrt() + _as(eps, torch.float64)
+        )  # the kernel divides in double
         return (weight.double() - step).float(), momentum
     if kind != "rowwise_adagrad":
         raise ValueError(f"no row update for optimizer {kind!r}")
@@ -332,8 +363,14 @@ def squares_of(kind: str, grad: torch.Tensor) -> torch.Tensor | None:
 
 @torch.no_grad()
 def step_rows_held(
-    kind: str, weight: torch.Tensor, state: torch.Tensor | None, grad_sum: torch.Tensor, squares: torch.Tensor | None,
-    lr, eps, steps=1,
+    kind: str,
+    weight: torch.Tensor,
+    state: torch.Tensor | None,
+    grad_sum: torch.Tensor,
+    squares: torch.Tensor | None,
+    lr,
+    eps,
+    steps=1,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The step of gradients held back over several steps (a stale replica's sync, a HET push of k updates).
 

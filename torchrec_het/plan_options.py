@@ -127,7 +127,9 @@ class HetEmbeddingModuleShardingPlan(EmbeddingModuleShardingPlan):
     """TorchRec's module plan, printed with each plugin table's options (``print(plan)``)."""
 
     def __str__(self) -> str:
-        rows = [(name, p.sharding_type, describe(options_of(p))) for name, p in self.items() if options_of(p) is not None]
+        rows = [
+            (name, p.sharding_type, describe(options_of(p))) for name, p in self.items() if options_of(p) is not None
+        ]
         if not rows:
             return super().__str__()
         width = max(len(name) for name, _, _ in rows)

@@ -32,6 +32,7 @@ from torchrec_het.planner.pricing import PluginPricing
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile, load_profile
 
+
 def parse_timeout(text: str, name: str) -> timedelta:
     """A number of seconds > 0, as a ``timedelta``.
 
@@ -72,27 +73,68 @@ class Setting:
 
 # Every setting, once: env_settings() reads these and the launcher's --help lists them.
 SETTINGS: tuple[Setting, ...] = (
-    Setting("TORCHREC_HET_PROFILE", "profile", str,
-            "access profile (iopath path): the planner may choose the plugin's types for the tables it names"),
-    Setting("TORCHREC_HET_ALPHA", "alpha", float,
-            "a Zipf skew you state (>= 0): het_cached_row_wise may be chosen for every table"),
-    Setting("TORCHREC_HET_ONLINE_PROFILE_STEPS", "online_profile_steps", int,
-            "without a profile, het_row_replicated tables count reads in their first N steps (default 0: off)",
-            default=0),
-    Setting("TORCHREC_HET_REPLICA_SYNC_EVERY", "replica_sync_every", int,
-            "replica sync interval of het_row_replicated tables (default 1: exact)", minimum=1, default=1),
-    Setting("TORCHREC_HET_EMBEDDING_STALENESS", "embedding_staleness", int,
-            "k >= 0: the script's TrainPipelineSparseDist is the hybrid pipeline with bound k"),
-    Setting(ENV_COSTS, "compute_costs", str,
-            "compute-cost table the planner prices with (python -m torchrec_het_bench.calibrate)"),
-    Setting("TORCHREC_HET_PG_TIMEOUT", "pg_timeout", float,
-            "process group timeout in seconds, for the script's init_process_group calls that pass none "
-            "(default torch's: 30 minutes for gloo)", parse=parse_timeout),
-    Setting("TORCHREC_HET_LINK_GBIT", "link_gbit", str,
-            "INTRA,INTER: link figures in Gbit/s per rank the planner prices with instead of measuring them "
-            "(either may be empty)", parse=parse_link_gbit),
-    Setting("TORCHREC_HET_LINK_PROBE", "link_probe", str,
-            "0 turns the planner's link probe off (default 1): what is not stated is assumed", parse=parse_switch),
+    Setting(
+        "TORCHREC_HET_PROFILE",
+        "profile",
+        str,
+        "access profile (iopath path): the planner may choose the plugin's types for the tables it names",
+    ),
+    Setting(
+        "TORCHREC_HET_ALPHA",
+        "alpha",
+        float,
+        "a Zipf skew you state (>= 0): het_cached_row_wise may be chosen for every table",
+    ),
+    Setting(
+        "TORCHREC_HET_ONLINE_PROFILE_STEPS",
+        "online_profile_steps",
+        int,
+        "without a profile, het_row_replicated tables count reads in their first N steps (default 0: off)",
+        default=0,
+    ),
+    Setting(
+        "TORCHREC_HET_REPLICA_SYNC_EVERY",
+        "replica_sync_every",
+        int,
+        "replica sync interval of het_row_replicated tables (default 1: exact)",
+        minimum=1,
+        default=1,
+    ),
+    Setting(
+        "TORCHREC_HET_EMBEDDING_STALENESS",
+        "embedding_staleness",
+        int,
+        "k >= 0: the script's TrainPipelineSparseDist is the hybrid pipeline with bound k",
+    ),
+    Setting(
+        ENV_COSTS,
+        "compute_costs",
+        str,
+        "compute-cost table the planner prices with (python -m torchrec_het_bench.calibrate)",
+    ),
+    Setting(
+        "TORCHREC_HET_PG_TIMEOUT",
+        "pg_timeout",
+        float,
+        "process group timeout in seconds, for the script's init_process_group calls that pass none "
+        "(default torch's: 30 minutes for gloo)",
+        parse=parse_timeout,
+    ),
+    Setting(
+        "TORCHREC_HET_LINK_GBIT",
+        "link_gbit",
+        str,
+        "INTRA,INTER: link figures in Gbit/s per rank the planner prices with instead of measuring them "
+        "(either may be empty)",
+        parse=parse_link_gbit,
+    ),
+    Setting(
+        "TORCHREC_HET_LINK_PROBE",
+        "link_probe",
+        str,
+        "0 turns the planner's link probe off (default 1): what is not stated is assumed",
+        parse=parse_switch,
+    ),
 )
 _SETTING = {setting.argument: setting for setting in SETTINGS}
 ENV_PROFILE, ENV_ALPHA = _SETTING["profile"].variable, _SETTING["alpha"].variable
@@ -204,7 +246,9 @@ def install(
     elif isinstance(compute_costs, str):
         compute_costs = read_compute_costs(compute_costs, "install(compute_costs=...)")
     pricing = PluginPricing(
-        AccessModel(profile, alpha, source, origin), max_hot_fraction=max_hot_fraction, online_profile_steps=online,
+        AccessModel(profile, alpha, source, origin),
+        max_hot_fraction=max_hot_fraction,
+        online_profile_steps=online,
         **({"compute": compute_costs} if compute_costs is not None else {}),
         per_host_tier=False,  # the tiers below know no topology: the planner prices what they build
     )
@@ -219,7 +263,9 @@ def install(
     for home in sharder_homes:
         _replace(state, home, "get_default_sharders", plugin_sharders)
     _replace(state, HetEmbeddingShardingPlanner, "installed_pricing", pricing)  # its default pricing
-    _replace(state, HetEmbeddingShardingPlanner, "installed_links", links)  # its link settings; rank 0 prints the figures
+    _replace(
+        state, HetEmbeddingShardingPlanner, "installed_links", links
+    )  # its link settings; rank 0 prints the figures
     for home in _compat.planner_homes():
         _replace(state, home, "EmbeddingShardingPlanner", HetEmbeddingShardingPlanner)
     if embedding_staleness is not None:
@@ -241,7 +287,9 @@ def install_links(link_gbit, link_probe: bool | None, env: dict) -> LinkSettings
     elif isinstance(link_gbit, str):
         link_gbit = parse_link_gbit(link_gbit, origin)
     elif link_gbit is not None and (not isinstance(link_gbit, tuple | list) or len(link_gbit) != 2):
-        raise ValueError(f"{origin}: expected (intra, inter) in Gbit/s per rank (either may be None), got {link_gbit!r}")
+        raise ValueError(
+            f"{origin}: expected (intra, inter) in Gbit/s per rank (either may be None), got {link_gbit!r}"
+        )
     intra, inter = link_gbit if link_gbit is not None else (None, None)
     probe = env["link_probe"] if link_probe is None else link_probe
     return LinkSettings(intra, inter, True if probe is None else probe, origin)
@@ -257,14 +305,18 @@ def pricing_rule(pricing: PluginPricing) -> str:
             "the plugin's types for the tables it names, TorchRec's types for the others"
         )
     if access.alpha is not None:
-        types = "het_cached_row_wise" + (f" and het_row_replicated (hot rows counted in the first {online} steps)" if online else "")
+        types = "het_cached_row_wise" + (
+            f" and het_row_replicated (hot rows counted in the first {online} steps)" if online else ""
+        )
         return (
             f"no access profile; stated skew Zipf({access.alpha:g}) (${ENV_ALPHA} or install(alpha=...)): the planner "
             f"may choose {types} for every table, priced from that skew"
         )
     online_note = (
         f" (${ENV_ONLINE}={online} counts reads only after planning: it applies to tables whose constraints "
-        "name het_row_replicated)" if online else ""
+        "name het_row_replicated)"
+        if online
+        else ""
     )
     return (
         f"no access profile: the planner offers only TorchRec's sharding types{online_note}; profile your batches "
@@ -285,8 +337,12 @@ def settings_help() -> str:
     """The ``TORCHREC_HET_*`` settings, one per line, for ``--help``."""
     width, arguments = max(len(s.variable) for s in SETTINGS), inspect.signature(install).parameters
     return "\n".join(
-        textwrap.fill(s.help + (f" (install({s.argument}=...))" if s.argument in arguments else ""), 100,
-                      initial_indent=f"  {s.variable:<{width}}  ", subsequent_indent=" " * (width + 4))
+        textwrap.fill(
+            s.help + (f" (install({s.argument}=...))" if s.argument in arguments else ""),
+            100,
+            initial_indent=f"  {s.variable:<{width}}  ",
+            subsequent_indent=" " * (width + 4),
+        )
         for s in SETTINGS
     )
 
@@ -342,7 +398,6 @@ def _env_value(setting: Setting):
         what = "an int" if setting.kind is int else "a number"
         raise ValueError(f"{setting.variable} must be {what} >= {setting.minimum:g}, got {text!r}")
     return value
-
 
 
 def _checked_timeout(value: float | timedelta) -> timedelta:
@@ -413,11 +468,24 @@ def _hybrid_sparse_dist(k: int) -> type:
     class TrainPipelineSparseDist(HybridTrainPipeline):
         """TorchRec's ``TrainPipelineSparseDist`` as torchrec_het installed it: the hybrid pipeline."""
 
-        def __init__(self, model, optimizer, device, execute_all_batches: bool = True, apply_jit: bool = False, **kwargs):
-            super().__init__(model, optimizer, device, embedding_staleness=k, execute_all_batches=execute_all_batches,
-                             apply_jit=apply_jit, **kwargs)
+        def __init__(
+            self, model, optimizer, device, execute_all_batches: bool = True, apply_jit: bool = False, **kwargs
+        ):
+            super().__init__(
+                model,
+                optimizer,
+                device,
+                embedding_staleness=k,
+                execute_all_batches=execute_all_batches,
+                apply_jit=apply_jit,
+                **kwargs,
+            )
             if not dist.is_initialized() or dist.get_rank() == 0:
-                print(f"torchrec_het: TrainPipelineSparseDist runs as the hybrid pipeline, embedding_staleness={k} "
-                      f"(${ENV_STALENESS})", file=sys.stderr, flush=True)
+                print(
+                    f"torchrec_het: TrainPipelineSparseDist runs as the hybrid pipeline, embedding_staleness={k} "
+                    f"(${ENV_STALENESS})",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     return TrainPipelineSparseDist

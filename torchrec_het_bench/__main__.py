@@ -1,14 +1,14 @@
 """DLRM benchmark: stock TorchRec and the plugin's configurations, side by side.
 
-    python -m torchrec_het_bench --preset default --out bench_out
-    python -m torchrec_het_bench --list
-    python -m torchrec_het_bench --network emulated --hosts 2 --gbit 1
-    python -m torchrec_het_bench --network auto      # loopback, then emulated hosts where possible (make bench)
-    python -m torchrec_het_bench --preset converge --seeds 3   # AUC over 3 seeds, differences with a t interval
-    python -m torchrec_het_bench --pipeline plain     # default: TorchRec's TrainPipelineSparseDist
-    python -m torchrec_het_bench --pipeline sparse_dist,hybrid,semi_sync --embedding-staleness 2
-    python -m torchrec_het_bench --preset converge --configs stock_table_wise,planned_s10 --pipeline sparse_dist,hybrid
-    python -m torchrec_het_bench --soak 3000 --preset smoke --configs het_het_s10_c1,rep_m100_s1 --pipeline sparse_dist,hybrid
+python -m torchrec_het_bench --preset default --out bench_out
+python -m torchrec_het_bench --list
+python -m torchrec_het_bench --network emulated --hosts 2 --gbit 1
+python -m torchrec_het_bench --network auto      # loopback, then emulated hosts where possible (make bench)
+python -m torchrec_het_bench --preset converge --seeds 3   # AUC over 3 seeds, differences with a t interval
+python -m torchrec_het_bench --pipeline plain     # default: TorchRec's TrainPipelineSparseDist
+python -m torchrec_het_bench --pipeline sparse_dist,hybrid,semi_sync --embedding-staleness 2
+python -m torchrec_het_bench --preset converge --configs stock_table_wise,planned_s10 --pipeline sparse_dist,hybrid
+python -m torchrec_het_bench --soak 3000 --preset smoke --configs het_het_s10_c1,rep_m100_s1 --pipeline sparse_dist,hybrid
 """
 
 import argparse
@@ -18,8 +18,8 @@ import sys
 from torchrec_het_bench import configs as bench_configs
 from torchrec_het_bench.flags import float_above, int_at_least
 from torchrec_het_bench.launch import launched_by_torchrun, run_under_torchrun, spawn
-from torchrec_het_bench.networks import NETWORK_MODES, plan_networks
 from torchrec_het_bench.model import BENCH_DEVICE, EMBEDDING_OPTIMIZERS
+from torchrec_het_bench.networks import NETWORK_MODES, plan_networks
 from torchrec_het_bench.pipelines import (
     DEFAULT_EMBEDDING_STALENESS,
     DEFAULT_PIPELINE,
@@ -40,19 +40,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="torchrec-het-bench", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="default")
     parser.add_argument(
-        "--configs", default="", help="comma-separated configuration names (default: the stock ones that apply, planned, planned_s10)"
+        "--configs",
+        default="",
+        help="comma-separated configuration names (default: the stock ones that apply, planned, planned_s10)",
     )
     parser.add_argument("--list", action="store_true", help="print the configuration names and exit")
     parser.add_argument("--world-size", type=int_at_least(1), default=2, help="ranks to spawn (ignored under torchrun)")
     parser.add_argument("--out", default="bench_out", help="directory for results.json, results.md, results.png")
     parser.add_argument(
-        "--alpha", type=float_above(0, inclusive=True), help="Zipf exponent of the ids, >= 0 (0: uniform; overrides the preset)"
+        "--alpha",
+        type=float_above(0, inclusive=True),
+        help="Zipf exponent of the ids, >= 0 (0: uniform; overrides the preset)",
     )
     parser.add_argument(
-        "--rounds", type=int_at_least(MIN_ROUNDS), help=f"rounds of interleaved measurement, >= {MIN_ROUNDS} (overrides the preset)"
+        "--rounds",
+        type=int_at_least(MIN_ROUNDS),
+        help=f"rounds of interleaved measurement, >= {MIN_ROUNDS} (overrides the preset)",
     )
     parser.add_argument("--steps-per-round", type=int_at_least(1), help="measured steps per configuration per round")
-    parser.add_argument("--warmup-steps", type=int_at_least(0), help="unmeasured steps per configuration before round 1")
+    parser.add_argument(
+        "--warmup-steps", type=int_at_least(0), help="unmeasured steps per configuration before round 1"
+    )
     parser.add_argument("--embedding-optimizer", choices=sorted(EMBEDDING_OPTIMIZERS), default="rowwise_adagrad")
     parser.add_argument(
         "--pipeline",
@@ -113,7 +121,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "and a verdict per entry (peak RSS growth after warm-up, live-object slope)",
     )
     parser.add_argument(
-        "--soak-every", type=int_at_least(1), metavar="N", help="with --soak: trained steps between samples (default STEPS/40)"
+        "--soak-every",
+        type=int_at_least(1),
+        metavar="N",
+        help="with --soak: trained steps between samples (default STEPS/40)",
     )
     args = parser.parse_args(argv)
     args.soak_spec = _soak(parser, args)
@@ -146,7 +157,9 @@ def _soak(parser: argparse.ArgumentParser, args: argparse.Namespace) -> SoakSpec
         return None
     for flag in ("rounds", "steps_per_round", "eval_every"):
         if getattr(args, flag) is not None:
-            parser.error(f"argument --{flag.replace('_', '-')}: not with --soak (a soak trains each entry --soak steps)")
+            parser.error(
+                f"argument --{flag.replace('_', '-')}: not with --soak (a soak trains each entry --soak steps)"
+            )
     if args.seeds > 1:
         parser.error("argument --seeds: not with --soak (a soak measures memory, not AUC; run one --seed at a time)")
     try:
@@ -186,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{config.name:24s} {config.description}{mark}")
         return 0
     chosen, runs = args.chosen, args.runs
-    mode = "loopback" if args.network == "auto" and launched_by_torchrun() else args.network  # torchrun placed the ranks
+    mode = (
+        "loopback" if args.network == "auto" and launched_by_torchrun() else args.network
+    )  # torchrun placed the ranks
     networks, skipped = plan_networks(mode, args.out, args.hosts, args.gbit, args.delay_ms)
     body, on_done = run_benchmark, write_outputs
     if args.soak_spec is not None:

@@ -60,16 +60,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m torchrec_het_bench.adoption", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory for results.json, results.md, logs/ and the profile")
     parser.add_argument("--steps", type=int_at_least(2), default=None, help=f"training steps per run ({FULL['steps']})")
-    parser.add_argument("--repeats", type=int_at_least(1), default=None, help=f"runs per case and arm ({FULL['repeats']})")
+    parser.add_argument(
+        "--repeats", type=int_at_least(1), default=None, help=f"runs per case and arm ({FULL['repeats']})"
+    )
     parser.add_argument("--alpha", type=float_above(0), default=1.1, help="Zipf exponent of the skewed case (1.1)")
-    parser.add_argument("--eval-batches", type=int_at_least(1), default=None, help="held-out batches per rank for the AUC")
+    parser.add_argument(
+        "--eval-batches", type=int_at_least(1), default=None, help="held-out batches per rank for the AUC"
+    )
     parser.add_argument("--profile-every", type=int_at_least(1), default=4, help="the profile counts every N-th batch")
     parser.add_argument("--cases", nargs="+", choices=("uniform", "zipf"), default=["uniform", "zipf"])
     parser.add_argument("--quick", action="store_true", help=f"a smoke check: {QUICK} unless given")
-    parser.add_argument("--network", choices=("loopback", "emulated"), default="loopback",
-                        help="loopback: 2 ranks on this host; emulated: one rank per emulated host (needs root and ip)")
+    parser.add_argument(
+        "--network",
+        choices=("loopback", "emulated"),
+        default="loopback",
+        help="loopback: 2 ranks on this host; emulated: one rank per emulated host (needs root and ip)",
+    )
     parser.add_argument("--hosts", type=int_at_least(2), default=2, help="emulated hosts, one rank each (2)")
-    parser.add_argument("--gbit", type=float_above(0), default=1.25, help="the emulated hosts' link rate, Gbit/s (1.25)")
+    parser.add_argument(
+        "--gbit", type=float_above(0), default=1.25, help="the emulated hosts' link rate, Gbit/s (1.25)"
+    )
     parser.add_argument(
         "--launcher-env", action="append", default=[], metavar="TORCHREC_HET_X=VALUE",
         help="a setting for the launcher arm only (repeatable), e.g. TORCHREC_HET_COMPUTE_COSTS=table.json; "
@@ -117,7 +127,13 @@ def world_size(args: argparse.Namespace) -> int:
 def command(arm: str, case: Case, args: argparse.Namespace) -> list[str]:
     """The command line of one arm on loopback: torchrun, or the plugin's launcher, running the unchanged trainer."""
     head = ["-m", "torch.distributed.run"] if arm == "stock" else ["-m", "torchrec_het.launch"]
-    return [sys.executable, *head, "--nproc-per-node", str(WORLD_SIZE), *trainer_args(case, args.steps, args.eval_batches)]
+    return [
+        sys.executable,
+        *head,
+        "--nproc-per-node",
+        str(WORLD_SIZE),
+        *trainer_args(case, args.steps, args.eval_batches),
+    ]
 
 
 def run_env(arm: str, case: Case, profile: Path | None, in_netns: bool, launcher_env: list[str]) -> dict[str, str]:
@@ -200,9 +216,7 @@ def summarize_case(case: Case, arms: dict[str, list[dict]]) -> dict:
     ratios["it_per_s_paired"] = _median(  # each repeat's launcher run over the stock run just before it
         [b["it_per_s"] / a["it_per_s"] for a, b in zip(arms["stock"], arms["launcher"], strict=True)]
     )
-    ratios["auc_difference"] = (
-        None if launcher["median_auc"] is None else launcher["median_auc"] - stock["median_auc"]
-    )
+    ratios["auc_difference"] = None if launcher["median_auc"] is None else launcher["median_auc"] - stock["median_auc"]
     if case.with_profile:  # issue 12: plugin types planned, bytes <= 0.75x, no slower
         targets = {"plugin_types_planned": launcher["plugin_types_planned"],
                    "wire_bytes_at_most_0.75x": _at_most(ratios["wire_bytes_run"], 0.75),
@@ -230,7 +244,9 @@ def _where(results: dict) -> str:
     net = results.get("network", {"mode": "loopback"})
     if net["mode"] == "loopback":
         return f"{results['world_size']} ranks (gloo) on loopback"
-    return f"{results['world_size']} ranks (gloo), one on each of {net['hosts']} emulated hosts at {net['gbit']:g} Gbit/s"
+    return (
+        f"{results['world_size']} ranks (gloo), one on each of {net['hosts']} emulated hosts at {net['gbit']:g} Gbit/s"
+    )
 
 
 def markdown(results: dict) -> str:
@@ -264,12 +280,16 @@ def markdown(results: dict) -> str:
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for name, case in results["cases"].items():
         r = case["launcher_over_stock"]
-        targets = ", ".join(f"{key}: {'n/a' if ok is None else ('met' if ok else 'MISSED')}" for key, ok in case["targets"].items())
+        targets = ", ".join(
+            f"{key}: {'n/a' if ok is None else ('met' if ok else 'MISSED')}" for key, ok in case["targets"].items()
+        )
         lines.append(f"| {name} | {_fmt(r['it_per_s'], '.3f')} | {_fmt(r['it_per_s_paired'], '.3f')} "
                      f"| {_fmt(r['steady_it_per_s'], '.3f')} "
                      f"| {_fmt(r['wire_bytes_run'], '.4f')} | {_fmt(r['wire_bytes_per_step'], '.4f')} "
                      f"| {_fmt(r['auc_difference'], '+.4f')} | {targets} |")  # fmt: skip
-    notes = sorted({note for case in results["cases"].values() for run in case["launcher"]["runs"] for note in run["notes"]})
+    notes = sorted(
+        {note for case in results["cases"].values() for run in case["launcher"]["runs"] for note in run["notes"]}
+    )
     if notes:
         lines += ["", "The launcher said (stderr):", "", *[f"- `{note}`" for note in notes]]
     return "\n".join(lines) + "\n"
@@ -295,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
 
         network.update(hosts=args.hosts, gbit=args.gbit, tcp=measure_link(args, NETNS_PREFIX))
         network["link"] = describe_link(network)
-    cases = [Case("uniform", 0.0, False) if name == "uniform" else Case("zipf", args.alpha, True) for name in args.cases]
+    cases = [
+        Case("uniform", 0.0, False) if name == "uniform" else Case("zipf", args.alpha, True) for name in args.cases
+    ]
     profiles = {case.name: make_profile(case, args, out) for case in cases if case.with_profile}
     loadavg_start = os.getloadavg()[0]
     runs: dict[str, dict[str, list[dict]]] = {case.name: {"stock": [], "launcher": []} for case in cases}
@@ -320,12 +342,13 @@ def main(argv: list[str] | None = None) -> int:
             "kernel counters of the hosts' links (the sum of every host's eth0 transmit bytes: what crossed the "
             "emulated network, TCP/IP headers included, each packet once; traffic within a host is not counted). "
             "'run': launch to exit; 'per step': from the step N/10 line to the last step line."
-            if args.network == "emulated" else
-            "kernel counters of the loopback of a network namespace made for each run (all of that run's "
+            if args.network == "emulated"
+            else "kernel counters of the loopback of a network namespace made for each run (all of that run's "
             "traffic: ranks, rendezvous store, torchrun agent; TCP/IP headers included; each packet once). "
             "'run': launch to exit; 'per step': from the step N/10 line to the last step line. "
             f"'No more bytes' allows {BYTES_TOLERANCE:.1%}, more than runs of one plan differ."
-            if unavailable is None else f"not measured: {unavailable}"
+            if unavailable is None
+            else f"not measured: {unavailable}"
         ),
         "loadavg_start": loadavg_start,
         "loadavg_end": os.getloadavg()[0],

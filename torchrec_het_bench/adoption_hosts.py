@@ -52,7 +52,13 @@ def run_on_hosts(
     with EmulatedHosts(args.hosts, link_spec(args), name_prefix=prefix) as hosts:
         runs = []
         for host in range(args.hosts):
-            argv = ["ip", "netns", "exec", hosts.host_netns(host), *host_command(arm, case, args, host, hosts.host_address(0))]
+            argv = [
+                "ip",
+                "netns",
+                "exec",
+                hosts.host_netns(host),
+                *host_command(arm, case, args, host, hosts.host_address(0)),
+            ]
             runs.append((argv, dict(env, GLOO_SOCKET_IFNAME=hosts.interface(host))))
         return watch(runs, args.steps, warm_step, log, lambda: link_bytes(hosts))
 

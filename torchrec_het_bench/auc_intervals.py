@@ -93,11 +93,15 @@ def paired_delong(scores: torch.Tensor, reference_scores: torch.Tensor, labels: 
     b = torch.as_tensor(reference_scores).detach().reshape(-1).to(torch.float64)
     positive = torch.as_tensor(labels).detach().reshape(-1) > 0.5
     if not a.numel() == b.numel() == positive.numel():
-        raise ValueError(f"scores, reference scores and labels differ in length: {a.numel()}, {b.numel()}, {positive.numel()}")
+        raise ValueError(
+            f"scores, reference scores and labels differ in length: {a.numel()}, {b.numel()}, {positive.numel()}"
+        )
     m = int(positive.sum())
     n = positive.numel() - m
     if m < 2 or n < 2:
-        raise ValueError(f"held-out labels need at least 2 of each class for an interval, got {m} positive and {n} negative")
+        raise ValueError(
+            f"held-out labels need at least 2 of each class for an interval, got {m} positive and {n} negative"
+        )
     pos_a, neg_a = placements(a, positive)
     pos_b, neg_b = placements(b, positive)
     d_pos, d_neg = pos_a - pos_b, neg_a - neg_b

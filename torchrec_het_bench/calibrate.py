@@ -14,12 +14,18 @@ import json
 import sys
 from pathlib import Path
 
-from torchrec_het.planner.compute_costs import CALIBRATED_TYPES, COSTS_PATH, SETTING_CLASSES, VERSION, load_compute_costs
+from torchrec_het.planner.compute_costs import (
+    CALIBRATED_TYPES,
+    COSTS_PATH,
+    SETTING_CLASSES,
+    VERSION,
+    load_compute_costs,
+)
 from torchrec_het.types import HET_CACHED_ROW_WISE
 
 
 def setting_class(sharding_type: str, params: dict) -> str:
-    """"exact" or "stale" for a microbenchmark type's configuration ``params``."""
+    """ "exact" or "stale" for a microbenchmark type's configuration ``params``."""
     if sharding_type == HET_CACHED_ROW_WISE:
         bound = max(params.get("s_read", 0), params.get("s_write", params.get("s_read", 0)))
         return "exact" if bound == 0 else "stale"

@@ -145,7 +145,9 @@ def select(names: list[str] | None, preset: BenchPreset) -> list[BenchConfig]:
         return [CONFIGS[n] for n in DEFAULT_CONFIGS if CONFIGS[n].applies(preset)]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
-        raise ValueError(f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(CONFIGS)} (--list describes them)")
+        raise ValueError(
+            f"unknown configuration(s) {', '.join(unknown)}; choose from {', '.join(CONFIGS)} (--list describes them)"
+        )
     if len(set(names)) != len(names):
         raise ValueError(f"configuration named twice in {','.join(names)}")
     chosen = [CONFIGS[n] for n in names]

@@ -27,12 +27,12 @@ HEADER = (
     "(`make docs` regenerates it). Each section is one run of `python -m torchrec_het_bench`: every "
     "configuration trained in the same run, interleaved in rounds, on the same data. Bytes are counted by "
     "wrapping `torch.distributed` (MiB per step, summed over ranks); samples/s are medians over the measured "
-    "steps and vary between runs on a shared machine, bytes and AUC do not (for a given seed). In \"Against "
-    "stock TorchRec\", \"× stock\" is the ratio to the run's stock table_wise under `sparse_dist` (TorchRec's "
+    'steps and vary between runs on a shared machine, bytes and AUC do not (for a given seed). In "Against '
+    'stock TorchRec", "× stock" is the ratio to the run\'s stock table_wise under `sparse_dist` (TorchRec\'s '
     "`TrainPipelineSparseDist`, what users train with) where the run has it, else under the entry's own "
-    "pipeline; the last column names it. \"AUC − stock\" is the difference ± the half-width of its 95% "
+    'pipeline; the last column names it. "AUC − stock" is the difference ± the half-width of its 95% '
     "interval: over seeds (paired t) where a run has several, else on the held-out samples of its one seed "
-    "(DeLong); \"equal\" means the interval holds 0. A soak section (`--soak`) trains every entry alone for "
+    '(DeLong); "equal" means the interval holds 0. A soak section (`--soak`) trains every entry alone for '
     "thousands of steps and records its memory instead. What each column means: [measuring.md](measuring.md).\n"
 )
 
@@ -73,8 +73,10 @@ def _seed_words(results: dict) -> str:
     seeds = results.get("seeds", [])
     if len(seeds) < 2:
         return f"; seed {results.get('seed', 0)}"
-    return (f"; seeds {', '.join(str(s) for s in seeds)} (AUC and its curve: means over the seeds; speed, bytes, "
-            f"memory and step times: seed {results['measured_seed']}'s run)")
+    return (
+        f"; seeds {', '.join(str(s) for s in seeds)} (AUC and its curve: means over the seeds; speed, bytes, "
+        f"memory and step times: seed {results['measured_seed']}'s run)"
+    )
 
 
 def run_params(results: dict) -> list[str]:
@@ -103,7 +105,8 @@ def run_params(results: dict) -> list[str]:
         f"- {results['world_size']} ranks, {_network(results)}; {report.pipeline_words(results)}",
         *([f"- {links}"] if links else []),
         schedule,
-        f"- versions: {versions or 'not recorded'}; " + ("; ".join(recorded) if recorded else "commit and date not recorded"),
+        f"- versions: {versions or 'not recorded'}; "
+        + ("; ".join(recorded) if recorded else "commit and date not recorded"),
         f"- command: `{command_of(results)}`",
     ]
 
@@ -131,8 +134,19 @@ def render_run(title: str, results: dict) -> str:
     note = [results["note"], ""] if results.get("note") else []  # what a reader must know of the run (added by hand)
     if results.get("mode") == "soak":
         table = soak_results.markdown_table(results).rstrip("\n")
-        return "\n".join([f"## {title}", "", *note, *run_params(results), "", "### Memory over the run", "", table]) + "\n"
-    lines = [f"## {title}", "", *note, *run_params(results), "", "### Against stock TorchRec", "", *versus.table(results)]
+        return (
+            "\n".join([f"## {title}", "", *note, *run_params(results), "", "### Memory over the run", "", table]) + "\n"
+        )
+    lines = [
+        f"## {title}",
+        "",
+        *note,
+        *run_params(results),
+        "",
+        "### Against stock TorchRec",
+        "",
+        *versus.table(results),
+    ]
     verdicts = versus.verdicts(results)
     if verdicts:
         lines += ["", *verdicts]

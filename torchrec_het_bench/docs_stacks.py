@@ -45,9 +45,11 @@ def side_by_side(group: list[dict]) -> list[str]:
         f"fbgemm {r['versions'].get('fbgemm_gpu')}"
         for r in group
     ]
-    head = "| entry | sharding | " + " | ".join(
-        f"samples/s ({s.split(',')[0]}) | x stock | MiB/step | AUC" for s in stacks
-    ) + " |"
+    head = (
+        "| entry | sharding | "
+        + " | ".join(f"samples/s ({s.split(',')[0]}) | x stock | MiB/step | AUC" for s in stacks)
+        + " |"
+    )
     lines = ["stacks: " + "; ".join(f"{i + 1}. {s}" for i, s in enumerate(stacks)), "", head]
     lines.append("|---|---|" + "---|---|---|---|" * len(group))
     names = [c["name"] for c in report.by_workload(group[0]["configs"])]
@@ -59,7 +61,9 @@ def side_by_side(group: list[dict]) -> list[str]:
             sharding = "+".join(entry["sharding_types"])
             sps, ref = entry["samples_per_s"]["median"], stock and stock["samples_per_s"]["median"]
             ratio = "-" if not ref else f"{sps / ref:.2f}x"
-            cells.append(f"{sps:.0f} | {ratio} | {report.format_mib(entry['bytes_per_step']['embedding_cross_rank'])} | {report.format_auc(entry['auc'])}")
+            cells.append(
+                f"{sps:.0f} | {ratio} | {report.format_mib(entry['bytes_per_step']['embedding_cross_rank'])} | {report.format_auc(entry['auc'])}"
+            )
         lines.append(f"| {name} | {sharding} | " + " | ".join(cells) + " |")
     return lines
 
@@ -77,6 +81,11 @@ def render_stacks(runs: list[dict]) -> str:
         "stock table_wise); across runs only where a section's note says the machine was quiet.",
     ]
     for group in groups:
-        lines += ["", f"preset `{group[0].get('preset')}`, {group[0].get('world_size')} ranks, "
-                  f"{(group[0].get('network') or {}).get('mode')}:", "", *side_by_side(group)]
+        lines += [
+            "",
+            f"preset `{group[0].get('preset')}`, {group[0].get('world_size')} ranks, "
+            f"{(group[0].get('network') or {}).get('mode')}:",
+            "",
+            *side_by_side(group),
+        ]
     return "\n".join(lines) + "\n"

@@ -5,8 +5,19 @@ import torch
 from torchrec_het_bench.ideal_cache import lru_hits
 
 _COUNTERS = (
-    "lookups", "unique_lookups", "remote_unique", "remote_lookups", "hits_unique", "hits_lookups",
-    "requests", "rows_fetched", "rows_pushed", "evictions", "dirty_evictions", "ideal_lru_hits", "ideal_lru_lookups",
+    "lookups",
+    "unique_lookups",
+    "remote_unique",
+    "remote_lookups",
+    "hits_unique",
+    "hits_lookups",
+    "requests",
+    "rows_fetched",
+    "rows_pushed",
+    "evictions",
+    "dirty_evictions",
+    "ideal_lru_hits",
+    "ideal_lru_lookups",
 )
 
 
@@ -57,7 +68,9 @@ def summarize_cache(per_rank_stats: list[dict[str, dict]], steps: int) -> dict:
         "hit_rate_lookups": rate("hits_lookups", "remote_lookups"),
         "ideal_lru_hit_rate_unique": rate("ideal_lru_hits", "ideal_lru_lookups"),
         "remote_share_unique": rate("remote_unique", "unique_lookups"),
-        "per_step": {k: totals[k] / steps for k in ("requests", "rows_fetched", "rows_pushed", "evictions", "dirty_evictions")},
+        "per_step": {
+            k: totals[k] / steps for k in ("requests", "rows_fetched", "rows_pushed", "evictions", "dirty_evictions")
+        },
         "staleness_histogram": hist,
         "max_staleness": len(hist) - 1 if hist else 0,
     }

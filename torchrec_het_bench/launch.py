@@ -38,7 +38,12 @@ def _free_port() -> int:
 
 
 def _rank_main(
-    rank: int, spec: RunSpec, env_of_rank: list[dict[str, str]], netns_of_rank: list[str] | None, on_done, body=run_benchmark
+    rank: int,
+    spec: RunSpec,
+    env_of_rank: list[dict[str, str]],
+    netns_of_rank: list[str] | None,
+    on_done,
+    body=run_benchmark,
 ) -> None:
     faulthandler.enable()  # a rank killed by a signal (a native abort) prints its Python stacks first
     if netns_of_rank is not None:
@@ -72,7 +77,9 @@ def spawn(spec: RunSpec, on_done, body=run_benchmark) -> None:
             dict(rank_env(rank, (0,) * spec.world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)  # one host
             for rank in range(spec.world_size)
         ]
-        mp.start_processes(_rank_main, args=(spec, env, None, on_done, body), nprocs=spec.world_size, start_method="spawn")
+        mp.start_processes(
+            _rank_main, args=(spec, env, None, on_done, body), nprocs=spec.world_size, start_method="spawn"
+        )
         return
     from torchrec_het_bench.netem import EmulatedHosts, LinkSpec, remove_stale
     from torchrec_het_bench.netem_measure import link_truth
@@ -87,7 +94,9 @@ def spawn(spec: RunSpec, on_done, body=run_benchmark) -> None:
         host_of_rank = list(spec.host_of_rank)
         env = [dict(hosts.rank_env(r, host_of_rank), MASTER_PORT=port) for r in range(spec.world_size)]
         netns = [hosts.host_netns(h) for h in host_of_rank]
-        mp.start_processes(_rank_main, args=(spec, env, netns, on_done, body), nprocs=spec.world_size, start_method="spawn")
+        mp.start_processes(
+            _rank_main, args=(spec, env, netns, on_done, body), nprocs=spec.world_size, start_method="spawn"
+        )
 
 
 def run_under_torchrun(spec: RunSpec, on_done, body=run_benchmark) -> None:

@@ -80,7 +80,18 @@ class _MallInfo2(ctypes.Structure):
 
     _fields_ = [
         (name, ctypes.c_size_t)
-        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
     ]
 
 
@@ -105,7 +116,9 @@ def live_objects(by_type: bool = False) -> tuple[int, int, Counter | None]:
     gc.collect()
     objects = gc.get_objects()
     try:
-        tensors = sum(1 for obj in objects if issubclass(type(obj), torch.Tensor))  # type(): no __class__ lookups (deprecated proxies warn)
+        tensors = sum(
+            1 for obj in objects if issubclass(type(obj), torch.Tensor)
+        )  # type(): no __class__ lookups (deprecated proxies warn)
         types = Counter(type(obj) for obj in objects) if by_type else None
         return tensors, len(objects), types
     finally:

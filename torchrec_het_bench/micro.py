@@ -34,6 +34,7 @@ from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_het_bench import configs as bench_configs
+from torchrec_het_bench.comm import COLLECTIVE_FAMILIES, CommAccountant, CommTotals, sum_totals
 from torchrec_het_bench.flags import int_at_least
 from torchrec_het_bench.launch import spawn
 from torchrec_het_bench.model import shard_module, table_configs
@@ -42,7 +43,6 @@ from torchrec_het_bench.replicated_configs import hot_fraction
 from torchrec_het_bench.results import percentile, versions
 from torchrec_het_bench.worker import LOOPBACK_BYTES_PER_S, quiet_torchrec
 from torchrec_het_bench.workloads import open_workload_source, training_sample
-from torchrec_het_bench.comm import COLLECTIVE_FAMILIES, CommAccountant, CommTotals, sum_totals
 
 # Row name -> the benchmark configuration whose sharders and plan the type is built with.
 MICRO_TYPES: dict[str, str] = {
@@ -150,7 +150,9 @@ def run_micro(spec: MicroSpec) -> list[dict[str, MicroRecord]] | None:
                 _step(sharded, features, grad)
         for round_index in range(preset.rounds):
             first = preset.warmup_steps + round_index * preset.steps_per_round
-            batches = [source.batch(s, rank, "train").sparse_features for s in range(first, first + preset.steps_per_round)]
+            batches = [
+                source.batch(s, rank, "train").sparse_features for s in range(first, first + preset.steps_per_round)
+            ]
             for name, sharded in models.items():
                 dist.barrier()
                 accountant.reset()
@@ -192,7 +194,11 @@ def summarize(spec: MicroSpec, gathered: list[dict[str, MicroRecord]]) -> dict:
                 "config": per_rank[0].config,
                 "sharding_types": per_rank[0].sharding_types,
                 "params": bench_configs.CONFIGS[per_rank[0].config].params,
-                "ms_per_step": {"median": statistics.median(ms), "p10": percentile(ms, 0.1), "p90": percentile(ms, 0.9)},
+                "ms_per_step": {
+                    "median": statistics.median(ms),
+                    "p10": percentile(ms, 0.1),
+                    "p90": percentile(ms, 0.9),
+                },
                 "collectives_per_step": {
                     "total": sum(by_family.values()),
                     "by_family": by_family,
@@ -271,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         "--steps-per-round", type=int_at_least(1), help="measured steps per type per round (overrides the preset)"
     )
     parser.add_argument(
-        "--rounds", type=int_at_least(MIN_ROUNDS), help=f"rounds of interleaved measurement, >= {MIN_ROUNDS} (overrides the preset)"
+        "--rounds",
+        type=int_at_least(MIN_ROUNDS),
+        help=f"rounds of interleaved measurement, >= {MIN_ROUNDS} (overrides the preset)",
     )
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     args = parser.parse_args(argv)

@@ -133,8 +133,26 @@ def _probe_kernel_features(netns: str) -> None:
     steps = [
         ("bridge devices", ("ip", "-n", netns, "link", "add", "trhbr", "type", "bridge")),
         ("veth devices", ("ip", "-n", netns, "link", "add", "trhv0", "type", "veth", "peer", "name", "trhv1")),
-        ("the tbf qdisc", ("tc", "-n", netns, "qdisc", "add", "dev", "trhv0", "root", "tbf",
-                           "rate", "1gbit", "burst", "131072", "limit", "1048576")),
+        (
+            "the tbf qdisc",
+            (
+                "tc",
+                "-n",
+                netns,
+                "qdisc",
+                "add",
+                "dev",
+                "trhv0",
+                "root",
+                "tbf",
+                "rate",
+                "1gbit",
+                "burst",
+                "131072",
+                "limit",
+                "1048576",
+            ),
+        ),
     ]
     for feature, command in steps:
         try:
@@ -226,8 +244,9 @@ def _shape_uplink(netns: str, link: LinkSpec, with_delay: bool) -> None:
     if not with_delay:
         run_command(*tc, "root", "handle", "1:", *_tbf_args(link))
         return
-    run_command(*tc, "root", "handle", "1:", "netem", "delay", f"{link.delay_ms}ms",
-                "limit", str(link.delay_limit_packets()))
+    run_command(
+        *tc, "root", "handle", "1:", "netem", "delay", f"{link.delay_ms}ms", "limit", str(link.delay_limit_packets())
+    )
     run_command(*tc, "parent", "1:1", "handle", "10:", *_tbf_args(link))
 
 
@@ -572,12 +591,14 @@ class EmulatedHosts:
     def _add_host(self, host: int, with_delay: bool) -> None:
         netns, port, switch = self.host_netns(host), self.bridge_port(host), self.switch_netns
         self._add_netns(netns)
-        run_command("ip", "-n", switch, "link", "add", port, "type", "veth",
-                    "peer", "name", HOST_INTERFACE, "netns", netns)
+        run_command(
+            "ip", "-n", switch, "link", "add", port, "type", "veth", "peer", "name", HOST_INTERFACE, "netns", netns
+        )
         run_command("ip", "-n", switch, "link", "set", port, "master", BRIDGE, "up")
         run_command("ip", "-n", netns, "link", "set", HOST_INTERFACE, "addrgenmode", "none")
-        run_command("ip", "-n", netns, "addr", "add", f"{self.host_address(host)}/{SUBNET.prefixlen}",
-                    "dev", HOST_INTERFACE)
+        run_command(
+            "ip", "-n", netns, "addr", "add", f"{self.host_address(host)}/{SUBNET.prefixlen}", "dev", HOST_INTERFACE
+        )
         run_command("ip", "-n", netns, "link", "set", HOST_INTERFACE, "up")
         _shape_uplink(netns, self.link, with_delay)
         _shape_downlink(switch, port, self.link)
@@ -593,9 +614,11 @@ class EmulatedHosts:
                 time.sleep(0.005)
 
     def _link_ready(self, host: int) -> bool:
-        (host_side,) = json.loads(run_command("ip", "-j", "-n", self.host_netns(host), "link", "show",
-                                              "dev", HOST_INTERFACE))
-        (port,) = json.loads(run_command("ip", "-j", "-d", "-n", self.switch_netns, "link", "show",
-                                         "dev", self.bridge_port(host)))
+        (host_side,) = json.loads(
+            run_command("ip", "-j", "-n", self.host_netns(host), "link", "show", "dev", HOST_INTERFACE)
+        )
+        (port,) = json.loads(
+            run_command("ip", "-j", "-d", "-n", self.switch_netns, "link", "show", "dev", self.bridge_port(host))
+        )
         port_state = port.get("linkinfo", {}).get("info_slave_data", {}).get("state")
         return host_side.get("operstate") == "UP" and port_state == "forwarding"

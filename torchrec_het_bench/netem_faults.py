@@ -58,10 +58,12 @@ def restore_link(hosts: EmulatedHosts, host: int, timeout_s: float = RESTORE_TIM
 
 def link_is_up(hosts: EmulatedHosts, host: int) -> bool:
     """Whether ``host``'s link carries frames: its interface up and its bridge port forwarding."""
-    (host_side,) = json.loads(run_command("ip", "-j", "-n", hosts.host_netns(host), "link", "show",
-                                          "dev", hosts.interface(host)))
-    (port,) = json.loads(run_command("ip", "-j", "-d", "-n", hosts.switch_netns, "link", "show",
-                                     "dev", hosts.bridge_port(host)))
+    (host_side,) = json.loads(
+        run_command("ip", "-j", "-n", hosts.host_netns(host), "link", "show", "dev", hosts.interface(host))
+    )
+    (port,) = json.loads(
+        run_command("ip", "-j", "-d", "-n", hosts.switch_netns, "link", "show", "dev", hosts.bridge_port(host))
+    )
     state = port.get("linkinfo", {}).get("info_slave_data", {}).get("state")
     return host_side.get("operstate") == "UP" and port.get("operstate") == "UP" and state == "forwarding"
 

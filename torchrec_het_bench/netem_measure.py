@@ -23,7 +23,9 @@ CONNECT_TIMEOUT_S = 10.0
 
 
 @contextmanager
-def connected_pair(hosts: EmulatedHosts, client_host: int, server_host: int) -> Iterator[tuple[socket.socket, socket.socket]]:
+def connected_pair(
+    hosts: EmulatedHosts, client_host: int, server_host: int
+) -> Iterator[tuple[socket.socket, socket.socket]]:
     """A TCP connection from ``client_host`` to ``server_host``'s address, as (client, server) sockets.
 
     Between two ranks of the same host the connection goes through the
@@ -184,14 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     check_available()
-    print("| link Gbit/s | delay ms (set / added) | cross-host Gbit/s | cross-host both ways, each | same-host Gbit/s "
-          "| cross RTT ms | same RTT ms |")
+    print(
+        "| link Gbit/s | delay ms (set / added) | cross-host Gbit/s | cross-host both ways, each | same-host Gbit/s "
+        "| cross RTT ms | same RTT ms |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for gbit in args.gbit:
         result = measure(LinkSpec(gbit, args.delay_ms), args.megabytes << 20, args.repeats)
-        print(f"| {gbit:g} | {args.delay_ms:g} / {result['delay_added_ms']:g} | {result['cross_gbit']:.3f} "
-              f"| {result['cross_both_ways_gbit']:.3f} | {result['same_gbit']:.2f} | {result['cross_rtt_ms']:.3f} "
-              f"| {result['same_rtt_ms']:.3f} |")
+        print(
+            f"| {gbit:g} | {args.delay_ms:g} / {result['delay_added_ms']:g} | {result['cross_gbit']:.3f} "
+            f"| {result['cross_both_ways_gbit']:.3f} | {result['same_gbit']:.2f} | {result['cross_rtt_ms']:.3f} "
+            f"| {result['same_rtt_ms']:.3f} |"
+        )
     return 0
 
 

@@ -335,7 +335,10 @@ def _hybrid(sharded: ShardedModel, feed: BatchFeed, device: torch.device, k: int
     from torchrec_het.pipeline import HybridTrainPipeline
 
     return TorchRecLoop(
-        lambda model, optimizer, dev: HybridTrainPipeline(model, optimizer, dev, embedding_staleness=k), sharded, feed, device
+        lambda model, optimizer, dev: HybridTrainPipeline(model, optimizer, dev, embedding_staleness=k),
+        sharded,
+        feed,
+        device,
     )
 
 

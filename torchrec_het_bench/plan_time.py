@@ -58,7 +58,9 @@ def _rank(rank: int, args: argparse.Namespace, envs: list[dict[str, str]], netns
     for _ in range(args.repeats):
         for probe in (True, False):
             model = build_model(preset, source.feature_names, source.num_dense)
-            topology = Topology(world_size=len(envs), local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]), compute_device="cpu")
+            topology = Topology(
+                world_size=len(envs), local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]), compute_device="cpu"
+            )
             dist.barrier()
             start = time.perf_counter()
             planner = EmbeddingShardingPlanner(topology=topology, batch_size=preset.batch_size, link_probe=probe)
@@ -88,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with EmulatedHosts(2, LinkSpec(args.gbit, 0.0), name_prefix="trhplantime") as hosts:
         envs = [dict(hosts.rank_env(rank, [0, 1]), MASTER_PORT="29517") for rank in range(2)]
-        mp.start_processes(_rank, args=(args, envs, [hosts.host_netns(h) for h in (0, 1)]), nprocs=2, start_method="spawn")
+        mp.start_processes(
+            _rank, args=(args, envs, [hosts.host_netns(h) for h in (0, 1)]), nprocs=2, start_method="spawn"
+        )
     return 0
 
 

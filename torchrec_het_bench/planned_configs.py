@@ -29,7 +29,9 @@ def per_rank_profile(context: ShardingContext) -> AccessProfile:
 
 
 def _cache(staleness: int) -> HetCacheConfig:
-    return HetCacheConfig(default=CacheSettings(s_read=staleness, s_write=staleness) if staleness > 1 else CacheSettings())
+    return HetCacheConfig(
+        default=CacheSettings(s_read=staleness, s_write=staleness) if staleness > 1 else CacheSettings()
+    )
 
 
 def _planner_topology(context: ShardingContext, topology: Topology | None = None) -> Topology:
@@ -44,7 +46,9 @@ def _planner_topology(context: ShardingContext, topology: Topology | None = None
 def _make_sharders(staleness: int):
     def build(context: ShardingContext):
         # the planner's topology: the per-host tier it priced is the one built
-        tiers = ProfileTiers(per_rank_profile(context), replica_sync_every=staleness, topology=_planner_topology(context))
+        tiers = ProfileTiers(
+            per_rank_profile(context), replica_sync_every=staleness, topology=_planner_topology(context)
+        )
         replication = ReplicationConfig(
             tiers=tiers,
             replica_sync_every=staleness,
@@ -58,7 +62,9 @@ def _make_sharders(staleness: int):
 def _make_planner(staleness: int):
     def build(context: ShardingContext, topology: Topology, **planner_args):
         pricing = PluginPricing(AccessModel(per_rank_profile(context)))  # the settings: the sharders' options
-        return HetEmbeddingShardingPlanner(topology=_planner_topology(context, topology), pricing=pricing, **planner_args)
+        return HetEmbeddingShardingPlanner(
+            topology=_planner_topology(context, topology), pricing=pricing, **planner_args
+        )
 
     return build
 
@@ -78,7 +84,9 @@ def planned_configs() -> list[BenchConfig]:
                     description=f"{workload}: the planner chooses each table's type, the plugin's included ({sync})",
                     make_sharders=lambda: [],
                     make_constraints=lambda tables, preset: None,
-                    applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
+                    applies=(lambda preset: preset.sequence is not None)
+                    if workload == "sequence"
+                    else (lambda preset: True),
                     workload=workload,
                     params={"sharding": "planner+torchrec_het", "replica_sync_every": staleness},
                     make_sharders_for=_make_sharders(staleness),

@@ -4,7 +4,6 @@ from dataclasses import dataclass, replace
 
 from torchrec_het_bench.data import clamped_cardinalities, preset_table_sizes
 
-
 MIN_ROUNDS = 3  # rounds a preset measures at least (the "test" preset of the tests excepted)
 
 

@@ -33,16 +33,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     for flag in ("steps", "every", "world_size"):
         if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)} (an empty profile prices nothing)")
+            parser.error(
+                f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)} (an empty profile prices nothing)"
+            )
     if not 0 <= args.rank < args.world_size:
         parser.error(f"--rank must lie in [0, --world-size {args.world_size}), got {args.rank}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    from torchrec_het_bench.data import DataConfig, open_source
     from torchrec_het_bench.model import table_configs
     from torchrec_het_bench.presets import get_preset
-    from torchrec_het_bench.data import DataConfig, open_source
 
     args = parse_args(argv)
     preset = get_preset(args.preset, alpha=args.alpha)
@@ -57,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         profiler.observe(source.batch(step, args.rank, "train").sparse_features)
     profile = profiler.save(args.out)
     top = sum(profile.coverage(t.name, max(1, t.num_embeddings // 100)) for t in tables) / len(tables)
-    print(f"profiled {profile.batches} of {args.steps} batches ({len(tables)} tables); "
-          f"the hottest 1% of rows take {top:.1%} of reads on average; wrote {args.out}")
+    print(
+        f"profiled {profile.batches} of {args.steps} batches ({len(tables)} tables); "
+        f"the hottest 1% of rows take {top:.1%} of reads on average; wrote {args.out}"
+    )
     return 0
 
 

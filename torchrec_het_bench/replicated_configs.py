@@ -16,8 +16,8 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.replication.profile import AccessProfile, count_accesses
 from torchrec_het.replication.memory import TableMemory, TierTopology, bytes_per_row, plan_peak_bytes, replica_copies
+from torchrec_het.replication.profile import AccessProfile, count_accesses
 from torchrec_het.replication.tier_selection import select_tiers
 from torchrec_het.replication.tiers import TierPlan
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
@@ -43,7 +43,9 @@ def stream_profile(context: ShardingContext) -> AccessProfile:
 
 def table_memory(context: ShardingContext) -> list[TableMemory]:
     return [
-        TableMemory(t.name, t.num_embeddings, t.embedding_dim, bytes_per_row(t.embedding_dim, context.embedding_optimizer))
+        TableMemory(
+            t.name, t.num_embeddings, t.embedding_dim, bytes_per_row(t.embedding_dim, context.embedding_optimizer)
+        )
         for t in context.tables
     ]
 
@@ -161,14 +163,19 @@ def _online_config(workload: str, sync_every: int) -> BenchConfig:
         make_constraints=lambda tables, preset: None,
         applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
         workload=workload,
-        params={"sharding": "het_row_replicated", "replica_sync_every": sync_every,
-                "online_profile_steps": ONLINE_PROFILE_STEPS},  # fmt: skip
+        params={
+            "sharding": "het_row_replicated",
+            "replica_sync_every": sync_every,
+            "online_profile_steps": ONLINE_PROFILE_STEPS,
+        },  # fmt: skip
         make_plan=_all_replicated,
         make_sharders_for=build,
     )
 
 
-def _config(workload: str, ratio: float, sync_every: int, all_hot_window: int | None, wire_dtype: str = "fp32") -> BenchConfig:
+def _config(
+    workload: str, ratio: float, sync_every: int, all_hot_window: int | None, wire_dtype: str = "fp32"
+) -> BenchConfig:
     name = replicated_config_name(workload, ratio, sync_every)
     sync = "exact sync" if sync_every == 1 else f"replicas synced every {sync_every} steps"
     description = f"{workload}: row-replicated, hot rows within {ratio:.2f} x the stock plan's memory, {sync}"

@@ -25,7 +25,9 @@ def links_line(network: dict) -> str | None:
     one_way = links.get("probe", {}).get("inter_one_way")
     if one_way is not None:
         parts.append(f"one way between hosts {one_way['gbit']:.3g} Gbit/s")
-    line = "links measured at plan time (per rank, all ranks sending at once): " + (", ".join(parts) or "nothing to measure")
+    line = "links measured at plan time (per rank, all ranks sending at once): " + (
+        ", ".join(parts) or "nothing to measure"
+    )
     if network.get("mode") == "emulated":
         line += f"; emulated link {network['gbit']:g} Gbit/s each way"
         tcp = network.get("tcp")
@@ -96,7 +98,8 @@ def markdown_table(results: dict, curve_plot: str | None = "auc_curve.png") -> s
         lines.append(
             f"| {c.get('workload', 'dlrm')} | {c['name']} | {'+'.join(c['sharding_types'])} "
             f"| {sps['median']:.0f} [{sps['p10']:.0f}, {sps['p90']:.0f}] "
-            + "| " + " | ".join(format_mib(b[p]) for p in PHASES)
+            + "| "
+            + " | ".join(format_mib(b[p]) for p in PHASES)
             + f" | {format_mib(b['embedding_cross_rank'])} | {format_mib(c['inter_host_bytes'])}"
             f" | {het_hit_rate(c)} | {hot_row_share(c)} | {c['auc']:.4f} | {c['loss']:.4f} | {rss} |"
         )
@@ -117,7 +120,13 @@ def markdown_table(results: dict, curve_plot: str | None = "auc_curve.png") -> s
     return "\n".join(lines) + "\n"
 
 
-STEP_COLUMNS = (("emb_fwd", "emb fwd"), ("emb_bwd", "emb bwd"), ("dense", "dense"), ("comm_wait", "comm wait"), ("total", "total"))
+STEP_COLUMNS = (
+    ("emb_fwd", "emb fwd"),
+    ("emb_bwd", "emb bwd"),
+    ("dense", "dense"),
+    ("comm_wait", "comm wait"),
+    ("total", "total"),
+)
 
 
 def step_time_table(results: dict) -> list[str]:
@@ -234,7 +243,6 @@ def plot(results: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
-
 def save_figure(fig, path: Path) -> None:
     """Lays the figure out, writes it to ``path`` and frees it."""
     import matplotlib.pyplot as plt
@@ -242,6 +250,7 @@ def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
 
 def _staleness_size(bound: int) -> float:
     """Marker area (points^2) of a HET entry with staleness bound ``bound``: grows with its square root."""
@@ -271,11 +280,15 @@ def plot_het_tradeoff(results: dict, path: Path) -> bool:
             xs = [c["bytes_per_step"]["embedding_cross_rank"] / 2**20 for c in group]
             ys = [c["auc"] for c in group]
             sizes = [_staleness_size(c["params"]["s_read"]) for c in group]
-            ax.scatter(xs, ys, s=sizes, marker=marker, color=color, alpha=0.8, label=f"{protocol}, {capacity:.0%} cache")
+            ax.scatter(
+                xs, ys, s=sizes, marker=marker, color=color, alpha=0.8, label=f"{protocol}, {capacity:.0%} cache"
+            )
             for c, x, y in zip(group, xs, ys):
                 ax.annotate(f"s={c['params']['s_read']}", (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
     for bound in (0, 10, 100):  # the size key, as empty gray markers
-        ax.scatter([], [], s=_staleness_size(bound), facecolors="none", edgecolors="gray", label=f"staleness bound s={bound}")
+        ax.scatter(
+            [], [], s=_staleness_size(bound), facecolors="none", edgecolors="gray", label=f"staleness bound s={bound}"
+        )
     for c in ran(results["configs"]):
         if c["stock"] and c.get("workload", "dlrm") == "dlrm":
             ax.axvline(c["bytes_per_step"]["embedding_cross_rank"] / 2**20, color="gray", linestyle=":", linewidth=1)
@@ -319,12 +332,20 @@ def plot_bytes_vs_memory(results: dict, path: Path) -> bool:
         for index, c in enumerate(entries):
             x, y = max(c["state_mb"]), c["bytes_per_step"]["embedding_cross_rank"] / 2**20
             replicated = "het_row_replicated" in c["sharding_types"]
-            ax.scatter([x], [y], marker=_MARKERS[index % len(_MARKERS)], s=60, alpha=0.75,
-                       label=c["name"] + (" (hot rows on every rank)" if replicated else ""))
+            ax.scatter(
+                [x],
+                [y],
+                marker=_MARKERS[index % len(_MARKERS)],
+                s=60,
+                alpha=0.75,
+                label=c["name"] + (" (hot rows on every rank)" if replicated else ""),
+            )
         ax.set_xlim(0, max(max(c["state_mb"]) for c in entries) * 1.15 or 1.0)
         ax.set_ylim(0, max(c["bytes_per_step"]["embedding_cross_rank"] for c in entries) / 2**20 * 1.15 or 1.0)
         ax.legend(fontsize=8, loc="lower left")
-        ax.set_xlabel("model state per rank, MiB (max over ranks; less is better)\nweights + optimizer state, replicas included")
+        ax.set_xlabel(
+            "model state per rank, MiB (max over ranks; less is better)\nweights + optimizer state, replicas included"
+        )
         ax.set_ylabel("embedding bytes per step, MiB (fewer is better)\ncross-rank, summed over ranks")
         ax.set_title(f"{workload}: bytes vs memory, better down and left (preset {results['preset']})")
     save_figure(fig, path)
@@ -363,8 +384,14 @@ def plot_auc_curves(results: dict, path: Path) -> bool:
         for reference, (plateau, target) in plateaus.items():
             ax.axhline(plateau, color="gray", linestyle="--", linewidth=0.8)
             ax.axhline(target, color="gray", linestyle=":", linewidth=0.8)
-            ax.annotate(f"{reference} plateau (dashed), 99.5% (dotted)", (0, plateau), fontsize=7,
-                        xytext=(2, 3), textcoords="offset points", color="gray")
+            ax.annotate(
+                f"{reference} plateau (dashed), 99.5% (dotted)",
+                (0, plateau),
+                fontsize=7,
+                xytext=(2, 3),
+                textcoords="offset points",
+                color="gray",
+            )
         ax.set_xlabel("trained steps (warm-up included)")
         ax.set_ylabel("held-out AUC (higher is better)")
         ax.set_title(f"{workload}: held-out AUC (preset {results['preset']})")

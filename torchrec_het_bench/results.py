@@ -13,7 +13,7 @@ import os
 import platform
 import statistics
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -21,11 +21,11 @@ import torch
 
 from torchrec_het_bench import configs as bench_configs
 from torchrec_het_bench import report, versus
+from torchrec_het_bench.comm import EMBEDDING_PHASES, sum_totals
+from torchrec_het_bench.data import binary_auc
 from torchrec_het_bench.het_stats import summarize_cache
 from torchrec_het_bench.step_time import STEP_PARTS, TIMED_PARTS
 from torchrec_het_bench.worker import RankRecord, RunSpec
-from torchrec_het_bench.comm import EMBEDDING_PHASES, sum_totals
-from torchrec_het_bench.data import binary_auc
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -64,13 +64,17 @@ def step_ms(per_rank: list[RankRecord]) -> dict[str, float]:
     return {p: 1e3 * statistics.median(step[p] for step in per_step) for p in STEP_PARTS}
 
 
-def _bytes(per_rank: list[RankRecord], steps: int, host_of_rank: list[int] | None) -> tuple[dict, dict, int | None, int | None]:
+def _bytes(
+    per_rank: list[RankRecord], steps: int, host_of_rank: list[int] | None
+) -> tuple[dict, dict, int | None, int | None]:
     totals = sum_totals([t for r in per_rank for t in r.comm])
     summary = totals.summary(host_of_rank)
     per_step = {k: int(round(v / steps)) for k, v in summary["phases"].items()}
     by_collective = {k: int(round(v / steps)) for k, v in summary["by_collective"].items()}
     inter = None if host_of_rank is None else int(round(summary["inter_host"] / steps))
-    inter_embedding = None if host_of_rank is None else int(round(totals.inter_host(host_of_rank, EMBEDDING_PHASES) / steps))
+    inter_embedding = (
+        None if host_of_rank is None else int(round(totals.inter_host(host_of_rank, EMBEDDING_PHASES) / steps))
+    )
     return per_step, by_collective, inter, inter_embedding
 
 
@@ -98,14 +102,21 @@ def provenance() -> dict[str, str]:
     date: which code a results file measured. ``unknown`` commit outside a git checkout."""
     root = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
-                                text=True, check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                               text=True, check=True, timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
         commit += "+dirty" if dirty else ""
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
-    return {"commit": commit, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine()}
+    return {"commit": commit, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine()}
 
 
 def machine() -> dict:
@@ -113,8 +124,11 @@ def machine() -> dict:
     through it a run's exact losses, may differ between machines (docs/measuring.md)."""
     cpu = platform.processor() or "unknown"
     try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
+        names = [
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ]
         cpu = names[0] if names else cpu
     except OSError:
         pass

@@ -19,4 +19,3 @@ def measure_run_links(world_size: int, local_world_size: int) -> dict:
     ``LinkFigures.as_dict()``: Gbit/s per rank within and between hosts, their sources, the probe."""
     probe = probe_links(dist.GroupMember.WORLD, local_world_size, torch.device("cpu"))
     return link_figures(cpu_topology(world_size, local_world_size), LinkSettings(), probe).as_dict()
-

@@ -22,8 +22,19 @@ from torchrec_het_bench.versus import add_convergence_intervals, reference_name
 from torchrec_het_bench.worker import RunSpec
 
 # What must agree between the runs merged (everything but the seed, the provenance and the measurements).
-_SAME = ("preset", "world_size", "alpha", "table_sizes", "pipeline", "embedding_staleness", "rounds",
-         "steps_per_round", "warmup_steps", "eval_every", "data")
+_SAME = (
+    "preset",
+    "world_size",
+    "alpha",
+    "table_sizes",
+    "pipeline",
+    "embedding_staleness",
+    "rounds",
+    "steps_per_round",
+    "warmup_steps",
+    "eval_every",
+    "data",
+)
 
 
 def seed_dir(out: str | Path, seed: int) -> Path:
@@ -82,7 +93,9 @@ def merge(runs: list[dict]) -> dict:
             continue
         differences = _differences(per_seed, entry["name"], reference)
         entry["auc_vs_stock"] = dict(paired_t(differences, seeds).as_dict(), reference=reference, by_seed=differences)
-        add_convergence_intervals(entry, lambda ref: paired_t(_differences(per_seed, entry["name"], ref)).half_width)
+        add_convergence_intervals(
+            entry, lambda ref, name=entry["name"]: paired_t(_differences(per_seed, name, ref)).half_width
+        )
     return merged
 
 
@@ -102,7 +115,9 @@ def _merge_entry(entry: dict, runs: list[dict]) -> None:
     entry["auc"] = statistics.fmean(entry["auc_by_seed"])
     entry["auc_spread"] = statistics.stdev(entry["auc_by_seed"])  # sample standard deviation over seeds
     entry["auc_curve_by_seed"] = [run["auc_curve"] for run in runs]
-    entry["auc_curve"] = [[step, statistics.fmean(run["auc_curve"][i][1] for run in runs)] for i, step in enumerate(steps[0])]
+    entry["auc_curve"] = [
+        [step, statistics.fmean(run["auc_curve"][i][1] for run in runs)] for i, step in enumerate(steps[0])
+    ]
     entry["loss_by_seed"] = [run["loss"] for run in runs]
 
 
@@ -111,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     (after a change to the merge or the report; the runs are not repeated)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m torchrec_het_bench.seeds", description=main.__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m torchrec_het_bench.seeds", description=main.__doc__.splitlines()[0]
+    )
     parser.add_argument("out", type=Path, help="the --out folder of a --seeds run")
     args = parser.parse_args(argv)
     paths = sorted(args.out.glob("seed_*/results.json"), key=lambda p: int(p.parent.name.removeprefix("seed_")))

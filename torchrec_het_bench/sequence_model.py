@@ -20,9 +20,9 @@ from torchrec.modules.embedding_modules import EmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from torchrec_het_bench.config_types import BenchConfig
+from torchrec_het_bench.data.sequence import CATEGORY_TABLE, ITEM_TABLE, TABLE_FEATURES
 from torchrec_het_bench.model import ShardedModel, shard_module
 from torchrec_het_bench.presets import BenchPreset, SequencePreset
-from torchrec_het_bench.data.sequence import CATEGORY_TABLE, ITEM_TABLE, TABLE_FEATURES
 
 EMBEDDING_MODULE_PATH = "model.embedding_collection"
 
@@ -85,11 +85,14 @@ class HistoryPooling(nn.Module):
         attended = torch.einsum("bl,bld->bd", weights, history)
         categories = embedded["hist_cat"]
         cat_sum = torch.zeros_like(target_cat).index_add(
-            0, torch.repeat_interleave(torch.arange(target_cat.shape[0]), categories.lengths().to(torch.int64)), categories.values()
+            0,
+            torch.repeat_interleave(torch.arange(target_cat.shape[0]), categories.lengths().to(torch.int64)),
+            categories.values(),
         )
         mean_cat = cat_sum / counts
         return torch.cat(
-            [target_item, target_cat, attended, mean_item, mean_cat, target_item * attended, target_cat * mean_cat], dim=1
+            [target_item, target_cat, attended, mean_item, mean_cat, target_item * attended, target_cat * mean_cat],
+            dim=1,
         )
 
 
@@ -103,7 +106,13 @@ class SequenceRanker(nn.Module):
         over_arch: MLP widths after the 7 * D input features (the last is 1).
     """
 
-    def __init__(self, embedding_collection: EmbeddingCollection, embedding_dim: int, max_history: int, over_arch: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        embedding_collection: EmbeddingCollection,
+        embedding_dim: int,
+        max_history: int,
+        over_arch: tuple[int, ...],
+    ) -> None:
         super().__init__()
         if over_arch[-1] != 1:
             raise ValueError(f"over_arch must end with 1, got {over_arch}")

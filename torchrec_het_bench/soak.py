@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 from torchrec_het_bench import configs as bench_configs
+from torchrec_het_bench.data import DataExhaustedError
 from torchrec_het_bench.memory import (
     heap_mb,
     live_objects,
@@ -39,12 +41,10 @@ from torchrec_het_bench.memory import (
     rss_mb,
     type_name,
 )
-from torchrec_het_bench.data import DataExhaustedError
 from torchrec_het_bench.model import BENCH_DEVICE
 from torchrec_het_bench.pipelines import BatchFeed, PipelineRefused
 from torchrec_het_bench.worker import Entry, RunSpec, quiet_torchrec, threads_per_rank
 from torchrec_het_bench.workloads import open_workload_source, shard_workload
-from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 
 GROWN_TYPES = 8  # types listed as the ones whose live count grew most after warm-up
 

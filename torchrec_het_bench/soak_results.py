@@ -25,7 +25,17 @@ from torchrec_het_bench.worker import RunSpec
 
 RSS_GROWTH_LIMIT_PCT = 5.0
 LIVE_SLACK = {"live_tensors": 32, "gc_objects": 512}
-SERIES = ("step", "rss_mb", "peak_rss_mb", "heap_in_use_mb", "heap_free_mb", "live_tensors", "gc_objects", "seconds", "loss")
+SERIES = (
+    "step",
+    "rss_mb",
+    "peak_rss_mb",
+    "heap_in_use_mb",
+    "heap_free_mb",
+    "live_tensors",
+    "gc_objects",
+    "seconds",
+    "loss",
+)
 
 
 def slope_per_1k_steps(steps: list[int], counts: list[float]) -> float:
@@ -61,7 +71,10 @@ def verdict(series: list[dict], soak: SoakSpec) -> dict:
     rss_ok = max(growth) <= RSS_GROWTH_LIMIT_PCT
     warmup_index = [rank["step"].index(soak.warmup_steps) for rank in series]
     heap = {
-        key: {"warmup": [rank[key][i] for rank, i in zip(series, warmup_index)], "end": [rank[key][-1] for rank in series]}
+        key: {
+            "warmup": [rank[key][i] for rank, i in zip(series, warmup_index)],
+            "end": [rank[key][-1] for rank in series],
+        }
         for key in ("heap_in_use_mb", "heap_free_mb")
         if all(rank.get(key) and None not in rank[key] for rank in series)  # glibc only
     }
@@ -254,7 +267,9 @@ def plot(results: dict, path: Path) -> bool:
         steps = series[0]["step"]
         ax_rss.plot(steps, [max(v) for v in zip(*(r["peak_rss_mb"] for r in series))], label=c["name"])
         # Each rank's count minus its own at the end of the warm-up; the larger change of the ranks.
-        changes = [[n - r["live_tensors"][r["step"].index(warmup)] for n in r["live_tensors"] if n is not None] for r in series]
+        changes = [
+            [n - r["live_tensors"][r["step"].index(warmup)] for n in r["live_tensors"] if n is not None] for r in series
+        ]
         counted = [s for s in steps if s >= warmup]
         ax_live.plot(counted, [max(v, key=abs) for v in zip(*changes)], marker="o", markersize=2, label=c["name"])
     for ax in (ax_rss, ax_live):

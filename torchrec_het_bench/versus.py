@@ -28,6 +28,7 @@ def add_auc_vs_stock(entries: list[dict], scores: dict) -> None:
         scores: entry name -> (scores, labels) of its held-out samples, in the same sample order for
             every entry of a workload.
     """
+
     def delong(entry: dict, reference: str) -> AucDifference:
         own, labels = scores[entry["name"]]
         ref_scores, ref_labels = scores[reference]
@@ -40,7 +41,7 @@ def add_auc_vs_stock(entries: list[dict], scores: dict) -> None:
         if reference is None or reference == entry["name"] or "not_run" in entry:
             continue
         entry["auc_vs_stock"] = dict(delong(entry, reference).as_dict(), reference=reference)
-        add_convergence_intervals(entry, lambda ref: delong(entry, ref).half_width)
+        add_convergence_intervals(entry, lambda ref, entry=entry: delong(entry, ref).half_width)
 
 
 def add_convergence_intervals(entry: dict, half_width) -> None:
@@ -133,7 +134,11 @@ def interval_note(results: dict) -> str:
     methods = sorted({c["auc_vs_stock"]["method"] for c in _ran_by_name(results).values() if "auc_vs_stock" in c})
     if not methods:
         return "AUC − stock: no interval recorded in this run"
-    return "AUC − stock: difference ± half-width of its 95% interval (" + "; ".join(methods) + "); equal: the interval holds 0"
+    return (
+        "AUC − stock: difference ± half-width of its 95% interval ("
+        + "; ".join(methods)
+        + "); equal: the interval holds 0"
+    )
 
 
 def table(results: dict) -> list[str]:
@@ -166,10 +171,19 @@ def verdicts(results: dict) -> list[str]:
     return ["verdicts against stock:", *(f"- {line}" for line in lines), "", interval_note(results)]
 
 
-
 def section(results: dict) -> str:
     """The report's opening: the "against stock" table and the verdicts (empty without a stock reference)."""
     if not any(ref is not None for _, ref in rows(results)):
         return ""
-    return "\n".join(["every entry against stock TorchRec (higher samples/s, fewer bytes are better):", "",
-                      *table(results), "", *verdicts(results)]) + "\n\n"
+    return (
+        "\n".join(
+            [
+                "every entry against stock TorchRec (higher samples/s, fewer bytes are better):",
+                "",
+                *table(results),
+                "",
+                *verdicts(results),
+            ]
+        )
+        + "\n\n"
+    )

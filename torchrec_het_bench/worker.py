@@ -40,7 +40,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 from torchrec_het_bench import configs as bench_configs
+from torchrec_het_bench.comm import CommAccountant, attach_ddp_hooks
+from torchrec_het_bench.data import DataExhaustedError
 from torchrec_het_bench.het_stats import ideal_lru, rank_cache_stats
 from torchrec_het_bench.memory import peak_rss_mb, reset_peak_rss, rss_mb, state_mb
 from torchrec_het_bench.model import BENCH_DEVICE, ShardedModel, predict
@@ -57,10 +60,6 @@ from torchrec_het_bench.presets import BenchPreset
 from torchrec_het_bench.replicated_configs import hot_fraction
 from torchrec_het_bench.step_time import CLOCK, TIMED_PARTS, instrument, timing_installed
 from torchrec_het_bench.workloads import open_workload_source, shard_workload
-from torchrec_het_bench.comm import CommAccountant, attach_ddp_hooks
-from torchrec_het_bench.data import DataExhaustedError
-from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
-
 
 # What configurations that plan for the network assume of gloo over loopback: ~2 GB/s for
 # the benchmark's message sizes on this kind of VM (a stated figure, not measured per run).
@@ -265,7 +264,10 @@ def _build(
     replicated = replicated_module(sharded)
     if replicated is not None:  # replica kernels are not in the state dict: count them here
         record.state_mb += replicated.replica_nbytes() / 2**20
-        record.replication = {"hot_fraction": hot_fraction(sharded.model), "replica_mb": replicated.replica_nbytes() / 2**20}
+        record.replication = {
+            "hot_fraction": hot_fraction(sharded.model),
+            "replica_mb": replicated.replica_nbytes() / 2**20,
+        }
         replicated.reset_replication_stats()  # count measured steps only
     return trainee, record
 
@@ -382,9 +384,7 @@ def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
     rank = dist.get_rank()
     preset = spec.preset
     workloads = list(dict.fromkeys(_workload(name) for name in spec.config_names))  # in order of first use
-    sources = {
-        w: open_workload_source(w, preset, spec.world_size, spec.seed, spec.data_path) for w in workloads
-    }
+    sources = {w: open_workload_source(w, preset, spec.world_size, spec.seed, spec.data_path) for w in workloads}
     eval_batches = {
         w: [source.batch(i, rank, "eval") for i in range(preset.eval_batches_of(w))] for w, source in sources.items()
     }
@@ -397,7 +397,9 @@ def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
         accountant.enabled = False
         for entry in entries:
             workload = _workload(entry.config)
-            trainee, records[entry.name] = _build(spec, entry, sources[workload], base_rss, rounds, eval_batches[workload])
+            trainee, records[entry.name] = _build(
+                spec, entry, sources[workload], base_rss, rounds, eval_batches[workload]
+            )
             if trainee is not None:
                 trainees[entry.name] = trainee
             if bar:

@@ -8,11 +8,11 @@
 import torch.distributed as dist
 
 from torchrec_het_bench.config_types import BenchConfig
+from torchrec_het_bench.data import DataConfig, open_source
+from torchrec_het_bench.data.sequence import SequenceDataConfig, SyntheticSequences
 from torchrec_het_bench.model import ShardedModel, shard_dlrm
 from torchrec_het_bench.presets import BenchPreset
 from torchrec_het_bench.sequence_model import shard_sequence
-from torchrec_het_bench.data import DataConfig, open_source
-from torchrec_het_bench.data.sequence import SequenceDataConfig, SyntheticSequences
 
 WORKLOADS = ("dlrm", "sequence")
 
@@ -51,7 +51,12 @@ def open_workload_source(workload: str, preset: BenchPreset, world_size: int, se
 
 
 def shard_workload(
-    config: BenchConfig, preset: BenchPreset, source, embedding_optimizer: str, local_world_size: int, seed: int,
+    config: BenchConfig,
+    preset: BenchPreset,
+    source,
+    embedding_optimizer: str,
+    local_world_size: int,
+    seed: int,
     link_bytes_per_s: float | None = None,
 ) -> ShardedModel:
     """A fresh model of ``config``'s workload, sharded as ``config`` says (``link_bytes_per_s``:
@@ -60,12 +65,24 @@ def shard_workload(
     sample = training_sample(source, preset)
     if config.workload == "sequence":
         return shard_sequence(
-            config, preset, embedding_optimizer, local_world_size, seed=seed, sample=sample,
+            config,
+            preset,
+            embedding_optimizer,
+            local_world_size,
+            seed=seed,
+            sample=sample,
             link_bytes_per_s=link_bytes_per_s,
         )
     return shard_dlrm(
-        config, preset, source.feature_names, source.num_dense, embedding_optimizer, local_world_size, seed=seed,
-        sample=sample, link_bytes_per_s=link_bytes_per_s,
+        config,
+        preset,
+        source.feature_names,
+        source.num_dense,
+        embedding_optimizer,
+        local_world_size,
+        seed=seed,
+        sample=sample,
+        link_bytes_per_s=link_bytes_per_s,
     )
 
 
@@ -77,6 +94,8 @@ def training_sample(source, preset: BenchPreset):
 
     def sample():
         rank = dist.get_rank()
-        return [source.batch(step, rank, "train").sparse_features for step in range(0, preset.total_steps, PROFILE_EVERY)]
+        return [
+            source.batch(step, rank, "train").sparse_features for step in range(0, preset.total_steps, PROFILE_EVERY)
+        ]
 
     return sample

@@ -60,10 +60,14 @@ def batch(rank: int, step: int, weighted: bool, configs: list[EmbeddingBagConfig
             values.append(ids)
     values_tensor = torch.cat(values)
     weights = torch.rand(values_tensor.numel(), generator=generator) + 0.5 if weighted else None
-    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values_tensor, lengths=torch.cat(lengths), weights=weights)
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=keys, values=values_tensor, lengths=torch.cat(lengths), weights=weights
+    )
 
 
-def skewed_bags(configs: list[EmbeddingBagConfig], generator: torch.Generator, size: int, power: int, weighted: bool) -> KeyedJaggedTensor:
+def skewed_bags(
+    configs: list[EmbeddingBagConfig], generator: torch.Generator, size: int, power: int, weighted: bool
+) -> KeyedJaggedTensor:
     """0..3 ids per bag (empty bags included), row ``rand ** power * rows`` (skewed to small rows);
     a feature that feeds several tables draws ids that fit all of them."""
     rows: dict[str, int] = {}
@@ -103,7 +107,9 @@ class LossModel(nn.Module):
         return loss, loss.detach()
 
 
-def ebc_with_optimizer(configs, weighted: bool, optimizer: str, device: str, lr: float | None = None) -> EmbeddingBagCollection:
+def ebc_with_optimizer(
+    configs, weighted: bool, optimizer: str, device: str, lr: float | None = None
+) -> EmbeddingBagCollection:
     """An EBC of ``configs`` on ``device`` with the fused ``optimizer`` (``lr`` overrides its rate)."""
     ebc = EmbeddingBagCollection(tables=configs, is_weighted=weighted, device=torch.device(device))
     cls, kwargs = OPTIMIZERS[optimizer]
@@ -122,7 +128,9 @@ def shard_module(module: nn.Module, path: str, configs, sharder, generator, seed
         device_type=torch.device(device).type,
         sharder=sharder,
     )
-    model = DistributedModelParallel(module, device=torch.device(device), plan=ShardingPlan({path: plan}), sharders=[sharder])
+    model = DistributedModelParallel(
+        module, device=torch.device(device), plan=ShardingPlan({path: plan}), sharders=[sharder]
+    )
     set_tables(model, seeded_tables(configs, seed))
     return model
 
@@ -143,7 +151,9 @@ def replicated(configs, weighted: bool, optimizer: str, replication: Replication
     sharder, or carried by the module (a HetEmbeddingBagCollection) if ``carried``."""
     if not carried:
         ebc = ebc_with_optimizer(configs, weighted, optimizer, "meta")
-        return shard_module(ebc, "", configs, HetEmbeddingBagCollectionSharder(replication=replication), het_row_replicated, seed)
+        return shard_module(
+            ebc, "", configs, HetEmbeddingBagCollectionSharder(replication=replication), het_row_replicated, seed
+        )
     ebc = HetEmbeddingBagCollection(configs, is_weighted=weighted, device=torch.device("meta"), replication=replication)
     cls, kwargs = OPTIMIZERS[optimizer]
     apply_optimizer_in_backward(cls, ebc.parameters(), dict(kwargs))

@@ -56,21 +56,34 @@ def _batches(rank: int) -> Iterator[Batch]:
 
 
 def _table_wise_dlrm() -> tuple[torch.nn.Module, CombinedOptimizer]:
-    tables = [EmbeddingBagConfig(name=f"t_{f}", embedding_dim=8, num_embeddings=ROWS, feature_names=[f]) for f in FEATURES]
+    tables = [
+        EmbeddingBagConfig(name=f"t_{f}", embedding_dim=8, num_embeddings=ROWS, feature_names=[f]) for f in FEATURES
+    ]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-    model = DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=4, dense_arch_layer_sizes=[16, 8],
-                           over_arch_layer_sizes=[16, 1]))
+    model = DLRMTrain(
+        DLRM(
+            embedding_bag_collection=ebc,
+            dense_in_features=4,
+            dense_arch_layer_sizes=[16, 8],
+            over_arch_layer_sizes=[16, 1],
+        )
+    )
     apply_optimizer_in_backward(torchrec.optim.RowWiseAdagrad, model.model.sparse_arch.parameters(), {"lr": 0.05})
     sharder = EmbeddingBagCollectionSharder()
     plan = construct_module_sharding_plan(
-        ebc, per_param_sharding={t.name: table_wise(rank=i % dist.get_world_size()) for i, t in enumerate(tables)},
-        world_size=dist.get_world_size(), device_type="cpu", sharder=sharder,
+        ebc,
+        per_param_sharding={t.name: table_wise(rank=i % dist.get_world_size()) for i, t in enumerate(tables)},
+        world_size=dist.get_world_size(),
+        device_type="cpu",
+        sharder=sharder,
     )
     sharded = DistributedModelParallel(
         model, device=CPU, plan=ShardingPlan({"model.sparse_arch.embedding_bag_collection": plan}), sharders=[sharder]
     )
-    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(sharded.named_parameters())),
-                                  lambda params: torch.optim.Adagrad(params, lr=0.05))
+    dense = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(sharded.named_parameters())),
+        lambda params: torch.optim.Adagrad(params, lr=0.05),
+    )
     return sharded, CombinedOptimizer([sharded.fused_optimizer, dense])
 
 
@@ -86,7 +99,10 @@ def try_pipeline(make: Callable, rank: int) -> dict:
             losses.append(float(loss))
     except Exception as error:  # noqa: BLE001 - what the test reads is which error, and where
         frame = traceback.extract_tb(error.__traceback__)[-1]
-        return {"error": f"{type(error).__name__}: {error}", "where": f"{frame.filename.split('site-packages/')[-1]}:{frame.name}"}
+        return {
+            "error": f"{type(error).__name__}: {error}",
+            "where": f"{frame.filename.split('site-packages/')[-1]}:{frame.name}",
+        }
     return {"steps": len(losses), "losses": losses}
 
 

@@ -42,9 +42,23 @@ from torchrec_het.pipeline import HybridTrainPipeline
 from torchrec_het.planner import HetEmbeddingShardingPlanner
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.types import HET_ROW_REPLICATED
-from torchrec_het_testing.models import TABLE_SETS, BatchSpec, ModelBatch, SparseDenseModel, every_row_batch, train_batch
+from torchrec_het_testing.models import (
+    TABLE_SETS,
+    BatchSpec,
+    ModelBatch,
+    SparseDenseModel,
+    every_row_batch,
+    train_batch,
+)
 from torchrec_het_testing.replica_state import replica_disagreement
-from torchrec_het_testing.settings import OPTIMIZERS, ReplicaSettings, describe, het_sharders, plugin_pricing, profile_of
+from torchrec_het_testing.settings import (
+    OPTIMIZERS,
+    ReplicaSettings,
+    describe,
+    het_sharders,
+    plugin_pricing,
+    profile_of,
+)
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
 from torchrec_het_testing.weights import full_tables, relative_error, seeded_tables, set_tables
 
@@ -156,7 +170,9 @@ def case_topology(case: EquivalenceCase, device: torch.device) -> Topology:
     return Topology(world_size=case.world_size, local_world_size=local, compute_device=device.type, **links)
 
 
-def shard(case: EquivalenceCase, sharding_type: str, device: torch.device, profile: AccessProfile) -> DistributedModelParallel:
+def shard(
+    case: EquivalenceCase, sharding_type: str, device: torch.device, profile: AccessProfile
+) -> DistributedModelParallel:
     """The case's model planned by the plugin's planner (every table ``sharding_type`` but the
     case's stock tables; reads from ``profile``), sharded by the plugin's sharders, tables seeded."""
     model = case_model(case, torch.device("meta"), device)
@@ -180,7 +196,9 @@ def shard(case: EquivalenceCase, sharding_type: str, device: torch.device, profi
     return sharded
 
 
-def train(case: EquivalenceCase, model: DistributedModelParallel, batches: list[ModelBatch], device) -> list[torch.Tensor]:
+def train(
+    case: EquivalenceCase, model: DistributedModelParallel, batches: list[ModelBatch], device
+) -> list[torch.Tensor]:
     """Trains the sharded ``model`` on ``batches`` under the case's pipeline; each step's predictions."""
     optimizer = optimizer_of(model)
     batches = [b.to(device) for b in batches]
@@ -204,7 +222,9 @@ def train(case: EquivalenceCase, model: DistributedModelParallel, batches: list[
     return out
 
 
-def train_unsharded(model: SparseDenseModel, optimizer, every_rank: list[ModelBatch], rank: int, device) -> torch.Tensor:
+def train_unsharded(
+    model: SparseDenseModel, optimizer, every_rank: list[ModelBatch], rank: int, device
+) -> torch.Tensor:
     """One step of the unsharded ``model`` on every rank's batch (their mean loss); ``rank``'s predictions."""
     optimizer.zero_grad()
     outputs = [model(b.to(device)) for b in every_rank]
@@ -223,7 +243,9 @@ def read_every_row(model: torch.nn.Module, case: EquivalenceCase, device) -> tor
         model.train()
 
 
-def remote_rows_read(model: DistributedModelParallel, case: EquivalenceCase, batches: list[ModelBatch]) -> dict[str, int]:
+def remote_rows_read(
+    model: DistributedModelParallel, case: EquivalenceCase, batches: list[ModelBatch]
+) -> dict[str, int]:
     """Per sharded module of sequence tables: distinct (table, row) pairs of this rank's batches
     that another rank owns (under the plan), summed over the steps: what fetching each remote
     row once per step moves."""
@@ -281,7 +303,9 @@ def sharded_vs_unsharded(case: EquivalenceCase, device: torch.device,
         "predictions": max(relative_error(g, w) for g, w in zip(got, want)),
         "tables": max(relative_error(got_tables[n], want_tables[n]) for n in want_tables),
         "dense": max(relative_error(g, w) for g, w in dense),
-        "trained": min(relative_error(want_tables[n], start) for n, start in seeded_tables(tables.tables, SEED).items()),
+        "trained": min(
+            relative_error(want_tables[n], start) for n, start in seeded_tables(tables.tables, SEED).items()
+        ),
         "stats": torchrec_het.stats_by_table(model),
         "remote_rows": remote_rows_read(model, case, mine),
     }

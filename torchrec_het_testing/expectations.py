@@ -26,9 +26,13 @@ def _differences(case: EquivalenceCase, ranks: list[dict]) -> list[str]:
             continue
         far = {k: r[k] for k in DIFFERENCES if not r[k] <= case.tolerance}
         if far:
-            problems.append(f"rank {rank}: relative differences from the {case.reference} reference above {case.tolerance}: {far}")
+            problems.append(
+                f"rank {rank}: relative differences from the {case.reference} reference above {case.tolerance}: {far}"
+            )
         if not r["trained"] > TRAINED:
-            problems.append(f"rank {rank}: a table of the reference moved only {r['trained']} (relative): nothing was tested")
+            problems.append(
+                f"rank {rank}: a table of the reference moved only {r['trained']} (relative): nothing was tested"
+            )
     if isinstance(case.settings, ReplicaSettings) and case.settings.wire_dtype != "fp32" and not problems:
         if max(r["predictions"] for r in ranks) == 0:
             problems.append(f"{case.settings.wire_dtype} on the wire changed no prediction: values were not rounded")
@@ -52,7 +56,11 @@ def _replication(case: EquivalenceCase, rank: int, r: dict) -> list[str]:
             problems.append(f"{where}: hot rows not synced every step")
         if case.hot_only and settings.skip_all_hot and not counters["skipped_steps"] == counters["steps"] == case.steps:
             problems.append(f"{where}: all-hot steps did not skip the cold exchange")
-        if case.hot_only and not settings.skip_all_hot and not (counters["skipped_steps"] == 0 and counters["steps"] == case.steps):
+        if (
+            case.hot_only
+            and not settings.skip_all_hot
+            and not (counters["skipped_steps"] == 0 and counters["steps"] == case.steps)
+        ):
             problems.append(f"{where}: skip_all_hot=False, yet all-hot steps skipped the cold exchange")
         if "rows_fetched" in counters:  # sequences: each distinct remote row crosses once per step
             remote = r["remote_rows"][module]
@@ -60,7 +68,9 @@ def _replication(case: EquivalenceCase, rank: int, r: dict) -> list[str]:
                 if counters["rows_fetched"] > remote:
                     problems.append(f"{where}: fetched more rows than the {remote} distinct remote ones read")
             elif counters["rows_fetched"] != remote:
-                problems.append(f"{where}: fetched {counters['rows_fetched']} rows, not the {remote} distinct remote ones read")
+                problems.append(
+                    f"{where}: fetched {counters['rows_fetched']} rows, not the {remote} distinct remote ones read"
+                )
     return problems
 
 

@@ -194,7 +194,9 @@ def variable_batch() -> dict:
             ebc, per_param_sharding={"t_user": row_wise(), "t_item": item}, world_size=dist.get_world_size(),
             device_type="cpu", sharder=sharder,
         )  # fmt: skip
-        model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}), sharders=[sharder])
+        model = DistributedModelParallel(
+            ebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}), sharders=[sharder]
+        )
         try:
             pooled = model(_vbe_batch(dist.get_rank()))
             pooled.values().sum().backward()
@@ -233,7 +235,9 @@ def _position_weighted() -> DistributedModelParallel:
         model.fp_ebc, per_param_sharding={"t_user": table_wise(rank=0), "t_item": row_wise()},
         world_size=dist.get_world_size(), device_type="cpu", sharder=sharder,
     )  # fmt: skip
-    sharded = DistributedModelParallel(model, device=torch.device("cpu"), plan=ShardingPlan({"fp_ebc": plan}), sharders=sharders)
+    sharded = DistributedModelParallel(
+        model, device=torch.device("cpu"), plan=ShardingPlan({"fp_ebc": plan}), sharders=sharders
+    )
     set_tables(sharded, seeded_tables(FP_TABLES, SEED))
     return sharded
 
@@ -275,5 +279,9 @@ def feature_processor() -> dict:
 def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Spawn target: every body above, one process group."""
     with gloo_rank(rank, world_size, port, timeout_s=120):
-        result = {"shared_batch": shared_batch(), "variable_batch": variable_batch(), "feature_processor": feature_processor()}
+        result = {
+            "shared_batch": shared_batch(),
+            "variable_batch": variable_batch(),
+            "feature_processor": feature_processor(),
+        }
     write_rank_result(out_dir, rank, result)

@@ -55,8 +55,9 @@ MAX_BAG = 4  # bag lengths are drawn from 0..MAX_BAG
 BOUND_STEPS = 12
 PRESSURE_ROWS = 3  # the eviction-pressure capacity, in rows per table
 BOUND_CASES: list[CacheSettings] = [  # LFU rides along with s_read = 3 so that both policies are covered
-    CacheSettings(s_read=s_read, s_write=s_write, capacity=capacity, protocol=protocol,
-                  policy="lfu" if s_read == 3 else "lru")
+    CacheSettings(
+        s_read=s_read, s_write=s_write, capacity=capacity, protocol=protocol, policy="lfu" if s_read == 3 else "lru"
+    )
     for protocol in ("het", "lease")
     for s_read in (1, 3)
     for s_write in (0, 2)
@@ -118,9 +119,7 @@ def batch(rank: int, step: int, configs: list[EmbeddingBagConfig]) -> KeyedJagge
 def _ids_by_table(features: KeyedJaggedTensor, configs: list[EmbeddingBagConfig]) -> dict[str, torch.Tensor]:
     """Distinct ids of each table in a batch."""
     by_feature = features.to_dict()
-    return {
-        c.name: torch.unique(torch.cat([by_feature[f].values() for f in c.feature_names]).long()) for c in configs
-    }
+    return {c.name: torch.unique(torch.cat([by_feature[f].values() for f in c.feature_names]).long()) for c in configs}
 
 
 def _train_step(model: DistributedModelParallel, features: KeyedJaggedTensor, proj: dict[str, torch.Tensor]) -> float:
@@ -199,8 +198,17 @@ def _snapshot(lookups: list[HetCachedEmbeddingLookup], rank: int) -> dict[str, t
         out[f"{li}/outbox"] = torch.tensor([len(parts) for parts in lookup.pushes.outbox])
         for gi, g in enumerate(lookup.groups):
             cache = g.cache
-            for attr in ("slot_ids", "values", "versions", "validated_step", "pending_count", "pending_grad",
-                         "pending_delta", "last_used", "frequency"):
+            for attr in (
+                "slot_ids",
+                "values",
+                "versions",
+                "validated_step",
+                "pending_count",
+                "pending_grad",
+                "pending_delta",
+                "last_used",
+                "frequency",
+            ):
                 out[f"{li}/{gi}/cache.{attr}"] = getattr(cache, attr).clone()
             out[f"{li}/{gi}/versions"] = g.versions.clone()
             for name, counter in g.stats.counters.items():
@@ -215,10 +223,7 @@ def _changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) ->
 
 def gradient_mass(sharded: HetShardedEmbeddingBagCollection) -> dict[str, dict[str, list[float]]]:
     stats = sharded.cache_stats()
-    return {
-        name: {"produced": s["grad_produced"], "applied": s["grad_applied"]}
-        for name, s in stats.items()
-    }
+    return {name: {"produced": s["grad_produced"], "applied": s["grad_applied"]} for name, s in stats.items()}
 
 
 # --- 1. bounds ------------------------------------------------------------------------------
@@ -243,8 +248,16 @@ class ServeRecorder:
         self.truth: dict[str, torch.Tensor] = {}
         self.step = -1
         self.records = {
-            name: {"served": 0, "calls": 0, "wrong_step": 0, "not_remote": 0, "max_lag": 0, "min_lag": 0,
-                   "max_age": 0, "min_age": 0}
+            name: {
+                "served": 0,
+                "calls": 0,
+                "wrong_step": 0,
+                "not_remote": 0,
+                "max_lag": 0,
+                "min_lag": 0,
+                "max_age": 0,
+                "min_age": 0,
+            }
             for name in row_starts
         }
         self._settle = None
@@ -280,7 +293,13 @@ class ServeRecorder:
         cache = group.cache
         for i, t in enumerate(group.tables):
             mine = tables == i
-            self(t.name, ids[mine] - group.offsets[i], cache.versions[hit[mine]], cache.validated_step[hit[mine]], read.step)
+            self(
+                t.name,
+                ids[mine] - group.offsets[i],
+                cache.versions[hit[mine]],
+                cache.validated_step[hit[mine]],
+                read.step,
+            )
 
     def __call__(
         self, table: str, ids: torch.Tensor, versions: torch.Tensor, validated: torch.Tensor, step: int
@@ -310,10 +329,14 @@ def bound_configs(cases: tuple = BOUND_CASES) -> tuple[list[EmbeddingBagConfig],
     configs, per_table = [], {}
     for settings in cases:
         name = case_name(settings)
-        configs.append(EmbeddingBagConfig(name=f"{name}_a", feature_names=[f"{name}_a"], embedding_dim=4,
-                                          num_embeddings=40))
-        configs.append(EmbeddingBagConfig(name=f"{name}_b", feature_names=[f"{name}_b0", f"{name}_b1"],
-                                          embedding_dim=4, num_embeddings=70))
+        configs.append(
+            EmbeddingBagConfig(name=f"{name}_a", feature_names=[f"{name}_a"], embedding_dim=4, num_embeddings=40)
+        )
+        configs.append(
+            EmbeddingBagConfig(
+                name=f"{name}_b", feature_names=[f"{name}_b0", f"{name}_b1"], embedding_dim=4, num_embeddings=70
+            )
+        )
         per_table[f"{name}_a"] = per_table[f"{name}_b"] = settings
     return configs, HetCacheConfig(default=cases[0], per_table=per_table)
 
@@ -430,7 +453,9 @@ def _held_back(lookups: list[HetCachedEmbeddingLookup]) -> dict[str, tuple[torch
             for i, t in enumerate(g.tables):
                 mine = tables == i
                 out[t.name] = (
-                    ids[mine] - g.offsets[i], cache.pending_grad[slots[mine]].clone(), cache.pending_count[slots[mine]]
+                    ids[mine] - g.offsets[i],
+                    cache.pending_grad[slots[mine]].clone(),
+                    cache.pending_count[slots[mine]],
                 )
     return out
 
@@ -591,8 +616,11 @@ def _max_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> fl
 
 
 def _cache_state(lookups) -> dict[str, int]:
-    return {"cache_rows": _cache_rows(lookups), "versions_nonzero": _versions_nonzero(lookups),
-            "pending": _pending(lookups)}
+    return {
+        "cache_rows": _cache_rows(lookups),
+        "versions_nonzero": _versions_nonzero(lookups),
+        "pending": _pending(lookups),
+    }
 
 
 def checkpoint(rank: int, world_size: int) -> dict:

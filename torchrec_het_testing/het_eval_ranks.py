@@ -27,8 +27,17 @@ IN_LOOKUP_CASES = [
     CacheSettings(s_read=1, s_write=0, capacity=behaviour.PRESSURE_ROWS, protocol="lease"),
     CacheSettings(s_read=3, s_write=2, capacity=1.0, protocol="lease", policy="lfu"),
 ]
-CACHE_FIELDS = ("slot_ids", "values", "versions", "validated_step", "pending_count", "pending_grad", "pending_delta",
-                "last_used", "frequency")
+CACHE_FIELDS = (
+    "slot_ids",
+    "values",
+    "versions",
+    "validated_step",
+    "pending_count",
+    "pending_grad",
+    "pending_delta",
+    "last_used",
+    "frequency",
+)
 
 
 def cache_state(lookups) -> dict[str, torch.Tensor]:
@@ -53,7 +62,8 @@ def _shards(model) -> dict[str, torch.Tensor]:
     """This rank's shards (``state_dict``: flushes the caches' pending gradients first, a collective)."""
     return {
         f"{key}/{i}": shard.tensor.clone()
-        for key, value in model.state_dict().items() if hasattr(value, "local_shards")
+        for key, value in model.state_dict().items()
+        if hasattr(value, "local_shards")
         for i, shard in enumerate(value.local_shards())
     }
 
@@ -96,8 +106,14 @@ def train(rank: int, cases: list[CacheSettings], pipelined: bool, evaluating: bo
             changed.update(differing(before, cache_state(lookups)))
             fetched += sum(s["rows_fetched"] for s in model.module.ebc.cache_stats().values()) - fetched_before
     state = cache_state(lookups)
-    return {"state": state, "shards": _shards(model), "changed_by_evaluation": sorted(changed), "eval_fetched": fetched,
-            "eval_losses": losses, "ahead": all(lookup.ahead for lookup in lookups)}
+    return {
+        "state": state,
+        "shards": _shards(model),
+        "changed_by_evaluation": sorted(changed),
+        "eval_fetched": fetched,
+        "eval_losses": losses,
+        "ahead": all(lookup.ahead for lookup in lookups),
+    }
 
 
 def compare(rank: int, cases: list[CacheSettings], pipelined: bool) -> dict:

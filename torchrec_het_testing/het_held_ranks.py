@@ -56,8 +56,10 @@ def check(optimizer: str) -> dict:
     rel = lambda a, b: float((a - b).abs().max() / b.abs().max())  # noqa: E731
     if rank == 1:
         moved = weight - start_weight
-        return {"cached_vs_steps": rel(cached - start_weight, moved),
-                "local_sgd_vs_steps": rel(-LR * sum(grads), moved)}
+        return {
+            "cached_vs_steps": rel(cached - start_weight, moved),
+            "local_sgd_vs_steps": rel(-LR * sum(grads), moved),
+        }
     square_of_sum = step_rows(optimizer, start_weight, start_state, sum(grads), torch.tensor(LR), 1e-8)[1]
     got = row_state(tbe, 0)[1][1:2].view(1, -1)
     return {"state_vs_steps": rel(got, state), "square_of_sum_vs_steps": rel(square_of_sum, state)}

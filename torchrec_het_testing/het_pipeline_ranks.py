@@ -55,8 +55,13 @@ TABLES = [
 
 def table_configs(weighted: bool) -> list[EmbeddingBagConfig]:
     return [
-        EmbeddingBagConfig(name=name, feature_names=features, embedding_dim=dim, num_embeddings=rows,
-                           pooling=PoolingType.SUM if weighted else pooling)
+        EmbeddingBagConfig(
+            name=name,
+            feature_names=features,
+            embedding_dim=dim,
+            num_embeddings=rows,
+            pooling=PoolingType.SUM if weighted else pooling,
+        )
         for name, features, dim, rows, pooling in TABLES
     ]
 
@@ -98,19 +103,26 @@ def _width(configs) -> int:
     return sum(c.embedding_dim * len(c.feature_names) for c in configs)
 
 
-def het_model(kind: str, configs, weighted: bool, optimizer: str, cache: HetCacheConfig | None = None,
-              lr: float | None = None) -> DistributedModelParallel:
+def het_model(
+    kind: str, configs, weighted: bool, optimizer: str, cache: HetCacheConfig | None = None, lr: float | None = None
+) -> DistributedModelParallel:
     ebc = ebc_with_optimizer(configs, weighted, optimizer, "meta", lr)
     if kind == "het":
         sharder, generator = HetEmbeddingBagCollectionSharder(cache=cache), het_cached_row_wise
     else:
         sharder, generator = CpuRowWiseEmbeddingBagCollectionSharder(), row_wise
     plan = construct_module_sharding_plan(
-        ebc, per_param_sharding={c.name: generator() for c in configs}, world_size=dist.get_world_size(),
-        device_type="cpu", sharder=sharder,
+        ebc,
+        per_param_sharding={c.name: generator() for c in configs},
+        world_size=dist.get_world_size(),
+        device_type="cpu",
+        sharder=sharder,
     )
     model = DistributedModelParallel(
-        LossModel(ebc, _width(configs)), device=torch.device("cpu"), plan=ShardingPlan({"ebc": plan}), sharders=[sharder]
+        LossModel(ebc, _width(configs)),
+        device=torch.device("cpu"),
+        plan=ShardingPlan({"ebc": plan}),
+        sharders=[sharder],
     )
     set_tables(model, seeded_tables(configs, SEED))
     return model
@@ -212,8 +224,12 @@ def ahead(rank: int, world_size: int, pipelined: bool) -> dict:
         name: {**record, "hits_unique": stats[name]["hits_unique"], "rows_fetched": stats[name]["rows_fetched"]}
         for name, record in recorder.records.items()
     }
-    return {"ahead": all(lookup.ahead for lookup in lookups), "tables": tables, "mass": behaviour.gradient_mass(sharded),
-            "forward_collectives": counter.calls}
+    return {
+        "ahead": all(lookup.ahead for lookup in lookups),
+        "tables": tables,
+        "mass": behaviour.gradient_mass(sharded),
+        "forward_collectives": counter.calls,
+    }
 
 
 def prefetch(rank: int, world_size: int) -> dict:

@@ -20,6 +20,7 @@ that DDP trains, so both halves of the hybrid are exercised.
 
 import torch
 import torch.distributed as dist
+from torchrec.datasets.utils import Batch
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_unwrapped_module
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
@@ -28,7 +29,6 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
-from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.config import CacheSettings, HetCacheConfig
@@ -103,7 +103,9 @@ def _model(kind: str, configs, optimizer: str = "sgd"):
         DenseOnTop(ebc, configs), device=torch.device("cpu"), plan=ShardingPlan({"ebc": plan}), sharders=[sharder]
     )
     set_tables(model, seeded_tables(configs, SEED))
-    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())), lambda params: torch.optim.SGD(params, lr=LR))
+    dense = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(model.named_parameters())), lambda params: torch.optim.SGD(params, lr=LR)
+    )
     return model, CombinedOptimizer([model.fused_optimizer, dense])
 
 
@@ -174,7 +176,7 @@ def stale(world_size: int) -> dict:
             out[label] = {
                 "mass_error": max(errors),
                 "batches": len(model.module.seen),
-                "finite": all(l == l and abs(l) < 1e9 for l in losses),
+                "finite": all(loss == loss and abs(loss) < 1e9 for loss in losses),
                 "gauge": pipeline.gauge.as_dict() if k is not None else None,
             }
     return out
@@ -218,9 +220,13 @@ def errors(world_size: int) -> dict:
         out["backward_on_worker"] = str(error)
     dense = torch.nn.Linear(3, 1)
     plain = DistributedModelParallel(_NoEmbeddings(dense), device=torch.device("cpu"))
-    pipeline = HybridTrainPipeline(plain, torch.optim.SGD(plain.parameters(), lr=0.1), torch.device("cpu"), embedding_staleness=1)
+    pipeline = HybridTrainPipeline(
+        plain, torch.optim.SGD(plain.parameters(), lr=0.1), torch.device("cpu"), embedding_staleness=1
+    )
     try:
-        empty = KeyedJaggedTensor.from_lengths_sync(keys=["f0"], values=torch.zeros(0, dtype=torch.int64), lengths=torch.zeros(2, dtype=torch.int64))
+        empty = KeyedJaggedTensor.from_lengths_sync(
+            keys=["f0"], values=torch.zeros(0, dtype=torch.int64), lengths=torch.zeros(2, dtype=torch.int64)
+        )
         pipeline.progress(iter([Batch(torch.ones(2, 3), empty, torch.ones(2)) for _ in range(4)]))
         out["no_embeddings"] = "no error"
     except ValueError as error:

@@ -58,7 +58,9 @@ class LaunchedRun:
                 if result:
                     return result
                 if self.process.poll() is not None and not self._reader.is_alive():
-                    raise AssertionError(f"command ended (exit {self.process.returncode}) before {what}\n{self.report()}")
+                    raise AssertionError(
+                        f"command ended (exit {self.process.returncode}) before {what}\n{self.report()}"
+                    )
                 if time.monotonic() > deadline:
                     self.kill()
                     raise AssertionError(f"no {what} within {timeout_s:.0f}s\n{self.report()}")

@@ -16,7 +16,9 @@ TIGHT = ProbeBudget(seconds=1.0, first_bytes=1 << 12, max_bytes=1 << 20, repeats
 
 
 def _ebc() -> EmbeddingBagCollection:
-    tables = [EmbeddingBagConfig(name=f"t{i}", feature_names=[f"f{i}"], embedding_dim=8, num_embeddings=500) for i in range(2)]
+    tables = [
+        EmbeddingBagConfig(name=f"t{i}", feature_names=[f"f{i}"], embedding_dim=8, num_embeddings=500) for i in range(2)
+    ]
     return EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
 
 

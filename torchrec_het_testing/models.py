@@ -54,7 +54,9 @@ class TableSet:
 
 def _bag(name: str, features: list[str], dim: int, rows: int, mean: bool = False) -> EmbeddingBagConfig:
     pooling = PoolingType.MEAN if mean else PoolingType.SUM
-    return EmbeddingBagConfig(name=name, feature_names=features, embedding_dim=dim, num_embeddings=rows, pooling=pooling)
+    return EmbeddingBagConfig(
+        name=name, feature_names=features, embedding_dim=dim, num_embeddings=rows, pooling=pooling
+    )
 
 
 def _torchrec_shared(mean: bool) -> TableSet:
@@ -70,8 +72,12 @@ TABLE_SETS: dict[str, TableSet] = {
     # widths 8 and 4; t1 is read by two features; f0 feeds t0 and t3; t2 is mean-pooled
     "bags": TableSet(
         "bags",
-        bags=(_bag("t0", ["f0"], 8, 50), _bag("t1", ["f1", "f2"], 4, 37), _bag("t2", ["f3"], 8, 61, mean=True),
-              _bag("t3", ["f0"], 4, 29)),
+        bags=(
+            _bag("t0", ["f0"], 8, 50),
+            _bag("t1", ["f1", "f2"], 4, 37),
+            _bag("t2", ["f3"], 8, 61, mean=True),
+            _bag("t3", ["f0"], 4, 29),
+        ),
         weighted=(_bag("w0", ["wf0"], 8, 43), _bag("w1", ["wf1", "wf2"], 4, 31)),
     ),  # fmt: skip
     # two widths (two EmbeddingCollections); s1 is read by two features
@@ -148,7 +154,9 @@ class SparseDenseModel(nn.Module):
         dense_device: where the dense layer lives (default: ``sparse_device``, the CPU for ``meta``).
     """
 
-    def __init__(self, tables: TableSet, sparse_device: torch.device, seed: int, dense_device: torch.device | None = None) -> None:
+    def __init__(
+        self, tables: TableSet, sparse_device: torch.device, seed: int, dense_device: torch.device | None = None
+    ) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(seed)
         self.ebc = EmbeddingBagCollection(list(tables.bags), device=sparse_device) if tables.bags else None
@@ -157,7 +165,10 @@ class SparseDenseModel(nn.Module):
             if tables.weighted else None
         )  # fmt: skip
         self.ecs = nn.ModuleDict(
-            {name: EmbeddingCollection(configs, device=sparse_device) for name, configs in tables.sequence_modules().items()}
+            {
+                name: EmbeddingCollection(configs, device=sparse_device)
+                for name, configs in tables.sequence_modules().items()
+            }
         )
         if dense_device is None:
             dense_device = torch.device("cpu") if sparse_device.type == "meta" else sparse_device
@@ -221,7 +232,9 @@ def _kjt(rows: dict[str, int], max_length: dict[str, int], generator: torch.Gene
     ids = torch.cat(values) if values else torch.zeros(0, dtype=torch.int64)
     lengths_tensor = torch.cat(lengths) if lengths else torch.zeros(0, dtype=torch.int64)
     weights = torch.rand(ids.numel(), generator=generator) + 0.5 if weighted else None
-    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=ids, lengths=lengths_tensor, weights=weights, stride=size)
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=keys, values=ids, lengths=lengths_tensor, weights=weights, stride=size
+    )
 
 
 def train_batch(tables: TableSet, rank: int, step: int, spec: BatchSpec = BatchSpec()) -> ModelBatch:
@@ -241,11 +254,18 @@ def train_batch(tables: TableSet, rank: int, step: int, spec: BatchSpec = BatchS
 def every_row_batch(tables: TableSet) -> ModelBatch:
     """One batch that reads every row a feature can read, once: sample ``i`` reads row ``i`` of
     each feature (an empty bag past the smallest table the feature feeds), weight 1."""
+
     def kjt(rows: dict[str, int], size: int, weighted: bool) -> KeyedJaggedTensor:
-        lengths = torch.cat([(torch.arange(size) < rows[k]).long() for k in rows]) if rows else torch.zeros(0, dtype=torch.int64)
+        lengths = (
+            torch.cat([(torch.arange(size) < rows[k]).long() for k in rows])
+            if rows
+            else torch.zeros(0, dtype=torch.int64)
+        )
         ids = torch.cat([torch.arange(rows[k]) for k in rows]) if rows else torch.zeros(0, dtype=torch.int64)
         weights = torch.ones(ids.numel()) if weighted else None
-        return KeyedJaggedTensor.from_lengths_sync(keys=list(rows), values=ids, lengths=lengths, weights=weights, stride=size)
+        return KeyedJaggedTensor.from_lengths_sync(
+            keys=list(rows), values=ids, lengths=lengths, weights=weights, stride=size
+        )
 
     plain, weighted = _rows_of_features([*tables.bags, *tables.sequences]), _rows_of_features(tables.weighted)
     size = max(c.num_embeddings for c in tables.tables)

@@ -80,7 +80,9 @@ def _shard(module: torch.nn.Module, sharder: ModuleSharder, generators: dict) ->
     plan = construct_module_sharding_plan(
         module, per_param_sharding=generators, world_size=dist.get_world_size(), device_type="cpu", sharder=sharder
     )
-    return DistributedModelParallel(module, device=torch.device("cpu"), plan=ShardingPlan({"": plan}), sharders=[sharder])
+    return DistributedModelParallel(
+        module, device=torch.device("cpu"), plan=ShardingPlan({"": plan}), sharders=[sharder]
+    )
 
 
 def _train_step(model: DistributedModelParallel, features: KeyedJaggedTensor) -> float:

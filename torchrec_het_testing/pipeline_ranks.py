@@ -51,6 +51,8 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
         results = {}
         for optimizer, weighted in (("rowwise_adagrad", False), ("rowwise_adagrad", True), ("sgd", False)):
             replication = ReplicationConfig(tiers=hot_rows(table_configs(weighted), 8))
-            results[f"{optimizer}/{'weighted' if weighted else 'unweighted'}"] = host_syncs(rank, optimizer, weighted, replication)
+            results[f"{optimizer}/{'weighted' if weighted else 'unweighted'}"] = host_syncs(
+                rank, optimizer, weighted, replication
+            )
         results["online"] = host_syncs(rank, "rowwise_adagrad", False, ReplicationConfig(online_profile_steps=3))
     write_rank_result(out_dir, rank, results)

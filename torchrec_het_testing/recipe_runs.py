@@ -34,7 +34,9 @@ def resumed_step(lines: list[str]) -> int | None:
 
 def newest_checkpoint_before_restart(lines: list[str]) -> int | None:
     """The newest checkpoint rank 0's first attempt completed (its lines before ``attempt 1``)."""
-    restart = next((i for i, line in enumerate(lines) if re.match(r"^worker rank 0 pid \d+ attempt 1$", line)), len(lines))
+    restart = next(
+        (i for i, line in enumerate(lines) if re.match(r"^worker rank 0 pid \d+ attempt 1$", line)), len(lines)
+    )
     saved = [int(m.group(1)) for line in lines[:restart] if (m := re.match(r"^checkpoint step (\d+) saved ", line))]
     return max(saved, default=None)
 

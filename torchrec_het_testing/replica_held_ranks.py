@@ -28,8 +28,18 @@ def check(optimizer: str) -> dict:
     rank, ws = dist.get_rank(), dist.get_world_size()
     width = DIM if optimizer == "adagrad" else 1
     kernel = SimpleNamespace(learning_rate_tensor=torch.tensor(LR))
-    block = ReplicaBlock(torch.arange(3), DIM, optimizer, [kernel], torch.zeros(3, dtype=torch.int64),
-                         torch.full((3,), 1e-8, dtype=torch.float64), [], K, dist.group.WORLD, torch.device("cpu"))
+    block = ReplicaBlock(
+        torch.arange(3),
+        DIM,
+        optimizer,
+        [kernel],
+        torch.zeros(3, dtype=torch.int64),
+        torch.full((3,), 1e-8, dtype=torch.float64),
+        [],
+        K,
+        dist.group.WORLD,
+        torch.device("cpu"),
+    )
     start_w = torch.randn(3, DIM, generator=torch.Generator().manual_seed(0))
     start_s = torch.rand(3, width, generator=torch.Generator().manual_seed(1)) + 0.5
     block.load(start_w, start_s)

@@ -16,7 +16,9 @@ from torchrec_het._compat import lookup_kernels
 
 def replicated_lookups(model) -> list:
     """The replicated lookups of every plugin-sharded module of ``model`` (a DistributedModelParallel)."""
-    return [lookup for m in model.module.modules() if hasattr(m, "replicated_lookups") for lookup in m.replicated_lookups()]
+    return [
+        lookup for m in model.module.modules() if hasattr(m, "replicated_lookups") for lookup in m.replicated_lookups()
+    ]
 
 
 def _owner_rows(lookup, group, ids: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,16 @@ import torch.distributed.checkpoint as dcp
 
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders import HetEmbeddingBagCollection
-from torchrec_het_testing.bag_models import SEED, STEPS, batch, loss_of, projections, replicated, table_configs, unsharded
+from torchrec_het_testing.bag_models import (
+    SEED,
+    STEPS,
+    batch,
+    loss_of,
+    projections,
+    replicated,
+    table_configs,
+    unsharded,
+)
 from torchrec_het_testing.replica_state import (
     held_gradients,
     refresh_replicas,
@@ -68,7 +77,9 @@ def held_replica_gradients(rank: int, world_size: int, lr: float = 0.1, hot: int
     """Replicated rows trained with syncs held back to the flush (module docstring)."""
     configs = table_configs(False)
     proj = projections(configs)
-    rep = replicated(configs, False, "sgd", ReplicationConfig(tiers=hot_rows(configs, hot, per_host), replica_sync_every=1000))
+    rep = replicated(
+        configs, False, "sgd", ReplicationConfig(tiers=hot_rows(configs, hot, per_host), replica_sync_every=1000)
+    )
     lookup = replicated_lookups(rep)[0]
     refresh_replicas(lookup)  # replicas take the owners' rows (the first forward would do it)
     before = replicated_rows(lookup)
@@ -109,7 +120,9 @@ def bad_input(rank: int, world_size: int) -> dict:
         for how in ("module", "sharder"):
             try:
                 if how == "module":
-                    HetEmbeddingBagCollection(configs, replication=ReplicationConfig(tiers=plan), device=torch.device("meta"))
+                    HetEmbeddingBagCollection(
+                        configs, replication=ReplicationConfig(tiers=plan), device=torch.device("meta")
+                    )
                 else:
                     replicated(configs, False, "sgd", ReplicationConfig(tiers=plan))
                 messages[f"{case}/{how}"] = None
@@ -138,7 +151,9 @@ def carried_route(rank: int, world_size: int) -> dict:  # noqa: ARG001
     configs = table_configs(True)
     proj = projections(configs)
     replication = ReplicationConfig(tiers=hot_rows(configs, 8))
-    models = {carried: replicated(configs, True, "rowwise_adagrad", replication, carried=carried) for carried in (False, True)}
+    models = {
+        carried: replicated(configs, True, "rowwise_adagrad", replication, carried=carried) for carried in (False, True)
+    }
     for step in range(STEPS):
         for model in models.values():
             loss_of(model(batch(rank, step, True, configs)), proj).backward()
@@ -159,7 +174,9 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
             "online": online_choice(rank, world_size),
             "online_evaluated": online_choice(rank, world_size, evaluate=True),
             "held": held_replica_gradients(rank, world_size),  # mostly touched blocks: one dense all-reduce
-            "held_sparse": held_replica_gradients(rank, world_size, hot=36, per_host=3),  # a mostly untouched block: synced sparse
+            "held_sparse": held_replica_gradients(
+                rank, world_size, hot=36, per_host=3
+            ),  # a mostly untouched block: synced sparse
             "bad_input": bad_input(rank, world_size),
             "carried": carried_route(rank, world_size),
         }

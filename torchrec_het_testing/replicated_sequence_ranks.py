@@ -54,7 +54,9 @@ MODULES = ("ec8", "ec4")
 def table_configs() -> dict[str, list[EmbeddingConfig]]:
     configs: dict[str, list[EmbeddingConfig]] = {m: [] for m in MODULES}
     for module, name, features, dim, rows in TABLES:
-        configs[module].append(EmbeddingConfig(name=name, feature_names=features, embedding_dim=dim, num_embeddings=rows))
+        configs[module].append(
+            EmbeddingConfig(name=name, feature_names=features, embedding_dim=dim, num_embeddings=rows)
+        )
     return configs
 
 
@@ -89,13 +91,17 @@ def batch(rank: int, step: int, configs) -> dict[str, KeyedJaggedTensor]:
                 keys.append(feature)
                 lengths.append(n)
                 values.append(ids)
-        out[module] = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.cat(values), lengths=torch.cat(lengths))
+        out[module] = KeyedJaggedTensor.from_lengths_sync(
+            keys=keys, values=torch.cat(values), lengths=torch.cat(lengths)
+        )
     return out
 
 
 def projections(configs) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(99)
-    return {f: torch.randn(c.embedding_dim, 3, generator=generator) for c in all_configs(configs) for f in c.feature_names}
+    return {
+        f: torch.randn(c.embedding_dim, 3, generator=generator) for c in all_configs(configs) for f in c.feature_names
+    }
 
 
 def loss_of(out, proj: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -190,7 +196,9 @@ def bad_settings(configs) -> dict:
     wrong.tables["t0"].num_rows = 49
     attempts = {
         "wrong_rows/module": lambda: HetEmbeddingCollection(
-            configs["ec8"], device=torch.device("meta"), replication=_own(ReplicationConfig(tiers=wrong), configs["ec8"])
+            configs["ec8"],
+            device=torch.device("meta"),
+            replication=_own(ReplicationConfig(tiers=wrong), configs["ec8"]),
         ),
         "wrong_rows/sharder": lambda: sharded(configs, "sgd", ReplicationConfig(tiers=wrong)),
         "dense_kernel": lambda: _dense_plan(configs),
@@ -231,7 +239,9 @@ def bad_input(rank: int, world_size: int) -> dict:
     values = good["ec8"].values().clone()
     values[-1] = 101  # beyond t2 (feature f3, the last key of ec8)
     cases = {
-        "bad_id": dict(good, ec8=KeyedJaggedTensor(keys=good["ec8"].keys(), values=values, lengths=good["ec8"].lengths())),
+        "bad_id": dict(
+            good, ec8=KeyedJaggedTensor(keys=good["ec8"].keys(), values=values, lengths=good["ec8"].lengths())
+        ),
         "unknown_feature": dict(
             good, ec4=KeyedJaggedTensor(keys=["f1", "f9"], values=good["ec4"].values(), lengths=good["ec4"].lengths())
         ),
@@ -266,7 +276,10 @@ def carried_route(rank: int) -> dict:
         "difference": max(relative_error(carried[n], given[n]) for n in given),
         "trained": min(relative_error(given[n], start[n]) for n in given),
         "syncs": [
-            sum(s["sparse_syncs"] + s["dense_syncs"] for s in (m.module.ec8.replication_stats(), m.module.ec4.replication_stats()))
+            sum(
+                s["sparse_syncs"] + s["dense_syncs"]
+                for s in (m.module.ec8.replication_stats(), m.module.ec4.replication_stats())
+            )
             for m in models.values()
         ],
     }

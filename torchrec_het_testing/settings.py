@@ -18,7 +18,6 @@ from torchrec_het.replication.profile import AccessProfile, AccessProfiler
 from torchrec_het.replication.tiers import TableTiers
 from torchrec_het.sharders import get_het_sharders
 
-
 # the fused optimizers users use, as (class, arguments) for apply_optimizer_in_backward
 OPTIMIZERS = {
     "sgd": (torch.optim.SGD, {"lr": 0.1}),
@@ -100,7 +99,9 @@ def unchecked_tiers(tables, hot: int) -> SimpleNamespace:
     })  # fmt: skip
 
 
-def replication_config(settings: ReplicaSettings, tables, world_size: int, local_world_size: int | None) -> ReplicationConfig:
+def replication_config(
+    settings: ReplicaSettings, tables, world_size: int, local_world_size: int | None
+) -> ReplicationConfig:
     """The ``ReplicationConfig`` of ``settings`` for ``tables`` on ``world_size`` ranks, ``local_world_size``
     per host (without tiers when they come from a profile)."""
     given = not (settings.online_profile_steps or settings.from_profile)

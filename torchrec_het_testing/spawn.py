@@ -36,7 +36,10 @@ def gloo_rank(rank: int, world_size: int, port: int, timeout_s: float = 60) -> I
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
         timeout=timedelta(seconds=timeout_s),
     )
     try:

@@ -71,7 +71,9 @@ def test_quick_zipf_run_on_two_emulated_hosts_plans_the_plugin_from_the_measured
         (record,) = case[arm]["runs"]
         assert sum(record["plan"].values()) == 26 and 0 < record["auc"] < 1
         assert record["wire_bytes_run"] > 0 and record["wire_bytes_per_step"] > 0  # the hosts' links carried them
-    assert not case["stock"]["plugin_types_planned"] and case["launcher"]["plugin_types_planned"], case["launcher"]["plan_types"]
+    assert not case["stock"]["plugin_types_planned"] and case["launcher"]["plugin_types_planned"], case["launcher"][
+        "plan_types"
+    ]
     assert case["launcher_over_stock"]["wire_bytes_per_step"] < 1.0  # fewer bytes cross the link each step
     notes = case["launcher"]["runs"][0]["notes"]
     assert any("between hosts" in note and "(measured: probe" in note for note in notes), notes

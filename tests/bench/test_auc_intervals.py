@@ -22,7 +22,11 @@ def _two_models(n: int = 8_000, seed: int = 0) -> tuple[torch.Tensor, torch.Tens
     g = torch.Generator().manual_seed(seed)
     labels = (torch.rand(n, generator=g) < 0.25).float()
     shared = torch.randn(n, generator=g) + 1.2 * labels
-    return labels, shared + 0.3 * torch.randn(n, generator=g), shared + 0.3 * torch.randn(n, generator=g) + 0.05 * labels
+    return (
+        labels,
+        shared + 0.3 * torch.randn(n, generator=g),
+        shared + 0.3 * torch.randn(n, generator=g) + 0.05 * labels,
+    )
 
 
 def test_midranks_give_ties_their_mean_rank():

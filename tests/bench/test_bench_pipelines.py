@@ -25,9 +25,24 @@ EVAL_EVERY = 5  # smoke: 3 warm-up steps and 3 rounds of 5: 18 steps
 
 def _bench(out, configs: list[str], *extra: str) -> tuple[dict, str]:
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het_bench", "--preset", "smoke", "--configs", ",".join(configs),
-         "--world-size", "2", "--out", str(out), "--no-progress", *extra],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torchrec_het_bench",
+            "--preset",
+            "smoke",
+            "--configs",
+            ",".join(configs),
+            "--world-size",
+            "2",
+            "--out",
+            str(out),
+            "--no-progress",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads((out / "results.json").read_text()), run.stdout
@@ -51,7 +66,12 @@ def test_every_configuration_is_an_entry_under_every_pipeline(side_by_side) -> N
         config, label = e["name"].split("@")
         pipeline = PIPELINES[LABELS.index(label)]
         k = {"sparse_dist": 0, "hybrid": 2, "semi_sync": 1}[pipeline]
-        assert (e["config"], e["pipeline"], e["pipeline_label"], e["embedding_staleness"]) == (config, pipeline, label, k)
+        assert (e["config"], e["pipeline"], e["pipeline_label"], e["embedding_staleness"]) == (
+            config,
+            pipeline,
+            label,
+            k,
+        )
         assert e["params"]["pipeline"] == pipeline and e["params"]["embedding_staleness"] == k
     for name in ("results.json", "results.md", "results.png", "auc_curve.png"):
         assert (out / name).stat().st_size > 0, name
@@ -100,7 +120,9 @@ def test_every_entry_has_its_auc_curve_and_convergence_against_stock(side_by_sid
     results, stdout, _ = side_by_side
     ran = [e for e in results["configs"] if "not_run" not in e]
     assert {e["name"] for e in ran} == {f"stock_table_wise@{label}" for label in LABELS} | {
-        "het_het_s2_c1@sparse_dist", "het_het_s2_c1@hybrid_k2"}
+        "het_het_s2_c1@sparse_dist",
+        "het_het_s2_c1@hybrid_k2",
+    }
     for e in ran:
         assert [step for step, _ in e["auc_curve"]] == [5, 10, 15, 18]
         assert all(0.0 <= auc <= 1.0 for _, auc in e["auc_curve"]) and e["auc_curve"][-1][1] == e["auc"]
@@ -118,15 +140,26 @@ def test_every_entry_has_its_auc_curve_and_convergence_against_stock(side_by_sid
             assert sync["reference"] == "stock_table_wise@sparse_dist"
         # The HET cache counts evaluation forwards as steps: its curve says its training was not left alone.
         assert ("auc_curve_caveat" in e) == (e["config"] == "het_het_s2_c1"), e["name"]
-    hybrid_row = next(line for line in stdout.splitlines() if line.startswith("| dlrm | stock_table_wise@hybrid_k2 | hybrid |"))
+    hybrid_row = next(
+        line for line in stdout.splitlines() if line.startswith("| dlrm | stock_table_wise@hybrid_k2 | hybrid |")
+    )
     assert hybrid_row.split("|")[5].strip() == "2"  # the gauge's max in the convergence table
-    assert "| dlrm | het_het_s2_c1@sparse_dist * |" in stdout and "* het_het_s2_c1@sparse_dist: het_cached_row_wise" in stdout
+    assert (
+        "| dlrm | het_het_s2_c1@sparse_dist * |" in stdout
+        and "* het_het_s2_c1@sparse_dist: het_cached_row_wise" in stdout
+    )
 
 
 @pytest.fixture(scope="module")
 def without_evaluation(tmp_path_factory) -> dict:
-    results, _ = _bench(tmp_path_factory.mktemp("bench_pipelines_no_eval"), ["stock_table_wise"],
-                        "--pipeline", "hybrid,semi_sync", "--eval-every", "0")
+    results, _ = _bench(
+        tmp_path_factory.mktemp("bench_pipelines_no_eval"),
+        ["stock_table_wise"],
+        "--pipeline",
+        "hybrid,semi_sync",
+        "--eval-every",
+        "0",
+    )
     return results
 
 
@@ -146,9 +179,25 @@ def test_semi_sync_leaves_data_parallel_tables_not_run_with_the_reason(tmp_path)
     started the next batch's lookup: autograd fails, after TorchRec warns that the pipelined module
     and the optimizer share parameters. The entry is not run, with the reason, and nothing warns."""
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het_bench", "--preset", "smoke", "--configs", "stock_dp_small",
-         "--pipeline", "semi_sync", "--world-size", "2", "--out", str(tmp_path), "--no-progress"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torchrec_het_bench",
+            "--preset",
+            "smoke",
+            "--configs",
+            "stock_dp_small",
+            "--pipeline",
+            "semi_sync",
+            "--world-size",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     (entry,) = json.loads((tmp_path / "results.json").read_text())["configs"]

@@ -9,7 +9,15 @@ import pytest
 
 from torchrec_het.planner.compute_costs import save_bytes_only_table
 
-RUN = ["stock_table_wise", "rep_m100_s1", "rep_m125_s10", "seq_stock_row_wise", "seq_rep_m125_s1", "stock_planner", "planned"]
+RUN = [
+    "stock_table_wise",
+    "rep_m100_s1",
+    "rep_m125_s10",
+    "seq_stock_row_wise",
+    "seq_rep_m125_s1",
+    "stock_planner",
+    "planned",
+]
 
 
 @pytest.fixture(scope="module")
@@ -20,9 +28,24 @@ def results(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("bench_rep")
     on_par = save_bytes_only_table(out / "on_par.json", "tests: lookups on par with row_wise")
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het_bench", "--preset", "smoke", "--configs", ",".join(RUN),
-         "--world-size", "2", "--out", str(out), "--no-progress"],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, TORCHREC_HET_COMPUTE_COSTS=str(on_par)),
+        [
+            sys.executable,
+            "-m",
+            "torchrec_het_bench",
+            "--preset",
+            "smoke",
+            "--configs",
+            ",".join(RUN),
+            "--world-size",
+            "2",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, TORCHREC_HET_COMPUTE_COSTS=str(on_par)),
     )
     assert run.returncode == 0, run.stderr[-4000:]
     assert (out / "bytes_vs_memory.png").stat().st_size > 0
@@ -41,7 +64,9 @@ def results(tmp_path_factory) -> dict:
 
 def test_replicated_configs_record_their_settings(results: dict) -> None:
     for name, ratio, sync, workload in (
-        ("rep_m100_s1", 1.0, 1, "dlrm"), ("rep_m125_s10", 1.25, 10, "dlrm"), ("seq_rep_m125_s1", 1.25, 1, "sequence")
+        ("rep_m100_s1", 1.0, 1, "dlrm"),
+        ("rep_m125_s10", 1.25, 10, "dlrm"),
+        ("seq_rep_m125_s1", 1.25, 1, "sequence"),
     ):
         config = results[name]
         assert config["workload"] == workload
@@ -77,9 +102,25 @@ def fae_results(tmp_path_factory) -> dict:
     """A skewed stream (alpha 1.6) where whole batches of hot samples can form."""
     out = tmp_path_factory.mktemp("bench_fae")
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het_bench", "--preset", "smoke", "--alpha", "1.6",
-         "--configs", "rep_m100_s1,rep_m100_s1_fae", "--world-size", "2", "--out", str(out), "--no-progress"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torchrec_het_bench",
+            "--preset",
+            "smoke",
+            "--alpha",
+            "1.6",
+            "--configs",
+            "rep_m100_s1,rep_m100_s1_fae",
+            "--world-size",
+            "2",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     data = json.loads((out / "results.json").read_text())

@@ -14,10 +14,10 @@ import sys
 import pytest
 import torch
 
+from torchrec_het_bench.data.sequence import TABLE_FEATURES
 from torchrec_het_bench.presets import get_preset
 from torchrec_het_bench.step_time import STEP_PARTS
 from torchrec_het_bench.workloads import open_workload_source
-from torchrec_het_bench.data.sequence import TABLE_FEATURES
 
 PHASES = {"fwd_ids", "fwd_emb", "bwd_grad", "dense_allreduce", "other"}
 COLLECTIVES = {"all_to_all", "reduce_scatter", "all_gather", "all_reduce", "broadcast"}
@@ -28,9 +28,24 @@ RUN = ["stock_table_wise", "seq_stock_table_wise", "stock_row_wise", "seq_stock_
 
 def _bench(out, configs: list[str], *extra: str) -> dict:
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het_bench", "--preset", "smoke", "--configs", ",".join(configs),
-         "--world-size", "2", "--out", str(out), "--no-progress", *extra],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torchrec_het_bench",
+            "--preset",
+            "smoke",
+            "--configs",
+            ",".join(configs),
+            "--world-size",
+            "2",
+            "--out",
+            str(out),
+            "--no-progress",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     # The benchmark's own warnings are fixed (and TorchRec's about what it must do filtered narrowly): none shows.
@@ -200,7 +215,9 @@ def test_sequence_bytes_are_embedding_traffic_and_match_the_ids(results: dict) -
     # Table-wise: each table lives whole on one rank; the planner picks which.
     placements = [{"item": a, "category": b} for a in range(ws) for b in range(ws)]
     expected_tw = {
-        round(_remote_ids_per_step(preset, looked_up, lambda table, ids, p=p: torch.full_like(ids, p[table])) * row_bytes)
+        round(
+            _remote_ids_per_step(preset, looked_up, lambda table, ids, p=p: torch.full_like(ids, p[table])) * row_bytes
+        )
         for p in placements
     }
     assert tw["bytes_per_step"]["fwd_emb"] in expected_tw

@@ -70,10 +70,20 @@ def test_each_entry_is_compared_with_stock_table_wise_of_its_pipeline_else_spars
 def test_the_convergence_table_and_the_curve_plot(tmp_path):
     entries = [
         _entry("stock_table_wise", "sparse_dist", STOCK_SYNC, stock=True),
-        _entry("stock_table_wise", "hybrid_k2", STOCK_HYBRID, stock=True,
-               staleness_gauge={"max": 2, "mean": 1.9, "histogram": {"0": 1, "1": 1, "2": 20}}),
-        {"name": "het@hybrid_k2", "config": "het", "pipeline_label": "hybrid_k2", "workload": "dlrm",
-         "not_run": "the pipeline's one-line reason"},
+        _entry(
+            "stock_table_wise",
+            "hybrid_k2",
+            STOCK_HYBRID,
+            stock=True,
+            staleness_gauge={"max": 2, "mean": 1.9, "histogram": {"0": 1, "1": 1, "2": 20}},
+        ),
+        {
+            "name": "het@hybrid_k2",
+            "config": "het",
+            "pipeline_label": "hybrid_k2",
+            "workload": "dlrm",
+            "not_run": "the pipeline's one-line reason",
+        },
     ]
     convergence(entries)
     results = {"preset": "converge", "eval_every": 100, "configs": entries}
@@ -81,13 +91,19 @@ def test_the_convergence_table_and_the_curve_plot(tmp_path):
     assert "every 100 trained steps" in lines[0] and "plateau = the largest AUC on stock table_wise's curve" in lines[0]
     rows = [line for line in lines if line.startswith("| dlrm")]
     assert len(rows) == 2
-    assert rows[0] == ("| dlrm | stock_table_wise@sparse_dist | sparse_dist | 0 | - | 0.7990 | stock_table_wise@sparse_dist "
-                       "| +0.0000 | 300 (300) | - | - |")
-    assert rows[1] == ("| dlrm | stock_table_wise@hybrid_k2 | hybrid | 2 | 2 | 0.7950 | stock_table_wise@hybrid_k2 "
-                       "| +0.0000 | 400 (400) | -0.0040 | never (300) |")
+    assert rows[0] == (
+        "| dlrm | stock_table_wise@sparse_dist | sparse_dist | 0 | - | 0.7990 | stock_table_wise@sparse_dist "
+        "| +0.0000 | 300 (300) | - | - |"
+    )
+    assert rows[1] == (
+        "| dlrm | stock_table_wise@hybrid_k2 | hybrid | 2 | 2 | 0.7950 | stock_table_wise@hybrid_k2 "
+        "| +0.0000 | 400 (400) | -0.0040 | never (300) |"
+    )
     assert report.plot_auc_curves(results, tmp_path / "auc_curve.png")
     assert (tmp_path / "auc_curve.png").stat().st_size > 0
-    assert not report.plot_auc_curves({"preset": "x", "configs": [_entry("a", "plain", [[5, 0.5]])]}, tmp_path / "no.png")
+    assert not report.plot_auc_curves(
+        {"preset": "x", "configs": [_entry("a", "plain", [[5, 0.5]])]}, tmp_path / "no.png"
+    )
     assert not (tmp_path / "no.png").exists()  # one point is no curve
 
 

@@ -26,16 +26,25 @@ def _live_dense_units(standardize_dense: bool, seed: int = 0) -> int:
     on the rest, at the preset's learning rate, as the benchmark's fused optimizers do)."""
     torch.manual_seed(0)
     preset = get_preset("converge")
-    source = SyntheticCriteo(DataConfig(table_sizes=preset.table_sizes, batch_size=preset.batch_size, alpha=preset.alpha,
-                                        seed=seed, standardize_dense=standardize_dense))
+    source = SyntheticCriteo(
+        DataConfig(
+            table_sizes=preset.table_sizes,
+            batch_size=preset.batch_size,
+            alpha=preset.alpha,
+            seed=seed,
+            standardize_dense=standardize_dense,
+        )
+    )
     model = build_dlrm(preset, source.feature_names, source.num_dense, seed)  # the benchmark's dense initialization
     tables = table_configs(preset, source.feature_names)
     model.model.sparse_arch.embedding_bag_collection = EmbeddingBagCollection(tables=tables)
     init_tables_by_row(model, tables, seed)
     sparse = list(model.model.sparse_arch.parameters())
     dense = [p for p in model.parameters() if all(p is not q for q in sparse)]
-    optimizers = [torchrec.optim.RowWiseAdagrad(sparse, lr=preset.learning_rate),
-                  torch.optim.Adagrad(dense, lr=preset.learning_rate)]
+    optimizers = [
+        torchrec.optim.RowWiseAdagrad(sparse, lr=preset.learning_rate),
+        torch.optim.Adagrad(dense, lr=preset.learning_rate),
+    ]
     for step in range(STEPS):
         for optimizer in optimizers:
             optimizer.zero_grad()

@@ -58,16 +58,41 @@ def test_bench_refuses_ranks_that_do_not_fill_the_emulated_hosts(capsys, tmp_pat
 
 def test_bench_accepts_the_edges_of_each_range() -> None:
     args = bench_main.parse_args(
-        ["--alpha", "0", "--warmup-steps", "0", "--steps-per-round", "1", "--rounds", "3", "--world-size", "1",
-         "--delay-ms", "0", "--eval-every", "0", "--embedding-staleness", "0", "--seed", "0", "--gbit", "0.5"]
+        [
+            "--alpha",
+            "0",
+            "--warmup-steps",
+            "0",
+            "--steps-per-round",
+            "1",
+            "--rounds",
+            "3",
+            "--world-size",
+            "1",
+            "--delay-ms",
+            "0",
+            "--eval-every",
+            "0",
+            "--embedding-staleness",
+            "0",
+            "--seed",
+            "0",
+            "--gbit",
+            "0.5",
+        ]
     )
     assert (args.alpha, args.warmup_steps, args.rounds, args.world_size, args.gbit) == (0.0, 0, 3, 1, 0.5)
 
 
 @pytest.mark.parametrize(
     "flag, value, rule",
-    [("--warmup-steps", "-3", ">= 0"), ("--steps-per-round", "0", ">= 1"), ("--rounds", "1", ">= 3"),
-     ("--world-size", "1", ">= 2"), ("--seed", "-1", ">= 0")],
+    [
+        ("--warmup-steps", "-3", ">= 0"),
+        ("--steps-per-round", "0", ">= 1"),
+        ("--rounds", "1", ">= 3"),
+        ("--world-size", "1", ">= 2"),
+        ("--seed", "-1", ">= 0"),
+    ],
 )
 def test_micro_refuses_a_bad_number_naming_the_flag(flag, value, rule, capsys, tmp_path) -> None:
     err = _refused(micro.main, ["--preset", "smoke", "--out", str(tmp_path), flag, value], capsys)
@@ -110,8 +135,15 @@ def test_bench_list_ignores_the_configs_flag(capsys) -> None:
 
 @pytest.mark.parametrize(
     "flag, value, rule",
-    [("--alpha", "-1", ">= 0"), ("--alpha", "nan", ">= 0"), ("--seed", "-1", ">= 0"), ("--steps", "0", ">= 1"),
-     ("--every", "0", ">= 1"), ("--world-size", "0", ">= 1"), ("--rank", "2", "--rank must lie in [0, --world-size 2)")],
+    [
+        ("--alpha", "-1", ">= 0"),
+        ("--alpha", "nan", ">= 0"),
+        ("--seed", "-1", ">= 0"),
+        ("--steps", "0", ">= 1"),
+        ("--every", "0", ">= 1"),
+        ("--world-size", "0", ">= 1"),
+        ("--rank", "2", "--rank must lie in [0, --world-size 2)"),
+    ],
 )
 def test_profile_refuses_a_bad_flag_naming_it(flag, value, rule, capsys, tmp_path) -> None:
     from torchrec_het_bench import profile

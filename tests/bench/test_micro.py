@@ -7,18 +7,33 @@ import sys
 
 import pytest
 
+from torchrec_het_bench.comm import COLLECTIVE_FAMILIES
 from torchrec_het_bench.micro import MICRO_TYPES
 from torchrec_het_bench.presets import get_preset
-from torchrec_het_bench.comm import COLLECTIVE_FAMILIES
 
 
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("micro")
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het_bench.micro", "--preset", "smoke", "--warmup-steps", "1",
-         "--steps-per-round", "1", "--rounds", "3", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torchrec_het_bench.micro",
+            "--preset",
+            "smoke",
+            "--warmup-steps",
+            "1",
+            "--steps-per-round",
+            "1",
+            "--rounds",
+            "3",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     assert "| table_wise | stock_table_wise |" in run.stdout

@@ -94,8 +94,13 @@ def test_names_addresses_and_rank_env() -> None:
     assert len(set(names)) == 4 and all(n.startswith(f"trh-{os.getpid()}-") for n in names)
     env = hosts.rank_env(3, [0, 0, 1, 1], master_port=29500)
     assert env == {
-        "MASTER_ADDR": "198.18.0.1", "MASTER_PORT": "29500", "GLOO_SOCKET_IFNAME": hosts.interface(1),
-        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "198.18.0.1",
+        "MASTER_PORT": "29500",
+        "GLOO_SOCKET_IFNAME": hosts.interface(1),
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
     }
     with pytest.raises(ValueError):
         hosts.host_address(3)
@@ -123,8 +128,20 @@ def test_uplink_with_delay_puts_the_rate_limit_under_netem(monkeypatch) -> None:
     add = ["tc", "-n", "trhtest-ns", "qdisc", "add", "dev", "eth0"]
     assert issued == [
         [*add, "root", "handle", "1:", "netem", "delay", "0.5ms", "limit", str(link.delay_limit_packets())],
-        [*add, "parent", "1:1", "handle", "10:", "tbf", "rate", "1000000000bit",
-         "burst", str(link.burst_bytes()), "limit", str(link.queue_limit_bytes())],
+        [
+            *add,
+            "parent",
+            "1:1",
+            "handle",
+            "10:",
+            "tbf",
+            "rate",
+            "1000000000bit",
+            "burst",
+            str(link.burst_bytes()),
+            "limit",
+            str(link.queue_limit_bytes()),
+        ],
     ]
 
 
@@ -140,7 +157,9 @@ def test_builds_namespaces_addresses_and_qdiscs_then_removes_them() -> None:
             links = {link["ifname"]: link for link in json.loads(run_command("ip", "-j", "-n", netns, "addr", "show"))}
             assert set(links) == {"lo", device}
             assert "UP" in links["lo"]["flags"]
-            assert [(a["family"], a["local"]) for a in links[device]["addr_info"]] == [("inet", hosts.host_address(host))]
+            assert [(a["family"], a["local"]) for a in links[device]["addr_info"]] == [
+                ("inet", hosts.host_address(host))
+            ]
             uplink = _qdiscs(netns)[device]
             assert uplink["kind"] == "tbf" and uplink["options"]["rate"] == 250_000_000  # bytes/s
             downlink = _qdiscs(hosts.switch_netns)[hosts.bridge_port(host)]
@@ -197,8 +216,13 @@ with EmulatedHosts(2, LinkSpec(1.0, 0.0), name_prefix=sys.argv[1]) as hosts:
 @needs_netns
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_removes_namespaces_then_acts_as_default(signum: int) -> None:
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, PREFIX], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, PREFIX],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         switch = holder.stdout.readline().strip()
         assert switch.startswith(f"{PREFIX}-{holder.pid}-"), holder.stderr.read()
@@ -209,7 +233,9 @@ def test_signal_removes_namespaces_then_acts_as_default(signum: int) -> None:
             code = holder.wait(timeout=20)
         except subprocess.TimeoutExpired:
             holder.kill()
-            raise AssertionError(f"holder still alive 20 s after signal {signum}: {holder.communicate()[1][-2000:]}")
+            raise AssertionError(
+                f"holder still alive 20 s after signal {signum}: {holder.communicate()[1][-2000:]}"
+            ) from None
         assert code == -signum
     finally:
         holder.kill()
@@ -297,9 +323,16 @@ def links_budget_rounds() -> int:
 
 @needs_netns
 def test_an_ignored_sigint_stays_ignored_and_keeps_the_namespaces() -> None:
-    script = _HOLDER.replace("signal.signal(signal.SIGINT, signal.default_int_handler)", "signal.signal(signal.SIGINT, signal.SIG_IGN)")
-    holder = subprocess.Popen([sys.executable, "-c", script, PREFIX], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    script = _HOLDER.replace(
+        "signal.signal(signal.SIGINT, signal.default_int_handler)", "signal.signal(signal.SIGINT, signal.SIG_IGN)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, PREFIX],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         switch = holder.stdout.readline().strip()
         assert switch.startswith(f"{PREFIX}-{holder.pid}-"), holder.stderr.read()

@@ -8,7 +8,13 @@ import warnings
 import pytest
 
 from torchrec_het_bench import netem
-from torchrec_het_bench.netem import EmulatedHosts, LinkSpec, NetworkEmulationUnavailable, check_available, socket_in_host
+from torchrec_het_bench.netem import (
+    EmulatedHosts,
+    LinkSpec,
+    NetworkEmulationUnavailable,
+    check_available,
+    socket_in_host,
+)
 from torchrec_het_bench.netem_faults import cut_link, link_cut, link_is_up, restore_link
 
 PREFIX = "trhtestcut"

@@ -30,7 +30,13 @@ def test_make_bench_runs_stock_and_the_planner_with_the_plugin_on_loopback_and_e
     assert [c.name for c in args.chosen] == ["stock_table_wise", "stock_row_wise", "planned", "planned_s10"]
     assert args.gbit == REFERENCE_GBIT and args.hosts == 2
     smoke = bench_main.parse_args(["--preset", "smoke"])
-    assert [c.name for c in smoke.chosen] == ["stock_table_wise", "stock_row_wise", "stock_dp_small", "planned", "planned_s10"]
+    assert [c.name for c in smoke.chosen] == [
+        "stock_table_wise",
+        "stock_row_wise",
+        "stock_dp_small",
+        "planned",
+        "planned_s10",
+    ]
 
 
 def test_plan_networks():
@@ -83,13 +89,30 @@ def test_auto_with_emulation_runs_both_networks(monkeypatch, capsys, launched, t
     assert loopback.host_of_rank == (0, 0) and loopback.out_dir == str(tmp_path / "loopback")
     assert emulated.network["gbit"] == REFERENCE_GBIT and emulated.host_of_rank == (0, 1)
     assert emulated.out_dir == str(tmp_path / "emulated")
-    assert [c for c in loopback.config_names] == ["stock_table_wise", "stock_row_wise", "stock_dp_small", "planned", "planned_s10"]
+    assert [c for c in loopback.config_names] == [
+        "stock_table_wise",
+        "stock_row_wise",
+        "stock_dp_small",
+        "planned",
+        "planned_s10",
+    ]
     assert "skipped" not in capsys.readouterr().out
 
 
 def test_auto_soak_runs_the_soak_body_on_both_networks(monkeypatch, launched, tmp_path):
     monkeypatch.setattr(networks, "emulation_unavailable", lambda: None)
-    argv = ["--preset", "smoke", "--network", "auto", "--soak", "40", "--configs", "stock_table_wise", "--out", str(tmp_path)]
+    argv = [
+        "--preset",
+        "smoke",
+        "--network",
+        "auto",
+        "--soak",
+        "40",
+        "--configs",
+        "stock_table_wise",
+        "--out",
+        str(tmp_path),
+    ]
     assert bench_main.main(argv) == 0
     assert [s.network["mode"] for s in launched] == ["loopback", "emulated"]
     assert all(body.func is bench_main.run_soak for body in launched.bodies)

@@ -98,19 +98,33 @@ def test_pec_is_offered_for_cuda_where_the_installed_torchrec_has_it():
 
     if _compat.pec_train_pipeline_class() is None:  # TorchRec 1.8: no TrainPipelinePEC
         for device in (CPU, torch.device("cuda")):
-            with pytest.raises(PipelineUnavailable, match=r"--pipeline pec cannot run here: TrainPipelinePEC is new in "
-                               r"TorchRec 1\.9; torchrec 1\.8\.0 is installed"):
+            with pytest.raises(
+                PipelineUnavailable,
+                match=r"--pipeline pec cannot run here: TrainPipelinePEC is new in "
+                r"TorchRec 1\.9; torchrec 1\.8\.0 is installed",
+            ):
                 check_pipeline("pec", device)
     else:
-        with pytest.raises(PipelineUnavailable, match=r"--pipeline pec cannot run on this device \(cpu\): .*NVIDIA driver"):
+        with pytest.raises(
+            PipelineUnavailable, match=r"--pipeline pec cannot run on this device \(cpu\): .*NVIDIA driver"
+        ):
             check_pipeline("pec", CPU)
         assert check_pipeline("pec", torch.device("cuda")) is PIPELINES["pec"]
 
 
 def test_the_command_line_refuses_before_starting_any_rank(capsys):
     with pytest.raises(SystemExit) as caught:
-        main(["--preset", "smoke", "--configs", "stock_table_wise", "--pipeline", "sparse_dist,prefetch_sparse_dist",
-              "--no-progress"])
+        main(
+            [
+                "--preset",
+                "smoke",
+                "--configs",
+                "stock_table_wise",
+                "--pipeline",
+                "sparse_dist,prefetch_sparse_dist",
+                "--no-progress",
+            ]
+        )
     assert caught.value.code == 2
     captured = capsys.readouterr()
     assert "error: --pipeline prefetch_sparse_dist cannot run on this device (cpu)" in captured.err.splitlines()[-1]

@@ -6,17 +6,26 @@ import math
 
 import pytest
 
+from torchrec_het_bench import seeds
 from torchrec_het_bench.auc_intervals import t_quantile
 from torchrec_het_bench.results import convergence
-from torchrec_het_bench import seeds
 from torchrec_het_bench.seeds import merge, seed_dir
 
 
 def _entry(config: str, curve: list, stock: bool = False) -> dict:
     return {
-        "name": config, "config": config, "pipeline": "sparse_dist", "pipeline_label": "sparse_dist",
-        "embedding_staleness": 0, "workload": "dlrm", "stock": stock, "auc": curve[-1][1], "auc_curve": curve,
-        "loss": 0.5, "samples_per_s": {"median": 1000.0}, "bytes_per_step": {"embedding_cross_rank": 100},
+        "name": config,
+        "config": config,
+        "pipeline": "sparse_dist",
+        "pipeline_label": "sparse_dist",
+        "embedding_staleness": 0,
+        "workload": "dlrm",
+        "stock": stock,
+        "auc": curve[-1][1],
+        "auc_curve": curve,
+        "loss": 0.5,
+        "samples_per_s": {"median": 1000.0},
+        "bytes_per_step": {"embedding_cross_rank": 100},
     }
 
 
@@ -27,9 +36,21 @@ def _run(seed: int, stock_auc: float, plugin_auc: float) -> dict:
         {"name": "refused", "config": "refused", "pipeline_label": "sparse_dist", "workload": "dlrm", "not_run": "no"},
     ]
     convergence(entries)
-    return {"preset": "converge", "world_size": 2, "alpha": 1.1, "table_sizes": [5, 6], "pipeline": "sparse_dist",
-            "embedding_staleness": 2, "rounds": 3, "steps_per_round": 10, "warmup_steps": 1, "eval_every": 100,
-            "data": "synthetic", "seed": seed, "configs": entries}
+    return {
+        "preset": "converge",
+        "world_size": 2,
+        "alpha": 1.1,
+        "table_sizes": [5, 6],
+        "pipeline": "sparse_dist",
+        "embedding_staleness": 2,
+        "rounds": 3,
+        "steps_per_round": 10,
+        "warmup_steps": 1,
+        "eval_every": 100,
+        "data": "synthetic",
+        "seed": seed,
+        "configs": entries,
+    }
 
 
 RUNS = [_run(0, 0.80, 0.801), _run(1, 0.81, 0.809), _run(2, 0.79, 0.7935)]
@@ -88,7 +109,7 @@ def test_the_seeds_of_a_run_merge_again_from_their_folders(tmp_path, monkeypatch
     written = []
     monkeypatch.setattr(seeds, "write_results", lambda results, out: written.append((results, out)))
     assert seeds.main([str(tmp_path)]) == 0
-    (merged, out), = written
+    ((merged, out),) = written
     assert out == tmp_path and merged["seeds"] == [0, 1, 2] and "auc_vs_stock" in merged["configs"][1]
     with pytest.raises(SystemExit):
         seeds.main([str(tmp_path / "seed_0")])  # no seed folders in there

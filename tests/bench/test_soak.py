@@ -24,10 +24,31 @@ STEPS, WARMUP, EVERY = 200, 50, 50
 def soaked(tmp_path_factory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("soak")
     run = subprocess.run(
-        [sys.executable, "-m", "torchrec_het_bench", "--soak", str(STEPS), "--warmup-steps", str(WARMUP),
-         "--soak-every", str(EVERY), "--preset", "smoke", "--configs", ",".join(CONFIGS),
-         "--pipeline", "sparse_dist,hybrid", "--world-size", "2", "--out", str(out), "--no-progress"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "torchrec_het_bench",
+            "--soak",
+            str(STEPS),
+            "--warmup-steps",
+            str(WARMUP),
+            "--soak-every",
+            str(EVERY),
+            "--preset",
+            "smoke",
+            "--configs",
+            ",".join(CONFIGS),
+            "--pipeline",
+            "sparse_dist,hybrid",
+            "--world-size",
+            "2",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     assert (out / "soak.png").stat().st_size > 0
@@ -42,7 +63,9 @@ def test_live_objects_stay_flat_after_warm_up_for_each_plugin_type_and_the_hybri
         live = entry["verdict"]["live_tensors"]
         grown = entry["grown_types"][0]
         assert live["flat"], f"{entry['name']}: live tensors {live}; grown most: {grown}"
-        assert entry["verdict"]["gc_objects"]["flat"], f"{entry['name']}: gc objects {entry['verdict']['gc_objects']}; {grown}"
+        assert entry["verdict"]["gc_objects"]["flat"], (
+            f"{entry['name']}: gc objects {entry['verdict']['gc_objects']}; {grown}"
+        )
         assert max(live["end"]) - min(live["warmup"]) <= LIVE_SLACK["live_tensors"], (entry["name"], live)
 
 
@@ -65,7 +88,14 @@ def test_the_series_are_sampled_per_rank_and_the_table_is_printed(soaked) -> Non
 
 
 def _series(tensors: list[int], peaks: list[float], steps: list[int]) -> list[dict]:
-    return [{"step": steps, "peak_rss_mb": peaks, "live_tensors": tensors, "gc_objects": [None if n is None else 10_000 + n for n in tensors]}]
+    return [
+        {
+            "step": steps,
+            "peak_rss_mb": peaks,
+            "live_tensors": tensors,
+            "gc_objects": [None if n is None else 10_000 + n for n in tensors],
+        }
+    ]
 
 
 def test_the_verdict_fails_a_steady_leak_and_passes_a_first_time_bump() -> None:
@@ -75,7 +105,10 @@ def test_the_verdict_fails_a_steady_leak_and_passes_a_first_time_bump() -> None:
     assert not leaking["live_tensors"]["flat"] and not leaking["live_flat"] and not leaking["holds"]
     assert leaking["live_tensors"]["per_1k_steps"] == [7000.0]
     assert (leaking["live_tensors"]["warmup"], leaking["live_tensors"]["midpoint"], leaking["live_tensors"]["end"]) == (
-        [100], [625], [1150])
+        [100],
+        [625],
+        [1150],
+    )
     bump = verdict(_series([None, 100, 180, 180, 180, 180, 181, 181], [400.0] * 8, steps), soak)
     assert bump["live_flat"] and bump["holds"]
     grown = verdict(_series([None, 100] + [100] * 6, [390.0, 400.0, 410, 415, 420, 421, 421, 421], steps), soak)

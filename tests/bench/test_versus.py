@@ -14,19 +14,33 @@ from torchrec_het_bench.results import convergence, write_results
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _entry(name: str, sps: float, emb: int, auc: float, stock: bool = False, pipeline: str = "sparse_dist", **extra) -> dict:
+def _entry(
+    name: str, sps: float, emb: int, auc: float, stock: bool = False, pipeline: str = "sparse_dist", **extra
+) -> dict:
     return {
-        "name": name, "config": name.split("@")[0], "pipeline": pipeline.split("_k")[0], "pipeline_label": pipeline,
-        "embedding_staleness": 0, "workload": "dlrm", "stock": stock, "sharding_types": ["table_wise"],
-        "params": {"sharding": "table_wise"}, "samples_per_s": {"median": sps, "p10": sps, "p90": sps},
-        "bytes_per_step": {"embedding_cross_rank": emb}, "inter_host_bytes": None, "auc": auc,
-        "auc_curve": [[10, auc]], **extra,
+        "name": name,
+        "config": name.split("@")[0],
+        "pipeline": pipeline.split("_k")[0],
+        "pipeline_label": pipeline,
+        "embedding_staleness": 0,
+        "workload": "dlrm",
+        "stock": stock,
+        "sharding_types": ["table_wise"],
+        "params": {"sharding": "table_wise"},
+        "samples_per_s": {"median": sps, "p10": sps, "p90": sps},
+        "bytes_per_step": {"embedding_cross_rank": emb},
+        "inter_host_bytes": None,
+        "auc": auc,
+        "auc_curve": [[10, auc]],
+        **extra,
     }
 
 
 def _interval(difference: float, half_width: float) -> dict:
-    return dict(AucDifference(difference, half_width, "DeLong, paired on the same 8 held-out samples", 8).as_dict(),
-                reference="stock_table_wise")
+    return dict(
+        AucDifference(difference, half_width, "DeLong, paired on the same 8 held-out samples", 8).as_dict(),
+        reference="stock_table_wise",
+    )
 
 
 def _results() -> dict:
@@ -46,10 +60,15 @@ def test_the_verdict_line_gives_ratios_and_the_auc_difference_with_its_interval(
         "planned: 1.31× stock_table_wise at 0.53× its bytes, AUC equal (−0.0003 ± 0.0008); tables: table_wise"
     )
     stale["sharding_types"] = ["het_row_replicated", "table_wise"]
-    assert versus.verdict(stale, stock) == ("planned_s10: 1.50× stock_table_wise at 0.25× its bytes, AUC lower "
-                                            "(−0.0021 ± 0.0008); tables: het_row_replicated+table_wise")
+    assert versus.verdict(stale, stock) == (
+        "planned_s10: 1.50× stock_table_wise at 0.25× its bytes, AUC lower "
+        "(−0.0021 ± 0.0008); tables: het_row_replicated+table_wise"
+    )
     stock_row_wise = dict(_entry("stock_row_wise", 800.0, 2 * 2**20, 0.8, stock=True), auc_vs_stock=_interval(0.0, 0.0))
-    assert versus.verdict(stock_row_wise, stock) == "stock_row_wise: 0.80× stock_table_wise at 2.00× its bytes, AUC equal (+0.0000 ± 0.0000)"
+    assert (
+        versus.verdict(stock_row_wise, stock)
+        == "stock_row_wise: 0.80× stock_table_wise at 2.00× its bytes, AUC equal (+0.0000 ± 0.0000)"
+    )
     lines = versus.verdicts(results)
     assert lines[0] == "verdicts against stock:" and len([line for line in lines if line.startswith("- ")]) == 2
     assert "DeLong" in lines[-1] and "equal: the interval holds 0" in lines[-1]
@@ -59,8 +78,10 @@ def test_the_table_names_the_reference_and_shows_each_ratio():
     rows = versus.table(_results())
     assert rows[0].startswith("| entry | sharding | samples/s | × stock | embedding MiB/step (× stock)")
     assert "| AUC (by seed) | AUC − stock (95%) | stock |" in rows[0]
-    assert rows[2] == ("| stock_table_wise | table_wise | 1000 | 1.00× | 1.00 (1.00×) | - |  |  | 0.8000 | 0 (reference) "
-                       "| stock_table_wise |")
+    assert rows[2] == (
+        "| stock_table_wise | table_wise | 1000 | 1.00× | 1.00 (1.00×) | - |  |  | 0.8000 | 0 (reference) "
+        "| stock_table_wise |"
+    )
     assert "| planned | table_wise | 1310 | 1.31× | 0.53 (0.53×) | - |" in rows[3]
     assert rows[3].endswith("| 0.7997 | −0.0003 ± 0.0008 | stock_table_wise |")
 
@@ -93,12 +114,17 @@ def test_auc_vs_stock_pairs_the_held_out_samples_of_entry_and_reference():
         entry.pop("auc_vs_stock", None)
     labels = torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
     stock_scores = torch.tensor([0.1, 0.9, 0.4, 0.6, 0.3, 0.2, 0.7, 0.8])
-    scores = {"stock_table_wise": (stock_scores, labels), "planned": (stock_scores, labels),
-              "planned_s10": (stock_scores.flip(0), labels)}
+    scores = {
+        "stock_table_wise": (stock_scores, labels),
+        "planned": (stock_scores, labels),
+        "planned_s10": (stock_scores.flip(0), labels),
+    }
     versus.add_auc_vs_stock(entries, scores)
     assert "auc_vs_stock" not in entries[0]
     assert entries[1]["auc_vs_stock"]["difference"] == 0.0 and entries[1]["auc_vs_stock"]["half_width"] == 0.0
-    assert entries[2]["auc_vs_stock"]["reference"] == "stock_table_wise" and entries[2]["auc_vs_stock"]["difference"] < 0
+    assert (
+        entries[2]["auc_vs_stock"]["reference"] == "stock_table_wise" and entries[2]["auc_vs_stock"]["difference"] < 0
+    )
     assert entries[2]["convergence"]["auc_half_width"] == entries[2]["auc_vs_stock"]["half_width"] > 0
     assert "auc_half_width" not in entries[0]["convergence"]
     scores["planned"] = (stock_scores, labels.flip(0))
@@ -122,7 +148,9 @@ def test_every_file_the_report_cites_is_written(tmp_path, capsys, name):
 
 
 def test_a_run_without_curves_does_not_cite_the_curve_plot(tmp_path, capsys):
-    results = json.loads((ROOT / "docs" / "results" / "01_default_loopback_stock_and_replicated_pipelines.json").read_text())
+    results = json.loads(
+        (ROOT / "docs" / "results" / "01_default_loopback_stock_and_replicated_pipelines.json").read_text()
+    )
     write_results(results, tmp_path)
     text = (tmp_path / "results.md").read_text()
     assert "auc_curve.png" not in text and not (tmp_path / "auc_curve.png").exists()

@@ -25,7 +25,6 @@ class World:
         return [observed[name] for observed in self.ranks]
 
 
-
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda ws: f"ws{ws}")
 def world(request, tmp_path_factory) -> World:
     size = request.param

@@ -20,7 +20,9 @@ def test_a_push_of_k_held_updates_grows_the_owner_state_as_k_steps(world: list[d
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "rowwise_adagrad"])
-def test_a_cached_copy_steps_as_k_synchronous_steps_with_the_state_it_was_sent(world: list[dict], optimizer: str) -> None:
+def test_a_cached_copy_steps_as_k_synchronous_steps_with_the_state_it_was_sent(
+    world: list[dict], optimizer: str
+) -> None:
     r = world[1][optimizer]
     assert r["cached_vs_steps"] < 1e-5, r  # rank 1 is the row's only writer: its local steps are the steps
     assert r["local_sgd_vs_steps"] > 0.5, r  # the local SGD step it replaces is far off under Adagrad

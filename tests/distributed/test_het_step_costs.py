@@ -31,8 +31,15 @@ KINDS = ("het_s0", "het_s10", "row_wise")
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> list[dict]:
-    cases = {"kinds": list(KINDS), "sizes": [SMALL_ROWS] * 26, "dim": 8, "batch": 64, "warmup": 3, "steps": 3,
-             "where": True}
+    cases = {
+        "kinds": list(KINDS),
+        "sizes": [SMALL_ROWS] * 26,
+        "dim": 8,
+        "batch": 64,
+        "warmup": 3,
+        "steps": 3,
+        "where": True,
+    }
     return spawn_world(WithCases(cases), 2, tmp_path_factory.mktemp("step_costs"))
 
 
@@ -59,9 +66,10 @@ def test_collectives_per_step(world: list[dict], kind: str) -> None:
         assert set(costs["bwd_collectives"]) == {HET_COLLECTIVES["bwd"]}, (rank, costs["bwd_collectives"])
         stock = results["row_wise"]
         # as many as stock row_wise issues
-        assert costs["fwd_collectives"][0] + costs["bwd_collectives"][0] <= stock["fwd_collectives"][0] + stock[
-            "bwd_collectives"
-        ][0], (rank, costs, stock)
+        assert (
+            costs["fwd_collectives"][0] + costs["bwd_collectives"][0]
+            <= stock["fwd_collectives"][0] + stock["bwd_collectives"][0]
+        ), (rank, costs, stock)
 
 
 def test_counters_see_syncs(world: list[dict]) -> None:

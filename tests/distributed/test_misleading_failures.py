@@ -29,7 +29,7 @@ def test_the_hybrid_pipeline_takes_modules_sharing_one_batch(world) -> None:
 
 
 def test_stats_by_table_are_plain_numbers_per_plugin_table(world) -> None:
-    for rank, results in enumerate(world):
+    for results in world:
         stats = results["shared_batch"]["stats"]
         assert isinstance(stats, dict), stats  # a repr: something in it was not a plain number
         assert set(stats) == {"t_user", "t_item"}, stats
@@ -47,7 +47,13 @@ def test_a_variable_batch_per_feature_is_refused_naming_the_feature_table_and_ty
         r = results["variable_batch"]
         assert r["row_wise"] == {"trained": [8, 16]}, (rank, r)  # stock takes the VBE batch
         message = r["het_cached_row_wise"]["error"]
-        for needed in ("['item']", "VBE", "stride_per_key_per_rank", "table 't_item' (het_cached_row_wise)", "row_wise"):
+        for needed in (
+            "['item']",
+            "VBE",
+            "stride_per_key_per_rank",
+            "table 't_item' (het_cached_row_wise)",
+            "row_wise",
+        ):
             assert needed in message, (rank, needed, message)
 
 
@@ -60,4 +66,7 @@ def test_hybrid_pipeline_with_a_feature_processor_trains_and_k0_is_sparse_dist(w
         assert k0["losses_vs_sparse_dist"] <= EXACT, (rank, k0)
         default = r["hybrid_default"]
         assert r["default_k"] == 1 and r["default_on_worker"] is False, (rank, r)
-        assert default["finite"] and default["positions_moved"] > 1e-4 and default["positions_equal_on_ranks"], (rank, default)
+        assert default["finite"] and default["positions_moved"] > 1e-4 and default["positions_equal_on_ranks"], (
+            rank,
+            default,
+        )

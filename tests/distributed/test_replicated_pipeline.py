@@ -25,4 +25,8 @@ def test_host_syncs_per_step_stay_within_budget(world: list[dict]) -> None:
             r = results[case]
             extra = r["replicated"] - r["row_wise"]
             assert extra <= EXTRA_HOST_SYNC_BUDGET, (rank, case, r["replicated"], r["row_wise"])
-            assert r["stats"]["sparse_syncs"] + r["stats"]["dense_syncs"] > 0, (rank, case, r["stats"])  # replicas in use
+            assert r["stats"]["sparse_syncs"] + r["stats"]["dense_syncs"] > 0, (
+                rank,
+                case,
+                r["stats"],
+            )  # replicas in use

@@ -50,7 +50,7 @@ def test_held_replica_gradients_are_applied_whole_at_flush(world: list[dict], ca
 
 
 def test_bad_tier_plans_and_batches_raise_naming_the_table_or_feature(world: list[dict]) -> None:
-    for rank, results in enumerate(world):
+    for results in world:
         messages = results["bad_input"]
         for how in ("module", "sharder"):
             assert "'t1'" in messages[f"wrong_rows/{how}"] and "36" in messages[f"wrong_rows/{how}"], messages

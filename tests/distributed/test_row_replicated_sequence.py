@@ -25,7 +25,7 @@ def test_held_replica_gradients_are_applied_whole_at_flush(world: list[dict]) ->
 
 
 def test_bad_batches_raise_naming_the_feature_and_leave_weights_unchanged(world: list[dict]) -> None:
-    for rank, results in enumerate(world):
+    for results in world:
         messages = results["bad_input"]
         assert "'f3'" in messages["bad_id"] and "101" in messages["bad_id"], messages
         assert "'f9'" in messages["unknown_feature"], messages

@@ -47,7 +47,9 @@ def _cases(world_size: int) -> list[EquivalenceCase]:
         for optimizer in ("sgd", "rowwise_adagrad"):
             out.append(EquivalenceCase(tables, HET, EXACT_CACHE, optimizer, steps=3, **ws))
             out.append(EquivalenceCase(tables, REP, ReplicaSettings(hot=3), optimizer, steps=3, **ws))
-            out.append(EquivalenceCase(tables, REP, ReplicaSettings(hot=2, per_host=2), optimizer, steps=3, **per_rank_hosts))
+            out.append(
+                EquivalenceCase(tables, REP, ReplicaSettings(hot=2, per_host=2), optimizer, steps=3, **per_rank_hosts)
+            )
             out.append(EquivalenceCase(tables, "row_wise", None, optimizer, steps=3, **ws))
     # TorchRec's pipeline, which runs the input dist of batch i + 1 before the forward of batch i
     for optimizer in ALL_OPTIMIZERS:

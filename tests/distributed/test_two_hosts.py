@@ -48,7 +48,9 @@ def test_replica_gradients_summed_within_hosts_first_cross_between_hosts_less(to
 
 def test_tiers_from_a_profile_on_the_topology_cross_between_hosts_less_than_stock(world, totals) -> None:
     tiers = world[0]["profiled_tiers"]  # the topology's rule: replicated rows, then per-host ones
-    assert all(replicated > 0 for replicated, _ in tiers.values()) and sum(host for _, host in tiers.values()) > 0, tiers
+    assert all(replicated > 0 for replicated, _ in tiers.values()) and sum(host for _, host in tiers.values()) > 0, (
+        tiers
+    )
     assert totals["profiled"]["inter_host"] < totals["row_wise"]["inter_host"], totals
 
 

@@ -31,9 +31,18 @@ def test_generator_renders_a_small_results_file(tmp_path, capsys):
     text = out.read_text()
     assert text.startswith("# Benchmarks\n")
     assert "## small\n" in text
-    for expected in ("commit abc1234; date 2026-11-24", "command: `python -m torchrec_het_bench --preset",
-                     "### Against stock TorchRec", "| stock_table_wise", "1.00×", "verdicts against stock:", "fwd ids", "emb fwd",
-                     "staleness max", "samples/s median"):
+    for expected in (
+        "commit abc1234; date 2026-11-24",
+        "command: `python -m torchrec_het_bench --preset",
+        "### Against stock TorchRec",
+        "| stock_table_wise",
+        "1.00×",
+        "verdicts against stock:",
+        "fwd ids",
+        "emb fwd",
+        "staleness max",
+        "samples/s median",
+    ):
         assert expected in text, expected
     names = [c["name"] for c in json.loads(small.read_text())["configs"]]
     assert all(f"| {name} |" in text for name in names)
@@ -85,8 +94,16 @@ def test_benchmarks_page_cites_only_files_it_has():
 
 
 def test_convergence_table_cites_the_plot_only_where_one_is_written():
-    results = {"eval_every": 200, "configs": [
-        {"name": "stock_table_wise", "config": "stock_table_wise", "auc": 0.8, "auc_curve": [[200, 0.7], [400, 0.8]]},
-    ]}
+    results = {
+        "eval_every": 200,
+        "configs": [
+            {
+                "name": "stock_table_wise",
+                "config": "stock_table_wise",
+                "auc": 0.8,
+                "auc_curve": [[200, 0.7], [400, 0.8]],
+            },
+        ],
+    }
     assert "auc_curve.png" in report.convergence_table(results)[0]
     assert "auc_curve.png" not in report.convergence_table(results, curve_plot=None)[0]

@@ -38,8 +38,13 @@ PYTHON_BLOCKS = blocks("python")
 def test_readme_has_the_snippets_the_guide_promises():
     text = "\n".join(PYTHON_BLOCKS)
     assert len(PYTHON_BLOCKS) >= 2
-    for needle in ("AccessProfiler", "get_het_sharders", "DistributedModelParallel", "HybridTrainPipeline",
-                   "init_process_group"):
+    for needle in (
+        "AccessProfiler",
+        "get_het_sharders",
+        "DistributedModelParallel",
+        "HybridTrainPipeline",
+        "init_process_group",
+    ):
         assert needle in text, needle
     assert help_commands(), "no --help line found in the README's bash blocks"
 
@@ -60,7 +65,11 @@ def _run_upto(index: int, workdir: Path) -> subprocess.CompletedProcess:
             script.write_text(PYTHON_BLOCKS[i])
             env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}  # every warning shows
             _ran[i] = subprocess.run(
-                [sys.executable, script.name], cwd=workdir, env=env, capture_output=True, text=True,
+                [sys.executable, script.name],
+                cwd=workdir,
+                env=env,
+                capture_output=True,
+                text=True,
                 timeout=SNIPPET_TIMEOUT_S,
             )
     return _ran[index]
@@ -136,7 +145,9 @@ def test_the_training_snippet_prints_the_planner_stats_and_the_plugin_counters(w
     index = next(i for i, block in enumerate(PYTHON_BLOCKS) if "HetEmbeddingShardingPlanner" in block)
     done = _run_upto(index, workdir)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "Planner Statistics" in done.stderr and "torchrec_het sharding types: HC = het_cached_row_wise" in done.stderr
+    assert (
+        "Planner Statistics" in done.stderr and "torchrec_het sharding types: HC = het_cached_row_wise" in done.stderr
+    )
     assert re.search(r"t_item: cache hit rate \d+%", done.stdout), done.stdout
 
 

@@ -20,8 +20,19 @@ def case_settings(tmp_path_factory) -> dict[str, dict[str, str]]:
     folder = tmp_path_factory.mktemp("settings")
     costs = str(save_bytes_only_table(folder / "on_par.json", "tests: lookups on par with row_wise"))
     profile = str(folder / "smoke.pt")
-    argv = [sys.executable, "-m", "torchrec_het_bench.profile", "--preset", "smoke", "--steps", "40", "--every", "4",
-            "--out", profile]
+    argv = [
+        sys.executable,
+        "-m",
+        "torchrec_het_bench.profile",
+        "--preset",
+        "smoke",
+        "--steps",
+        "40",
+        "--every",
+        "4",
+        "--out",
+        profile,
+    ]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     common = {"TORCHREC_HET_COMPUTE_COSTS": costs}
@@ -35,5 +46,8 @@ def case_settings(tmp_path_factory) -> dict[str, dict[str, str]]:
 @pytest.fixture(scope="session")
 def planned_types() -> dict[str, str]:
     """The sharding type each case's settings plan for ``t_cat_0``."""
-    return {"het_cached_row_wise": "het_cached_row_wise", "het_row_replicated": "het_row_replicated",
-            "hybrid": "het_cached_row_wise"}
+    return {
+        "het_cached_row_wise": "het_cached_row_wise",
+        "het_row_replicated": "het_row_replicated",
+        "hybrid": "het_cached_row_wise",
+    }

@@ -155,8 +155,12 @@ def test_a_cut_shorter_than_the_timeout_costs_time_only(settings, planned_types,
     assert steps_logged(cut.rank0) == list(range(1, STEPS + 1))
     _check_plan(cut, case, planned_types[case])
     reference = uncut(case)
-    difference = max_abs_difference(saved_weights(cut.folder / "weights.pt"), saved_weights(reference.folder / "weights.pt"))
-    print(f"short cut ({SHORT_CUT_S} s, timeout {PG_TIMEOUT_S} s) {case}: weights max abs diff vs uncut {difference:.3g}")
+    difference = max_abs_difference(
+        saved_weights(cut.folder / "weights.pt"), saved_weights(reference.folder / "weights.pt")
+    )
+    print(
+        f"short cut ({SHORT_CUT_S} s, timeout {PG_TIMEOUT_S} s) {case}: weights max abs diff vs uncut {difference:.3g}"
+    )
     assert difference <= TOLERANCE
 
 
@@ -190,5 +194,7 @@ def test_a_cut_longer_than_the_timeout_fails_restarts_and_resumes(
         reference = _train(tmp_path / "resumed", settings[case])
         assert resumed_step(reference.rank0) == resumed
     final = max_abs_difference(saved_weights(cut.folder / "weights.pt"), saved_weights(reference.folder / "weights.pt"))
-    print(f"long cut {case}: resumed at step {resumed}; checkpoint max abs diff {at_resume:.3g}, final weights {final:.3g}")
+    print(
+        f"long cut {case}: resumed at step {resumed}; checkpoint max abs diff {at_resume:.3g}, final weights {final:.3g}"
+    )
     assert at_resume <= TOLERANCE and final <= TOLERANCE

@@ -83,7 +83,9 @@ def _train(folder: Path, kill: Kill, env: dict[str, str], armed: bool) -> list[s
 
 
 @pytest.mark.parametrize("kill", KILLS, ids=[k.point for k in KILLS])
-def test_a_rank_killed_at_a_worst_moment_resumes_exactly(case_settings, planned_types, tmp_path: Path, kill: Kill) -> None:
+def test_a_rank_killed_at_a_worst_moment_resumes_exactly(
+    case_settings, planned_types, tmp_path: Path, kill: Kill
+) -> None:
     env = case_settings[kill.case]
     lines = _train(tmp_path / "killed", kill, env, armed=True)
     assert re.search(rf"^t_cat_0\s+\|\s+{planned_types[kill.case]}\s+\|", "\n".join(lines), re.M), "\n".join(lines[:40])
@@ -106,7 +108,11 @@ def test_a_rank_killed_at_a_worst_moment_resumes_exactly(case_settings, planned_
         shutil.copytree(reference_dir / "ckpt" / f"step_{resumed}", tmp_path / "resumed" / "ckpt" / f"step_{resumed}")
         assert resumed_step(_train(tmp_path / "resumed", kill, env, armed=False)) == resumed
         reference_dir = tmp_path / "resumed"
-    final = max_abs_difference(saved_weights(tmp_path / "killed" / "weights.pt"), saved_weights(reference_dir / "weights.pt"))
-    print(f"kill at {kill.point} (step {killed.group(1)}): resumed at step {resumed}; checkpoint max abs diff "
-          f"{at_resume:.3g}, final weights {final:.3g}")
+    final = max_abs_difference(
+        saved_weights(tmp_path / "killed" / "weights.pt"), saved_weights(reference_dir / "weights.pt")
+    )
+    print(
+        f"kill at {kill.point} (step {killed.group(1)}): resumed at step {resumed}; checkpoint max abs diff "
+        f"{at_resume:.3g}, final weights {final:.3g}"
+    )
     assert at_resume <= TOLERANCE and final <= TOLERANCE

@@ -40,7 +40,9 @@ def _cuda_missing() -> str | None:
 
     variant = getattr(fbgemm_gpu, "__variant__", "unknown")
     if variant not in ("cuda", "rocm"):
-        return f"the installed fbgemm_gpu has no GPU kernels (variant {variant!r}; install fbgemm-gpu, not fbgemm-gpu-cpu)"
+        return (
+            f"the installed fbgemm_gpu has no GPU kernels (variant {variant!r}; install fbgemm-gpu, not fbgemm-gpu-cpu)"
+        )
     return None
 
 

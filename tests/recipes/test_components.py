@@ -5,8 +5,8 @@ from pathlib import Path
 
 from torchx.components.component_test_base import ComponentTestCase
 
-from torchrec_het_bench.__main__ import parse_args
 from torchrec_het.launch import parse_command
+from torchrec_het_bench.__main__ import parse_args
 from torchrec_het_bench.recipes import components, train_dlrm
 from torchrec_het_bench.recipes.components import LAUNCHER, RECIPE
 
@@ -87,4 +87,6 @@ class RecipeComponentsTest(ComponentTestCase):
         app = components.evaluate(checkpoint_path="/tmp/ckpt", preset="default", seed=2, eval_batches=9)
         args = train_dlrm.parse_args(_recipe_args(app))
         self.assertTrue(args.evaluate_only)
-        self.assertEqual((args.checkpoint_path, args.preset, args.seed, args.eval_batches), ("/tmp/ckpt", "default", 2, 9))
+        self.assertEqual(
+            (args.checkpoint_path, args.preset, args.seed, args.eval_batches), ("/tmp/ckpt", "default", 2, 9)
+        )

@@ -50,7 +50,9 @@ def test_torchrun_runs_the_launcher_in_worker_mode_on_every_worker() -> None:
         "--nproc-per-node", "2", "--nnodes", "1", "--max-restarts", "3",
         "-m", "torchrec_het.launch", "-m", "pkg.train", "--steps", "5",
     ]  # fmt: skip
-    endpoint = torchrun_argv(parse_command(["--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", "h:29400", "t.py"]))
+    endpoint = torchrun_argv(
+        parse_command(["--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", "h:29400", "t.py"])
+    )
     assert endpoint[endpoint.index("--rdzv-endpoint") + 1] == "h:29400" and "c10d" in endpoint
 
 
@@ -117,12 +119,27 @@ def test_a_missing_profile_is_one_message_from_the_launcher(tmp_path: Path) -> N
     )  # fmt: skip
     assert done.returncode != 0 and "a worker ran" not in done.stderr + done.stdout
     lines = [line for line in done.stderr.splitlines() if "TORCHREC_HET_PROFILE" in line]
-    assert lines == [f"python -m torchrec_het.launch: $TORCHREC_HET_PROFILE='{missing}': no such access profile file"], done.stderr
+    assert lines == [
+        f"python -m torchrec_het.launch: $TORCHREC_HET_PROFILE='{missing}': no such access profile file"
+    ], done.stderr
 
 
 def test_a_node_of_a_multi_host_job_passes_its_address_and_rendezvous_settings() -> None:
-    argv = ["--nproc-per-node", "1", "--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400", "--local-addr", "10.0.0.1",
-            "--rdzv-conf", "is_host=1", "train.py", "--steps", "3"]
+    argv = [
+        "--nproc-per-node",
+        "1",
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        "10.0.0.1:29400",
+        "--local-addr",
+        "10.0.0.1",
+        "--rdzv-conf",
+        "is_host=1",
+        "train.py",
+        "--steps",
+        "3",
+    ]
     got = torchrun_argv(parse_command(argv))
     assert got[got.index("--local-addr") + 1] == "10.0.0.1" and got[got.index("--rdzv-conf") + 1] == "is_host=1"
     assert got[-5:] == ["-m", "torchrec_het.launch", "train.py", "--steps", "3"]
@@ -152,7 +169,9 @@ def _profile_of(path: Path, table: str, rows: int) -> str:
     [("other", 50, "names none of the model's tables: it has ['other']"),
      ("t_cat_0", 7, "counts other row numbers than the model's tables: [\"'t_cat_0' has 7 rows in the profile")],
 )  # fmt: skip
-def test_a_profile_that_does_not_fit_the_model_ends_the_job_once_on_one_line(tmp_path: Path, table, rows, mismatch) -> None:
+def test_a_profile_that_does_not_fit_the_model_ends_the_job_once_on_one_line(
+    tmp_path: Path, table, rows, mismatch
+) -> None:
     """Workers find it (the launcher cannot: it does not know the model); torchrun restarts nothing,
     and the launcher's output ends on the one line naming the variable, the path and the mismatch."""
     path = _profile_of(tmp_path / "profile.pt", table, rows)
@@ -176,9 +195,14 @@ def test_a_worker_ends_on_a_configuration_error_without_a_fault(tmp_path: Path) 
     from torchrec_het.launch import CONFIGURATION_ERROR_ENV
 
     script = tmp_path / "train.py"
-    script.write_text("from torchrec_het.errors import ConfigurationError\nraise ConfigurationError('a profile\\nof other tables')\n")
+    script.write_text(
+        "from torchrec_het.errors import ConfigurationError\nraise ConfigurationError('a profile\\nof other tables')\n"
+    )
     alone = _run(["-m", "torchrec_het.launch", str(script)], tmp_path)
-    assert alone.returncode == 1 and alone.stderr.strip().splitlines()[-1] == "python -m torchrec_het.launch: a profile of other tables"
+    assert (
+        alone.returncode == 1
+        and alone.stderr.strip().splitlines()[-1] == "python -m torchrec_het.launch: a profile of other tables"
+    )
     report = tmp_path / "error.txt"
     launched = subprocess.run(
         [sys.executable, "-m", "torchrec_het.launch", str(script)], cwd=tmp_path, capture_output=True, text=True,

@@ -22,7 +22,9 @@ RECIPE = "recipes/train_dlrm.py"
 TIMEOUT_S = 240  # a loaded 2-core machine; a run takes ~10-25 s here
 
 
-def _launch(tmp_path: Path, name: str, launcher_args: list[str], recipe_args: list[str], **env_extra: str) -> LaunchedRun:
+def _launch(
+    tmp_path: Path, name: str, launcher_args: list[str], recipe_args: list[str], **env_extra: str
+) -> LaunchedRun:
     argv = [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *launcher_args, RECIPE]
     env = dict(os.environ, PYTHONWARNINGS="ignore", **env_extra)
     return LaunchedRun([*argv, "--preset", "smoke", *recipe_args], REPO, tmp_path / f"{name}.stderr", env)
@@ -59,7 +61,9 @@ def test_train_with_checkpoints_then_evaluate_only(tmp_path: Path) -> None:
     trained_auc = _final_auc(lines, 4)
     assert 0.0 < trained_auc < 1.0
 
-    evaluate = _launch(tmp_path, "evaluate", [], ["--checkpoint-path", str(ckpt), "--evaluate-only", "--eval-batches", "2"])
+    evaluate = _launch(
+        tmp_path, "evaluate", [], ["--checkpoint-path", str(ckpt), "--evaluate-only", "--eval-batches", "2"]
+    )
     lines = _finish(evaluate)
     assert first_match(lines, rf"^loaded checkpoint step 4 {ckpt / 'step_4'}$"), "\n".join(lines)
     assert _steps_logged(lines) == [], "evaluate-only must not train"
@@ -73,7 +77,19 @@ STEPS, EVERY = 10, 3
 def smoke_profile(tmp_path_factory) -> str:
     """Row reads of the smoke preset's data: with it the launched trainer plans het_row_replicated."""
     path = str(tmp_path_factory.mktemp("profile") / "smoke.pt")
-    argv = [sys.executable, "-m", "torchrec_het_bench.profile", "--preset", "smoke", "--steps", "40", "--every", "4", "--out", path]
+    argv = [
+        sys.executable,
+        "-m",
+        "torchrec_het_bench.profile",
+        "--preset",
+        "smoke",
+        "--steps",
+        "40",
+        "--every",
+        "4",
+        "--out",
+        path,
+    ]
     run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     return path
@@ -88,7 +104,9 @@ def test_killed_rank_is_restarted_and_resumes_from_last_checkpoint(tmp_path: Pat
         env = {"TORCHREC_HET_ALPHA": "1.05"}  # a stated skew: the planner offers the cache for every table
     # lookups priced on par with row_wise, so the plan follows the bytes (the shipped CPU calibration
     # plans TorchRec's types at the smoke sizes): this test is about resuming the plugin's types
-    env["TORCHREC_HET_COMPUTE_COSTS"] = str(save_bytes_only_table(tmp_path / "on_par.json", "tests: on par with row_wise"))
+    env["TORCHREC_HET_COMPUTE_COSTS"] = str(
+        save_bytes_only_table(tmp_path / "on_par.json", "tests: on par with row_wise")
+    )
     common = ["--steps", str(STEPS), "--eval-batches", "0", "--resume"]
     run_a = _launch(
         tmp_path, "a", ["--max-restarts", "1"],

@@ -78,7 +78,9 @@ def test_through_the_launcher_without_a_profile_the_trainer_plans_stock_types() 
 
 def test_through_the_launcher_with_a_stated_skew_the_trainer_plans_the_plugin_cache(on_par: str) -> None:
     stdout = _run(
-        [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE], "cache", TORCHREC_HET_ALPHA="1.05",
+        [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE],
+        "cache",
+        TORCHREC_HET_ALPHA="1.05",
         TORCHREC_HET_COMPUTE_COSTS=on_par,
     )
     assert _planned_types(stdout) == {"het_cached_row_wise"}, _planned_types(stdout)
@@ -87,8 +89,10 @@ def test_through_the_launcher_with_a_stated_skew_the_trainer_plans_the_plugin_ca
 
 def test_through_the_launcher_with_a_profile_the_trainer_plans_row_replication(profile: str, on_par: str) -> None:
     stdout = _run(
-        [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE], "replicated",
-        TORCHREC_HET_PROFILE=profile, TORCHREC_HET_COMPUTE_COSTS=on_par,
+        [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE],
+        "replicated",
+        TORCHREC_HET_PROFILE=profile,
+        TORCHREC_HET_COMPUTE_COSTS=on_par,
     )
     assert "het_row_replicated" in _planned_types(stdout), _planned_types(stdout)
     assert "HR = het_row_replicated" in stdout

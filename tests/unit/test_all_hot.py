@@ -74,6 +74,8 @@ def test_bad_input_raises_naming_the_problem() -> None:
     with pytest.raises(ValueError, match="flags"):
         list(AllHotBatches([_batch(0, 4)], lambda kjt: torch.ones(3, dtype=torch.bool)))
     other = _batch(4, 4)
-    other.sparse_features = KeyedJaggedTensor(keys=["c"], values=torch.arange(4), lengths=torch.ones(4, dtype=torch.int32))
+    other.sparse_features = KeyedJaggedTensor(
+        keys=["c"], values=torch.arange(4), lengths=torch.ones(4, dtype=torch.int32)
+    )
     with pytest.raises(ValueError, match="different sparse features"):
         list(AllHotBatches([_batch(0, 4), other], lambda kjt: torch.ones(kjt.stride(), dtype=torch.bool)))

@@ -11,8 +11,10 @@ from torchrec_het.collective_errors import describe_collective_error
 
 TIMED_OUT = "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete"
 PAIR_CLOSED = "Application timeout caused pair closure"
-RESET = ("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [198.18.0.2]:50360: Connection reset by "
-         "peer. This is typically caused by a remote worker hanging or bugs in the application. GLHF!")
+RESET = (
+    "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [198.18.0.2]:50360: Connection reset by "
+    "peer. This is typically caused by a remote worker hanging or bugs in the application. GLHF!"
+)
 
 
 def _raised_in(filename: str, function: str, message: str) -> RuntimeError:
@@ -43,8 +45,10 @@ def test_an_awaited_collective_is_named_by_where_it_was_waited_for(monkeypatch) 
     monkeypatch.setenv("RANK", "0")
     error = _raised_in("/repo/torchrec_het/sharding/het_cache/pushes.py", "wait_pushes", PAIR_CLOSED)
     line = describe_collective_error(error, timeout_s=4.0)
-    assert line.startswith("rank 0: a collective waited for at torchrec_het/sharding/het_cache/pushes.py:2 (wait_pushes) "
-                           "timed out after 4 s (the process group timeout")
+    assert line.startswith(
+        "rank 0: a collective waited for at torchrec_het/sharding/het_cache/pushes.py:2 (wait_pushes) "
+        "timed out after 4 s (the process group timeout"
+    )
     assert line.endswith("[gloo: Application timeout caused pair closure]")
     assert " after " not in describe_collective_error(error)  # no timeout known: none made up
 
@@ -81,8 +85,13 @@ all_reduce()
 def test_the_launchers_worker_ends_with_the_line(tmp_path: Path, message: str, described: bool) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    done = subprocess.run([sys.executable, "-m", "torchrec_het.launch", str(script), message], capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, RANK="1"))
+    done = subprocess.run(
+        [sys.executable, "-m", "torchrec_het.launch", str(script), message],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, RANK="1"),
+    )
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 1
     if described:

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from torchrec_het_bench.comm import CommTotals, phase, sum_totals
-from torchrec_het_bench.comm import sizes
+from torchrec_het_bench.comm import CommTotals, phase, sizes, sum_totals
 from torchrec_het_bench.comm.phases import classify
 
 

@@ -207,7 +207,7 @@ def plugin_privates(sources: Iterable[str]) -> frozenset[str]:
 
 # ---- the scan finds what it should ----------------------------------------------------------------
 
-SAMPLE = '''
+SAMPLE = """
 import torchrec.distributed.planner.stats as stats_module
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.distributed.sharding_plan import _calculate_rw_shard_sizes_and_offsets
@@ -247,7 +247,7 @@ def touch(module, topology, plain):
     topology._comms_bandwidths = None
     plain._mine, plain.public = 1, 2
     return module._lookups, getattr(module, "_embedding_bag_configs")
-'''
+"""
 
 
 def test_the_scan_finds_each_kind_of_access() -> None:
@@ -312,7 +312,9 @@ def test_each_supported_torchrec_has_a_pinned_stack_the_metadata_admits() -> Non
     from packaging.requirements import Requirement
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    ranges = {r.name: r.specifier for r in map(Requirement, project["dependencies"] + project["optional-dependencies"]["cpu"])}
+    ranges = {
+        r.name: r.specifier for r in map(Requirement, project["dependencies"] + project["optional-dependencies"]["cpu"])
+    }
     stacks = stack_pins()
     assert sorted(pins["torchrec"] for pins in stacks.values()) == sorted(_compat.SUPPORTED_TORCHREC)
     for stack, pins in stacks.items():
@@ -372,7 +374,9 @@ def test_planner_accessors() -> None:
     other, enumerator, stats = Topology(world_size=4, compute_device="cpu"), EmbeddingEnumerator(topology, 8), []
     _compat.set_planner_parts(planner, topology=other, enumerator=enumerator, stats=stats)
     assert _compat.planner_settings(planner)[0] is other
-    assert vars(planner)["_enumerator"] is enumerator and vars(planner)["_stats"] is stats  # the attributes plan() reads
+    assert (
+        vars(planner)["_enumerator"] is enumerator and vars(planner)["_stats"] is stats
+    )  # the attributes plan() reads
     with pytest.raises(AttributeError, match="_topology"):
         _compat.set_planner_parts(object(), topology=other)
 
@@ -420,8 +424,10 @@ def torchrec_sources() -> list[tuple[str, ast.Module]]:
     """(module name, parsed source) of every TorchRec module, tests and benchmarks aside."""
     source = Path(importlib.import_module("torchrec").__file__).parent
     return [
-        ("torchrec." + ".".join(path.relative_to(source).with_suffix("").parts).removesuffix(".__init__"),
-         ast.parse(path.read_text()))
+        (
+            "torchrec." + ".".join(path.relative_to(source).with_suffix("").parts).removesuffix(".__init__"),
+            ast.parse(path.read_text()),
+        )
         for path in sorted(source.rglob("*.py"))
         if not re.search(r"test|benchmark", str(path.relative_to(source)))
     ]
@@ -459,11 +465,14 @@ def test_torchrec_binders_reads_the_ways_a_module_binds_a_name() -> None:
     assert torchrec_binders("get_default_sharders")["torchrec.distributed.sharding_plan"] == "defines"
 
 
-@pytest.mark.parametrize("name, homes", [
-    ("get_default_sharders", _compat.default_sharders_homes),
-    ("EmbeddingShardingPlanner", _compat.planner_homes),
-    ("TrainPipelineSparseDist", _compat.train_pipeline_homes),
-])
+@pytest.mark.parametrize(
+    "name, homes",
+    [
+        ("get_default_sharders", _compat.default_sharders_homes),
+        ("EmbeddingShardingPlanner", _compat.planner_homes),
+        ("TrainPipelineSparseDist", _compat.train_pipeline_homes),
+    ],
+)
 def test_registration_homes_bind_the_names_install_replaces(name, homes) -> None:
     homes = homes()
     stock = getattr(homes[0], name)
@@ -478,7 +487,6 @@ def test_plan_and_state_dict_accessors() -> None:
     assert _compat.row_wise_shard_rows(10, 4) == [3, 3, 3, 1]
     sizes, _ = sharding_plan._calculate_rw_shard_sizes_and_offsets(7, 3, 1)
     assert _compat.row_wise_shard_rows(7, 3) == [s[0] for s in sizes]
-
 
 
 def _shard(module, sharder, env, generator):
@@ -496,7 +504,9 @@ def test_sharded_module_accessors(one_rank_env) -> None:
     bag = _shard(EmbeddingBagCollection(tables=bag_tables), bag_sharder, one_rank_env, row_wise(compute_kernel="fused"))
     seq_tables = [EmbeddingConfig(name="s", feature_names=["f_s"], embedding_dim=4, num_embeddings=8)]
     seq_sharder = EmbeddingCollectionSharder(fused)
-    seq = _shard(EmbeddingCollection(tables=seq_tables), seq_sharder, one_rank_env, table_wise(rank=0, compute_kernel="fused"))
+    seq = _shard(
+        EmbeddingCollection(tables=seq_tables), seq_sharder, one_rank_env, table_wise(rank=0, compute_kernel="fused")
+    )
     for module, names in ((bag, ["a", "b"]), (seq, ["s"])):
         lookups, shardings = _compat.sharded_lookups(module), _compat.sharded_embedding_shardings(module)
         assert len(lookups) == len(shardings) == 1
@@ -505,14 +515,17 @@ def test_sharded_module_accessors(one_rank_env) -> None:
         assert kernels and _tbe.optimizer_name(kernels[0].emb_module) == "exact_row_wise_adagrad"
         arguments = _compat.sharding_lookup_arguments(shardings[0])
         assert arguments["pg"] is not None and arguments["env"] is one_rank_env and arguments["grouped_configs"]
-        features = KeyedJaggedTensor.from_lengths_sync([f"f_{n}" for n in names], torch.arange(len(names)),
-                                                       torch.ones(len(names), dtype=torch.int32))
+        features = KeyedJaggedTensor.from_lengths_sync(
+            [f"f_{n}" for n in names], torch.arange(len(names)), torch.ones(len(names), dtype=torch.int32)
+        )
         ctx = module.create_context()
         splits = module.input_dist(ctx, features)
         assert len(_compat.input_dist_awaitables(splits)) == 1  # one per sharding, as the lookups
         dist_input = splits.wait().wait()
         calls = []
-        with _compat.lookups_called_with(module, {0: lambda kjt: calls.append(kjt) or lookups[0](kjt)}):
+        with _compat.lookups_called_with(
+            module, {0: lambda kjt, calls=calls, lookups=lookups: calls.append(kjt) or lookups[0](kjt)}
+        ):
             module.compute_and_output_dist(ctx, dist_input).wait()
         assert len(calls) == 1 and _compat.sharded_lookups(module)[0] is lookups[0]  # called in place; put back
     assert _compat.uses_index_dedup(seq_sharder) is False

@@ -15,8 +15,13 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.distributed.planner import ParameterConstraints, Topology
 
 from torchrec_het.config import CacheSettings, HetCacheConfig
-from torchrec_het.planner import AccessModel, HetEmbeddingEnumerator, HetEmbeddingShardingPlanner, PluginPricing, zipf_shares
-from torchrec_het_bench.calibrate import costs_from_micro
+from torchrec_het.planner import (
+    AccessModel,
+    HetEmbeddingEnumerator,
+    HetEmbeddingShardingPlanner,
+    PluginPricing,
+    zipf_shares,
+)
 from torchrec_het.planner.compute_costs import COSTS_PATH, VERSION, ComputeCosts, load_compute_costs
 from torchrec_het.planner.estimators import with_extra_compute
 from torchrec_het.planner.planner import cpu_network
@@ -24,6 +29,7 @@ from torchrec_het.planner.pricing import priced_options
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
+from torchrec_het_bench.calibrate import costs_from_micro
 
 BATCH = 512
 STORED = json.loads(COSTS_PATH.read_text())  # read here independently of the loader
@@ -36,7 +42,10 @@ def _quiet(caplog):
 
 
 def _ebc(sizes: dict[str, int], dim: int = 32) -> EmbeddingBagCollection:
-    tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=dim, num_embeddings=r) for n, r in sizes.items()]
+    tables = [
+        EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=dim, num_embeddings=r)
+        for n, r in sizes.items()
+    ]
     return EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
 
 
@@ -47,7 +56,9 @@ def _uniform_profile(rows: int = 100_000, batches: int = 10) -> AccessProfile:
     return AccessProfile(("u",), (rows,), (counts,), batches)
 
 
-def _plan(ebc, pricing: PluginPricing, world_size: int = 2, local_world_size: int = 2, constraints=None, **bandwidths) -> dict:
+def _plan(
+    ebc, pricing: PluginPricing, world_size: int = 2, local_world_size: int = 2, constraints=None, **bandwidths
+) -> dict:
     topology = Topology(world_size=world_size, local_world_size=local_world_size, compute_device="cpu", **bandwidths)
     planner = HetEmbeddingShardingPlanner(topology=topology, batch_size=BATCH, pricing=pricing, constraints=constraints)
     plan = planner.plan(ebc, [HetEmbeddingBagCollectionSharder()]).plan[""]
@@ -107,7 +118,9 @@ GOLDEN_COMPUTE_PRICED = {
 def test_golden_plans_priced_with_the_stored_compute(world_size: int, local_world_size: int, bandwidth: float) -> None:
     counts = tuple((zipf_shares(r, 1.1) * BATCH * 10).floor().long() for r in SIZES.values())
     pricing = PluginPricing(AccessModel(AccessProfile(tuple(SIZES), tuple(SIZES.values()), counts, 10)))
-    plan = _plan(_ebc(SIZES), pricing, world_size, local_world_size, intra_host_bw=bandwidth, inter_host_bw=bandwidth / 8)
+    plan = _plan(
+        _ebc(SIZES), pricing, world_size, local_world_size, intra_host_bw=bandwidth, inter_host_bw=bandwidth / 8
+    )
     assert plan == GOLDEN_COMPUTE_PRICED[(world_size, local_world_size, bandwidth)]
 
 
@@ -126,7 +139,9 @@ def test_plugin_perf_includes_the_stored_cost_per_id_times_the_ids_per_rank(sync
     for name in sizes:
         twin = options[(name, "row_wise")]
         ids_per_rank = BATCH * sum(twin.input_lengths)
-        assert ids_per_rank == pytest.approx(float(counts[list(sizes).index(name)].sum()) / 4)  # the profile's reads per batch
+        assert ids_per_rank == pytest.approx(
+            float(counts[list(sizes).index(name)].sum()) / 4
+        )  # the profile's reads per batch
         for sharding_type in ("het_cached_row_wise", "het_row_replicated"):
             option = options[(name, sharding_type)]
             extra_ms = PER_ID[sharding_type][cls] * ids_per_rank * 1e3
@@ -135,7 +150,9 @@ def test_plugin_perf_includes_the_stored_cost_per_id_times_the_ids_per_rank(sync
                 base_total = base.perf.fwd_compute + base.perf.bwd_compute
                 total = shard.perf.fwd_compute + shard.perf.bwd_compute
                 assert total == pytest.approx(max(base_total + extra_ms, 0.0)), (name, sharding_type)
-                assert shard.perf.fwd_compute / total == pytest.approx(base.perf.fwd_compute / base_total)  # the twin's split
+                assert shard.perf.fwd_compute / total == pytest.approx(
+                    base.perf.fwd_compute / base_total
+                )  # the twin's split
 
 
 def test_the_stored_figures_are_what_the_estimate_adds() -> None:
@@ -261,6 +278,8 @@ def test_the_calibrate_command_writes_a_table_that_loads(tmp_path) -> None:
     assert load_compute_costs(out).per_id("het_cached_row_wise", "stale") == pytest.approx(2e-6)
     missing = subprocess.run(
         [sys.executable, "-m", "torchrec_het_bench.calibrate", str(tmp_path / "none.json"), "--out", str(out)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert missing.returncode == 2 and "none.json" in missing.stderr

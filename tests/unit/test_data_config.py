@@ -3,7 +3,13 @@ import math
 import pytest
 import torch
 
-from torchrec_het_bench.data import CRITEO_KAGGLE_CARDINALITIES, DataConfig, binary_auc, clamped_cardinalities, preset_table_sizes
+from torchrec_het_bench.data import (
+    CRITEO_KAGGLE_CARDINALITIES,
+    DataConfig,
+    binary_auc,
+    clamped_cardinalities,
+    preset_table_sizes,
+)
 
 
 def test_criteo_cardinalities_are_the_26_kaggle_columns():

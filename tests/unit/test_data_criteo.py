@@ -16,10 +16,10 @@ from torchrec_het_bench.data import (
     DataConfig,
     DataExhaustedError,
     SyntheticCriteo,
+    criteo_tsv,
     open_source,
     preset_table_sizes,
 )
-from torchrec_het_bench.data import criteo_tsv
 
 SIZES = preset_table_sizes("smoke")
 
@@ -69,7 +69,9 @@ def test_tsv_batches_are_row_blocks_per_step_and_rank(tmp_path):
         first = (step * 3 + rank) * 4
         _check_batch(source.batch(step, rank), rows[first : first + 4])
     _check_batch(source.batch(0, 1, "eval"), rows[94:98])
-    with pytest.raises(DataExhaustedError, match=r"train split .*day_0.tsv.* has 90 rows.*step 7 of rank 1.*\[88, 92\)"):
+    with pytest.raises(
+        DataExhaustedError, match=r"train split .*day_0.tsv.* has 90 rows.*step 7 of rank 1.*\[88, 92\)"
+    ):
         source.batch(7, 1)
     with pytest.raises(ValueError, match="rank"):
         source.batch(0, 3)
@@ -162,7 +164,9 @@ def test_npy_days_from_torchrec_converter_match_the_tsv_reader(tmp_path):
     _check_batch(source.batch(1, 0, "eval"), days[1][16:24], dense_too=False)
     with pytest.raises(DataExhaustedError, match="has 40 rows"):
         source.batch(2, 1)
-    tsv = CriteoTsvSource(str(tmp_path / "day_0.tsv"), batch_size=8, table_sizes=SIZES, eval_paths=str(tmp_path / "day_1.tsv"))
+    tsv = CriteoTsvSource(
+        str(tmp_path / "day_0.tsv"), batch_size=8, table_sizes=SIZES, eval_paths=str(tmp_path / "day_1.tsv")
+    )
     assert torch.equal(tsv.batch(1, 0).sparse_features.values(), source.batch(0, 1).sparse_features.values())
 
 
@@ -178,7 +182,9 @@ def test_npy_single_day_layout_written_directly(tmp_path):
     assert source.num_rows("train") == 45 and source.num_rows("eval") == 5
     batch = source.batch(4, 0)
     assert torch.equal(batch.dense_features, torch.from_numpy(dense[20:25]))
-    assert torch.equal(batch.sparse_features.values().view(26, 5).t(), torch.from_numpy(sparse[20:25] % np.array(SIZES)))
+    assert torch.equal(
+        batch.sparse_features.values().view(26, 5).t(), torch.from_numpy(sparse[20:25] % np.array(SIZES))
+    )
     assert torch.equal(batch.labels, torch.from_numpy(labels[20:25].astype(np.float32)))
     assert torch.equal(source.batch(0, 0, "eval").labels, torch.from_numpy(labels[45:].astype(np.float32)))
 
@@ -237,7 +243,7 @@ class _RootedHandler(NativePathHandler):
         return ["rooted://"]
 
     def _local(self, path: str) -> str:
-        return f"{self._root}/{path[len('rooted://'):]}"
+        return f"{self._root}/{path[len('rooted://') :]}"
 
     def _exists(self, path, **kwargs):
         return super()._exists(self._local(path), **kwargs)

@@ -53,7 +53,12 @@ def test_layout_fixed_length():
     assert torch.equal(features["hist_cat"].lengths(), features["hist_item"].lengths())
     assert torch.equal(features["target_item"].lengths(), torch.ones(128, dtype=torch.int32))
     assert torch.equal(features["target_cat"].lengths(), torch.ones(128, dtype=torch.int32))
-    for key, rows in (("hist_item", ITEMS), ("target_item", ITEMS), ("hist_cat", CATEGORIES), ("target_cat", CATEGORIES)):
+    for key, rows in (
+        ("hist_item", ITEMS),
+        ("target_item", ITEMS),
+        ("hist_cat", CATEGORIES),
+        ("target_cat", CATEGORIES),
+    ):
         values = features[key].values()
         assert values.dtype == torch.int64 and values.min() >= 0 and values.max() < rows, key
     # A category is a fixed function of its item.
@@ -76,7 +81,9 @@ def test_samples_depend_on_seed_and_index_only():
     halves = [two.batch(1, rank) for rank in range(2)]
     assert torch.equal(whole.labels, torch.cat([h.labels for h in halves]))
     for key in SEQUENCE_KEYS:
-        assert torch.equal(whole.sparse_features[key].values(), torch.cat([h.sparse_features[key].values() for h in halves]))
+        assert torch.equal(
+            whole.sparse_features[key].values(), torch.cat([h.sparse_features[key].values() for h in halves])
+        )
     # Random access, any order, repeatable; splits and ranks differ.
     requests = [(step, rank, split) for step in range(2) for rank in range(2) for split in ("train", "eval")]
     forward = {r: two.batch(*r) for r in requests}
@@ -88,7 +95,9 @@ def test_samples_depend_on_seed_and_index_only():
             if a != b:
                 assert not torch.equal(forward[a].sparse_features.values(), forward[b].sparse_features.values())
     other_seed = _source(world_size=2, batch_size=128, seed=1)
-    assert not torch.equal(other_seed.batch(0, 0).sparse_features.values(), forward[(0, 0, "train")].sparse_features.values())
+    assert not torch.equal(
+        other_seed.batch(0, 0).sparse_features.values(), forward[(0, 0, "train")].sparse_features.values()
+    )
 
 
 def test_item_draws_are_zipf():
@@ -108,7 +117,7 @@ def test_item_draws_are_zipf():
 def test_planted_signal_separates_labels_at_the_base_rate():
     source = _source(batch_size=1024)
     pairs = [source.batch_and_logits(step, 0, "eval") for step in range(4)]
-    logits = torch.cat([l for _, l in pairs])
+    logits = torch.cat([logit for _, logit in pairs])
     labels = torch.cat([b.labels for b, _ in pairs])
     assert labels.mean().item() == pytest.approx(0.25, abs=0.02)
     assert binary_auc(logits, labels) > 0.8

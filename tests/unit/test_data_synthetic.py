@@ -81,7 +81,9 @@ def test_rank_frequencies_match_zipf_in_head_and_tail(alpha):
     rows, draws = 200_000, 400_000
     generator = torch.Generator().manual_seed(1)
     tables = ZipfTables([rows], alpha, torch.Generator().manual_seed(0), head_size=512)
-    ids = tables.sample(torch.zeros(draws, dtype=torch.int64), torch.rand(draws, dtype=torch.float64, generator=generator))
+    ids = tables.sample(
+        torch.zeros(draws, dtype=torch.int64), torch.rand(draws, dtype=torch.float64, generator=generator)
+    )
     rank_of_row = torch.empty(rows, dtype=torch.int64)
     rank_of_row[tables.hot_rows(0, rows)] = torch.arange(rows)
     ranks = rank_of_row[ids]
@@ -178,6 +180,12 @@ def test_dense_features_are_standardized_per_feature():
     dense = torch.cat([source.batch(step, 0).dense_features for step in range(4)])
     assert dense.mean(0).abs().max() < 0.05
     assert (dense.std(0) - 1).abs().max() < 0.05
-    raw = torch.cat([_source(batch_size=4096, standardize_dense=False).batch(step, 0).dense_features for step in range(4)])
-    torch.testing.assert_close((raw - raw.mean(0)) / raw.std(0), (dense - dense.mean(0)) / dense.std(0), rtol=1e-4, atol=1e-4)
-    assert torch.equal(_source().batch(0, 0).labels, _source(standardize_dense=False).batch(0, 0).labels)  # same label model
+    raw = torch.cat(
+        [_source(batch_size=4096, standardize_dense=False).batch(step, 0).dense_features for step in range(4)]
+    )
+    torch.testing.assert_close(
+        (raw - raw.mean(0)) / raw.std(0), (dense - dense.mean(0)) / dense.std(0), rtol=1e-4, atol=1e-4
+    )
+    assert torch.equal(
+        _source().batch(0, 0).labels, _source(standardize_dense=False).batch(0, 0).labels
+    )  # same label model

@@ -12,10 +12,30 @@ from pathlib import Path
 HET_CACHE = Path(__file__).resolve().parents[2] / "torchrec_het" / "sharding" / "het_cache"
 DISTS = "dists.py"
 COLLECTIVES = {
-    "all_to_all", "all_to_all_single", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce",
-    "reduce", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "gather", "scatter",
-    "gather_object", "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier",
-    "monitored_barrier", "all_reduce_coalesced", "all_gather_coalesced",
+    "all_to_all",
+    "all_to_all_single",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "scatter",
+    "gather_object",
+    "scatter_object_list",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
+    "barrier",
+    "monitored_barrier",
+    "all_reduce_coalesced",
+    "all_gather_coalesced",
 }
 EXCHANGE_MODULES = ("torchrec_het.sharding.common.exchange", "torchrec_het.sharding.common.counts")
 COLLECTIVE_FREE = {"Exchange"}  # a type, not a call: what an exchange started elsewhere returns

@@ -1,5 +1,7 @@
 """Cache configuration and the input checks of the het sharded module, in one process."""
 
+import dataclasses
+
 import pytest
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -26,7 +28,7 @@ def test_settings_validate() -> None:
         CacheSettings(protocol="push")
     assert CacheSettings(capacity=0.1).capacity_rows(1000) == 100
     assert CacheSettings(capacity=5000).capacity_rows(1000) == 1000
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         CacheSettings().s_read = 3  # frozen
 
 
@@ -64,7 +66,9 @@ ROWS = {"f0": 10, "f1": 5}
 
 def _kjt(keys, values, lengths, weights=None) -> KeyedJaggedTensor:
     return KeyedJaggedTensor(
-        keys=keys, values=torch.tensor(values), lengths=torch.tensor(lengths),
+        keys=keys,
+        values=torch.tensor(values),
+        lengths=torch.tensor(lengths),
         weights=None if weights is None else torch.tensor(weights),
     )
 
@@ -99,9 +103,9 @@ def test_check_features_weights_must_match_ids() -> None:
 
 
 def test_adagrad_family_is_recognized_for_scaled_pushes() -> None:
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
     from types import SimpleNamespace
+
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     from torchrec_het._tbe import accumulates_squares
 

@@ -14,15 +14,18 @@ from torchrec_het.sharding import het_row_replicated
 ROWS = 8
 
 
-
 def _bags() -> EmbeddingBagCollection:
     return EmbeddingBagCollection(
-        tables=[EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=4, num_embeddings=ROWS) for n in "ab"]
+        tables=[
+            EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=4, num_embeddings=ROWS) for n in "ab"
+        ]
     )
 
 
 def _sequences() -> EmbeddingCollection:
-    return EmbeddingCollection(tables=[EmbeddingConfig(name="s", feature_names=["f_s"], embedding_dim=4, num_embeddings=ROWS)])
+    return EmbeddingCollection(
+        tables=[EmbeddingConfig(name="s", feature_names=["f_s"], embedding_dim=4, num_embeddings=ROWS)]
+    )
 
 
 def _shard(module, sharder, env):
@@ -41,7 +44,10 @@ def _het(sharders: list) -> tuple[HetEmbeddingBagCollectionSharder, HetEmbedding
 
 def test_replicated_tables_without_hot_rows_are_refused_naming_them(one_rank_env) -> None:
     bag, seq = _het(get_het_sharders())
-    with pytest.raises(ValueError, match=r"table\(s\) \['a', 'b'\] are planned het_row_replicated.*zero replicas.*get_het_sharders\(profile=profile\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"table\(s\) \['a', 'b'\] are planned het_row_replicated.*zero replicas.*get_het_sharders\(profile=profile\)",
+    ):
         _shard(_bags(), bag, one_rank_env)
     with pytest.raises(ValueError, match=r"table\(s\) \['s'\] are planned het_row_replicated"):
         _shard(_sequences(), seq, one_rank_env)

@@ -11,7 +11,7 @@ from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.constants import CROSS_NODE_BANDWIDTH, INTRA_NODE_BANDWIDTH
 
 import torchrec_het
-from torchrec_het import _compat
+from torchrec_het import _compat, registration
 from torchrec_het.planner import HetEmbeddingEnumerator, HetEmbeddingShardingPlanner
 from torchrec_het.planner.link_probe import (
     FLOAT,
@@ -37,10 +37,8 @@ from torchrec_het.planner.network import (
     parse_switch,
     with_links,
 )
-from torchrec_het import registration
 from torchrec_het.registration import check_environment, env_settings
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
-
 
 # --- the probe's arithmetic -------------------------------------------------------------------
 
@@ -162,7 +160,9 @@ def test_link_gbit_text_states_either_figure_or_both() -> None:
 
 
 def test_switch_text() -> None:
-    assert [parse_switch(t, "X") for t in ("1", "on", "TRUE", "yes", "0", "Off", "false", "no")] == [True] * 4 + [False] * 4
+    assert [parse_switch(t, "X") for t in ("1", "on", "TRUE", "yes", "0", "Off", "false", "no")] == [True] * 4 + [
+        False
+    ] * 4
     with pytest.raises(ValueError, match="TORCHREC_HET_LINK_PROBE"):
         parse_switch("maybe", "TORCHREC_HET_LINK_PROBE")
 
@@ -215,22 +215,32 @@ def _probe(intra_gbit: float | None, inter_gbit: float | None) -> ProbeResult:
     def measured(gbit):
         return None if gbit is None else LinkMeasurement(gbit * GBIT, 0.25, 12, 1 << 24)
 
-    return ProbeResult(measured(intra_gbit), measured(inter_gbit), measured(inter_gbit and 2 * inter_gbit), 0.8, ProbeBudget())
+    return ProbeResult(
+        measured(intra_gbit), measured(inter_gbit), measured(inter_gbit and 2 * inter_gbit), 0.8, ProbeBudget()
+    )
 
 
 def test_stated_figures_come_first_then_measured_then_assumed() -> None:
     topology = _topology(4, 2)
     figures = link_figures(topology, LinkSettings(inter_gbit=1.25, origin="$TORCHREC_HET_LINK_GBIT"), _probe(20.0, 0.6))
     assert (figures.intra_host_bw, figures.intra_source) == (pytest.approx(20 * GBIT), "measured")
-    assert (figures.inter_host_bw, figures.inter_source, figures.inter_note) == (1.25 * GBIT, "stated", "$TORCHREC_HET_LINK_GBIT")
+    assert (figures.inter_host_bw, figures.inter_source, figures.inter_note) == (
+        1.25 * GBIT,
+        "stated",
+        "$TORCHREC_HET_LINK_GBIT",
+    )
     assumed = link_figures(topology, LinkSettings(), None, unmeasured="probe off")
     assert (assumed.intra_host_bw, assumed.inter_host_bw) == (CPU_INTRA_HOST_BW, CPU_INTER_HOST_BW)
-    assert assumed.intra_source == assumed.inter_source == "assumed" and assumed.inter_note == "gloo over TCP; probe off"
+    assert (
+        assumed.intra_source == assumed.inter_source == "assumed" and assumed.inter_note == "gloo over TCP; probe off"
+    )
     gpu = link_figures(_topology(4, 2, "cuda"), LinkSettings(), None)
     assert (gpu.intra_host_bw, gpu.inter_host_bw) == (INTRA_NODE_BANDWIDTH, CROSS_NODE_BANDWIDTH)
     one_host = link_figures(_topology(2, 2), LinkSettings(), _probe(20.0, None))
     assert one_host.inter_source == "assumed" and one_host.inter_note.endswith("one host")
-    own = link_figures(_topology(4, 2, intra_host_bw=9e5, inter_host_bw=1e5), LinkSettings(inter_gbit=2.0), _probe(20.0, 0.6))
+    own = link_figures(
+        _topology(4, 2, intra_host_bw=9e5, inter_host_bw=1e5), LinkSettings(inter_gbit=2.0), _probe(20.0, 0.6)
+    )
     assert (own.intra_host_bw, own.intra_source, own.inter_source) == (9e5, "stated", "stated")  # the Topology's own
     assert own.inter_host_bw == 2 * GBIT
 
@@ -269,7 +279,10 @@ def test_figures_describe_themselves_in_one_line_and_as_a_record() -> None:
 
 
 def _ebc() -> EmbeddingBagCollection:
-    tables = [EmbeddingBagConfig(name=f"t{i}", feature_names=[f"f{i}"], embedding_dim=16, num_embeddings=1000) for i in range(2)]
+    tables = [
+        EmbeddingBagConfig(name=f"t{i}", feature_names=[f"f{i}"], embedding_dim=16, num_embeddings=1000)
+        for i in range(2)
+    ]
     return EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
 
 
@@ -281,7 +294,10 @@ def test_the_planner_prices_and_prints_the_figures_it_has(caplog) -> None:
     priced = _compat.planner_settings(planner)[0]
     assert (priced.intra_host_bw, priced.inter_host_bw) == (16 * GBIT, CPU_INTER_HOST_BW)
     planner.plan(_ebc(), [HetEmbeddingBagCollectionSharder()])
-    assert "torchrec_het links (per rank, all ranks sending at once): within a host 16 Gbit/s (stated: link_gbit)" in caplog.text
+    assert (
+        "torchrec_het links (per rank, all ranks sending at once): within a host 16 Gbit/s (stated: link_gbit)"
+        in caplog.text
+    )
     off = HetEmbeddingShardingPlanner(topology=_topology(4, 2), link_probe=False)
     assert off.links.intra_note == "gloo over TCP; probe off"
     own = HetEmbeddingShardingPlanner(topology=_topology(4, 2), enumerator=HetEmbeddingEnumerator(_topology(4, 2)))

@@ -14,8 +14,8 @@ from torchrec_het.errors import ConfigurationError
 from torchrec_het.planner import AccessModel, HetEmbeddingShardingPlanner, PluginPricing
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.sharders import get_het_sharders
-from torchrec_het.sharding.het_cache.stats import GroupStats
 from torchrec_het.sharding.common.validate import FeatureCheck
+from torchrec_het.sharding.het_cache.stats import GroupStats
 
 ROWS = {"user": 10, "item": 5}
 
@@ -72,10 +72,12 @@ class _Model(torch.nn.Module):
         super().__init__()
         meta = torch.device("meta")
         self.ebc = EmbeddingBagCollection(
-            tables=[EmbeddingBagConfig(name="t_user", embedding_dim=8, num_embeddings=100, feature_names=["user"])], device=meta
+            tables=[EmbeddingBagConfig(name="t_user", embedding_dim=8, num_embeddings=100, feature_names=["user"])],
+            device=meta,
         )
         self.ec = EmbeddingCollection(
-            tables=[EmbeddingConfig(name="t_item", embedding_dim=8, num_embeddings=100, feature_names=["item"])], device=meta
+            tables=[EmbeddingConfig(name="t_item", embedding_dim=8, num_embeddings=100, feature_names=["item"])],
+            device=meta,
         )
         weighted = EmbeddingBagCollection(
             tables=[EmbeddingBagConfig(name="t_pos", embedding_dim=8, num_embeddings=100, feature_names=["pos"])],
@@ -135,7 +137,9 @@ def test_a_feature_processed_table_keeps_the_stock_types_its_constraints_also_al
 )  # fmt: skip
 def test_a_profile_that_does_not_fit_the_model_fails_every_rank_before_any_collective(profile, mismatch) -> None:
     access = AccessModel(profile, source="/p/profile.pt", origin="TORCHREC_HET_PROFILE")
-    planner = HetEmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"), pricing=PluginPricing(access))
+    planner = HetEmbeddingShardingPlanner(
+        topology=Topology(world_size=2, compute_device="cpu"), pricing=PluginPricing(access)
+    )
     # no process group exists here: collective_plan fails on the profile before it needs one
     with pytest.raises(ConfigurationError) as raised:
         planner.collective_plan(_Model(), get_het_sharders())

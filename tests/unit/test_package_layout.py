@@ -123,8 +123,14 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_covers_runtime_and_harness() -> None:
     graph = import_graph()
-    for module in ("torchrec_het.registration", "torchrec_het.planner.planner", "torchrec_het.sharders",
-                   "torchrec_het_bench.configs", "torchrec_het_bench.recipes.train_dlrm", "torchrec_het_testing.spawn"):
+    for module in (
+        "torchrec_het.registration",
+        "torchrec_het.planner.planner",
+        "torchrec_het.sharders",
+        "torchrec_het_bench.configs",
+        "torchrec_het_bench.recipes.train_dlrm",
+        "torchrec_het_testing.spawn",
+    ):
         assert module in graph, module
     assert "torchrec_het.planner.planner" in graph["torchrec_het.registration"]
 
@@ -191,7 +197,9 @@ def _patches_torch_distributed(tree: ast.AST) -> bool:
         elif isinstance(node, ast.ImportFrom) and node.module == "torch":
             aliases |= {a.asname or a.name for a in node.names if a.name == "distributed"}
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
+        )
         for target in targets:
             if isinstance(target, ast.Attribute) and ast.unparse(target.value) in aliases:
                 return True
@@ -211,13 +219,22 @@ def test_the_runtime_holds_no_measurement_code() -> None:
     # byte accounting (which wraps torch.distributed's collectives), the ideal cache and the
     # compute-cost calibration are the benchmark's (torchrec_het_bench.comm, .ideal_cache, .calibrate)
     modules = source_modules()
-    patching = [str(p.relative_to(REPO)) for n, p in modules.items()
-                if n.split(".")[0] == RUNTIME and _patches_torch_distributed(ast.parse(p.read_text()))]
+    patching = [
+        str(p.relative_to(REPO))
+        for n, p in modules.items()
+        if n.split(".")[0] == RUNTIME and _patches_torch_distributed(ast.parse(p.read_text()))
+    ]
     assert not patching, f"runtime modules that patch torch.distributed: {patching}"
     for moved in ("torchrec_het.comm", "torchrec_het.cache.ideal", "torchrec_het.planner.calibrate"):
         assert moved not in modules, moved
-    for tooling in ("torchrec_het_bench.comm.accounting", "torchrec_het_bench.ideal_cache", "torchrec_het_bench.calibrate"):
+    for tooling in (
+        "torchrec_het_bench.comm.accounting",
+        "torchrec_het_bench.ideal_cache",
+        "torchrec_het_bench.calibrate",
+    ):
         assert tooling in modules, tooling
+
+
 def private_imports(modules: dict[str, Path], root: Path = REPO) -> list[str]:
     """``path:line: from module import _name`` for each private name a module of ``modules`` imports
     from another module of this repository (a private module itself, such as ``_compat``, is fine:

@@ -74,9 +74,15 @@ dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("given, expected", [("none", "7.0 7.0"), ("own", "11.0 11.0")])
-def test_the_timeout_reaches_groups_that_give_none_and_the_plugins_subgroups(tmp_path, given: str, expected: str) -> None:
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(GROUPS), str(tmp_path / "store"), given],
-                          capture_output=True, text=True, timeout=300)
+def test_the_timeout_reaches_groups_that_give_none_and_the_plugins_subgroups(
+    tmp_path, given: str, expected: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(GROUPS), str(tmp_path / "store"), given],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == expected
 

@@ -21,7 +21,7 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.distributed.planner import Topology
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.planner import AccessModel, HetEmbeddingShardingPlanner, PluginPricing, ProfileTiers
@@ -81,11 +81,17 @@ def profile_tiers(read: bool) -> ProfileTiers:
 CONFIGS: dict[str, Callable[[], object]] = {
     "cache_settings": lambda: CacheSettings(s_read=3, s_write=1, capacity=0.25, policy="lfu", protocol="lease"),
     "het_cache_default": HetCacheConfig,
-    "het_cache_per_table": lambda: HetCacheConfig(CacheSettings(s_read=1), {"a": CacheSettings(capacity=7), "b": CacheSettings()}),
+    "het_cache_per_table": lambda: HetCacheConfig(
+        CacheSettings(s_read=1), {"a": CacheSettings(capacity=7), "b": CacheSettings()}
+    ),
     "replication_default": ReplicationConfig,
     "replication_options": lambda: ReplicationConfig(
-        replica_sync_every=2, skip_all_hot=False, local_world_size=2, wire_dtype="bf16",
-        online_profile_steps=5, online_max_hot_fraction=0.25,
+        replica_sync_every=2,
+        skip_all_hot=False,
+        local_world_size=2,
+        wire_dtype="bf16",
+        online_profile_steps=5,
+        online_max_hot_fraction=0.25,
     ),
     "replication_tier_plan": lambda: ReplicationConfig(tiers=tier_plan()),
     "replication_profile_tiers": lambda: ReplicationConfig(tiers=profile_tiers(read=False)),
@@ -104,7 +110,10 @@ def test_configs_round_trip(name: str) -> None:
     config = CONFIGS[name]()
     for twin in (round_trip(config), copy.deepcopy(config)):
         assert_same(config, twin, name)
-        if isinstance(config, (CacheSettings, HetCacheConfig)) or name in ("replication_default", "replication_options"):
+        if isinstance(config, (CacheSettings, HetCacheConfig)) or name in (
+            "replication_default",
+            "replication_options",
+        ):
             assert twin == config
 
 
@@ -142,7 +151,9 @@ SHARDERS: dict[str, Callable[[], object]] = {
         fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05},
     ),
     "bag_profile_tiers": lambda: HetEmbeddingBagCollectionSharder(**_bag_settings()),
-    "bag_module_type": lambda: HetEmbeddingBagCollectionSharder(module_type=HetEmbeddingBagCollection, **_bag_settings()),
+    "bag_module_type": lambda: HetEmbeddingBagCollectionSharder(
+        module_type=HetEmbeddingBagCollection, **_bag_settings()
+    ),
     "ec_default": HetEmbeddingCollectionSharder,
     "ec_tier_plan": lambda: HetEmbeddingCollectionSharder(replication=ReplicationConfig(tiers=tier_plan())),
     "ec_module_type": pickle_ranks.ec_sharder,
@@ -177,12 +188,19 @@ def test_get_het_sharders_round_trip() -> None:
             assert_same_sharder(sharder, twin)
 
 
-BAG_PLAN = {"t_cached": het_cached_row_wise(), "hot": het_row_replicated(), "t_rw": row_wise(), "t_tw": table_wise(rank=1)}
+BAG_PLAN = {
+    "t_cached": het_cached_row_wise(),
+    "hot": het_row_replicated(),
+    "t_rw": row_wise(),
+    "t_tw": table_wise(rank=1),
+}
 
 
 def _bag_module(module_type: type = EmbeddingBagCollection) -> EmbeddingBagCollection:
     rows = {"t_cached": 30, "hot": pickle_ranks.BAG_TABLES["hot"], "t_rw": 20, "t_tw": 10}
-    tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=4, num_embeddings=r) for n, r in rows.items()]
+    tables = [
+        EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=4, num_embeddings=r) for n, r in rows.items()
+    ]
     return module_type(tables=tables, device=torch.device("meta"))
 
 
@@ -200,13 +218,16 @@ def test_unpickled_sharder_plans_a_module_the_same_way(name: str) -> None:
     else:
         module, generators = _bag_module(sharder.module_type), BAG_PLAN
     plans = [
-        construct_module_sharding_plan(module, per_param_sharding=generators, local_size=2, world_size=2, device_type="cpu", sharder=s)
+        construct_module_sharding_plan(
+            module, per_param_sharding=generators, local_size=2, world_size=2, device_type="cpu", sharder=s
+        )
         for s in (sharder, twin)
     ]
     assert plans[0] == plans[1]
     if isinstance(sharder, HetEmbeddingBagCollectionSharder):  # and the planner, which asks the sharder too
         planner = HetEmbeddingShardingPlanner(
-            topology=Topology(world_size=2, compute_device="cpu"), pricing=PluginPricing(AccessModel(pickle_ranks.profile()))
+            topology=Topology(world_size=2, compute_device="cpu"),
+            pricing=PluginPricing(AccessModel(pickle_ranks.profile())),
         )
         chosen = [planner.plan(module, [s]).plan[""] for s in (sharder, twin)]
         assert {n: p.sharding_type for n, p in chosen[0].items()} == {n: p.sharding_type for n, p in chosen[1].items()}
@@ -225,6 +246,8 @@ def test_a_spawned_rank_shards_with_pickled_sharders(tmp_path: Path) -> None:
         assert seen["bag_cache_settings"] == dataclasses.asdict(pickle_ranks.CACHED), rank
         assert seen["bag_module"] == "HetShardedEmbeddingBagCollection" and seen["bag_cache_tables"] == ["cached"], rank
         assert seen["bag_hot_rows"] == hot.numel() == 10 and seen["bag_replica_nbytes"] > 0, (rank, seen)
-        assert seen["ec_module_type"] == "HetEmbeddingCollection" and seen["ec_module"] == "HetShardedEmbeddingCollection"
+        assert (
+            seen["ec_module_type"] == "HetEmbeddingCollection" and seen["ec_module"] == "HetShardedEmbeddingCollection"
+        )
         assert seen["ec_hot_rows"] == 3 and seen["ec_replica_nbytes"] > 0, (rank, seen)
         assert seen["bag_loss"] > 0 and seen["ec_loss"] > 0, (rank, seen)

@@ -26,7 +26,9 @@ CACHED = CacheSettings(s_read=3, s_write=2, capacity=10, policy="lfu", protocol=
 
 
 def _ebc() -> EmbeddingBagCollection:
-    tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=8, num_embeddings=r) for n, r in ROWS.items()]
+    tables = [
+        EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=8, num_embeddings=r) for n, r in ROWS.items()
+    ]
     return EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
 
 

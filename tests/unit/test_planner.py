@@ -18,6 +18,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
+from torchrec_het.plan_options import ReplicaOptions
 from torchrec_het.planner import (
     AccessModel,
     HetEmbeddingEnumerator,
@@ -27,14 +28,13 @@ from torchrec_het.planner import (
     ProfileTiers,
     zipf_shares,
 )
-from torchrec_het.replication.hot_rows import hot_row_count
-from torchrec_het.planner.compute_costs import ComputeCosts
-from torchrec_het.planner.traffic import TableLoad, row_replicated_bytes, row_wise_bytes, table_wise_bytes
-from torchrec_het.replication.profile import AccessProfile
-from torchrec_het.replication.memory import TierTopology, bytes_per_row
 from torchrec_het.planner.access import tier_topology
-from torchrec_het.plan_options import ReplicaOptions
+from torchrec_het.planner.compute_costs import ComputeCosts
 from torchrec_het.planner.planner import cpu_network
+from torchrec_het.planner.traffic import TableLoad, row_replicated_bytes, row_wise_bytes, table_wise_bytes
+from torchrec_het.replication.hot_rows import hot_row_count
+from torchrec_het.replication.memory import TierTopology, bytes_per_row
+from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
 
 SIZES = {"tiny": 40, "small": 2000, "mid": 100_000, "big": 1_000_000, "cold": 300_000}
@@ -122,7 +122,9 @@ def test_golden_plans_give_plugin_types_only_to_profiled_tables(world_size: int,
 
 @pytest.mark.parametrize("world_size,local_world_size", TOPOLOGIES, ids=lambda v: str(v))
 @pytest.mark.parametrize("online_profile_steps", [0, 5])
-def test_golden_plans_without_a_profile_are_stock(world_size: int, local_world_size: int, online_profile_steps: int) -> None:
+def test_golden_plans_without_a_profile_are_stock(
+    world_size: int, local_world_size: int, online_profile_steps: int
+) -> None:
     """No evidence, no plugin type: the plan is the one TorchRec's own types give (online counting
     comes after planning, so it is no evidence)."""
     pricing = PluginPricing(online_profile_steps=online_profile_steps)
@@ -281,7 +283,9 @@ def test_the_per_host_tier_lowers_the_price_and_install_does_not_price_it() -> N
     topology = cpu_network(_topology(4, 2, 2e6, 2e5))
 
     def comms(pricing: PluginPricing) -> float:
-        options = HetEmbeddingEnumerator(topology, BATCH, pricing=pricing).enumerate(_ebc(), [HetEmbeddingBagCollectionSharder()])
+        options = HetEmbeddingEnumerator(topology, BATCH, pricing=pricing).enumerate(
+            _ebc(), [HetEmbeddingBagCollectionSharder()]
+        )
         rep = next(o for o in options if (o.name, o.sharding_type) == ("mid", "het_row_replicated"))
         return rep.shards[0].perf.fwd_comms + rep.shards[0].perf.bwd_comms
 
@@ -301,7 +305,9 @@ def test_hierarchical_sync_sends_one_copy_per_host_between_hosts() -> None:
     hier = row_replicated_bytes(TableLoad(reads, 2048.0, 64, 4, TierTopology(4, 2, 2e9, 2e8)), 1000)
     assert hier.total == pytest.approx(flat.total) and flat.intra_backward == 0.0
     assert hier.sync - hier.intra_backward == pytest.approx(flat.sync / 3)
-    with_host = row_replicated_bytes(TableLoad(reads, 2048.0, 64, 4, TierTopology(4, 2, 2e9, 2e8)), 1000, host_rows=2000)
+    with_host = row_replicated_bytes(
+        TableLoad(reads, 2048.0, 64, 4, TierTopology(4, 2, 2e9, 2e8)), 1000, host_rows=2000
+    )
     assert with_host.forward - with_host.intra_forward < hier.forward  # per-host reads stay within hosts
 
 
@@ -359,8 +365,11 @@ def test_stats_print_the_plugin_types(caplog) -> None:
     topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
     forced = {"cold": ParameterConstraints(sharding_types=["het_cached_row_wise"])}  # no profile of it: forced
     planner = EmbeddingShardingPlanner(
-        topology=topology, batch_size=BATCH, constraints=forced,
-        enumerator=HetEmbeddingEnumerator(topology, BATCH, constraints=forced, pricing=_pricing()), stats=HetEmbeddingStats(),
+        topology=topology,
+        batch_size=BATCH,
+        constraints=forced,
+        enumerator=HetEmbeddingEnumerator(topology, BATCH, constraints=forced, pricing=_pricing()),
+        stats=HetEmbeddingStats(),
     )
     planner.plan(_ebc(), [HetEmbeddingBagCollectionSharder()])
     text = caplog.text
@@ -394,7 +403,9 @@ def test_stated_link_figures_are_what_the_plugin_types_are_priced_with() -> None
 
     def planned(link_gbit) -> dict[str, str]:
         planner = HetEmbeddingShardingPlanner(topology=topology, batch_size=BATCH, pricing=pricing, link_gbit=link_gbit)
-        return {n: p.sharding_type for n, p in planner.plan(_ebc(), [HetEmbeddingBagCollectionSharder()]).plan[""].items()}
+        return {
+            n: p.sharding_type for n, p in planner.plan(_ebc(), [HetEmbeddingBagCollectionSharder()]).plan[""].items()
+        }
 
     slow, fast = planned((0.5, None)), planned((INTRA_NODE_BANDWIDTH / GBIT, None))
     assert {slow[name] for name in ("mid", "big", "cold")} == {"het_row_replicated"}  # a slow link: bytes matter
@@ -403,11 +414,16 @@ def test_stated_link_figures_are_what_the_plugin_types_are_priced_with() -> None
 
 def test_measured_tables_are_priced_with_the_profiles_ids_per_sample_for_every_type() -> None:
     sizes = {"hist": 5000, "plain": 5000}
-    tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=16, num_embeddings=r) for n, r in sizes.items()]
+    tables = [
+        EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=16, num_embeddings=r)
+        for n, r in sizes.items()
+    ]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     reads = {"hist": 3.0, "plain": 1.0}  # ids per sample
-    counts = tuple(torch.cat([torch.full((1024,), int(BATCH * 4 * reads[n] / 1024)), torch.zeros(5000 - 1024, dtype=torch.int64)])
-                   for n in sizes)  # 4 batches of BATCH samples, reads[n] ids each
+    counts = tuple(
+        torch.cat([torch.full((1024,), int(BATCH * 4 * reads[n] / 1024)), torch.zeros(5000 - 1024, dtype=torch.int64)])
+        for n in sizes
+    )  # 4 batches of BATCH samples, reads[n] ids each
     profile = AccessProfile(tuple(sizes), tuple(sizes.values()), counts, 4)
     topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
     given = {"plain": ParameterConstraints(pooling_factors=[7.0])}  # the user's own figure wins

@@ -5,8 +5,8 @@ import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het_bench.profile import main
 from torchrec_het.replication import AccessProfile, count_accesses, load_profile, save_profile
+from torchrec_het_bench.profile import main
 
 TABLES = [
     EmbeddingBagConfig(name="t0", feature_names=["f0"], embedding_dim=4, num_embeddings=6),
@@ -55,7 +55,9 @@ def test_round_trip_and_checks(tmp_path) -> None:
     with pytest.raises(ValueError, match="table 't0' has 6 rows in the profile but 7 in the model"):
         load_profile(path, other)
     with pytest.raises(ValueError, match="profile has no table 't2'"):
-        load_profile(path, TABLES + [EmbeddingBagConfig(name="t2", feature_names=["f3"], embedding_dim=4, num_embeddings=2)])
+        load_profile(
+            path, TABLES + [EmbeddingBagConfig(name="t2", feature_names=["f3"], embedding_dim=4, num_embeddings=2)]
+        )
     with pytest.raises(ValueError, match=r"profile has table\(s\) \['t1'\] that the model does not have"):
         load_profile(path, TABLES[:1])
 
@@ -73,8 +75,17 @@ def test_corrupt_and_foreign_files(tmp_path) -> None:
     torch.save({"format": "torchrec_het.profile", "version": 99}, path)
     with pytest.raises(ValueError, match="version 99"):
         load_profile(str(path))
-    torch.save({"format": "torchrec_het.profile", "version": 1, "tables": ["t0"], "num_rows": [6],
-                "counts": [torch.zeros(5, dtype=torch.int64)], "batches": 1}, path)
+    torch.save(
+        {
+            "format": "torchrec_het.profile",
+            "version": 1,
+            "tables": ["t0"],
+            "num_rows": [6],
+            "counts": [torch.zeros(5, dtype=torch.int64)],
+            "batches": 1,
+        },
+        path,
+    )
     with pytest.raises(ValueError, match="corrupt profile.*'t0'"):
         load_profile(str(path))
     with pytest.raises(FileNotFoundError):
@@ -107,8 +118,8 @@ def test_command_rejects_an_empty_sample(tmp_path, capsys, flag: str, value: str
 def test_profiler_counts_your_own_batches_and_saves_a_loadable_profile(tmp_path) -> None:
     from torchrec import EmbeddingBagCollection
 
-    from torchrec_het_bench.profile import AccessProfiler as from_command_module
     from torchrec_het.replication import AccessProfiler
+    from torchrec_het_bench.profile import AccessProfiler as from_command_module
 
     assert from_command_module is AccessProfiler
     ebc = EmbeddingBagCollection(tables=TABLES, device=torch.device("meta"))

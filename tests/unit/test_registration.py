@@ -65,7 +65,10 @@ def test_install_swaps_the_sharders_and_the_planner_and_uninstall_restores_them(
 def test_a_stock_looking_planner_plans_plugin_types_after_install(tmp_path, monkeypatch) -> None:
     sizes = {"a": 100_000, "b": 50_000}
     # rows wide enough (128) that the bytes saved outweigh the lookups' measured compute (compute_costs.json)
-    tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=128, num_embeddings=r) for n, r in sizes.items()]
+    tables = [
+        EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=128, num_embeddings=r)
+        for n, r in sizes.items()
+    ]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     counts = tuple((zipf_shares(r, 1.1) * 512 * 4).floor().long() for r in sizes.values())
     path = str(tmp_path / "profile.pt")
@@ -100,7 +103,10 @@ def test_get_het_sharders_is_the_one_line_swap_without_installing() -> None:
 
     stock, het = model_parallel.get_default_sharders(), get_het_sharders()
     assert len(stock) == len(het)
-    swapped = {EmbeddingBagCollectionSharder: HetEmbeddingBagCollectionSharder, EmbeddingCollectionSharder: HetEmbeddingCollectionSharder}
+    swapped = {
+        EmbeddingBagCollectionSharder: HetEmbeddingBagCollectionSharder,
+        EmbeddingCollectionSharder: HetEmbeddingCollectionSharder,
+    }
     assert [type(s) for s in het] == [swapped.get(type(s), type(s)) for s in stock]
     assert [s.module_type for s in het] == [s.module_type for s in stock]  # DMP matches sharders by module type
     assert planner_package.EmbeddingShardingPlanner is STOCK_PLANNER  # nothing installed
@@ -128,11 +134,17 @@ def test_a_bad_embedding_staleness_names_the_variable_and_changes_nothing(monkey
     monkeypatch.setenv("TORCHREC_HET_EMBEDDING_STALENESS", value)
     with pytest.raises(ValueError, match="TORCHREC_HET_EMBEDDING_STALENESS"):
         torchrec_het.install()
-    assert sharding_plan.get_default_sharders is STOCK_DEFAULTS and planner_package.EmbeddingShardingPlanner is STOCK_PLANNER
+    assert (
+        sharding_plan.get_default_sharders is STOCK_DEFAULTS
+        and planner_package.EmbeddingShardingPlanner is STOCK_PLANNER
+    )
 
 
 def _two_tables() -> EmbeddingBagCollection:
-    tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=32, num_embeddings=50_000) for n in ("a", "b")]
+    tables = [
+        EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=32, num_embeddings=50_000)
+        for n in ("a", "b")
+    ]
     return EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
 
 
@@ -190,7 +202,11 @@ def test_a_missing_unreadable_or_empty_profile_names_the_variable_and_the_path(t
     elif content is not None:
         path.write_bytes(content)
     monkeypatch.setenv("TORCHREC_HET_PROFILE", str(path))
-    expected = {None: "no such access profile file", b"not a profile": "cannot read the access profile", "empty": "is empty"}[content]
+    expected = {
+        None: "no such access profile file",
+        b"not a profile": "cannot read the access profile",
+        "empty": "is empty",
+    }[content]
     with pytest.raises(ValueError, match=expected) as raised:
         torchrec_het.install()
     assert str(path) in str(raised.value)
@@ -221,7 +237,11 @@ def test_get_het_sharders_takes_the_profile_the_planner_priced(tmp_path) -> None
         assert len(het) == 2
         for sharder in het:
             tiers = sharder._replication.tiers
-            assert isinstance(tiers, ProfileTiers) and tiers.min_reads_per_step == 0.5 and sharder._replication.replica_sync_every == 2
+            assert (
+                isinstance(tiers, ProfileTiers)
+                and tiers.min_reads_per_step == 0.5
+                and sharder._replication.replica_sync_every == 2
+            )
     with pytest.raises(ValueError, match="either profile= or ReplicationConfig"):
         get_het_sharders(profile=profile, replication=ReplicationConfig(tiers=ProfileTiers(profile)))
 

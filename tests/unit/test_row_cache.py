@@ -36,8 +36,11 @@ def test_insert_and_find() -> None:
 
 def test_bad_arguments() -> None:
     for kwargs, match in (
-        ({"policy": "fifo"}, "policy"), ({"capacity": -1}, "capacity"), ({"num_rows": 0}, "num_rows"),
-        ({"dim": 0}, "dim"), ({"capacity": [1, 2], "partition_ends": [5]}, "partition_ends"),
+        ({"policy": "fifo"}, "policy"),
+        ({"capacity": -1}, "capacity"),
+        ({"num_rows": 0}, "num_rows"),
+        ({"dim": 0}, "dim"),
+        ({"capacity": [1, 2], "partition_ends": [5]}, "partition_ends"),
     ):
         with pytest.raises(ValueError, match=match):
             RowCache(**{"num_rows": 10, "dim": 2, "capacity": 3, **kwargs})
@@ -234,8 +237,15 @@ class _Model:
                         dirty.append((by_slot[s], gone["grad"], gone["count"]))
                 zero = torch.zeros(self.dim, dtype=self.dtype)
                 self.rows[ids[k]] = {
-                    "slot": s, "value": values[k].to(self.dtype), "version": versions[k], "validated": step,
-                    "last": step, "freq": 1, "grad": zero, "count": 0, "delta": zero,
+                    "slot": s,
+                    "value": values[k].to(self.dtype),
+                    "version": versions[k],
+                    "validated": step,
+                    "last": step,
+                    "freq": 1,
+                    "grad": zero,
+                    "count": 0,
+                    "delta": zero,
                 }
                 slots[k] = s
         return slots, dirty, evicted
@@ -268,8 +278,13 @@ def _check_state(cache: RowCache, model: _Model) -> None:
     rows = [model.rows[i] for i in ids.tolist()]
     slots = cache.slots_of(ids)
     assert slots.tolist() == [r["slot"] for r in rows] and torch.equal(cache.slot_ids[slots], ids)
-    for attr, key in (("versions", "version"), ("validated_step", "validated"), ("last_used", "last"),
-                      ("frequency", "freq"), ("pending_count", "count")):
+    for attr, key in (
+        ("versions", "version"),
+        ("validated_step", "validated"),
+        ("last_used", "last"),
+        ("frequency", "freq"),
+        ("pending_count", "count"),
+    ):
         assert getattr(cache, attr)[slots].tolist() == [r[key] for r in rows], attr
     if rows:
         assert torch.allclose(cache.values[slots], torch.stack([r["value"] for r in rows]))
@@ -323,7 +338,9 @@ def test_random_workload_matches_the_model_and_loses_no_gradient(policy, dtype, 
         versions = torch.randint(0, 100, (missing.numel(),), generator=gen)
         if step % 2:  # as the lookup does it: shortfall read with its own data, slots first, rows later
             rescan = bool(cache.shortfall(missing, slots[cached]))
-            new_slots, dirty, evicted = cache.reserve(missing, versions, step, slots[cached], check=False, rescan=rescan)
+            new_slots, dirty, evicted = cache.reserve(
+                missing, versions, step, slots[cached], check=False, rescan=rescan
+            )
             cache.fill(new_slots, rows)
         else:
             new_slots, dirty, evicted = cache.insert(missing, rows, versions, step, protect=slots[cached])

@@ -16,10 +16,14 @@ OPTIMIZERS = {
     "sgd": (EmbOptimType.EXACT_SGD, {}),
     "adagrad": (EmbOptimType.EXACT_ADAGRAD, {"eps": 1e-8}),
     "rowwise_adagrad": (EmbOptimType.EXACT_ROWWISE_ADAGRAD, {"eps": 1e-8}),
-    "rowwise_adagrad_l2": (EmbOptimType.EXACT_ROWWISE_ADAGRAD, {"eps": 1e-6, "weight_decay": 0.05,
-                                                                "weight_decay_mode": 1}),
-    "rowwise_adagrad_decoupled": (EmbOptimType.EXACT_ROWWISE_ADAGRAD, {"eps": 1e-6, "weight_decay": 0.05,
-                                                                       "weight_decay_mode": 2}),
+    "rowwise_adagrad_l2": (
+        EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        {"eps": 1e-6, "weight_decay": 0.05, "weight_decay_mode": 1},
+    ),
+    "rowwise_adagrad_decoupled": (
+        EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        {"eps": 1e-6, "weight_decay": 0.05, "weight_decay_mode": 2},
+    ),
 }
 
 
@@ -44,7 +48,9 @@ def _kernel(optimizer: str, seed: int = 0) -> SplitTableBatchedEmbeddingBagsCode
 
 
 def _state(tbe) -> list[torch.Tensor]:
-    states = [] if optimizer_kind(tbe) == "sgd" else [s.clone() for table in tbe.split_optimizer_states() for s in table]
+    states = (
+        [] if optimizer_kind(tbe) == "sgd" else [s.clone() for table in tbe.split_optimizer_states() for s in table]
+    )
     return [w.clone() for w in tbe.split_embedding_weights()] + states
 
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import JaggedTensor
 
+from torchrec_het_bench.data import binary_auc
+from torchrec_het_bench.data.sequence import SyntheticSequences
 from torchrec_het_bench.presets import get_preset
 from torchrec_het_bench.sequence_model import _padded, build_sequence_model, sequence_table_configs
 from torchrec_het_bench.workloads import sequence_data_config
-from torchrec_het_bench.data import binary_auc
-from torchrec_het_bench.data.sequence import SyntheticSequences
 
 
 @pytest.fixture(autouse=True)

@@ -36,7 +36,9 @@ def _features(names: list[str], seed: int) -> KeyedJaggedTensor:
 
 def _shard(module, sharder, generators, env):
     apply_optimizer_in_backward(torch.optim.SGD, module.parameters(), {"lr": 0.1})  # fused kernels
-    plan = construct_module_sharding_plan(module, generators, local_size=1, world_size=1, device_type="cpu", sharder=sharder)
+    plan = construct_module_sharding_plan(
+        module, generators, local_size=1, world_size=1, device_type="cpu", sharder=sharder
+    )
     return sharder.shard(module, plan, env, torch.device("cpu"))
 
 
@@ -66,7 +68,9 @@ def test_bag_shardings_get_their_batch_in_the_sharding_context(bags) -> None:
         bags.train(training)
         ctx = bags.create_context()
         kjts = bags.input_dist(ctx, features).wait().wait()
-        assert sorted(map(str, _batch_types(ctx))) == sorted(map(str, [CachedBatch, ReplicatedBagBatch, EmbeddingShardingContext]))
+        assert sorted(map(str, _batch_types(ctx))) == sorted(
+            map(str, [CachedBatch, ReplicatedBagBatch, EmbeddingShardingContext])
+        )
         plugin = [c for c in ctx.sharding_contexts if isinstance(c, HetShardingContext)]
         assert len(plugin) == 2 and all(c.training is training for c in plugin)
         assert all(not name.startswith("_het") for kjt in kjts for name in vars(kjt)), "state set on a KJT"

@@ -22,8 +22,14 @@ def make_n(*args: str) -> subprocess.CompletedProcess:
     """``make -n`` in the checkout, as a user types it (none of the outer make's settings); ``-B``: as on a
     fresh clone (every stamp out of date), whatever venvs this checkout has."""
     env = {k: v for k, v in os.environ.items() if k not in OUTER_MAKE}
-    return subprocess.run(["make", "-n", "-B", "--no-print-directory", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["make", "-n", "-B", "--no-print-directory", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def stacks_of_requirements() -> list[str]:
@@ -47,12 +53,14 @@ def test_each_stack_installs_its_pinned_file_into_its_own_venv(args, venv, stack
     assert f"{venv}/bin/python -m pip install -q -r requirements/torchrec-{stack}.txt" in commands
     assert f"{venv}/bin/python -m pip install -q --no-deps torchrec=={torchrec}\n" in commands
     assert f"touch {venv}/.installed-torchrec-{stack}" in commands
-    assert commands.rstrip().endswith(f"{venv}/bin/python -m pytest -q tests -m \"not faults\"")
+    assert commands.rstrip().endswith(f'{venv}/bin/python -m pytest -q tests -m "not faults"')
 
 
 def test_tests_and_bench_arguments_pass_through() -> None:
     run = make_n("test", "STACK=1.9", "TESTS=tests/unit tests/distributed -x")
-    assert run.stdout.rstrip().endswith(".venv-1.9/bin/python -m pytest -q tests/unit tests/distributed -x -m \"not faults\"")
+    assert run.stdout.rstrip().endswith(
+        '.venv-1.9/bin/python -m pytest -q tests/unit tests/distributed -x -m "not faults"'
+    )
     bench = make_n("bench", "BENCH_ARGS=--preset smoke --out /tmp/b")
     assert bench.stdout.rstrip().endswith(".venv/bin/python -m torchrec_het_bench --preset smoke --out /tmp/b")
 

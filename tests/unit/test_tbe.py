@@ -25,20 +25,36 @@ SCANNED = ("torchrec_het", "sharders", "recipes", "torchrec_het_bench")
 EXCLUDED = ("torchrec_het/_tbe.py", "torchrec_het_bench/tbe_cost.py")
 # a table-batched kernel's attributes the plugin reads only through _tbe
 KERNEL_ATTRIBUTES = {
-    "optimizer_args", "learning_rate_tensor", "embedding_specs", "feature_table_map", "weights_precision",
-    "split_optimizer_states", "pooling_mode",
+    "optimizer_args",
+    "learning_rate_tensor",
+    "embedding_specs",
+    "feature_table_map",
+    "weights_precision",
+    "split_optimizer_states",
+    "pooling_mode",
 }
-BUFFER_NAME = re.compile(r"^(weights|momentum1|momentum2)(_(dev|host|uvm|physical_offsets|physical_placements|offsets|placements))?$")
+BUFFER_NAME = re.compile(
+    r"^(weights|momentum1|momentum2)(_(dev|host|uvm|physical_offsets|physical_placements|offsets|placements))?$"
+)
 
 
 def _is_optimizer_value(node: ast.AST) -> bool:
     """``x.optimizer.value`` or ``getattr(x.optimizer, "value", ...)``: the optimizer-name expression."""
     if isinstance(node, ast.Attribute) and node.attr == "value":
         return isinstance(node.value, ast.Attribute) and node.value.attr == "optimizer"
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) > 1:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) > 1
+    ):
         target, name = node.args[0], node.args[1]
-        return (isinstance(target, ast.Attribute) and target.attr == "optimizer" and isinstance(name, ast.Constant)
-                and name.value == "value")
+        return (
+            isinstance(target, ast.Attribute)
+            and target.attr == "optimizer"
+            and isinstance(name, ast.Constant)
+            and name.value == "value"
+        )
     return False
 
 
@@ -47,7 +63,9 @@ def scan(source: str, path: str = "<source>") -> list[tuple[str, int, str]]:
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found += [(path, node.lineno, f"import {a.name}") for a in node.names if a.name.split(".")[0] == "fbgemm_gpu"]
+            found += [
+                (path, node.lineno, f"import {a.name}") for a in node.names if a.name.split(".")[0] == "fbgemm_gpu"
+            ]
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "fbgemm_gpu":
             found.append((path, node.lineno, f"from {node.module} import ..."))
         elif _is_optimizer_value(node):
@@ -63,7 +81,7 @@ def scan(source: str, path: str = "<source>") -> list[tuple[str, int, str]]:
     return found
 
 
-SAMPLE = '''
+SAMPLE = """
 import fbgemm_gpu
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
@@ -74,7 +92,7 @@ def touch(tbe, sharded):
     rows = getattr(tbe, "momentum1_physical_offsets"), tbe.weights_host, tbe.optimizer.value
     torch.ops.fbgemm.dense_embedding_codegen_lookup_function
     return sharded.optimizer.step(), sharded.weights, {"weights": 1}
-'''
+"""
 
 
 def test_the_scan_finds_each_kind_of_access() -> None:
@@ -103,8 +121,9 @@ def test_only_tbe_touches_fbgemm_internals() -> None:
 
 def _kernel(optimizer: EmbOptimType, **kwargs) -> SplitTableBatchedEmbeddingBagsCodegen:
     specs = [(5, 4, EmbeddingLocation.HOST, ComputeDevice.CPU), (7, 8, EmbeddingLocation.HOST, ComputeDevice.CPU)]
-    return SplitTableBatchedEmbeddingBagsCodegen(specs, optimizer=optimizer, learning_rate=0.25, device=torch.device("cpu"),
-                                                 **kwargs)
+    return SplitTableBatchedEmbeddingBagsCodegen(
+        specs, optimizer=optimizer, learning_rate=0.25, device=torch.device("cpu"), **kwargs
+    )
 
 
 def test_optimizer_accessors() -> None:

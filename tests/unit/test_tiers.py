@@ -18,7 +18,14 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_het.replication import hot_rows, tier_selection
-from torchrec_het.replication.memory import TableMemory, TierTopology, bytes_per_row, plan_peak_bytes, row_owner, row_wise_sizes
+from torchrec_het.replication.memory import (
+    TableMemory,
+    TierTopology,
+    bytes_per_row,
+    plan_peak_bytes,
+    row_owner,
+    row_wise_sizes,
+)
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.replication.tier_selection import select_tiers
 from torchrec_het.replication.tiers import TableTiers, TierPlan, layout_bytes_per_rank
@@ -231,7 +238,7 @@ def test_generous_and_binding_budgets_on_two_tables() -> None:
     profile = _profile(tables, counts, batches=20)  # one read a step saves nothing on one host
     base = TierPlan.empty(tables, ONE_HOST).peak_bytes
     generous = select_tiers(tables, profile, ONE_HOST, base + 100_000, max_hot_fraction=0.4)
-    for table, c, k in zip(tables, counts, (16, 9)):  # capped at 40% of the rows
+    for table, k in zip(tables, (16, 9)):  # capped at 40% of the rows
         tt = generous.for_table(table.name)
         assert tt.replicated.tolist() == sorted(profile.hottest(table.name, k).tolist()) and tt.per_host.numel() == 0
     for budget in (base + 100, base + 400, base + 900):
@@ -345,7 +352,10 @@ def test_host_tier_saving_by_hand() -> None:
         assert bool((hot_rows.host_tier_saving(reads, flat) == 0).all())
     # the break-even read rate follows the bandwidth ratio
     grid = torch.linspace(0.01, 4.0, 400, dtype=torch.float64)
-    first = [float(grid[hot_rows.host_tier_saving(grid, TierTopology(4, 2, ratio, 1.0)) > 0][0]) for ratio in (2.0, 10.0, 100.0)]
+    first = [
+        float(grid[hot_rows.host_tier_saving(grid, TierTopology(4, 2, ratio, 1.0)) > 0][0])
+        for ratio in (2.0, 10.0, 100.0)
+    ]
     assert first[0] > first[1] > first[2]
 
 
@@ -355,7 +365,10 @@ def test_per_host_rows_golden() -> None:
     reads = torch.tensor([0.9, 5.0, 0.05, 3.0, 0.4, 2.0, 0.9, 0.0], dtype=torch.float64)
     replicated = _ids(1, 3, 5)
     assert hot_rows.per_host_rows(reads, replicated, topo, max_rows=8).tolist() == [0, 4, 6]
-    assert hot_rows.per_host_rows(reads, replicated, topo, max_rows=2).tolist() == [0, 6]  # hottest first, ties: lower id
+    assert hot_rows.per_host_rows(reads, replicated, topo, max_rows=2).tolist() == [
+        0,
+        6,
+    ]  # hottest first, ties: lower id
     assert hot_rows.per_host_rows(reads, replicated, topo, max_rows=0).numel() == 0
     assert hot_rows.per_host_rows(reads, replicated, TierTopology(4, 4, 10.0, 1.0), 8).numel() == 0
     ordered = torch.sort(reads, descending=True).values  # the planner's view: hottest first

@@ -32,7 +32,9 @@ class EvictionOrder:
     CANDIDATES_PER_VICTIM = 8  # a rescan keeps this many candidates per victim wanted, so rescans are rare
     MIN_CANDIDATES = 64
 
-    def __init__(self, policy: str, slot_starts: torch.Tensor, last_used: torch.Tensor, frequency: torch.Tensor) -> None:
+    def __init__(
+        self, policy: str, slot_starts: torch.Tensor, last_used: torch.Tensor, frequency: torch.Tensor
+    ) -> None:
         self.policy, self.slot_starts, self.last_used, self.frequency = policy, slot_starts, last_used, frequency
         self.device = slot_starts.device
         self.reset()
@@ -131,4 +133,8 @@ class EvictionOrder:
 def _ranges(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """``starts[p] + 0 .. counts[p] - 1`` for every p, one after the other."""
     base = torch.repeat_interleave(starts, counts)
-    return base + torch.arange(base.numel(), device=base.device) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    return (
+        base
+        + torch.arange(base.numel(), device=base.device)
+        - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    )

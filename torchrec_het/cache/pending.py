@@ -26,7 +26,8 @@ class PendingRows:
     def empty(dim: int, dtype: torch.dtype = torch.float32, device: torch.device | None = None) -> "PendingRows":
         """No rows, with gradients of width ``dim``."""
         return PendingRows(
-            torch.empty(0, dtype=torch.int64, device=device), torch.empty(0, dim, dtype=dtype, device=device),
+            torch.empty(0, dtype=torch.int64, device=device),
+            torch.empty(0, dim, dtype=dtype, device=device),
             torch.empty(0, dtype=torch.int64, device=device),
         )
 
@@ -42,9 +43,13 @@ class PendingRows:
         squares = None
         if with_squares:  # a part without squares holds one update per row: its square is its gradient's
             width = with_squares[0].squares.size(1)
-            squares = torch.cat([p.squares if p.squares is not None else _one_update_squares(p.grads, width) for p in parts])
+            squares = torch.cat(
+                [p.squares if p.squares is not None else _one_update_squares(p.grads, width) for p in parts]
+            )
         return PendingRows(
-            torch.cat([p.ids for p in parts]), torch.cat([p.grads for p in parts]), torch.cat([p.counts for p in parts]),
+            torch.cat([p.ids for p in parts]),
+            torch.cat([p.grads for p in parts]),
+            torch.cat([p.counts for p in parts]),
             squares,
         )
 

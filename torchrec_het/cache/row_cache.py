@@ -69,7 +69,9 @@ class RowCache:
         self.partition_ends = torch.tensor(ends, dtype=torch.int64, device=device)
         self.partition_capacity = torch.tensor(capacities, dtype=torch.int64, device=device)
         # slots of partition p: [slot_starts[p], slot_starts[p + 1])
-        self.slot_starts = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(self.partition_capacity, 0)])
+        self.slot_starts = torch.cat(
+            [torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(self.partition_capacity, 0)]
+        )
         self.values = torch.zeros(total, dim, dtype=dtype, device=device)
         self.pending_grad = torch.zeros(total, dim, dtype=dtype, device=device)
         self.pending_delta = torch.zeros(total, dim, dtype=dtype, device=device)
@@ -253,9 +255,16 @@ class RowCache:
         self.slot_ids.index_copy_(0, slots, ids)
         self._slot_of.index_copy_(0, ids, slots.to(self._slot_of.dtype))
         self.versions.index_copy_(0, slots, versions.index_select(0, positions).to(torch.int64))
-        for tensor, value in ((self.validated_step, step), (self.last_used, step), (self.frequency, 1),
-                              (self.pending_grad, 0), (self.pending_delta, 0), (self.pending_count, 0),
-                              (self.pending_squares, 0), (self.states, 0)):
+        for tensor, value in (
+            (self.validated_step, step),
+            (self.last_used, step),
+            (self.frequency, 1),
+            (self.pending_grad, 0),
+            (self.pending_delta, 0),
+            (self.pending_count, 0),
+            (self.pending_squares, 0),
+            (self.states, 0),
+        ):
             tensor.index_fill_(0, slots, value)
         self.eviction.admit(slots)  # e.g. LFU's fresh rows
         return result, dirty, evicted_ids
@@ -300,8 +309,14 @@ class RowCache:
         self.pending_count.index_fill_(0, slots, 0)
         return out
 
-    def refresh(self, slots: torch.Tensor, values: torch.Tensor, versions: torch.Tensor, step: int,
-                states: torch.Tensor | None = None) -> None:
+    def refresh(
+        self,
+        slots: torch.Tensor,
+        values: torch.Tensor,
+        versions: torch.Tensor,
+        step: int,
+        states: torch.Tensor | None = None,
+    ) -> None:
         """A newer value (and optimizer state, where kept) from the owner; this rank's unpushed local
         updates stay applied (and their squares stay pending)."""
         self.values.index_copy_(0, slots, values.to(self.values.dtype) + self.pending_delta.index_select(0, slots))
@@ -314,8 +329,9 @@ class RowCache:
         """The owner confirmed at ``step`` that the cached copy is within the bound."""
         self.validated_step.index_fill_(0, slots, step)
 
-    def accumulate(self, slots: torch.Tensor, grads: torch.Tensor, deltas: torch.Tensor,
-                   squares: torch.Tensor | None = None) -> None:
+    def accumulate(
+        self, slots: torch.Tensor, grads: torch.Tensor, deltas: torch.Tensor, squares: torch.Tensor | None = None
+    ) -> None:
         """Adds a gradient to each (distinct, occupied) slot and applies the local update ``deltas``
         (``squares``: the gradients' squares, where the cache holds them)."""
         dtype = self.values.dtype
@@ -347,7 +363,9 @@ class RowCache:
         ids, order = torch.sort(self.slot_ids.index_select(0, slots))
         slots = slots.index_select(0, order)
         out = PendingRows(
-            ids, self.pending_grad.index_select(0, slots), self.pending_count.index_select(0, slots),
+            ids,
+            self.pending_grad.index_select(0, slots),
+            self.pending_count.index_select(0, slots),
             self._squares_of_slots(slots),
         )
         for tensor in (self.pending_grad, self.pending_delta, self.pending_count, self.pending_squares):
@@ -366,8 +384,16 @@ class RowCache:
         self._slot_of[self.slot_ids[self.slot_ids >= 0]] = -1
         self.slot_ids.fill_(-1)
         for tensor in (
-            self.values, self.pending_grad, self.pending_delta, self.versions, self.validated_step,
-            self.pending_count, self.last_used, self.frequency, self.pending_squares, self.states,
+            self.values,
+            self.pending_grad,
+            self.pending_delta,
+            self.versions,
+            self.validated_step,
+            self.pending_count,
+            self.last_used,
+            self.frequency,
+            self.pending_squares,
+            self.states,
         ):
             tensor.zero_()
         self.eviction.reset()
@@ -375,9 +401,17 @@ class RowCache:
     def nbytes(self) -> int:
         """Bytes held by the cached rows, their metadata and the id -> slot map."""
         tensors = (
-            self.values, self.pending_grad, self.pending_delta, self.versions, self.validated_step,
-            self.pending_count, self.last_used, self.frequency, self.slot_ids, self._slot_of, self.pending_squares,
+            self.values,
+            self.pending_grad,
+            self.pending_delta,
+            self.versions,
+            self.validated_step,
+            self.pending_count,
+            self.last_used,
+            self.frequency,
+            self.slot_ids,
+            self._slot_of,
+            self.pending_squares,
             self.states,
         )
         return sum(t.numel() * t.element_size() for t in tensors)
-

@@ -54,17 +54,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.model_parallel import get_module
-from torchrec.distributed.types import ShardedModule
 from torchrec.distributed.train_pipeline.pipeline_context import EmbeddingTrainPipelineContext
 from torchrec.distributed.train_pipeline.runtime_forwards import EmbeddingPipelinedForward
 from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSparseDist
-from torchrec.distributed.types import LazyNoWait
+from torchrec.distributed.types import LazyNoWait, ShardedModule
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedTensor
 
 from torchrec_het import _compat
 from torchrec_het.pipeline.dense_in_sparse import DenseParamsOfSparseModules
 from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
-
 
 # DDP rebuilds its gradient buckets once, in the forward after its first backward, with a
 # broadcast: the first batches' embedding backward stays on the main thread.
@@ -154,14 +152,23 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
             the first ``progress``) the model has no sharded embedding module the pipeline can drive.
     """
 
-    def __init__(self, model, optimizer, device: torch.device, embedding_staleness: int = 1,
-                 execute_all_batches: bool = True, backward_on_worker: bool | None = None, **kwargs) -> None:
+    def __init__(
+        self,
+        model,
+        optimizer,
+        device: torch.device,
+        embedding_staleness: int = 1,
+        execute_all_batches: bool = True,
+        backward_on_worker: bool | None = None,
+        **kwargs,
+    ) -> None:
         if isinstance(embedding_staleness, bool) or not isinstance(embedding_staleness, int) or embedding_staleness < 0:
             raise ValueError(f"embedding_staleness must be an int >= 0, got {embedding_staleness!r}")
         if backward_on_worker not in (True, False, None):
             raise ValueError(f"backward_on_worker must be True, False or None (measure), got {backward_on_worker!r}")
-        super().__init__(model, optimizer, device, execute_all_batches=execute_all_batches,
-                         context_type=HybridContext, **kwargs)
+        super().__init__(
+            model, optimizer, device, execute_all_batches=execute_all_batches, context_type=HybridContext, **kwargs
+        )
         self.embedding_staleness = embedding_staleness
         self.gauge = StalenessGauge()
         self.updates_applied = 0  # embedding backwards finished
@@ -402,7 +409,9 @@ def _detached(embeddings, context: HybridContext):
             leaf = jt.values().detach().requires_grad_()
             originals.append(jt.values())
             leaves.append(leaf)
-            out[key] = JaggedTensor(values=leaf, weights=jt.weights_or_none(), lengths=jt.lengths(), offsets=jt.offsets())
+            out[key] = JaggedTensor(
+                values=leaf, weights=jt.weights_or_none(), lengths=jt.lengths(), offsets=jt.offsets()
+            )
         context.embedding_tensors.append(originals)
         context.embedding_features.append(list(embeddings))
         context.detached_embedding_tensors.append(leaves)

@@ -20,10 +20,11 @@ import torch
 
 from torchrec_het.errors import ConfigurationError
 from torchrec_het.planner.network import cpu_network
-from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.replication.hot_rows import hottest_rows, per_host_rows
 from torchrec_het.replication.memory import TierTopology
+from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.replication.tiers import TableTiers
+
 
 @dataclass(frozen=True)
 class TableReads:

@@ -105,7 +105,10 @@ def save_bytes_only_table(path: str | Path, why: str) -> Path:
     the bytes alone), e.g. for a machine where they were measured to be on par; ``why`` is
     recorded as how it was obtained."""
     doc = {
-        "version": VERSION, "device": "any", "measured_with": why, "measured_on": "-",
+        "version": VERSION,
+        "device": "any",
+        "measured_with": why,
+        "measured_on": "-",
         "extra_seconds_per_id": {t: dict.fromkeys(SETTING_CLASSES, 0.0) for t in CALIBRATED_TYPES},
     }
     Path(path).write_text(json.dumps(doc, indent=2) + "\n")

@@ -119,7 +119,9 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
         for sharding_type in allowed:
             if sharding_type not in sharder.sharding_types(device):
                 kinds = sorted({s.module_type.__name__ for s in sharders if sharding_type in s.sharding_types(device)})
-                only = f"supports {' and '.join(kinds)} tables only" if kinds else f"is offered by no sharder on {device}"
+                only = (
+                    f"supports {' and '.join(kinds)} tables only" if kinds else f"is offered by no sharder on {device}"
+                )
                 article = "an" if module[0] in "AEIOU" else "a"
                 reasons.append(f"{sharding_type} {only}, and the table's module is {article} {module}")
                 wrong_module = True
@@ -128,9 +130,15 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
         reasons = reasons or [f"TorchRec enumerated no option of {allowed} for it"]
         advice = (
             f"; constrain it to a type {module} supports instead (e.g. ParameterConstraints(sharding_types="
-            f"{[t for t in sharder.sharding_types(device) if t not in PLUGIN_TYPES][:3]}))" if wrong_module else ""
+            f"{[t for t in sharder.sharding_types(device) if t not in PLUGIN_TYPES][:3]}))"
+            if wrong_module
+            else ""
         )
-        return f"table {name!r}: no sharding type is left for it; its constraints allow {allowed}: " + "; ".join(reasons) + advice
+        return (
+            f"table {name!r}: no sharding type is left for it; its constraints allow {allowed}: "
+            + "; ".join(reasons)
+            + advice
+        )
 
     def _with_measured_pooling(self, module: nn.Module, constraints):
         """``constraints`` plus the profile's ids per sample for measured tables left at TorchRec's default."""
@@ -140,7 +148,9 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
             if not self.pricing.access.measured(name) or not profile.batches:
                 continue
             given = out.get(name)
-            if given is not None and (list(given.pooling_factors) != [POOLING_FACTOR] or given.num_poolings or given.batch_sizes):
+            if given is not None and (
+                list(given.pooling_factors) != [POOLING_FACTOR] or given.num_poolings or given.batch_sizes
+            ):
                 continue
             per_sample = float(profile.table_counts(name).sum()) / profile.batches / batch_size
             base = given if given is not None else ParameterConstraints()

@@ -25,7 +25,9 @@ DEFAULT_OPTIMIZER = "exact_row_wise_adagrad"
 
 def split_plugin(options: list[ShardingOption]) -> tuple[list[ShardingOption], list[ShardingOption]]:
     """(stock options, plugin options)."""
-    return [o for o in options if o.sharding_type not in PLUGIN_TYPES], [o for o in options if o.sharding_type in PLUGIN_TYPES]
+    return [o for o in options if o.sharding_type not in PLUGIN_TYPES], [
+        o for o in options if o.sharding_type in PLUGIN_TYPES
+    ]
 
 
 def as_row_wise(option: ShardingOption) -> ShardingOption:
@@ -55,7 +57,9 @@ class HetPerfEstimator(EmbeddingPerfEstimator):
         pricing: the plugin's settings and reads per row.
     """
 
-    def __init__(self, topology: Topology, constraints=None, pricing: PluginPricing | None = None, is_inference: bool = False):
+    def __init__(
+        self, topology: Topology, constraints=None, pricing: PluginPricing | None = None, is_inference: bool = False
+    ):
         super().__init__(topology, constraints, is_inference=is_inference)
         self.pricing = pricing or PluginPricing()
 
@@ -69,9 +73,13 @@ class HetPerfEstimator(EmbeddingPerfEstimator):
         for option, twin in pairs:
             traffic = self.pricing.bytes(option, self.pricing.load(option, ws, tiers))
             # bytes that stay within a host (several hosts: the per-host tier, the hierarchical sync) at its bandwidth
-            fwd_comms = (traffic.forward - traffic.intra_forward) / (ws * bandwidth) + traffic.intra_forward / (ws * intra_bandwidth)
+            fwd_comms = (traffic.forward - traffic.intra_forward) / (ws * bandwidth) + traffic.intra_forward / (
+                ws * intra_bandwidth
+            )
             bwd = traffic.backward + traffic.sync
-            bwd_comms = (bwd - traffic.intra_backward) / (ws * bandwidth) + traffic.intra_backward / (ws * intra_bandwidth)
+            bwd_comms = (bwd - traffic.intra_backward) / (ws * bandwidth) + traffic.intra_backward / (
+                ws * intra_bandwidth
+            )
             extra_ms = self.pricing.extra_compute_seconds(option, topology.compute_device) * 1e3  # perf is in ms
             for shard, base in zip(option.shards, twin.shards):
                 fwd_compute, bwd_compute = with_extra_compute(base.perf.fwd_compute, base.perf.bwd_compute, extra_ms)

@@ -73,7 +73,9 @@ def parse_link_gbit(text: str, origin: str) -> tuple[float | None, float | None]
         except ValueError:
             value = -1.0
         if value is not None and not 0 < value < math.inf:
-            raise ValueError(f"{origin}: the {which}-host figure must be a number of Gbit/s > 0, got {field!r} in {text!r}")
+            raise ValueError(
+                f"{origin}: the {which}-host figure must be a number of Gbit/s > 0, got {field!r} in {text!r}"
+            )
         out.append(value)
     return out[0], out[1]
 
@@ -165,7 +167,10 @@ def kinds_to_probe(topology: Topology, settings: LinkSettings) -> list[str]:
     if not settings.probe or stated_in_topology(topology):
         return []
     local, world = topology.local_world_size, topology.world_size
-    wanted = {"intra": local > 1 and settings.intra_gbit is None, "inter": world > local and settings.inter_gbit is None}
+    wanted = {
+        "intra": local > 1 and settings.intra_gbit is None,
+        "inter": world > local and settings.inter_gbit is None,
+    }
     return [kind for kind, want in wanted.items() if want]
 
 

@@ -78,7 +78,9 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._het_cpu_bandwidths = cpu_bandwidths
         self._het_pricing = pricing or default_pricing()
         self._het_own_enumerator = given.get("enumerator") is None
-        self._het_enumerator = given.get("enumerator")  # the plugin's, set by _use_links: its plan options go in the plan
+        self._het_enumerator = given.get(
+            "enumerator"
+        )  # the plugin's, set by _use_links: its plan options go in the plan
         # the plugin's pricing, or None when the enumerator given is not the plugin's
         self.het_pricing: PluginPricing | None = (
             self._het_pricing if self._het_own_enumerator else getattr(given.get("enumerator"), "pricing", None)
@@ -170,7 +172,9 @@ def link_settings(
     settings = installed or LinkSettings()
     if link_gbit is not None:
         if not isinstance(link_gbit, tuple | list) or len(link_gbit) != 2:
-            raise ValueError(f"link_gbit must be (intra, inter) in Gbit/s per rank (either may be None), got {link_gbit!r}")
+            raise ValueError(
+                f"link_gbit must be (intra, inter) in Gbit/s per rank (either may be None), got {link_gbit!r}"
+            )
         settings = dataclasses.replace(settings, intra_gbit=link_gbit[0], inter_gbit=link_gbit[1], origin="link_gbit")
     if link_probe is not None:
         settings = dataclasses.replace(settings, probe=link_probe)

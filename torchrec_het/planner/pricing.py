@@ -12,8 +12,9 @@ from torchrec_het.config import CacheSettings
 from torchrec_het.plan_options import PlanOptions, ReplicaOptions, check_options
 from torchrec_het.planner.access import AccessModel
 from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
-from torchrec_het.replication.tiers import TierTopology, host_row_count, hot_row_count, replica_copies
 from torchrec_het.planner.traffic import Bytes, TableLoad, cached_bytes, row_replicated_bytes, sequence_replicated_bytes
+from torchrec_het.replication.hot_rows import host_row_count, hot_row_count
+from torchrec_het.replication.memory import TierTopology, replica_copies
 from torchrec_het.types import HET_ROW_REPLICATED, HET_SHARDING_TYPES
 
 PLUGIN_TYPES = HET_SHARDING_TYPES  # the one tuple of torchrec_het.types, under the planner's name
@@ -81,8 +82,10 @@ class PluginPricing:
     def needs(self, sharding_type: str) -> str:
         """What :meth:`offers` needs for ``sharding_type`` (for error messages)."""
         if sharding_type == HET_ROW_REPLICATED:
-            return ("measured reads of the table (a profile naming it) or online counting (online_profile_steps) "
-                    "to choose its hot rows")
+            return (
+                "measured reads of the table (a profile naming it) or online counting (online_profile_steps) "
+                "to choose its hot rows"
+            )
         return "nothing"
 
     def load(self, option: ShardingOption, world_size: int, topology: TierTopology | None = None) -> TableLoad:
@@ -98,7 +101,7 @@ class PluginPricing:
         return option.batch_size * float(sum(option.input_lengths))
 
     def setting_class(self, option: ShardingOption) -> str:
-        """"exact" (cache bounds 0, replicas synced every step) or "stale", as the compute table keys it."""
+        """ "exact" (cache bounds 0, replicas synced every step) or "stale", as the compute table keys it."""
         options = priced_options(option)
         if option.sharding_type == HET_ROW_REPLICATED:
             return "exact" if options.replica_sync_every <= 1 else "stale"
@@ -129,7 +132,9 @@ class PluginPricing:
         if load.hosts == 1 or not self.per_host_tier or (table is not None and not self.access.measured(table)):
             return 0
         hot = self.hot_rows(load, options)
-        return host_row_count(load.reads, hot, load.topology, math.floor(self.max_hot_fraction * load.reads.numel()) - hot)
+        return host_row_count(
+            load.reads, hot, load.topology, math.floor(self.max_hot_fraction * load.reads.numel()) - hot
+        )
 
     def extra_rows(self, option: ShardingOption, load: TableLoad) -> int:
         """Rows each rank holds beyond its row-wise shard (replicas, or cache slots); a per-host

@@ -31,8 +31,19 @@ class HetEmbeddingStats(_compat.EmbeddingStatsWithShardOption):
             best_plan, constraints=None, sharders=None, enumerator=None, debug=True, debug_stats=None) -> None:  # fmt: skip
         with _compat.sharding_type_abbreviations(sharding_type_abbreviation):
             super().log(
-                sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans, run_time,
-                best_plan, constraints, sharders, enumerator, debug, debug_stats,
+                sharding_plan,
+                topology,
+                batch_size,
+                storage_reservation,
+                num_proposals,
+                num_plans,
+                run_time,
+                best_plan,
+                constraints,
+                sharders,
+                enumerator,
+                debug,
+                debug_stats,
             )
         used = sorted({o.sharding_type for o in best_plan} & set(ABBREVIATIONS))
         if used:

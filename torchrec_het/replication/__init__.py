@@ -3,8 +3,8 @@
 
 from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.replication.profile import AccessProfile, AccessProfiler, count_accesses, load_profile, save_profile
 from torchrec_het.replication.memory import TableMemory, TierTopology, bytes_per_row, plan_peak_bytes
+from torchrec_het.replication.profile import AccessProfile, AccessProfiler, count_accesses, load_profile, save_profile
 from torchrec_het.replication.tier_selection import select_tiers
 from torchrec_het.replication.tiers import TableTiers, TierPlan
 

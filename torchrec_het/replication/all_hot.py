@@ -53,7 +53,11 @@ class AllHotBatches:
 
     def _regroup(self, window: list[Batch]) -> list[Batch]:
         sizes = [int(b.labels.shape[0]) for b in window]
-        hot = torch.cat([self._read_here(b.sparse_features) for b in window]) if window else torch.zeros(0, dtype=torch.bool)
+        hot = (
+            torch.cat([self._read_here(b.sparse_features) for b in window])
+            if window
+            else torch.zeros(0, dtype=torch.bool)
+        )
         if hot.numel() != sum(sizes):
             raise ValueError(f"read_here gave {hot.numel()} flags for {sum(sizes)} samples")
         count = self._agree(fillable_batches(sizes, int(hot.sum())), len(window))
@@ -106,7 +110,9 @@ def take_samples(batches: list[Batch], index: torch.Tensor) -> Batch:
     """One ``Batch`` of the samples ``index`` of ``batches`` laid end to end."""
     dense = torch.cat([b.dense_features for b in batches]).index_select(0, index)
     labels = torch.cat([b.labels for b in batches]).index_select(0, index)
-    return Batch(dense_features=dense, sparse_features=take_kjt([b.sparse_features for b in batches], index), labels=labels)
+    return Batch(
+        dense_features=dense, sparse_features=take_kjt([b.sparse_features for b in batches], index), labels=labels
+    )
 
 
 def take_kjt(kjts: list[KeyedJaggedTensor], index: torch.Tensor) -> KeyedJaggedTensor:
@@ -125,7 +131,9 @@ def take_kjt(kjts: list[KeyedJaggedTensor], index: torch.Tensor) -> KeyedJaggedT
         starts = torch.cumsum(key_lengths, 0) - key_lengths
         chosen = key_lengths.index_select(0, index)
         first = starts.index_select(0, index)
-        within = torch.arange(int(chosen.sum()), device=chosen.device) - torch.repeat_interleave(torch.cumsum(chosen, 0) - chosen, chosen)
+        within = torch.arange(int(chosen.sum()), device=chosen.device) - torch.repeat_interleave(
+            torch.cumsum(chosen, 0) - chosen, chosen
+        )
         positions = torch.repeat_interleave(first, chosen) + within
         lengths.append(chosen)
         values.append(torch.cat([jt.values() for jt in jts]).index_select(0, positions))

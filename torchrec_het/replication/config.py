@@ -9,8 +9,6 @@ import torch
 from torchrec_het.plan_options import WIRE_DTYPES, ReplicaOptions
 
 
-
-
 @dataclass(frozen=True)
 class ReplicationConfig:
     """How a row-replicated module keeps its hot rows.
@@ -71,7 +69,9 @@ class ReplicationConfig:
         if tiers is None:
             return empty, empty
         if tiers.num_rows != num_rows:
-            raise ValueError(f"table {name!r}: the tier plan was made for {tiers.num_rows} rows, the table has {num_rows}")
+            raise ValueError(
+                f"table {name!r}: the tier plan was made for {tiers.num_rows} rows, the table has {num_rows}"
+            )
         out = []
         for kind in ("replicated", "per_host"):
             ids = getattr(tiers, kind).to(torch.int64)

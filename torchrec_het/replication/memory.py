@@ -8,8 +8,11 @@ from torchrec_het import _compat
 from torchrec_het._tbe import EmbOptimType
 
 _ALIASES = {  # common spellings -> fbgemm's names
-    "adagrad": "exact_adagrad", "rowwise_adagrad": "row_wise_adagrad", "partial_rowwise_adam": "partial_row_wise_adam",
-    "exact_rowwise_adagrad": "exact_row_wise_adagrad", "partial_rowwise_lamb": "partial_row_wise_lamb",
+    "adagrad": "exact_adagrad",
+    "rowwise_adagrad": "row_wise_adagrad",
+    "partial_rowwise_adam": "partial_row_wise_adam",
+    "exact_rowwise_adagrad": "exact_row_wise_adagrad",
+    "partial_rowwise_lamb": "partial_row_wise_lamb",
 }
 _UNSUPPORTED = {"shampoo", "shampoo_v2", "madgrad", "exact_row_wise_weighted_adagrad"}  # no TBE training kernel
 
@@ -84,9 +87,15 @@ def bytes_per_row(dim: int, optimizer: "EmbOptimType | str", weight_bytes: int =
         raise ValueError(f"optimizer {opt.value!r} is not supported by fbgemm's training kernel")
     full, rowwise = 4 * dim, 4  # fp32 momentum per element, or one per row
     state = {  # sgd, exact_sgd, none: no state
-        "exact_adagrad": full, "lars_sgd": full, "adam": 2 * full, "lamb": 2 * full,
-        "exact_row_wise_adagrad": rowwise, "row_wise_adagrad": rowwise, "ema_in_place_row_wise_adagrad": rowwise,
-        "ensemble_row_wise_adagrad": full + rowwise, "partial_row_wise_adam": full + rowwise,
+        "exact_adagrad": full,
+        "lars_sgd": full,
+        "adam": 2 * full,
+        "lamb": 2 * full,
+        "exact_row_wise_adagrad": rowwise,
+        "row_wise_adagrad": rowwise,
+        "ema_in_place_row_wise_adagrad": rowwise,
+        "ensemble_row_wise_adagrad": full + rowwise,
+        "partial_row_wise_adam": full + rowwise,
         "partial_row_wise_lamb": full + rowwise,
     }.get(opt.value, 0)
     return dim * weight_bytes + state

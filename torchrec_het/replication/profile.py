@@ -19,6 +19,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 FORMAT = "torchrec_het.profile"
 VERSION = 1
 
+
 @dataclass(frozen=True)
 class AccessProfile:
     """Row access counts per table.
@@ -40,7 +41,9 @@ class AccessProfile:
             raise ValueError("tables, num_rows and counts must have one entry per table")
         for name, rows, counts in zip(self.tables, self.num_rows, self.counts):
             if counts.shape != (rows,) or counts.dtype != torch.int64:
-                raise ValueError(f"table {name!r}: counts must be int64 [{rows}], got {counts.dtype} {list(counts.shape)}")
+                raise ValueError(
+                    f"table {name!r}: counts must be int64 [{rows}], got {counts.dtype} {list(counts.shape)}"
+                )
 
     def fingerprint(self) -> str:
         """A short hash of the tables, row counts, counts and batches: names this profile in a plan."""
@@ -113,7 +116,9 @@ class AccessProfiler:
         for config, table_counts in zip(self.tables, self.counts):
             for feature in config.feature_names:
                 if feature not in present:
-                    raise ValueError(f"feature {feature!r} of table {config.name!r} is missing from batch {self.batches}")
+                    raise ValueError(
+                        f"feature {feature!r} of table {config.name!r} is missing from batch {self.batches}"
+                    )
                 ids = features[feature].values().long()
                 if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= config.num_embeddings):
                     raise ValueError(
@@ -125,8 +130,10 @@ class AccessProfiler:
     def profile(self) -> AccessProfile:
         """The counts so far (copies)."""
         return AccessProfile(
-            tuple(t.name for t in self.tables), tuple(t.num_embeddings for t in self.tables),
-            tuple(c.clone() for c in self.counts), self.batches,
+            tuple(t.name for t in self.tables),
+            tuple(t.num_embeddings for t in self.tables),
+            tuple(c.clone() for c in self.counts),
+            self.batches,
         )
 
     def save(self, path: str) -> AccessProfile:

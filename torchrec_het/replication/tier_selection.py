@@ -171,8 +171,15 @@ class _Admission:
             tie, kind = tie[stop + 1 :], kind[stop + 1 :]
 
 
-def select_tiers(tables: list[TableMemory], profile: AccessProfile, topology: TierTopology, budget_bytes: int,
-                 min_reads_per_step: float = 1.0, max_hot_fraction: float = 0.5, sync_every: int = 1) -> TierPlan:
+def select_tiers(
+    tables: list[TableMemory],
+    profile: AccessProfile,
+    topology: TierTopology,
+    budget_bytes: int,
+    min_reads_per_step: float = 1.0,
+    max_hot_fraction: float = 0.5,
+    sync_every: int = 1,
+) -> TierPlan:
     """Chooses each table's replicated and per-host rows so that the per-rank peak stays within ``budget_bytes``.
 
     Rows read fewer than ``min_reads_per_step`` times per step stay sharded, and at most
@@ -196,8 +203,16 @@ def select_tiers(tables: list[TableMemory], profile: AccessProfile, topology: Ti
     offsets = torch.tensor([0] + [t.num_rows for t in tables]).cumsum(0).tolist()  # of each table in all rows
     admission = _Admission(tables, offsets, topology, load, budget_bytes)
     streams = [
-        _Stream(t, profile.table_counts(t.name), profile.batches, base, topology, min_reads_per_step, max_hot_fraction,
-                sync_every)
+        _Stream(
+            t,
+            profile.table_counts(t.name),
+            profile.batches,
+            base,
+            topology,
+            min_reads_per_step,
+            max_hot_fraction,
+            sync_every,
+        )
         for t, base in zip(tables, offsets)
     ]
     pool: list[_Block] = []  # emitted, not yet admitted

@@ -12,13 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torchrec_het.replication.hot_rows import host_row_count, hot_row_count
-from torchrec_het.replication.memory import TableMemory, TierTopology, replica_copies, row_owner, row_wise_sizes
-
-__all__ = [  # TierTopology, host_row_count, hot_row_count and replica_copies: for the planner's pricing
-    "HOST_TO_ALL", "PER_HOST", "REPLICATED", "SHARDED", "TO_ALL", "TO_HOST", "TableTiers", "TierPlan", "TierTopology",
-    "holder_masks", "host_row_count", "hot_row_count", "layout_bytes_per_rank", "replica_copies",
-]
+from torchrec_het.replication.memory import TableMemory, TierTopology, row_owner, row_wise_sizes
 
 SHARDED, PER_HOST, REPLICATED = 0, 1, 2
 TO_HOST, TO_ALL, HOST_TO_ALL = 0, 1, 2  # promotions: sharded->per_host, sharded->replicated, per_host->replicated

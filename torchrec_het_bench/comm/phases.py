@@ -86,9 +86,7 @@ def _is_input_dist_frame(frame: FrameType) -> bool:
     verdict = _code_is_input_dist.get(code)
     if verdict is None:
         prefixes = _input_dist_prefixes(code.co_filename)
-        verdict = code.co_name == _INPUT_DIST_FUNCTION or (
-            bool(prefixes) and _owner_name(frame).startswith(prefixes)
-        )
+        verdict = code.co_name == _INPUT_DIST_FUNCTION or (bool(prefixes) and _owner_name(frame).startswith(prefixes))
         if hasattr(code, "co_qualname") or not prefixes:
             _code_is_input_dist[code] = verdict
     return verdict

@@ -103,10 +103,7 @@ class CommTotals:
             raise ValueError(f"host_of_rank has {len(host_of_rank)} entries for world size {self.world_size}")
         counted = self.matrix(phases)
         return sum(
-            n
-            for src, row in enumerate(counted)
-            for dst, n in enumerate(row)
-            if host_of_rank[src] != host_of_rank[dst]
+            n for src, row in enumerate(counted) for dst, n in enumerate(row) if host_of_rank[src] != host_of_rank[dst]
         )
 
     def per_peer(self, phases: PhaseSelection = None) -> list[int]:

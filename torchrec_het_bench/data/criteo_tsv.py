@@ -176,7 +176,9 @@ class CriteoTsvSource(CriteoRowSource):
     ) -> None:
         path_manager = path_manager or PathManager()
         files = [TsvRowFile(p, path_manager) for p in _expand(paths, path_manager)]
-        eval_files = None if eval_paths is None else [TsvRowFile(p, path_manager) for p in _expand(eval_paths, path_manager)]
+        eval_files = (
+            None if eval_paths is None else [TsvRowFile(p, path_manager) for p in _expand(eval_paths, path_manager)]
+        )
         super().__init__(
             files,
             eval_files,

@@ -265,7 +265,9 @@ class SyntheticSequences:
             lengths = torch.full((count,), longest, dtype=torch.int64)
         else:
             spread = longest - shortest + 1
-            lengths = shortest + (hashed_uniform(base + longest + 1, salt) * spread).to(torch.int64).clamp_(max=spread - 1)
+            lengths = shortest + (hashed_uniform(base + longest + 1, salt) * spread).to(torch.int64).clamp_(
+                max=spread - 1
+            )
         sample_of = torch.repeat_interleave(torch.arange(count), lengths)
         starts = torch.cumsum(lengths, 0) - lengths
         position = torch.arange(sample_of.numel()) - starts.index_select(0, sample_of)

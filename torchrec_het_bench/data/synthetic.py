@@ -177,7 +177,9 @@ class SyntheticCriteo:
     def _calibrated_bias(self) -> float:
         """Bias b with mean(sigmoid(b + signal)) = base_ctr on a fixed calibration sample."""
         generator = torch.Generator().manual_seed(splitmix64(self.config.seed, _CALIBRATION_CODE))
-        chunks = [self._sample(generator, _CALIBRATION_CHUNK)[2] for _ in range(_CALIBRATION_SAMPLES // _CALIBRATION_CHUNK)]
+        chunks = [
+            self._sample(generator, _CALIBRATION_CHUNK)[2] for _ in range(_CALIBRATION_SAMPLES // _CALIBRATION_CHUNK)
+        ]
         signal = torch.cat(chunks)
         lo, hi = -40.0, 40.0
         for _ in range(60):

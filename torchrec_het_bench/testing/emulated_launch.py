@@ -17,8 +17,14 @@ from torchrec_het_testing.launched import LaunchedRun
 RDZV_PORT = 29400  # any port: a fresh namespace has no listeners
 
 
-def host_launch_argv(hosts: EmulatedHosts, host: int, nproc_per_node: int, launcher_args: Sequence[str],
-                     target: Sequence[str], rdzv_id: str = "emulated") -> list[str]:
+def host_launch_argv(
+    hosts: EmulatedHosts,
+    host: int,
+    nproc_per_node: int,
+    launcher_args: Sequence[str],
+    target: Sequence[str],
+    rdzv_id: str = "emulated",
+) -> list[str]:
     """The command that runs host ``host``'s launcher in its namespace (``target``: SCRIPT ARGS or -m MODULE ARGS)."""
     return [
         "ip", "netns", "exec", hosts.host_netns(host),
@@ -30,8 +36,15 @@ def host_launch_argv(hosts: EmulatedHosts, host: int, nproc_per_node: int, launc
     ]  # fmt: skip
 
 
-def launch_on_hosts(hosts: EmulatedHosts, nproc_per_node: int, launcher_args: Sequence[str], target: Sequence[str],
-                    cwd: str | Path, log_dir: Path, env: dict[str, str]) -> list[LaunchedRun]:
+def launch_on_hosts(
+    hosts: EmulatedHosts,
+    nproc_per_node: int,
+    launcher_args: Sequence[str],
+    target: Sequence[str],
+    cwd: str | Path,
+    log_dir: Path,
+    env: dict[str, str],
+) -> list[LaunchedRun]:
     """Starts one launcher per host; returns their runs, host 0's first (its stdout has rank 0's lines).
 
     Args:

@@ -29,13 +29,13 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from torchrec_het_bench.table_init import init_tables_by_row
-from torchrec_het_bench.comm.accounting import CommAccountant
 from torchrec_het.config import CacheSettings, HetCacheConfig
-from torchrec_het_bench.data.config import DataConfig, preset_table_sizes
-from torchrec_het_bench.data.synthetic import SyntheticCriteo
 from torchrec_het.sharders import CpuRowWiseEmbeddingBagCollectionSharder, HetEmbeddingBagCollectionSharder
 from torchrec_het.sharding import het_cached_row_wise
+from torchrec_het_bench.comm.accounting import CommAccountant
+from torchrec_het_bench.data.config import DataConfig, preset_table_sizes
+from torchrec_het_bench.data.synthetic import SyntheticCriteo
+from torchrec_het_bench.table_init import init_tables_by_row
 from torchrec_het_testing.host_syncs import count_host_syncs, total
 from torchrec_het_testing.spawn import gloo_rank, spawn_world, write_rank_result
 
@@ -83,7 +83,10 @@ def build(
     apply_optimizer_in_backward(torchrec.optim.RowWiseAdagrad, ebc.parameters(), {"lr": 0.05})
     settings = KINDS[kind]
     if settings is not None:
-        sharder, generator = HetEmbeddingBagCollectionSharder(cache=HetCacheConfig(default=settings)), het_cached_row_wise
+        sharder, generator = (
+            HetEmbeddingBagCollectionSharder(cache=HetCacheConfig(default=settings)),
+            het_cached_row_wise,
+        )
     elif kind == "row_wise":
         sharder, generator = CpuRowWiseEmbeddingBagCollectionSharder(), row_wise
     else:
@@ -91,10 +94,13 @@ def build(
     per_param = {}
     for i, t in enumerate(tables):
         per_param[t.name] = table_wise(rank=i % world_size) if kind == "table_wise" else generator()
-    plan = construct_module_sharding_plan(ebc, per_param_sharding=per_param, world_size=world_size, device_type="cpu",
-                                          sharder=sharder)
+    plan = construct_module_sharding_plan(
+        ebc, per_param_sharding=per_param, world_size=world_size, device_type="cpu", sharder=sharder
+    )
     path = "ebc" if embeddings_only else "model.sparse_arch.embedding_bag_collection"
-    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=ShardingPlan({path: plan}), sharders=[sharder])
+    dmp = DistributedModelParallel(
+        model, device=torch.device("cpu"), plan=ShardingPlan({path: plan}), sharders=[sharder]
+    )
     init_tables_by_row(dmp, tables, 0)
     dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
     if not dense_params:
@@ -109,9 +115,19 @@ def _embedding_module(dmp: DistributedModelParallel):
     return module.ebc if isinstance(module, EmbeddingsOnly) else module.model.sparse_arch.embedding_bag_collection
 
 
-def step_costs(rank: int, world_size: int, kind: str, sizes: list[int], dim: int, batch_size: int,
-               warmup: int, steps: int, where: bool = False, profile: str | None = None,
-               embeddings_only: bool = False) -> dict:
+def step_costs(
+    rank: int,
+    world_size: int,
+    kind: str,
+    sizes: list[int],
+    dim: int,
+    batch_size: int,
+    warmup: int,
+    steps: int,
+    where: bool = False,
+    profile: str | None = None,
+    embeddings_only: bool = False,
+) -> dict:
     """Per measured step (after ``warmup`` steps): host syncs, collectives (forward, backward), seconds.
 
     Returns:
@@ -185,9 +201,19 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str, cases=None) -
     cases = cases or {"kinds": list(KINDS), "sizes": [SMALL_ROWS] * 26, "dim": 8, "batch": 64, "warmup": 3, "steps": 4}
     with gloo_rank(rank, world_size, port, timeout_s=300):
         results = {
-            kind: step_costs(rank, world_size, kind, cases["sizes"], cases["dim"], cases["batch"], cases["warmup"],
-                             cases["steps"], where=cases.get("where", False), profile=cases.get("profile"),
-                             embeddings_only=cases.get("embeddings_only", False))
+            kind: step_costs(
+                rank,
+                world_size,
+                kind,
+                cases["sizes"],
+                cases["dim"],
+                cases["batch"],
+                cases["warmup"],
+                cases["steps"],
+                where=cases.get("where", False),
+                profile=cases.get("profile"),
+                embeddings_only=cases.get("embeddings_only", False),
+            )
             for kind in cases["kinds"]
         }
     write_rank_result(out_dir, rank, results)
@@ -221,17 +247,27 @@ def main() -> None:
     else:
         sizes = list(preset_table_sizes(args.preset))
         dim, batch = (64, 1024) if args.preset == "default" else (16, 256)
-    cases = {"kinds": args.kinds.split(","), "sizes": sizes, "dim": dim, "batch": batch, "warmup": args.warmup,
-             "steps": args.steps, "where": args.where, "profile": args.profile,
-             "embeddings_only": args.embeddings_only}
+    cases = {
+        "kinds": args.kinds.split(","),
+        "sizes": sizes,
+        "dim": dim,
+        "batch": batch,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "where": args.where,
+        "profile": args.profile,
+        "embeddings_only": args.embeddings_only,
+    }
     with tempfile.TemporaryDirectory() as out:
         ranks = spawn_world(WithCases(cases), args.world_size, out)
     for kind in cases["kinds"]:
         r0 = ranks[0][kind]
         med = {k: statistics.median(r0[k]) for k in ("fwd_s", "bwd_s", "step_s", "cpu_s")}
-        print(f"{kind:12s} syncs/step {r0['syncs']} fwd colls {r0['fwd_collectives'][0]} bwd colls "
-              f"{r0['bwd_collectives'][0]}  median fwd {med['fwd_s'] * 1e3:.1f} ms bwd {med['bwd_s'] * 1e3:.1f} ms "
-              f"step {med['step_s'] * 1e3:.1f} ms (cpu {med['cpu_s'] * 1e3:.1f} ms)  {r0['sync_kinds']}")
+        print(
+            f"{kind:12s} syncs/step {r0['syncs']} fwd colls {r0['fwd_collectives'][0]} bwd colls "
+            f"{r0['bwd_collectives'][0]}  median fwd {med['fwd_s'] * 1e3:.1f} ms bwd {med['bwd_s'] * 1e3:.1f} ms "
+            f"step {med['step_s'] * 1e3:.1f} ms (cpu {med['cpu_s'] * 1e3:.1f} ms)  {r0['sync_kinds']}"
+        )
         if args.where:
             for site, n in list(r0["sites"].items())[:40]:
                 print(f"    {n:5d}  {site}")

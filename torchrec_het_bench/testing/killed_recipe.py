@@ -55,7 +55,9 @@ class KillSwitch:
         on_worker = threading.current_thread().name.startswith(WORKER_THREAD)
         if (point == "hybrid_update") != on_worker:
             return
-        sys.stdout.write(f"kill point {point} rank {os.environ.get('RANK')} step {self.steps_begun} pid {os.getpid()}\n")
+        sys.stdout.write(
+            f"kill point {point} rank {os.environ.get('RANK')} step {self.steps_begun} pid {os.getpid()}\n"
+        )
         sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -5,7 +5,6 @@ data_parallel, sets its weights with :func:`init_tables_by_row`, and compares th
 pooled output of a batch with the unsharded computation from :func:`table_rows`.
 """
 
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

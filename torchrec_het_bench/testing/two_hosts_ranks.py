@@ -20,7 +20,13 @@ import torch
 
 from torchrec_het.planner import ProfileTiers
 from torchrec_het_bench.comm import EMBEDDING_PHASES, CommAccountant, sum_over_ranks
-from torchrec_het_testing.equivalence import EquivalenceCase, case_batches, case_profile, case_topology, sharded_vs_unsharded
+from torchrec_het_testing.equivalence import (
+    EquivalenceCase,
+    case_batches,
+    case_profile,
+    case_topology,
+    sharded_vs_unsharded,
+)
 from torchrec_het_testing.settings import ReplicaSettings
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
 
@@ -35,8 +41,9 @@ CASES = {
     "per_host_sequences": EquivalenceCase("sequences", REP, PER_HOST, **TWO_HOSTS),
     "per_host_sequences_sparse_dist": EquivalenceCase("sequences", REP, PER_HOST, pipeline="sparse_dist", **TWO_HOSTS),
     "per_host_sequences_hybrid_k2": EquivalenceCase("sequences", REP, PER_HOST, pipeline="hybrid_k2", **TWO_HOSTS),
-    "per_host_hybrid_k2": EquivalenceCase("torchrec", REP, ReplicaSettings(hot=4, per_host=3), pipeline="hybrid_k2",
-                                          **TWO_HOSTS),  # fmt: skip
+    "per_host_hybrid_k2": EquivalenceCase(
+        "torchrec", REP, ReplicaSettings(hot=4, per_host=3), pipeline="hybrid_k2", **TWO_HOSTS
+    ),  # fmt: skip
     "hierarchical": EquivalenceCase("bags", REP, ReplicaSettings(hot=12), **TWO_HOSTS),
     "flat": EquivalenceCase("bags", REP, ReplicaSettings(hot=12), world_size=4),
     "profiled": EquivalenceCase("bags", REP, ReplicaSettings(from_profile=True), **TWO_HOSTS),  # a per-host tier too

@@ -16,7 +16,9 @@ import torch.distributed as dist
 class Exchange:
     """One started exchange (forward), and the state its backward needs."""
 
-    def __init__(self, send_splits: list[int], recv_splits: list[int], pg, wire: torch.dtype, local_only: bool, rank: int):
+    def __init__(
+        self, send_splits: list[int], recv_splits: list[int], pg, wire: torch.dtype, local_only: bool, rank: int
+    ):
         self.send_splits, self.recv_splits, self.pg, self.wire = send_splits, recv_splits, pg, wire
         self.local_only, self.rank = local_only, rank
         self.work = None
@@ -101,7 +103,9 @@ def exchange_counts(counts: torch.Tensor, pg: dist.ProcessGroup | None) -> torch
     """
     world_size, k = counts.shape
     received = torch.empty_like(counts)
-    dist.all_to_all_single(received.view(-1), counts.contiguous().view(-1), [k] * world_size, [k] * world_size, group=pg)
+    dist.all_to_all_single(
+        received.view(-1), counts.contiguous().view(-1), [k] * world_size, [k] * world_size, group=pg
+    )
     return received
 
 

@@ -152,7 +152,9 @@ def flatten_batch(
         raise NotImplementedError(f"{type_name} does not support variable batch sizes per feature")
     lengths, values, n = features.lengths(), features.values(), features.values().numel()
     bags = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths, output_size=n)
-    per_position = lengths.view(len(features.keys()), features.stride()).sum(1)  # cheaper than indexing by bags // batch
+    per_position = lengths.view(len(features.keys()), features.stride()).sum(
+        1
+    )  # cheaper than indexing by bags // batch
     return bags, values.long() + torch.repeat_interleave(position_base, per_position, output_size=n)
 
 

@@ -137,7 +137,11 @@ def _pool(part: Part) -> torch.Tensor:
         s = sources[0]
         order, offsets = s.bag_order
         out = F.embedding_bag(
-            s.slots.index_select(0, order), s.rows, offsets, mode="sum", include_last_offset=True,
+            s.slots.index_select(0, order),
+            s.rows,
+            offsets,
+            mode="sum",
+            include_last_offset=True,
             per_sample_weights=None if s.weights is None else s.weights.index_select(0, order),
         )
     else:
@@ -183,7 +187,11 @@ def _row_grads(source: Source, bag_grads: torch.Tensor, scale: float) -> torch.T
     if source.row_order is not None:
         order, offsets = source.row_order
         grads = F.embedding_bag(
-            source.bags.index_select(0, order), bag_grads, offsets, mode="sum", include_last_offset=True,
+            source.bags.index_select(0, order),
+            bag_grads,
+            offsets,
+            mode="sum",
+            include_last_offset=True,
             per_sample_weights=None if source.weights is None else source.weights.index_select(0, order),
         )
         slots = None

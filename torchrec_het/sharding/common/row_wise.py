@@ -51,7 +51,10 @@ class StagedSharding:
             if device is not None:
                 arguments["device"] = device
             self._lookup = self.lookup_class(
-                feature_names=self.feature_names(), config=self._config, shards_by_table=self.shards_by_table, **arguments
+                feature_names=self.feature_names(),
+                config=self._config,
+                shards_by_table=self.shards_by_table,
+                **arguments,
             )
         return self._lookup
 

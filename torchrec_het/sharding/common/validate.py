@@ -65,7 +65,9 @@ class FeatureCheck:
             raise ValueError(f"{weights.numel()} weights for {values.numel()} ids")
         if variable:
             key_of_length = torch.repeat_interleave(torch.arange(len(keys)), torch.tensor(strides)).to(lengths.device)
-            totals = torch.zeros(len(keys), dtype=lengths.dtype, device=lengths.device).index_add_(0, key_of_length, lengths)
+            totals = torch.zeros(len(keys), dtype=lengths.dtype, device=lengths.device).index_add_(
+                0, key_of_length, lengths
+            )
         else:
             totals = lengths.view(len(keys), -1).sum(1)
         key_of_value = torch.repeat_interleave(torch.arange(len(keys), device=totals.device), totals.clamp(min=0))
@@ -133,7 +135,7 @@ def _name_the_problem(keys: list[str], lengths_by_key, values: torch.Tensor, row
             raise ValueError(f"feature {key!r}: negative lengths")
     if sum(totals) != values.numel():
         end = 0
-        for key, total in zip(keys, totals):
+        for key, total in zip(keys, totals):  # noqa: B007 (key: the feature the message names, after the loop)
             end += total
             if end > values.numel():
                 break

@@ -122,7 +122,11 @@ class _RequestSplits(Awaitable[Awaitable[KeyedJaggedTensor]]):
         batch.local_only = not any(table[s][d] for s in range(ws) for d in range(ws))  # a requester never asks itself
         requests = torch.stack([batch.ids, batch.held], 1).view(-1)
         exchange = start_exchange(
-            requests, [2 * c for c in batch.send_splits], [2 * c for c in batch.recv_splits], self.dist.pg, torch.int64,
+            requests,
+            [2 * c for c in batch.send_splits],
+            [2 * c for c in batch.recv_splits],
+            self.dist.pg,
+            torch.int64,
             batch.local_only,
         )
         if self.dist._lookup[0].ahead:  # the owners answer now; the rows' all-to-all runs while the caller goes on
@@ -164,12 +168,15 @@ class HetRowsDist(BaseEmbeddingDist):
         self._lookup = [lookup]
         self.pg = lookup.exchange_pg
 
-    def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[CachedBatch]) -> Awaitable[torch.Tensor]:  # noqa: ARG002
+    def forward(
+        self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[CachedBatch]
+    ) -> Awaitable[torch.Tensor]:  # noqa: ARG002
         lookup, batch, training = self._lookup[0], sharding_ctx.batch, sharding_ctx.training
         if lookup.ahead:  # fetched in the input dist: only local work is left
             return _Settled(lookup, batch, training)
-        exchange = start_exchange(batch.current, batch.recv_splits, batch.send_splits, self.pg, torch.int64,
-                                  batch.local_only)
+        exchange = start_exchange(
+            batch.current, batch.recv_splits, batch.send_splits, self.pg, torch.int64, batch.local_only
+        )
         return _FetchedBags(self, batch, training, exchange)
 
 

@@ -11,9 +11,9 @@ as small index tensors: a step runs no Python loop over tables or features.
 
 import torch
 
+from torchrec_het._tbe import square_width
 from torchrec_het.cache import RowCache
 from torchrec_het.config import CacheSettings
-from torchrec_het._tbe import square_width
 from torchrec_het.sharding.common.id_space import FusedIdSpace, TableInfo, tensors_to
 from torchrec_het.sharding.het_cache.stats import GroupStats
 
@@ -30,17 +30,26 @@ class HetGroup(FusedIdSpace):
         device: where every index, the cache and the counters live.
     """
 
-    def __init__(self, tables: list[TableInfo], dim: int, settings: CacheSettings, rank: int, world_size: int,
-                 device: torch.device | None = None):
+    def __init__(
+        self,
+        tables: list[TableInfo],
+        dim: int,
+        settings: CacheSettings,
+        rank: int,
+        world_size: int,
+        device: torch.device | None = None,
+    ):
         super().__init__(tables, dim, rank, world_size)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.settings = settings
         local_rows = self.local_offsets[1:] - self.local_offsets[:-1]
-        capacities = [
-            min(settings.capacity_rows(t.num_rows), t.num_rows - int(n)) for t, n in zip(tables, local_rows)
-        ]
+        capacities = [min(settings.capacity_rows(t.num_rows), t.num_rows - int(n)) for t, n in zip(tables, local_rows)]
         self.cache = RowCache(
-            int(self.offsets[-1]), dim, capacities, policy=settings.policy, partition_ends=self.offsets[1:].tolist(),
+            int(self.offsets[-1]),
+            dim,
+            capacities,
+            policy=settings.policy,
+            partition_ends=self.offsets[1:].tolist(),
             device=self.device,
         )
         self.versions = torch.zeros(int(self.local_offsets[-1]), dtype=torch.int64)
@@ -69,9 +78,9 @@ class HetGroup(FusedIdSpace):
         self.positions = torch.tensor(positions, dtype=torch.int64)
         self.feature_offset = self.offsets[self.feature_table]  # fused id of row 0 of each feature's table
         self.all_features = positions == list(range(num_features))
-        self.columns = (
-            torch.tensor(columns, dtype=torch.int64).unsqueeze(1) + torch.arange(self.dim)
-        ).view(-1)  # [features * dim] output columns, feature-major
+        self.columns = (torch.tensor(columns, dtype=torch.int64).unsqueeze(1) + torch.arange(self.dim)).view(
+            -1
+        )  # [features * dim] output columns, feature-major
         self.contiguous = bool(columns) and self.columns.tolist() == list(
             range(columns[0], columns[0] + len(columns) * self.dim)
         )

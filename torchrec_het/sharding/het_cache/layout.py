@@ -25,8 +25,9 @@ class GroupLayout:
         device: where the indexes live.
     """
 
-    def __init__(self, groups: list[HetGroup], features: list[str], positions: dict[str, list[int]],
-                 device: torch.device) -> None:
+    def __init__(
+        self, groups: list[HetGroup], features: list[str], positions: dict[str, list[int]], device: torch.device
+    ) -> None:
         self.groups, self.features = groups, features
         dims = [0] * len(features)
         for g in groups:
@@ -48,7 +49,9 @@ class GroupLayout:
             self.position_local[g.positions] = torch.arange(g.positions.numel(), device=device)
         sizes = [int(g.offsets[-1]) for g in groups]
         self.group_base = torch.tensor([sum(sizes[:i]) for i in range(len(sizes))], dtype=torch.int64, device=device)
-        self.group_ends = torch.tensor([sum(sizes[: i + 1]) for i in range(len(sizes))], dtype=torch.int64, device=device)
+        self.group_ends = torch.tensor(
+            [sum(sizes[: i + 1]) for i in range(len(sizes))], dtype=torch.int64, device=device
+        )
 
     def split(self, features: KeyedJaggedTensor) -> Iterator[tuple]:
         """Per group of a batch: (index, group, fused ids, bags, weights or None, ``[F, B]`` lengths,
@@ -65,16 +68,27 @@ class GroupLayout:
             for index, g in enumerate(self.groups):
                 yield index, g, values, bags, weights, lengths, per_feature
             return
-        value_group = torch.repeat_interleave(self.value_group, per_feature, output_size=values.numel()) if self.groups else None
+        value_group = (
+            torch.repeat_interleave(self.value_group, per_feature, output_size=values.numel()) if self.groups else None
+        )
         for index, g in enumerate(self.groups):
             chosen = (value_group == index).nonzero().flatten()
             gids, gbags = values.index_select(0, chosen), bags.index_select(0, chosen)
             gbags = self.position_local.index_select(0, gbags // batch) * batch + gbags % batch
             w = weights.index_select(0, chosen) if weights is not None else None
-            yield index, g, gids, gbags, w, lengths.index_select(0, g.positions), per_feature.index_select(0, g.positions)
+            yield (
+                index,
+                g,
+                gids,
+                gbags,
+                w,
+                lengths.index_select(0, g.positions),
+                per_feature.index_select(0, g.positions),
+            )
 
-    def pooled(self, batch: CachedBatch, anchor: torch.Tensor,
-               write_back: Callable[[CachedBatch, list], None]) -> torch.Tensor:
+    def pooled(
+        self, batch: CachedBatch, anchor: torch.Tensor, write_back: Callable[[CachedBatch, list], None]
+    ) -> torch.Tensor:
         """The ``[batch, width]`` output: per group, its bags pooled from the rows read this step
         (one ``embedding_bag``, columns ``g.columns``); the backward's row gradients (one more)
         go to ``write_back(batch, row gradients per group)`` (which scales them)."""
@@ -84,8 +98,13 @@ class GroupLayout:
             if read.bags is None:  # else ``prefetch`` built the bag order
                 protocol.sample_major(read)
             source = Source(
-                read.rows, read.bags, read.inverse, read.weights, sink=lambda _, grad, i=index: grads.__setitem__(i, grad),
-                bag_order=(read.by_bag, read.bag_offsets), row_order=(read.by_row, bag_offsets(read.uses)),
+                read.rows,
+                read.bags,
+                read.inverse,
+                read.weights,
+                sink=lambda _, grad, i=index: grads.__setitem__(i, grad),
+                bag_order=(read.by_bag, read.bag_offsets),
+                row_order=(read.by_row, bag_offsets(read.uses)),
             )
             divisors = bag_divisors(read.lengths, g.feature_is_mean).t().reshape(-1, 1) if g.has_mean else None
             columns = None if self.single else g.columns

@@ -79,8 +79,16 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         env: sharding environment.
     """
 
-    def __init__(self, grouped_configs, feature_names: list[str], pg, config: dict[str, CacheSettings], shards_by_table,
-                 device=None, env=None) -> None:
+    def __init__(
+        self,
+        grouped_configs,
+        feature_names: list[str],
+        pg,
+        config: dict[str, CacheSettings],
+        shards_by_table,
+        device=None,
+        env=None,
+    ) -> None:
         super().__init__(
             grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
         )
@@ -91,7 +99,9 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         self._features = list(feature_names)
         self._step = 0
         self.prefetched_batches = 0  # batches ``prefetch`` prepared
-        self._anchor = torch.zeros(1, device=self._compute_device, requires_grad=True)  # lets backward reach the write path
+        self._anchor = torch.zeros(
+            1, device=self._compute_device, requires_grad=True
+        )  # lets backward reach the write path
         self.owned_rows = OwnedRows(lookup_kernels(self), self._compute_device)
         self._build_groups(config, shards_by_table)
 
@@ -115,14 +125,17 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         if position != len(self._features):
             raise ValueError(f"the lookup's tables read {position} features, its input has {len(self._features)}")
         self._groups = [
-            HetGroup(tables, dim, settings, self._rank, self._ws, self._compute_device) for (dim, settings), tables in by_key.items()
+            HetGroup(tables, dim, settings, self._rank, self._ws, self._compute_device)
+            for (dim, settings), tables in by_key.items()
         ]
         device = self._compute_device
         self.layout = GroupLayout(self._groups, self._features, positions, device)
         self._bounds, self._bounds_ahead, self.ahead = protocol.read_bounds(self._groups, self._ws, device)
         for m in lookup_kernels(self):
             _tbe.optimizer_kind(m.emb_module)  # a clear error now for an optimizer the write path cannot step
-        self.pushes = HetPushes(self._groups, lookup_kernels(self), self._rank, self._ws, device, HetPushDist(self.exchange_pg))
+        self.pushes = HetPushes(
+            self._groups, lookup_kernels(self), self._rank, self._ws, device, HetPushDist(self.exchange_pg)
+        )
         self._fetch_widths = torch.tensor([g.fetch_width for g in self._groups], dtype=torch.int64, device=device)
 
     @property
@@ -183,12 +196,24 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         dest_all = torch.cat([empty] + dest)
         order = torch.sort(dest_all, stable=True).indices  # by owner, then group, then id
         pick = lambda parts: torch.cat([empty] + parts).index_select(0, order)  # noqa: E731
-        return CachedBatch(step, sparse_features.stride(), reads, pick(ids), pick(held), dest_all.index_select(0, order), pick(group), pick(at))
+        return CachedBatch(
+            step,
+            sparse_features.stride(),
+            reads,
+            pick(ids),
+            pick(held),
+            dest_all.index_select(0, order),
+            pick(group),
+            pick(at),
+        )
 
     # --- prefetch and lookup: local compute -------------------------------------------------
 
     def prefetch(
-        self, sparse_features: KeyedJaggedTensor, forward_stream=None, sharding_ctx: HetShardingContext[CachedBatch] | None = None,
+        self,
+        sparse_features: KeyedJaggedTensor,
+        forward_stream=None,
+        sharding_ctx: HetShardingContext[CachedBatch] | None = None,
     ) -> None:  # noqa: ARG002
         """What ``PrefetchTrainPipelineSparseDist`` calls for batch i+1 after the forward of batch i
         and before its backward: the bag orders the pooling needs (a pure function of the batch)
@@ -202,7 +227,9 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
                 protocol.sample_major(read)
         self.prefetched_batches += 1
 
-    def forward(self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[CachedBatch]) -> torch.Tensor:  # noqa: ARG002
+    def forward(
+        self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[CachedBatch]
+    ) -> torch.Tensor:  # noqa: ARG002
         """Owner side: the current version of every requested row, and the rows the rule sends
         (flat, in request order), which the output dist carries back. Fetching ahead, the input
         dist has done all of it: nothing is left here but the previous backward's pushes.
@@ -221,7 +248,8 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         gid, held = received[:, 0].contiguous(), received[:, 1]  # bucketize wants contiguous ids
         group = torch.bucketize(gid, self.layout.group_ends, right=True)
         source = torch.repeat_interleave(
-            torch.arange(self._ws, device=self._compute_device), torch.tensor(batch.recv_splits, device=self._compute_device),
+            torch.arange(self._ws, device=self._compute_device),
+            torch.tensor(batch.recv_splits, device=self._compute_device),
             output_size=gid.numel(),
         )
         current = torch.empty_like(held)
@@ -242,10 +270,14 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             sent_group = group.index_select(0, sent)
             by_group = torch.sort(sent_group, stable=True).indices  # group-major position -> request order
             rows = [
-                self.owned_rows.fetched(g, gid.index_select(0, sent[sent_group == index]) - self.layout.group_base[index])
+                self.owned_rows.fetched(
+                    g, gid.index_select(0, sent[sent_group == index]) - self.layout.group_base[index]
+                )
                 for index, g in enumerate(self._groups)
             ]
-            place = torch.empty_like(by_group).index_copy_(0, by_group, torch.arange(by_group.numel(), device=self._compute_device))
+            place = torch.empty_like(by_group).index_copy_(
+                0, by_group, torch.arange(by_group.numel(), device=self._compute_device)
+            )
             batch.payload = flatten_rows(rows, place, widths.index_select(0, sent).index_select(0, by_group))
 
     # --- fetching ahead: the owners' side in the input dist ---------------------------------
@@ -278,14 +310,18 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         batch.push_counts = self._reserve(batch, rescans, training)
         widths = torch.where(batch.brings, self._fetch_widths.index_select(0, batch.group), 0)
         starts = torch.cumsum(widths, 0) - widths
-        self._settle(batch, batch.rows_received, starts, batch.step - 1, training)  # answered before the previous pushes
+        self._settle(
+            batch, batch.rows_received, starts, batch.step - 1, training
+        )  # answered before the previous pushes
         batch.pull_counts = None  # exchanged with the pushes
         batch.rows_received = None
         return self._pooled(batch)
 
     # --- output dist: the requester's side ---------------------------------------------------
 
-    def rows_request(self, batch: CachedBatch, replies: torch.Tensor, training: bool) -> tuple[torch.Tensor, list[int], list[int]]:
+    def rows_request(
+        self, batch: CachedBatch, replies: torch.Tensor, training: bool
+    ) -> tuple[torch.Tensor, list[int], list[int]]:
         """Requester side, once the owners' versions came: which rows come, slots for them, and what
         goes out in the rows' exchange: to each rank a header (how many gradients this rank will push
         to it in the backward, per group), then the rows it asked for. Returns (what to send, send
@@ -296,16 +332,21 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         batch.rows_in = torch.bincount(batch.dest[brings], widths[brings], minlength=ws).long()
         batch.replies, batch.brings = replies, brings
         batch.writes = training and torch.is_grad_enabled()
-        rescans = self._plan_slots(batch, brings, training, [batch.rows_out, batch.rows_in])  # the output dist's one host sync
+        rescans = self._plan_slots(
+            batch, brings, training, [batch.rows_out, batch.rows_in]
+        )  # the output dist's one host sync
         rows_out, rows_in = rescans[:ws], rescans[ws : 2 * ws]
         push_counts = self._reserve(batch, rescans[2 * ws :], training)
         header = push_counts.to(torch.int32).view(torch.float32)  # [ws, heads]
         payload = batch.payload
-        payload_rank = torch.repeat_interleave(torch.arange(ws, device=device), batch.rows_out, output_size=payload.numel())
+        payload_rank = torch.repeat_interleave(
+            torch.arange(ws, device=device), batch.rows_out, output_size=payload.numel()
+        )
         send = torch.empty(payload.numel() + heads * ws, device=device)
         send.index_copy_(0, torch.arange(payload.numel(), device=device) + heads * (payload_rank + 1), payload)
         head_at = (torch.cumsum(batch.rows_out + heads, 0) - batch.rows_out - heads).unsqueeze(1) + torch.arange(
-            heads, device=device)
+            heads, device=device
+        )
         send.index_copy_(0, head_at.reshape(-1), header.reshape(-1))
         return send, [heads + r for r in rows_out], [heads + r for r in rows_in]
 
@@ -315,7 +356,8 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         ws, groups, device = self._ws, len(self._groups), self._compute_device
         heads = max(groups, 1)
         head_in = (torch.cumsum(batch.rows_in + heads, 0) - batch.rows_in - heads).unsqueeze(1) + torch.arange(
-            heads, device=device)
+            heads, device=device
+        )
         pull_counts = received.index_select(0, head_in.reshape(-1)).view(torch.int32).long().view(ws, heads)
         widths = torch.where(batch.brings, self._fetch_widths.index_select(0, batch.group), 0)
         starts = torch.cumsum(widths, 0) - widths + heads * (batch.dest + 1)  # where each brought row starts
@@ -323,8 +365,9 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         batch.pull_counts = pull_counts[:, :groups]
         return self._pooled(batch)
 
-    def _plan_slots(self, batch: CachedBatch, brings: torch.Tensor, training: bool,
-                    read_along: list[torch.Tensor] | None = None) -> list[int]:
+    def _plan_slots(
+        self, batch: CachedBatch, brings: torch.Tensor, training: bool, read_along: list[torch.Tensor] | None = None
+    ) -> list[int]:
         """Per group, the slot plan (:func:`~torchrec_het.sharding.het_cache.protocol.plan_slots`);
         returns ``read_along`` and each group's rescan decision, read in one host sync."""
         batch.slot_plans = [
@@ -345,8 +388,12 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
                 self.pushes.plan(index, read, False)
                 continue
             new_slots, dirty, evicted = g.cache.reserve(
-                plan.missing_ids, batch.held.index_select(0, plan.mine.index_select(0, plan.missing)),
-                batch.step - (1 if self.ahead else 0), protect=plan.protect, check=False, rescan=bool(rescans[index]),
+                plan.missing_ids,
+                batch.held.index_select(0, plan.mine.index_select(0, plan.missing)),
+                batch.step - (1 if self.ahead else 0),
+                protect=plan.protect,
+                check=False,
+                rescan=bool(rescans[index]),
             )
             read.slots.index_copy_(0, plan.asked.index_select(0, plan.missing), new_slots)
             read.uncached = read.remote.index_select(0, plan.asked.index_select(0, plan.missing[new_slots < 0]))
@@ -358,17 +405,21 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             push_counts[:, index] = read.push_counts
         return push_counts
 
-    def _settle(self, batch: CachedBatch, received: torch.Tensor, starts: torch.Tensor, validated: int,
-                training: bool) -> None:
+    def _settle(
+        self, batch: CachedBatch, received: torch.Tensor, starts: torch.Tensor, validated: int, training: bool
+    ) -> None:
         """Each group's settle (:func:`~torchrec_het.sharding.het_cache.protocol.settle`) with the rows
         that came (``received``; each brought row's first float at ``starts``)."""
         keep_pinned = self.pushes.batches_ahead and training and torch.is_grad_enabled()
         for g, read, plan in zip(self._groups, batch.reads, batch.slot_plans):
-            at = starts.index_select(0, plan.mine[plan.brings]).unsqueeze(1) + torch.arange(g.fetch_width, device=self._compute_device)
+            at = starts.index_select(0, plan.mine[plan.brings]).unsqueeze(1) + torch.arange(
+                g.fetch_width, device=self._compute_device
+            )
             rows = received.index_select(0, at.reshape(-1)).view(-1, g.fetch_width)
             owned = self.owned_rows.read(g, read.uniq.index_select(0, read.local))
-            protocol.settle(g, read, plan, batch.replies.index_select(0, plan.mine), rows, owned, validated, training,
-                            keep_pinned)
+            protocol.settle(
+                g, read, plan, batch.replies.index_select(0, plan.mine), rows, owned, validated, training, keep_pinned
+            )
         batch.slot_plans = None
 
     def _pooled(self, batch: CachedBatch) -> torch.Tensor:

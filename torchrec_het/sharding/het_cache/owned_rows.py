@@ -26,7 +26,9 @@ class OwnedRows:
         """Drops the views (after a load the kernels may hold new buffers)."""
         self.views = {}
 
-    def view(self, module_index: int, g: HetGroup, prefix: str = _tbe.WEIGHTS) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def view(
+        self, module_index: int, g: HetGroup, prefix: str = _tbe.WEIGHTS
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(``[rows, width]`` view of a kernel's flat ``prefix`` buffer (``_tbe.WEIGHTS``: width ``dim``;
         ``_tbe.STATE``: the optimizer state's width), first row there of each of its tables) for the
         group's tables in that kernel, or None (then they are read table by table)."""

@@ -20,7 +20,9 @@ from torchrec_het.sharding.het_cache.batch import CachedBatch, GroupRead, SlotPl
 from torchrec_het.sharding.het_cache.groups import HetGroup
 
 
-def read_bounds(groups: list[HetGroup], world_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool]:
+def read_bounds(
+    groups: list[HetGroup], world_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(each group's bound on a held copy's lag; the same when the owners answer one step early;
     whether they may: ``ahead``).
 
@@ -34,13 +36,15 @@ def read_bounds(groups: list[HetGroup], world_size: int, device: torch.device) -
     ``lease`` (bound in steps): the owner's answer counts as given at the step before, so a lease
     never outlives ``s_read``.
     """
-    bounds = torch.tensor([g.settings.s_read if g.settings.protocol == "het" else 0 for g in groups],
-                          dtype=torch.int64, device=device)
+    bounds = torch.tensor(
+        [g.settings.s_read if g.settings.protocol == "het" else 0 for g in groups], dtype=torch.int64, device=device
+    )
     margins = [world_size * (g.settings.s_write + 1) if g.settings.protocol == "het" else 1 for g in groups]
     ahead = bool(groups) and all(g.settings.s_read >= m for g, m in zip(groups, margins))
     bounds_ahead = torch.tensor(
         [g.settings.s_read - m if g.settings.protocol == "het" else 0 for g, m in zip(groups, margins)],
-        dtype=torch.int64, device=device,
+        dtype=torch.int64,
+        device=device,
     )
     return bounds, bounds_ahead, ahead
 
@@ -78,8 +82,9 @@ def sends(held: torch.Tensor, current: torch.Tensor, bounds: torch.Tensor) -> to
     return (held < 0) | (current - held > bounds)
 
 
-def plan_slots(g: HetGroup, read: GroupRead, batch: CachedBatch, index: int, brings: torch.Tensor,
-               training: bool) -> SlotPlan:
+def plan_slots(
+    g: HetGroup, read: GroupRead, batch: CachedBatch, index: int, brings: torch.Tensor, training: bool
+) -> SlotPlan:
     """Requester side, once the owners' versions are known: the group's requests, their slots now, the
     rows that come without a slot, and (training) whether caching them needs a rescan."""
     mine = (batch.group == index).nonzero().flatten()
@@ -97,8 +102,17 @@ def plan_slots(g: HetGroup, read: GroupRead, batch: CachedBatch, index: int, bri
     return SlotPlan(mine, asked, held_slots, group_brings, missing, missing_ids, protect, shortfall)
 
 
-def settle(g: HetGroup, read: GroupRead, plan: SlotPlan, versions: torch.Tensor, rows: torch.Tensor,
-           owned: torch.Tensor, validated: int, training: bool, keep_pinned: bool) -> torch.Tensor:
+def settle(
+    g: HetGroup,
+    read: GroupRead,
+    plan: SlotPlan,
+    versions: torch.Tensor,
+    rows: torch.Tensor,
+    owned: torch.Tensor,
+    validated: int,
+    training: bool,
+    keep_pinned: bool,
+) -> torch.Tensor:
     """Requester side: the rows of the batch (``read.rows``), the cache settled, the counters counted.
 
     Training refreshes stale copies, fills new rows, renews leases and records the uses; evaluation
@@ -135,8 +149,13 @@ def settle(g: HetGroup, read: GroupRead, plan: SlotPlan, versions: torch.Tensor,
     missing_rows = row_of.index_select(0, missing)
     fetched = rows.index_select(0, missing_rows)
     if training:
-        cache.refresh(held_slots.index_select(0, stale), rows.index_select(0, stale_rows),
-                      versions.index_select(0, stale), validated, states.index_select(0, stale_rows))
+        cache.refresh(
+            held_slots.index_select(0, stale),
+            rows.index_select(0, stale_rows),
+            versions.index_select(0, stale),
+            validated,
+            states.index_select(0, stale_rows),
+        )
         new_slots = read.slots.index_select(0, asked.index_select(0, missing))
         cache.fill(new_slots, fetched, states.index_select(0, missing_rows))
         cache.versions.index_copy_(0, new_slots[new_slots >= 0], versions.index_select(0, missing)[new_slots >= 0])
@@ -157,7 +176,8 @@ def settle(g: HetGroup, read: GroupRead, plan: SlotPlan, versions: torch.Tensor,
     out.index_copy_(0, read.remote.index_select(0, cached), cache.values.index_select(0, cached_slots))
     if not training:
         refreshed = rows.index_select(0, stale_rows).to(cache.values.dtype) + cache.pending_delta.index_select(
-            0, held_slots.index_select(0, stale))
+            0, held_slots.index_select(0, stale)
+        )
         out.index_copy_(0, read.remote.index_select(0, asked.index_select(0, stale)), refreshed)
     out.index_copy_(0, read.uncached, fetched)
     read.rows = out
@@ -178,8 +198,11 @@ def sample_major(read: GroupRead) -> None:
     by_feature = read.value_bags
     bags = by_feature % batch * features + by_feature // batch
     starts = bag_offsets(read.lengths.t())  # of the sample-major bags
-    position = starts.index_select(0, bags) + torch.arange(n, device=device) - bag_offsets(read.lengths).index_select(
-        0, by_feature)
+    position = (
+        starts.index_select(0, bags)
+        + torch.arange(n, device=device)
+        - bag_offsets(read.lengths).index_select(0, by_feature)
+    )
     read.bags = bags
     read.by_bag = torch.empty_like(position).index_copy_(0, position, torch.arange(n, device=device))
     read.bag_offsets = starts

@@ -38,13 +38,16 @@ class HetPushes:
         wire: the push dist that carries the exchanges (``counts``, ``start``, ``exchange``).
     """
 
-    def __init__(self, groups: list[HetGroup], kernels: nn.ModuleList, rank: int, world_size: int,
-                 device: torch.device, wire) -> None:
+    def __init__(
+        self, groups: list[HetGroup], kernels: nn.ModuleList, rank: int, world_size: int, device: torch.device, wire
+    ) -> None:
         self.groups, self.kernels, self.rank, self.world_size, self.device = groups, kernels, rank, world_size, device
         self.wire = wire
         self.outbox: list[list[PendingRows]] = [[] for _ in groups]  # per group: evicted dirty rows not pushed yet
         self.awaiting: deque[CachedBatch] = deque()  # settled batches whose backward is due, oldest first
-        self.in_flight: tuple[Awaitable[torch.Tensor], torch.Tensor] | None = None  # (the last backward's pushes, pull counts)
+        self.in_flight: tuple[Awaitable[torch.Tensor], torch.Tensor] | None = (
+            None  # (the last backward's pushes, pull counts)
+        )
         self.batches_ahead = False  # later batches may settle before a backward (the hybrid pipeline)
         for g in groups:
             found = {_tbe.optimizer_kind(kernels[m].emb_module) for m in g.modules}
@@ -115,7 +118,9 @@ class HetPushes:
         while self.awaiting and self.awaiting[0] is not batch:  # older batches that got no backward
             self.requeue(self.awaiting.popleft())
         if not self.awaiting:
-            raise RuntimeError("het_cached_row_wise: a backward must follow its own forward before the next forward runs")
+            raise RuntimeError(
+                "het_cached_row_wise: a backward must follow its own forward before the next forward runs"
+            )
         self.awaiting.popleft()
         self.apply_arrived()  # a backward with no forward since the last (a pipeline's last batches): apply those first
         scale = 1.0 / self.world_size if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
@@ -137,14 +142,22 @@ class HetPushes:
                 read.pinned = read.pinned[:0]
             else:
                 due = g.cache.take(read.due)
-            pending = PendingRows.concat([
-                PendingRows(read.uniq.index_select(0, read.local), grad.index_select(0, read.local),
-                            torch.ones_like(read.local)),
-                PendingRows(read.uniq.index_select(0, read.uncached), grad.index_select(0, read.uncached),
-                            torch.ones_like(read.uncached)),
-                due,
-                *read.outbox,
-            ])
+            pending = PendingRows.concat(
+                [
+                    PendingRows(
+                        read.uniq.index_select(0, read.local),
+                        grad.index_select(0, read.local),
+                        torch.ones_like(read.local),
+                    ),
+                    PendingRows(
+                        read.uniq.index_select(0, read.uncached),
+                        grad.index_select(0, read.uncached),
+                        torch.ones_like(read.uncached),
+                    ),
+                    due,
+                    *read.outbox,
+                ]
+            )
             dest = g.owner_of(pending.ids)
             g.stats.add("rows_pushed", g.table_of(pending.ids[dest != self.rank]))
             packed.append(pack_push(pending, g.held_kind))
@@ -173,8 +186,9 @@ class HetPushes:
         if g.held_kind is None:
             return -lr * grad
         weight = g.cache.values.index_select(0, slots)
-        new, _ = _tbe.step_rows(g.held_kind, weight, g.cache.known_states(slots), grad, lr,
-                                g.eps.index_select(0, tables).unsqueeze(1))
+        new, _ = _tbe.step_rows(
+            g.held_kind, weight, g.cache.known_states(slots), grad, lr, g.eps.index_select(0, tables).unsqueeze(1)
+        )
         return new - weight
 
     def learning_rates(self, g: HetGroup) -> torch.Tensor:
@@ -214,8 +228,14 @@ class HetPushes:
         self.apply(g, ids, grads, updates, beyond if beyond.size(1) else None)
 
     @torch.no_grad()
-    def apply(self, g: HetGroup, ids: torch.Tensor, grads: torch.Tensor, updates: torch.Tensor,
-              beyond: torch.Tensor | None = None) -> None:
+    def apply(
+        self,
+        g: HetGroup,
+        ids: torch.Tensor,
+        grads: torch.Tensor,
+        updates: torch.Tensor,
+        beyond: torch.Tensor | None = None,
+    ) -> None:
         """Owner side: one fused-optimizer step per owned row with the summed gradient; versions move on.
 
         Adagrad family: a push of k held updates carries their squares beyond the square of
@@ -235,7 +255,9 @@ class HetPushes:
                 step, mine_rows = grads.index_select(0, mine), rows.index_select(0, mine)
                 mine_tables, mine_updates = tables.index_select(0, mine), updates.index_select(0, mine)
                 mine_beyond = beyond.index_select(0, mine) if beyond is not None else None
-            _tbe.apply_rows(tbe, g.kernel_table.index_select(0, mine_tables), mine_rows, step, mine_beyond, mine_updates)
+            _tbe.apply_rows(
+                tbe, g.kernel_table.index_select(0, mine_tables), mine_rows, step, mine_beyond, mine_updates
+            )
         g.versions.index_add_(0, g.local_index_of(ids), updates)
         g.stats.add_mass("grad_applied", tables, grads)
 
@@ -272,8 +294,11 @@ class HetPushes:
 def pack_push(pending: PendingRows, kind: str | None = None) -> torch.Tensor:
     """``[n, 4 + dim (+ w)]`` float32 rows: id and update count as int64 bit patterns, the gradient,
     and (Adagrad family, ``kind``) its updates' squares beyond the square of their sum (``w`` wide)."""
-    parts = [pending.ids.view(torch.float32).view(-1, 2), pending.counts.view(torch.float32).view(-1, 2),
-             pending.grads.float()]
+    parts = [
+        pending.ids.view(torch.float32).view(-1, 2),
+        pending.counts.view(torch.float32).view(-1, 2),
+        pending.grads.float(),
+    ]
     if kind is not None:  # a row of one update has none beyond (exactly: the synchronous step stays bit-exact)
         squares = pending.squares if pending.squares is not None else _tbe.squares_of(kind, pending.grads)
         beyond = (squares.double() - _tbe.squares_of(kind, pending.grads).double()).float()

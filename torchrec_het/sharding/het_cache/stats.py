@@ -4,8 +4,17 @@ import torch
 
 STALENESS_BUCKETS = 65  # observed staleness 0..63, and 64 for "64 or more"
 COUNTERS = (
-    "lookups", "unique_lookups", "remote_unique", "remote_lookups", "hits_unique", "hits_lookups",
-    "requests", "rows_fetched", "rows_pushed", "evictions", "dirty_evictions",
+    "lookups",
+    "unique_lookups",
+    "remote_unique",
+    "remote_lookups",
+    "hits_unique",
+    "hits_lookups",
+    "requests",
+    "rows_fetched",
+    "rows_pushed",
+    "evictions",
+    "dirty_evictions",
 )
 
 

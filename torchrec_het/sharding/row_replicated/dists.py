@@ -26,9 +26,24 @@ from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, Rep
 class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
     """First stage: every rank's send counts known; starts the ids' all-to-all. ``batch``: the batch planned."""
 
-    def __init__(self, dist_: "_ReplicaIdsDist", batch: ReplicatedBagBatch | ReplicatedSequenceBatch, payload: torch.Tensor, width: int, work, gathered):
+    def __init__(
+        self,
+        dist_: "_ReplicaIdsDist",
+        batch: ReplicatedBagBatch | ReplicatedSequenceBatch,
+        payload: torch.Tensor,
+        width: int,
+        work,
+        gathered,
+    ):
         super().__init__()
-        self.dist, self.batch, self.payload, self.width, self.work, self.gathered = dist_, batch, payload, width, work, gathered
+        self.dist, self.batch, self.payload, self.width, self.work, self.gathered = (
+            dist_,
+            batch,
+            payload,
+            width,
+            work,
+            gathered,
+        )
 
     def _wait_impl(self) -> Awaitable[KeyedJaggedTensor]:
         self.work.wait()
@@ -88,7 +103,6 @@ class _ReplicaIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
 class ColdIdsDist(_ReplicaIdsDist):
     """Keeps hot ids on the reader and sends every other id to its owner."""
 
-
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         layout, batch = self.layout, sparse_features.stride()
         bags, ids, hot_pos, dest, row = self._route(sparse_features)
@@ -105,7 +119,9 @@ class ColdIdsDist(_ReplicaIdsDist):
         if weights is not None:
             columns.append(weights.index_select(0, cold).float().view(torch.int32))
         num_bags = batch * layout.num_positions
-        step = ReplicatedBagBatch(batch, layout.hot_version, sparse_features.lengths().long(), hot, torch.unique(dest * num_bags + cold_bags))
+        step = ReplicatedBagBatch(
+            batch, layout.hot_version, sparse_features.lengths().long(), hot, torch.unique(dest * num_bags + cold_bags)
+        )
         work, gathered = gather_counts(dest, batch, self.pg)
         return _CountsGathered(self, step, torch.stack(columns, 1), len(columns), work, gathered)
 
@@ -123,7 +139,9 @@ class ColdIdsDist(_ReplicaIdsDist):
         # ids arrive by source, each source's in bag order: (source, position, sample) never decreases
         step.served_entries = torch.unique_consecutive(source * (positions * batch) + bag)
         key, order = torch.sort(position * (ws * batch) + source * batch + bag % batch, stable=True)
-        entries, entry_of, counts = torch.unique_consecutive(key, return_inverse=True, return_counts=True)  # by (position, source, sample)
+        entries, entry_of, counts = torch.unique_consecutive(
+            key, return_inverse=True, return_counts=True
+        )  # by (position, source, sample)
         entry_position = entries // (ws * batch)
         per_position = torch.bincount(entry_position, minlength=positions)
         first = torch.cumsum(per_position, 0) - per_position
@@ -144,14 +162,17 @@ class ColdIdsDist(_ReplicaIdsDist):
             widths = self.layout.dims.index_select(0, entry_position.index_select(0, by_source))
             starts = torch.empty_like(widths).index_copy_(0, by_source, torch.cumsum(widths, 0) - widths)
             step.host_values = (
-                -1 - rows.index_select(0, held), starts.index_select(0, entry_of.index_select(0, held)),
+                -1 - rows.index_select(0, held),
+                starts.index_select(0, entry_of.index_select(0, held)),
                 None if weights is None else weights.index_select(0, held),
             )
             rows = rows.index_select(0, kernel)
             weights = None if weights is None else weights.index_select(0, kernel)
         lengths = torch.zeros(positions * stride, dtype=torch.int64, device=device)
         lengths[entry_position * stride + slot] = counts
-        return KeyedJaggedTensor(keys=self.feature_names, values=rows, lengths=lengths.int(), weights=weights, stride=stride)
+        return KeyedJaggedTensor(
+            keys=self.feature_names, values=rows, lengths=lengths.int(), weights=weights, stride=stride
+        )
 
 
 class _Bags(Awaitable[torch.Tensor]):
@@ -175,7 +196,9 @@ class _ReplicaOutputDist(BaseEmbeddingDist):
 class PartialSumsDist(_ReplicaOutputDist):
     """Sends the owners' partial sums back to their readers and finishes the bags."""
 
-    def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]) -> Awaitable[torch.Tensor]:
+    def forward(
+        self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]
+    ) -> Awaitable[torch.Tensor]:
         replicas, step = self.replicas, sharding_ctx.batch
         layout = self.layout
         ws, bags = replicas.world_size, step.batch * layout.num_positions
@@ -186,9 +209,12 @@ class PartialSumsDist(_ReplicaOutputDist):
         else:  # elements: each entry is as wide as its position's table
             served_width = layout.dims[(step.served_entries % bags) // step.batch].double()
             sent_width = layout.dims[(step.sent_entries % bags) // step.batch].double()
-            splits = torch.cat([
-                torch.bincount(served_source, served_width, minlength=ws), torch.bincount(sent_dest, sent_width, minlength=ws)
-            ]).long()
+            splits = torch.cat(
+                [
+                    torch.bincount(served_source, served_width, minlength=ws),
+                    torch.bincount(sent_dest, sent_width, minlength=ws),
+                ]
+            ).long()
         splits = splits.tolist()  # the output dist's one host sync
         send, recv = splits[:ws], splits[ws:]
         exchange = start_exchange(local_embs, send, recv, self.pg, replicas.wire, step.local_only)
@@ -244,7 +270,9 @@ class SequenceIdsDist(_ReplicaIdsDist):
         need, need_of = torch.unique(key, return_inverse=True)
         first = torch.empty_like(need).scatter_(0, need_of, torch.arange(cold.numel(), device=cold.device))
         first = cold.index_select(0, first)
-        payload = torch.stack([positions.index_select(0, first).to(torch.int32), row.index_select(0, first).to(torch.int32)], 1)
+        payload = torch.stack(
+            [positions.index_select(0, first).to(torch.int32), row.index_select(0, first).to(torch.int32)], 1
+        )
         step = ReplicatedSequenceBatch(layout.hot_version, ids.numel(), hot, cold, need_of)
         work, gathered = gather_counts(need // layout.total_rows, sparse_features.stride(), self.pg)
         return _CountsGathered(self, step, payload, 2, work, gathered)
@@ -289,7 +317,11 @@ class _SequenceOutput(Awaitable[torch.Tensor]):
 class SequenceRowsDist(_ReplicaOutputDist):
     """Sends the asked rows back and lays every position's row out in the reader's order."""
 
-    def forward(self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedSequenceBatch]) -> Awaitable[torch.Tensor]:
+    def forward(
+        self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedSequenceBatch]
+    ) -> Awaitable[torch.Tensor]:
         step, dim = sharding_ctx.batch, self.layout.uniform_dim
         send, recv = [c * dim for c in step.recv_splits], [c * dim for c in step.send_splits]
-        return _SequenceOutput(self, step, start_exchange(local_embs, send, recv, self.pg, self.replicas.wire, step.local_only))
+        return _SequenceOutput(
+            self, step, start_exchange(local_embs, send, recv, self.pg, self.replicas.wire, step.local_only)
+        )

@@ -58,7 +58,9 @@ class ReplicaHolder:
         stats: counters (steps, skipped steps, syncs; the lookups add theirs).
     """
 
-    def __init__(self, kernels: list, grouped_configs, pg, config: ReplicationConfig, shards_by_table, device=None) -> None:
+    def __init__(
+        self, kernels: list, grouped_configs, pg, config: ReplicationConfig, shards_by_table, device=None
+    ) -> None:
         self.kernels, self.config = kernels, config
         self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
         self.wire = WIRE_DTYPES[config.wire_dtype]
@@ -78,7 +80,9 @@ class ReplicaHolder:
         self._build_blocks()
         online = config.tiers is None and config.online_profile_steps > 0
         self._online_left = config.online_profile_steps if online else 0
-        self._online_counts = torch.zeros(self.layout.total_rows, dtype=torch.int64, device=self.device) if online else None
+        self._online_counts = (
+            torch.zeros(self.layout.total_rows, dtype=torch.int64, device=self.device) if online else None
+        )
         self._needs_refresh = True
         self._refreshed_version = -1
         self.anchor = torch.zeros(1, device=self.device, requires_grad=True)
@@ -115,7 +119,9 @@ class ReplicaHolder:
         """Per group: the replicated rows' block (synced every ``replica_sync_every`` steps over all
         ranks) and, on several hosts, the block of the per-host rows this rank holds (synced every
         step over their holders)."""
-        self.blocks = [self._block(g, g.hot, self.config.replica_sync_every, self._sync_pg, self.hosts) for g in self.groups]
+        self.blocks = [
+            self._block(g, g.hot, self.config.replica_sync_every, self._sync_pg, self.hosts) for g in self.groups
+        ]
         self.host_blocks = [] if self._holder_pg is None else [
             self._block(g, g.host_block, 1, self._holder_pg, None) for g in self.groups
         ]  # fmt: skip
@@ -144,7 +150,10 @@ class ReplicaHolder:
         for g, base in zip(self.groups, self.layout.group_base.tolist()):  # once, at the end of the profile
             for i, t in enumerate(g.tables):
                 reads = counts[base + int(g.offsets[i]) : base + int(g.offsets[i + 1])].double().cpu() / steps
-                tiers[t.name] = (hottest_rows(reads, 1.0 / config.replica_sync_every, config.online_max_hot_fraction), empty)
+                tiers[t.name] = (
+                    hottest_rows(reads, 1.0 / config.replica_sync_every, config.online_max_hot_fraction),
+                    empty,
+                )
         self.groups = self._replica_groups(tiers)
         self.layout.set_hot(self.groups)
         self._build_blocks()
@@ -200,7 +209,10 @@ class ReplicaHolder:
         pipeline looks a batch up k steps ahead and finishes it one step ahead: pooling hot rows
         then read them fresher than its cold rows, and cost AUC). Their gradients go to the
         block the batch read."""
-        return [HotRead(block, slots, block.weights.index_select(0, slots)) for block, slots in zip(self.blocks, slots_per_block)]
+        return [
+            HotRead(block, slots, block.weights.index_select(0, slots))
+            for block, slots in zip(self.blocks, slots_per_block)
+        ]
 
     def read_host(self, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """At the lookup, on a holder: per group, (indexes of the ``slots`` its per-host block

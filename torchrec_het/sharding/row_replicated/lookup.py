@@ -59,11 +59,17 @@ class ReplicaHooks:
 class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
     """The owner pools received ids with its fused kernels; the reader pools hot ids from replicas."""
 
-    def __init__(self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None):  # noqa: ARG002
-        super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env)
+    def __init__(
+        self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None
+    ):  # noqa: ARG002
+        super().__init__(
+            grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
+        )
         self._hold_replicas(grouped_configs, pg, config, shards_by_table, device)
 
-    def forward(self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]) -> torch.Tensor:
+    def forward(
+        self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]
+    ) -> torch.Tensor:
         step, replicas = sharding_ctx.batch, self.replicas
         layout = replicas.layout
         replicas.begin_read(step.hot_version)
@@ -71,7 +77,9 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
         pooled = super().forward(sparse_features)  # [compact bags, width]: the kernels' fused forward and backward
         rows, position, stride = step.partial_at
         if layout.uniform_dim is not None:  # the output dist pools hot rows as it finishes the bags
-            partials = pooled.view(stride * layout.num_positions, layout.uniform_dim).index_select(0, rows * layout.num_positions + position)
+            partials = pooled.view(stride * layout.num_positions, layout.uniform_dim).index_select(
+                0, rows * layout.num_positions + position
+            )
             partials = partials.reshape(-1)
         else:
             partials = pooled.reshape(-1).index_select(0, layout.elements(rows, position, layout.width))
@@ -95,14 +103,18 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
 class ReplicatedSequenceLookup(ReplicaHooks, GroupedEmbeddingsLookup):
     """The owner's fused kernels read the asked rows (local compute); their backward steps them."""
 
-    def __init__(self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None):  # noqa: ARG002
+    def __init__(
+        self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None
+    ):  # noqa: ARG002
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, env=env)
         self._hold_replicas(grouped_configs, pg, config, shards_by_table, device)
         if self.replicas.layout.uniform_dim is None:
             raise ValueError("het_row_replicated sequences need one embedding dimension for all their tables")
         self.replicas.stats["rows_fetched"] = 0  # distinct rows this rank read from other ranks
 
-    def forward(self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[ReplicatedSequenceBatch]) -> torch.Tensor:
+    def forward(
+        self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[ReplicatedSequenceBatch]
+    ) -> torch.Tensor:
         step, replicas = sharding_ctx.batch, self.replicas
         replicas.begin_read(step.hot_version)
         step.hot_read = replicas.read_hot([slots for slots, _ in step.hot])

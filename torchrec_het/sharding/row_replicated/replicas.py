@@ -89,7 +89,9 @@ class ReplicaBlock:
         self.syncs = 0
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.weights, self.state, self.agreed_weights, self.agreed_state))
+        return sum(
+            t.numel() * t.element_size() for t in (self.weights, self.state, self.agreed_weights, self.agreed_state)
+        )
 
     @torch.no_grad()
     def refresh(self) -> None:
@@ -147,8 +149,12 @@ class ReplicaBlock:
     def _step_locally(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
         """This rank's copy takes its own step at once (the optimizer's, on its local state)."""
         weights, state = step_rows(
-            self.optimizer, self.weights.index_select(0, rows), self.state.index_select(0, rows), grads,
-            self._rates(rows), self.eps.index_select(0, rows),
+            self.optimizer,
+            self.weights.index_select(0, rows),
+            self.state.index_select(0, rows),
+            grads,
+            self._rates(rows),
+            self.eps.index_select(0, rows),
         )
         self.weights.index_copy_(0, rows, weights)
         if self.state.size(1):
@@ -219,13 +225,17 @@ class ReplicaBlock:
         could cancel the estimate). The step is :func:`~torchrec_het._tbe.step_rows_held`.
         """
         lr = self._rates(touched)
-        agreed_weights, agreed_state = (self.agreed_weights, self.agreed_state) if self.steps_locally else (self.weights, self.state)
+        agreed_weights, agreed_state = (
+            (self.agreed_weights, self.agreed_state) if self.steps_locally else (self.weights, self.state)
+        )
         weight, state = agreed_weights.index_select(0, touched), agreed_state.index_select(0, touched)
         eps = self.eps.index_select(0, touched)
         if self.holds_squares:
             grads, beyond = summed[:, : self.dim], summed[:, self.dim :]
             squares = (squares_of(self.optimizer, grads) + beyond).clamp(min=0)
-            weights, state = step_rows_held(self.optimizer, weight, state, grads, squares, lr, eps, max(self.steps_held, 1))
+            weights, state = step_rows_held(
+                self.optimizer, weight, state, grads, squares, lr, eps, max(self.steps_held, 1)
+            )
         else:
             weights, state = step_rows(self.optimizer, weight, state, summed, lr, eps)
         self.weights.index_copy_(0, touched, weights)  # the sync's step replaces the local ones

@@ -86,7 +86,9 @@ class IdLayout:
         starts = self.columns.tolist()
         self.group_sizes = [len(ps) for ps in at]
         self.group_positions = torch.tensor([p for ps in at for p in ps], dtype=torch.int64)
-        self.group_columns = torch.tensor([c for ps in at for p in ps for c in range(starts[p], starts[p] + dims[p])], dtype=torch.int64)
+        self.group_columns = torch.tensor(
+            [c for ps in at for p in ps for c in range(starts[p], starts[p] + dims[p])], dtype=torch.int64
+        )
         local = {p: i for ps in at for i, p in enumerate(ps)}
         self.position_local = torch.tensor([local[p] for p in range(len(positions))], dtype=torch.int64)
         self.group_spans, first, column = [], 0, 0  # per group: its ranges in group_positions and group_columns
@@ -120,7 +122,11 @@ class IdLayout:
     def _set_host(self, groups: list[ReplicaGroup]) -> None:
         """Per-host rows (global ids, sorted): the local rank of their holders and their slot in the
         holders' blocks (one block per group, laid end to end); this rank's blocks' ends."""
-        ids, local, slot = [torch.zeros(0, dtype=torch.int64)], [torch.zeros(0, dtype=torch.int64)], [torch.zeros(0, dtype=torch.int64)]
+        ids, local, slot = (
+            [torch.zeros(0, dtype=torch.int64)],
+            [torch.zeros(0, dtype=torch.int64)],
+            [torch.zeros(0, dtype=torch.int64)],
+        )
         for local_rank in range(self.local_world_size):  # once, at build
             base = 0
             for index, g in enumerate(groups):
