@@ -263,7 +263,7 @@ def _require_script(script: str | None) -> None:
 
 def _require_settings() -> None:
     """The ``TORCHREC_HET_*`` settings and the profile they name, checked once here before any worker starts."""
-    from torchrec_het.registration import check_environment
+    from torchrec_het.env_settings import check_environment
 
     try:
         check_environment()

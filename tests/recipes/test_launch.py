@@ -146,7 +146,7 @@ def test_a_node_of_a_multi_host_job_passes_its_address_and_rendezvous_settings()
 
 
 def test_help_lists_every_setting() -> None:
-    from torchrec_het.registration import SETTINGS, env_settings
+    from torchrec_het.env_settings import SETTINGS, env_settings
 
     assert set(env_settings()) == {s.argument for s in SETTINGS}  # install() reads exactly the listed ones
     done = _run(["-m", "torchrec_het.launch", "--help"], REPO)

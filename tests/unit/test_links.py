@@ -12,6 +12,7 @@ from torchrec.distributed.planner.constants import CROSS_NODE_BANDWIDTH, INTRA_N
 
 import torchrec_het
 from torchrec_het import _compat, registration
+from torchrec_het.env_settings import check_environment, env_settings
 from torchrec_het.planner import HetEmbeddingEnumerator, HetEmbeddingShardingPlanner
 from torchrec_het.planner.link_probe import (
     FLOAT,
@@ -37,7 +38,6 @@ from torchrec_het.planner.network import (
     parse_switch,
     with_links,
 )
-from torchrec_het.registration import check_environment, env_settings
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
 
 # --- the probe's arithmetic -------------------------------------------------------------------

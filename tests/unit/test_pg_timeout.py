@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 import torchrec_het
-from torchrec_het.registration import ENV_PG_TIMEOUT, check_environment, env_settings
+from torchrec_het.env_settings import ENV_PG_TIMEOUT, check_environment, env_settings
 from torchrec_het_bench.recipes import train_dlrm
 
 

@@ -270,4 +270,4 @@ def test_a_compute_cost_table_of_ones_own_machines_prices_the_plan(tmp_path, mon
         torchrec_het.install()
     assert not torchrec_het.registration.installed()
     with pytest.raises(ValueError, match=r"\$TORCHREC_HET_COMPUTE_COSTS"):
-        torchrec_het.registration.check_environment()  # what the launcher runs before any worker
+        torchrec_het.env_settings.check_environment()  # what the launcher runs before any worker

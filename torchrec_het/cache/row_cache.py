@@ -383,24 +383,18 @@ class RowCache:
         """Forgets every row; pending updates are dropped (flush first to keep them)."""
         self._slot_of[self.slot_ids[self.slot_ids >= 0]] = -1
         self.slot_ids.fill_(-1)
-        for tensor in (
-            self.values,
-            self.pending_grad,
-            self.pending_delta,
-            self.versions,
-            self.validated_step,
-            self.pending_count,
-            self.last_used,
-            self.frequency,
-            self.pending_squares,
-            self.states,
-        ):
+        for tensor in self._slot_tensors():
             tensor.zero_()
         self.eviction.reset()
 
     def nbytes(self) -> int:
         """Bytes held by the cached rows, their metadata and the id -> slot map."""
-        tensors = (
+        tensors = (*self._slot_tensors(), self.slot_ids, self._slot_of)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def _slot_tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every per-slot tensor but the slot's id: what ``clear()`` zeroes."""
+        return (
             self.values,
             self.pending_grad,
             self.pending_delta,
@@ -409,9 +403,6 @@ class RowCache:
             self.pending_count,
             self.last_used,
             self.frequency,
-            self.slot_ids,
-            self._slot_of,
             self.pending_squares,
             self.states,
         )
-        return sum(t.numel() * t.element_size() for t in tensors)

@@ -67,7 +67,14 @@ from torchrec_het.types import HET_ROW_REPLICATED
 class RowReplicatedStages(StagedSharding):
     """What both variants' shardings share: the dists are built on the sharding's one lookup
     (``input_dist_class(lookup, feature_names)``, ``output_dist_class(lookup)``) and run on its
-    replicas' layout and exchange group."""
+    replicas' layout and exchange group.
+
+    Args:
+        sharding_infos: TorchRec's per-table sharding infos.
+        env: sharding environment.
+        hot_rows: this rank's hot row ids (``.tables``: name -> tiers) of the tables the plan does not count online.
+        device: compute device.
+    """
 
     input_dist_class: type
     output_dist_class: type
@@ -86,14 +93,8 @@ class RowReplicatedStages(StagedSharding):
 
 
 class RowReplicatedPooledEmbeddingSharding(RowReplicatedStages, RwPooledEmbeddingSharding):
-    """``het_row_replicated`` bags: row-wise shards, hot replicas, partial sums, in TorchRec's stages.
-
-    Args:
-        sharding_infos: TorchRec's per-table sharding infos.
-        env: sharding environment.
-        hot_rows: this rank's hot row ids (``.tables``: name -> tiers) of the tables the plan does not count online.
-        device: compute device.
-    """
+    """``het_row_replicated`` bags: row-wise shards, hot replicas, partial sums, in TorchRec's stages
+    (arguments: :class:`RowReplicatedStages`)."""
 
     lookup_class = ReplicatedBagLookup
     input_dist_class = ColdIdsDist
@@ -101,14 +102,8 @@ class RowReplicatedPooledEmbeddingSharding(RowReplicatedStages, RwPooledEmbeddin
 
 
 class RowReplicatedSequenceEmbeddingSharding(RowReplicatedStages, RwSequenceEmbeddingSharding):
-    """``het_row_replicated`` sequences: row-wise shards, hot replicas, distinct rows, in TorchRec's stages.
-
-    Args:
-        sharding_infos: TorchRec's per-table sharding infos.
-        env: sharding environment.
-        hot_rows: this rank's hot row ids (``.tables``: name -> tiers) of the tables the plan does not count online.
-        device: compute device.
-    """
+    """``het_row_replicated`` sequences: row-wise shards, hot replicas, distinct rows, in TorchRec's stages
+    (arguments: :class:`RowReplicatedStages`)."""
 
     lookup_class = ReplicatedSequenceLookup
     input_dist_class = SequenceIdsDist
