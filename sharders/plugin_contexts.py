@@ -1,14 +1,12 @@
 """How the plugin's sharded modules hand each plugin sharding its per-batch context.
 
-TorchRec's sharded EmbeddingBagCollection and EmbeddingCollection run ``input_dist(ctx, features)``,
-then ``compute_and_output_dist(ctx, input)`` (or ``compute`` and ``output_dist``; ``prefetch`` in
-between under the prefetch pipeline), with one module context per batch. :class:`PluginContexts`,
-placed before them in the bases, changes two things, for the plugin's shardings only
-(:class:`~torchrec_het.sharding.common.row_wise.StagedSharding`): after TorchRec's ``input_dist``,
-their entries of ``ctx.sharding_contexts`` become
-:class:`~torchrec_het.sharding.common.context.HetShardingContext` holding the batch their input dist
-planned; and TorchRec's own loops call their lookups ``lookup(features, sharding_ctx)``. The output
-dists get that context as TorchRec's ``sharding_ctx``. Stock shardings run as TorchRec runs them.
+:class:`PluginContexts`, placed before TorchRec's sharded EBC / EC in the bases, changes two
+things for the plugin's shardings only: after ``input_dist`` their entries of
+``ctx.sharding_contexts`` become :class:`~torchrec_het.sharding.common.context.HetShardingContext`
+holding the planned batch, and TorchRec's loops call their lookups ``lookup(features,
+sharding_ctx)``. Stock shardings run as TorchRec runs them.
+
+Design: docs/internals.md#sharding-context
 """
 
 from torchrec_het._compat import (

@@ -1,17 +1,11 @@
-"""Every TorchRec private the plugin reads or patches, behind one small function each (FBGEMM's are in
-:mod:`torchrec_het._tbe`).
+"""Every TorchRec private the plugin reads or patches, behind one small function each.
 
-TorchRec gives no promise about names with a leading underscore; when one moves, this module
-(and ``tests/unit/test_compat.py``, which calls every function here on real TorchRec
-objects) is the one place to change. The plugin supports the TorchRec releases in
-:data:`SUPPORTED_TORCHREC` (``requirements/torchrec-<major.minor>.txt`` pins each stack); where
-they differ, the functions here answer for the installed one (:data:`TORCHREC_RELEASE`).
-Importing this module warns when another version is installed.
+FBGEMM's are in :mod:`torchrec_het._tbe`. When a private name moves, this module (and
+``tests/unit/test_compat.py``, which calls every function here on real TorchRec objects) is
+the one place to change. Functions answer for the installed release (:data:`TORCHREC_RELEASE`,
+one of :data:`SUPPORTED_TORCHREC`); importing warns for another version.
 
-The sharded modules, shardings and lookups (``torchrec_het.sharding``,
-``torchrec_het.sharders``) reach TorchRec's sharded-module internals only through the
-accessors marked "for the sharded modules"; ``tests/unit/test_compat.py`` scans the runtime
-package for any other use.
+Design: docs/internals.md#compat
 """
 
 import copy
@@ -331,20 +325,9 @@ def pec_train_pipeline_class() -> type | None:
 def cpu_semi_sync_class() -> type:
     """TorchRec's ``TrainPipelineSemiSync`` made to run on CPU: the smallest adapter that works.
 
-    TorchRec's semi-sync pipeline (1.8.0 and 1.9.2) calls ``record_stream`` on the batch, the
-    input dist's KJT and the pooled embeddings, with the current stream of the batch's device,
-    even on CPU, where ``record_stream`` rejects CPU tensors ("unknown parameter type"). The adapter
-    changes exactly that, and only on CPU (the stream bookkeeping is meaningless there: one
-    stream, no caching allocator):
-
-    - ``_mlp_forward`` and ``start_embedding_lookup`` wait the batch's events but pass no
-      stream to record;
-    - its pipelined forward takes the CPU's current stream where TorchRec's, given no stream,
-      asks CUDA for one, and detaches the pooled embeddings as TorchRec's does, without
-      ``KeyedTensor.record_stream``.
-
-    Everything else (batch i's embeddings looked up before batch i-1's update, embedding
-    backward after the dense backward, ``start_batch``) is TorchRec's own.
+    TorchRec's semi-sync pipeline calls ``record_stream`` even on CPU, where it rejects CPU
+    tensors; on CPU only, this adapter records no stream and otherwise is TorchRec's own.
+    Details: docs/internals.md#compat
     """
     from torchrec.distributed.train_pipeline import train_pipelines, utils
     from torchrec.distributed.train_pipeline.runtime_forwards import EmbeddingPipelinedForward

@@ -1,25 +1,12 @@
 """Every FBGEMM internal the plugin touches, in one place (as ``_compat`` is for TorchRec's).
 
-The plugin's lookups compute row gradients themselves and step rows of FBGEMM's table-batched
-kernels (TBE) and dense copies of rows (the replica blocks) as those kernels would. Here:
-the optimizer's name (:func:`optimizer_name`, the one expression that reads it), kind
-(``sgd``, ``adagrad``, ``rowwise_adagrad``), epsilon and learning rate; the kernel's flat
-buffers (``weights_{dev,host,uvm}``, ``momentum1_...``) and where each table starts in them;
-and the row steps. :func:`apply_rows` updates a kernel's weight and state tensors in place and
-:func:`step_rows` / :func:`step_rows_held` step dense rows, with the formulas of FBGEMM's CPU
-kernels (``split_weight_update_cpu`` of its optimizer templates), in float32, the learning rate
-read from the kernel's ``learning_rate_tensor`` (no host sync):
+The optimizer's name, kind, epsilon and learning rate; the TBE kernel's flat buffers and
+each table's offset in them; and the row steps: :func:`apply_rows` updates a kernel's
+weights and state in place, :func:`step_rows` / :func:`step_rows_held` step dense rows with
+the formulas of FBGEMM's CPU kernels, and :func:`apply_row_grads` is the fallback that runs
+the kernel's own backward.
 
-- ``sgd``: ``w -= lr * g`` (one fused multiply-add);
-- ``adagrad`` (exact): ``m += g * g`` (fused); ``w -= lr * g / (sqrt(m) + eps)``, divided in float64;
-- ``rowwise_adagrad`` (exact): ``m += mean(g * g)`` over the row; ``w -= g * lr / (sqrt(m) + eps)``.
-
-SGD and Adagrad give the kernel's bits; row-wise Adagrad differs in the last bit now and then
-(FBGEMM's AVX kernel sums a row's squares in vector lanes). Several gradients for one row are
-summed and applied once, as the kernel does. Kernels this cannot serve (other optimizers,
-weight decay, non-fp32 weights, rows cached in UVM) go through :func:`apply_row_grads`, which
-runs the kernel's own forward and backward on bags of one row (fbgemm-gpu-cpu 1.8's row-wise
-Adagrad leaves weight decay out on CPU while its CUDA kernel applies it).
+Design: docs/internals.md#tbe
 """
 
 import weakref
@@ -138,8 +125,7 @@ def buffer(tbe: TBE, attribute: str) -> torch.Tensor:
 def flat_data(tbe: TBE, part: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(the kernel's flat ``part`` buffer, each table's first element in it); ValueError when it has none.
 
-    As ``.data``: writing a synced row is an optimizer write (see :func:`apply_rows`), which must
-    not bump the version of weights a forward still in flight saved."""
+    As ``.data``: a synced row's write must not bump the version a forward in flight saved."""
     found = flat_buffer(tbe, part)
     if found is None:
         raise ValueError(
@@ -255,13 +241,9 @@ def apply_rows(
         rows: int64 ``[n]`` row within its table.
         grads: ``[n, dim]`` gradients.
         beyond: held gradients (Adagrad family): per entry, its steps' summed squares minus the
-            square of its sum (:func:`squares_of`; 0 for one step). A row's state then grows by
-            the square of its summed gradient plus its entries' ``beyond`` (at least 0), and it
-            is stepped by :func:`step_rows_held`: held updates from one holder count as the
-            steps they were, entries from several holders as one synchronous step. Kernels this
-            module cannot update directly take the sum as one step.
-        steps: with ``beyond``, the steps each entry's gradient spans (int64 ``[n]``; a row's
-            largest is its k for :func:`step_rows_held`'s floor); default 1.
+            square of its sum (:func:`squares_of`; 0 for one step); the rows are then stepped
+            by :func:`step_rows_held`. Kernels stepped by the fallback take the sum as one step.
+        steps: with ``beyond``, the steps each entry's gradient spans (int64 ``[n]``); default 1.
     """
     if rows.numel() == 0:
         return
@@ -374,21 +356,8 @@ def step_rows_held(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The step of gradients held back over several steps (a stale replica's sync, a HET push of k updates).
 
-    The rule, per row, with ``G`` the held gradients' sum and ``Q`` what their steps add to the
-    squared-gradient state (:func:`squares_of` of each step's gradient, summed):
-
-    - the state grows by ``Q``: exactly as the k synchronous steps would grow it (not by the
-      square of the sum, which counts k equal gradients k times too much);
-    - the weight moves by ``lr * G / (sqrt(new state) + eps)``: every held gradient is scaled
-      by the window's final denominator, where the k steps would use a denominator growing
-      toward it. For gradients of one sign the step is therefore at most the k steps' and at
-      least ``sqrt(state after the first) / sqrt(state after the last)`` of it; for k = 1 it is
-      the step itself.
-    - SGD has no state: ``lr * G`` is the k steps' sum exactly.
-    - ``Q`` is never taken below ``squares_of(G) / k`` (``steps``: k): k gradients that sum to
-      ``G`` have squares of at least that. An estimate of ``Q`` that cancels (gradients of
-      several holders with opposite signs) could otherwise step a row with a state near 0 by
-      ``lr * G / eps``.
+    The state grows by what the k steps would add; the weight moves by the held sum over the
+    window's final denominator (see docs/internals.md#tbe).
 
     Args:
         kind: ``sgd``, ``adagrad`` or ``rowwise_adagrad``.

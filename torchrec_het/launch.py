@@ -3,33 +3,14 @@
     python -m torchrec_het.launch [launcher options] SCRIPT [ARGS...]
     python -m torchrec_het.launch [launcher options] -m MODULE [ARGS...]
 
-Worker mode (no ``--nproc-per-node``; also what runs under ``torchrun ... -m
-torchrec_het.launch SCRIPT ...`` and under torchx): calls ``torchrec_het.install()``,
-then runs SCRIPT (or MODULE) as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]``, the
-way ``python SCRIPT ARGS`` would. The script's ``get_default_sharders()`` and
-``EmbeddingShardingPlanner`` are then the plugin's.
+Worker mode (no ``--nproc-per-node``; also under ``torchrun ... -m torchrec_het.launch`` and
+torchx): calls ``torchrec_het.install()``, then runs SCRIPT (or MODULE) as ``__main__`` as
+``python SCRIPT ARGS`` would. Launcher mode (``--nproc-per-node N``): checks the
+``TORCHREC_HET_*`` settings, then starts torchrun in this process with every worker in
+worker mode; ``--max-restarts R`` restarts failed workers. A configuration error ends the
+launcher with one line (exit 2) and is never restarted.
 
-Launcher mode (``--nproc-per-node N``): starts torch's elastic launcher (torchrun)
-in this process with ``-m torchrec_het.launch SCRIPT ARGS`` as every worker's command,
-so each worker runs in worker mode. The ``TORCHREC_HET_*`` settings (and the profile
-``TORCHREC_HET_PROFILE`` names: it must exist, be readable and hold counts) are checked
-here first: a bad one ends the launcher with one message before any worker starts.
-``--max-restarts R`` lets torchrun restart all
-workers up to R times when one fails; a script that resumes from its newest
-checkpoint then goes on from there. With restarts, every attempt gets a rendezvous store
-of its own (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` unless set): torchrun's shared store
-keeps the dead attempt's addresses, which restarted gloo/NCCL groups may connect to.
-
-A worker whose collective timed out or lost its peer ends with
-:class:`~torchrec_het.collective_errors.CollectiveFailure`: one line that says which
-collective, after how long, and that a link or a peer is gone.
-
-A setting that does not fit the model (:class:`~torchrec_het.errors.ConfigurationError`, e.g.
-``TORCHREC_HET_PROFILE`` naming a profile of other tables) is no fault: a restart would fail
-the same way. A worker that meets one writes its one-line message to the file the launcher
-names in ``TORCHREC_HET_CONFIGURATION_ERROR_FILE`` and exits 0, so torchrun restarts nothing;
-the launcher then ends with that line (exit code 2). Without the launcher (plain torchrun)
-the worker prints the line and exits 1.
+Design (restarts, rendezvous stores, error reporting): docs/internals.md#launch
 """
 
 import argparse

@@ -1,16 +1,11 @@
 """Opt-in registration of the plugin into TorchRec: ``install()`` / ``uninstall()`` (also ``torchrec_het.install()``).
 
-Nothing here runs on import. :func:`install` makes TorchRec's ``get_default_sharders()``
-return the plugin's EmbeddingBagCollection / EmbeddingCollection sharders (the rest of
-TorchRec's defaults unchanged) and makes a stock ``EmbeddingShardingPlanner(...)`` built
-without its own enumerator, performance model, partitioner or stats use the plugin's,
-so the planner can choose the plugin's sharding types; with a process group timeout set,
-``torch.distributed.init_process_group`` calls that pass no ``timeout`` get it. :func:`uninstall`
-puts every replaced attribute back. Every change is made here and nowhere else.
-
-Scripts that ran ``from torchrec.distributed.model_parallel import get_default_sharders``
-before ``install()`` keep the stock function: install first (``python -m torchrec_het.launch``
-does), then import the script.
+Nothing runs on import. :func:`install` makes TorchRec's ``get_default_sharders()`` return the
+plugin's EBC / EC sharders and a stock ``EmbeddingShardingPlanner`` built without its own
+enumerator, performance model, partitioner or stats use the plugin's; with a process group
+timeout set, ``init_process_group`` calls without ``timeout`` get it. :func:`uninstall` puts
+every replaced attribute back. Install before importing a script that binds
+``get_default_sharders`` by name (``python -m torchrec_het.launch`` does).
 """
 
 import functools

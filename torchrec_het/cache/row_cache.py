@@ -16,19 +16,10 @@ POLICIES = ("lru", "lfu")
 class RowCache:
     """Up to ``capacity`` rows of a table of ``num_rows`` rows, found through a dense id -> slot map.
 
-    The id space may be cut into partitions (``partition_ends``, e.g. several tables
-    laid end to end), each with its own capacity: a partition's rows only ever
-    displace rows of the same partition, and its slots are a contiguous range.
-
-    Memory: the id -> slot map costs 4 bytes per table row (int32; 8 bytes if the
-    capacity reaches 2**31), which buys O(1) vectorized lookups without hashing.
-    Each slot costs ``3 * dim`` values (value, pending gradient, pending local
-    delta) plus six int64 counters, and twice the optimizer state's width where the cache
-    keeps one (:meth:`hold_optimizer_state`); ``nbytes()`` gives that total (the eviction
-    bookkeeping (:class:`EvictionOrder`) adds a few int64 per partition and per candidate victim).
-
-    Eviction: free slots are used first (lowest slot first), then victims among the
-    occupied, unprotected slots of the partition, in :class:`EvictionOrder`'s order.
+    The id space may be cut into partitions (``partition_ends``), each with its own capacity
+    and contiguous slots; a partition's rows only displace rows of the same partition. Free
+    slots go first, then victims in :class:`EvictionOrder`'s order. ``nbytes()`` gives the
+    memory (memory model: docs/internals.md#row-cache).
 
     Args:
         num_rows: rows of the table (ids are in ``[0, num_rows)``).
@@ -89,12 +80,10 @@ class RowCache:
         self.eviction = EvictionOrder(policy, self.slot_starts, self.last_used, self.frequency)
 
     def hold_optimizer_state(self, width: int) -> None:
-        """Keeps, per slot, an Adagrad-family optimizer state of ``width`` floats per row (``dim`` for
-        Adagrad, 1 for row-wise Adagrad): ``states``, the owner's state as fetched with the row, and
-        ``pending_squares``, the summed squares of the pending gradients. Their sum is the row's
-        state as this rank knows it (:meth:`known_states`), which the local step of a cached copy
-        uses; a push of k updates carries the squares, so the owner's state grows as k steps would.
-        Call before the first :meth:`accumulate`."""
+        """Keeps an Adagrad-family optimizer state of ``width`` floats per slot (``dim`` or 1).
+
+        The owner's fetched state plus the pending gradients' squares is the row's state as this
+        rank knows it (:meth:`known_states`). Call before the first :meth:`accumulate`."""
         if self.pending_squares.size(1) != width:
             if bool(self.pending_count.any()):
                 raise RuntimeError("hold_optimizer_state() must come before the first accumulate()")
@@ -136,11 +125,9 @@ class RowCache:
         return torch.bucketize(ids, self.partition_ends, right=True)
 
     def touch(self, slots: torch.Tensor, step: int, uses: torch.Tensor | None = None) -> None:
-        """Records a use of each (distinct, occupied) slot at ``step``.
+        """Records a use of each (distinct, occupied) slot at ``step`` (``last_used``, ``frequency += uses``).
 
-        Both policies' metadata are kept: ``last_used = step`` and
-        ``frequency += uses`` (default 1 each). Steps never go back: a use
-        recorded at an earlier step than the slot's last keeps ``last_used``.
+        ``last_used`` never goes back to an earlier step.
         """
         self.last_used.index_copy_(0, slots, self.last_used.index_select(0, slots).clamp_min(step))
         added = torch.ones_like(slots) if uses is None else uses.to(torch.int64)

@@ -1,13 +1,10 @@
-"""Dense parameters that live inside a sharded embedding module, such as the position weights of
-TorchRec's ``FeatureProcessedEmbeddingBagCollection``.
+"""Dense parameters that live inside a sharded embedding module (e.g. the position weights of
+TorchRec's ``FeatureProcessedEmbeddingBagCollection``), reduced over ranks as DDP would.
 
-DistributedModelParallel gives them to DDP (they are not sharded), but their gradients come out
-of the embedding backward: under TorchRec's ``TrainPipelineSparseDist`` that is part of the one
-backward DDP reduces. The hybrid pipeline runs the embedding backward on its own, after DDP's
-backward, so it reduces these gradients itself, as DDP would have (the mean over ranks), before
-the dense optimizer steps. With k >= 1 a batch is looked up before the dense steps of the k
-batches ahead of it: it reads these parameters as they were then (stale by at most k dense steps,
-as its embeddings), and its backward uses that copy.
+Their gradients come out of the embedding backward, which the hybrid pipeline runs after
+DDP's backward, so it averages them itself before the dense optimizer steps.
+
+Design: docs/internals.md#hybrid-pipeline
 """
 
 from contextlib import AbstractContextManager

@@ -1,46 +1,13 @@
 """Persia's hybrid synchronization as a TorchRec train pipeline.
 
-The dense network trains synchronously (its all-reduce runs in every backward, as under
-``TrainPipelineSparseDist``). Embeddings tolerate a bounded lag: the embedding forward
-(input dist, lookup, output dist) of batch i+k starts while batch i trains, so its
-all-to-alls hide behind k dense steps, and with k >= 1 the embedding backward of batch i
-(its gradient all-to-all and the fused optimizer's update) runs on a worker thread while
-the dense forward of batch i+1 computes.
+The dense network trains synchronously; embeddings tolerate a lag of at most
+``k = embedding_staleness`` updates. The embedding forward of batch i+k starts while batch i
+trains, so its all-to-alls hide behind k dense steps, and for k >= 1 the embedding backward
+of batch i runs on a worker thread during the dense forward of batch i+1. At k = 0 it runs
+the operations of ``TrainPipelineSparseDist``, with the same weights.
 
-Step i, with ``k = embedding_staleness``:
-
-1. the dense forward of batch i, on the embeddings looked up k steps ago (detached
-   leaves, as in TorchRec's semi-sync pipeline); meanwhile, when k >= 1, the worker runs
-   the embedding backward of batch i-1;
-2. the worker is joined: every update up to batch i-1 is applied;
-3. the input dist of batch i+k+1 starts and the embedding forward of batch i+k starts;
-4. the dense backward (DDP's all-reduce) and the dense optimizer step;
-5. batch i+1's embeddings are waited for (its output dist finishes);
-6. the embedding backward of batch i: on the worker (k >= 1) or here (k = 0).
-
-So the lookup of batch i+k sees every update up to batch i-1 and misses those of batches
-i..i+k-1: at most k, which :class:`StalenessGauge` measures on every batch. At k = 0,
-steps 3, 1, 4 and 6 run in that order with nothing on the worker: the operations of
-``TrainPipelineSparseDist``, and the same weights.
-
-Collectives: while the worker runs (step 1), the main thread issues none, so every rank
-issues its collectives in the same order (gloo matches them by order). A dense forward
-that does issue one turns the overlap off (DDP broadcasting module buffers), or waits for
-it (DDP's one bucket rebuild: the first :data:`SYNC_FIRST` embedding backwards run in line).
-
-Feature processors (TorchRec's ``FeatureProcessedEmbeddingBagCollection``): their weights are
-DDP's parameters, but their gradients come out of the embedding backward. The pipeline then runs
-that backward on the main thread right after the dense backward, averages those gradients over
-the ranks as DDP would, and only then steps the dense optimizer
-(:mod:`~torchrec_het.pipeline.dense_in_sparse`); at k = 0 this trains as ``TrainPipelineSparseDist``.
-
-With the HET cache, the bounds add: a cached copy lags its owner by at most the cache's read
-bound when it is read, and the batch trains on it up to k steps later, so a batch's read of a
-cached row misses at most ``s_read`` of the row's versions plus k steps of updates. (Its writes:
-a held update reaches the owner within ``s_write`` of the row's updates, each pushed by the
-backward after it, so the pipeline adds no write lag.) For k >= 1 the pipeline lets the HET
-lookups hold several batches between forward and backward
-(:meth:`~torchrec_het.sharding.het_cache.lookup.HetCachedEmbeddingLookup.allow_batches_ahead`).
+Design (step order, collective ordering, feature processors, HET bounds):
+docs/internals.md#hybrid-pipeline
 """
 
 import contextlib
@@ -137,13 +104,10 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
         device: the training device.
         embedding_staleness: k >= 0, the most embedding updates a batch's read may miss.
         backward_on_worker: for k >= 1, where the embedding backward runs: True on the worker
-            thread (it overlaps the next dense forward), False on the main thread (the lookups
-            still run k batches ahead), None (default) measured: :data:`PROBE_STEPS` steps each
-            way after the first ones, then the faster on the ranks' summed medians (the worker
-            only pays where a core is free to run it; a rank whose CPU the dense part already
-            fills loses more to contention than it hides). ``backward_on_worker_chosen`` says
-            which (None while measuring). A model whose sharded modules hold DDP's parameters
-            (feature processors) runs it on the main thread, before the dense step.
+            thread (overlapping the next dense forward), False on the main thread, None
+            (default) measured: :data:`PROBE_STEPS` steps each way, then the faster on the
+            ranks' summed medians; ``backward_on_worker_chosen`` says which (None while
+            measuring). Models with feature processors always run it on the main thread.
         execute_all_batches: train the batches still in flight once the data runs out.
         **kwargs: passed to ``TrainPipelineSparseDist``.
 

@@ -1,16 +1,11 @@
 """How often each row of a table is read per training step: from a profile, or a skew the user states.
 
-The planner prices the plugin's types from these reads, and the row-replicated sharder
-takes its hot rows from the same rule (:class:`ProfileTiers`), so what the planner
-sized is what gets built.
+The planner prices the plugin's types from these reads, and the row-replicated sharder takes
+its hot rows from the same rule (:class:`ProfileTiers`), so what the planner sized is what gets
+built. Plugin types are offered for a table only when its reads are known
+(:meth:`AccessModel.has_evidence`).
 
-Evidence rule: the planner offers the plugin's types for a table only when its reads are
-known: a profile names the table, or the user stated a skew (``AccessModel(alpha=...)``).
-Nothing is assumed by default; see :meth:`AccessModel.has_evidence`.
-
-Profile semantics: ``AccessProfile.counts / batches`` are reads per batch of *one* rank
-(what ``python -m torchrec_het_bench.profile`` and :class:`~torchrec_het.replication.AccessProfiler`
-count); a training step reads ``world_size`` such batches.
+Design: docs/internals.md#planner-access
 """
 
 import math
@@ -162,16 +157,10 @@ def zipf_shares(num_rows: int, alpha: float) -> torch.Tensor:
 class ProfileTiers:
     """Hot rows of every profiled table (a ``ReplicationConfig.tiers``): the rule the planner prices.
 
-    Rows read at least once per replica sync (over all ranks,
-    :func:`~torchrec_het.replication.hot_rows.hottest_rows`) are replicated on every rank. On a
-    topology of several hosts with several ranks each, the next rows, hot enough for one host
-    but not for all, get the *per-host* tier (one copy per host, read within the host; their
-    gradients cross between hosts once per host and step) where the topology's intra- and
-    inter-host bandwidths make that cheaper than sharding them
-    (:func:`~torchrec_het.replication.hot_rows.per_host_rows`); both tiers together stay within
-    ``max_hot_fraction`` of a table. On one host the per-host tier is empty.
-
-    It names the tables of a whole model (``spans_modules``): each sharded module takes its own.
+    Rows read at least once per replica sync are replicated on every rank; on several hosts of
+    several ranks, the next rows get the per-host tier where the topology makes that cheaper;
+    both tiers stay within ``max_hot_fraction`` of a table. Names the tables of a whole model
+    (``spans_modules``): each sharded module takes its own.
 
     Args:
         profile: the measured counts.

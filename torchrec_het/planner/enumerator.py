@@ -1,20 +1,11 @@
 """An enumerator that offers the plugin's sharding types beside TorchRec's own.
 
-TorchRec's enumerator rejects sharding-type strings it does not know (shard sizes,
-partition kind). The plugin's types shard rows exactly as ``row_wise`` does (every rank
-owns a contiguous row range; replicas and cache slots come on top), so
-:class:`HetEmbeddingEnumerator` lets TorchRec enumerate with ``row_wise`` standing in for
-them, then turns each stand-in option into one option per plugin type the sharder offers
-and the table's constraints allow, and prices those with the plugin's estimators. Tables
-whose sharder or constraints do not allow ``row_wise`` itself lose the stand-ins.
+TorchRec enumerates with ``row_wise`` standing in for the plugin's types (they shard rows as
+it does); each stand-in option becomes one option per plugin type the sharder offers and the
+table allows, priced with the plugin's estimators. Plugin types are offered only for tables
+with evidence of their reads or whose constraints name the type.
 
-Evidence rule: a plugin type is offered for a table only when its reads are known (a
-profile names it, or the user stated a skew: :meth:`AccessModel.has_evidence`) or the
-table's constraints name that type; every other table gets TorchRec's types only.
-
-Tables a profile measures are priced, for every type, with the ids per sample the profile
-saw (as ``ParameterConstraints.pooling_factors``) unless the constraints give their own, so
-TorchRec's types and the plugin's are priced from the same reads.
+Design: docs/internals.md#planner-enumerator
 """
 
 import copy

@@ -1,32 +1,12 @@
 """A short collective probe of the links between ranks, run at plan time.
 
-What the planner prices with is what its pricing means by TorchRec's ``intra_host_bw`` and
-``inter_host_bw`` (bytes per ms): TorchRec prices a shard's all-to-all as the bytes its rank
-sends over the bandwidth, and the plugin prices its bytes per rank the same way, all ranks
-sending at once. So the probe times all-to-all rounds in which **every rank sends at once**
-and reports the rate at which one rank's bytes leave it:
+Times all-to-all rounds in which every rank sends at once and reports the rate at which
+one rank's bytes leave it (TorchRec's ``intra_host_bw`` / ``inter_host_bw`` unit, bytes
+per ms): ``intra`` within hosts, ``inter`` between hosts, and on request ``inter_one_way``.
+Latency is fitted out with a tiny and a large round; every rank ends with the same figures;
+rounds, bytes and time are bounded by :class:`ProbeBudget`.
 
-- ``intra``: each rank exchanges with the other ranks of its host only;
-- ``inter``: each rank exchanges with the ranks of the other hosts only. The ranks of a host
-  share its link, so with ``L`` ranks per host each gets about ``1/L`` of it (TorchRec's own
-  constants assume a NIC per GPU; a figure per rank prices both alike).
-
-On request (``kinds``) it also times ``inter_one_way``: the ranks of every other host send to
-the same local rank of the next host, which sends nothing back. That is the link's rate one way,
-what a bulk TCP transfer reports (``torchrec_het_bench.netem_measure``); the planner does not
-price it. An exchange can be slower: gloo's TCP pairs do not send and receive at full rate at
-once (about 0.5-0.7x of one way on a shaped link that TCP fills both ways at once).
-
-Hosts are TorchRec's: rank ``r`` is on host ``r // local_world_size``.
-
-Latency is removed with two sizes: the fastest of a few rounds of one element per peer gives
-a round's fixed cost; rounds then double from ``first_bytes`` until one takes ``target_s``
-(at most ``max_bytes`` per rank), and that size is repeated; ``time = latency + bytes /
-bandwidth`` is fitted through the fastest tiny and the fastest large round. Every decision
-uses times agreed by an ``all_reduce`` (the slowest rank's), so every rank runs the same
-rounds and ends with the same figures. Rounds, bytes and time are bounded (:class:`ProbeBudget`).
-The probe is device-agnostic: gloo groups send CPU tensors, other backends (NCCL) tensors on
-the current accelerator, synchronized before and after each round.
+Design: docs/internals.md#link-probe
 """
 
 import time
@@ -252,10 +232,7 @@ class _Rounds:
 
 
 def measure_kind(rounds: _Rounds, budget: ProbeBudget) -> LinkMeasurement:
-    """One kind: an untimed warm-up round (connections, communicators); a round's fixed cost from
-    the fastest of ``TINY_ROUNDS`` rounds of one element per peer; rounds that double until one
-    takes ``target_s`` twice (a noisy round alone does not stop them), reach ``max_bytes`` or the
-    time runs short; that size ``repeats`` more times; the fit through the fastest of each."""
+    """Measures one kind: warm-up, latency from tiny rounds, doubling rounds up to ``target_s``, repeats, fit."""
     rounds.run(1)
     rounds.restart_clock()  # every rank has arrived: a rank that came late does not eat the budget
     tiny_s = min(rounds.run(1) for _ in range(TINY_ROUNDS))

@@ -1,31 +1,11 @@
 """Expected embedding bytes per step of the plugin's sharding types (pure).
 
-Every figure is bytes per training step summed over ranks (what the benchmark counts),
-for one table, from its rows' reads per step (:mod:`torchrec_het.planner.access`).
+Every figure is bytes per training step summed over ranks (what the benchmark counts), for
+one table, from its rows' reads per step (:mod:`torchrec_het.planner.access`), for
+``het_row_replicated`` (bags and sequences), ``het_cached_row_wise``, and ``row_wise`` /
+``table_wise`` for comparison.
 
-``het_row_replicated`` (hot rows replicated, the rest row-wise, partial sums on the wire)
-  forward: each cold id read from another rank goes as (id, bag) = 16 bytes; each bag
-  gets one partial (dim floats) back from every remote server its cold ids live on.
-  backward: one gradient per partial, and the replicated rows' gradients combined over
-  ranks every ``sync_every`` steps: a sparse all-gather of the touched rows or a dense
-  all-reduce of the hot block, whichever is smaller. On several hosts the combine runs
-  within hosts, then between host leaders: 1 in ``world_size - 1`` of its bytes crosses
-  hosts. Rows of the per-host tier are read from their host's holder (the partial and its
-  gradient stay within the host) and every host that read one in a step sends its summed
-  gradient (and id) to the other hosts' holders.
-``het_row_replicated`` for sequences (EmbeddingCollection, unpooled)
-  each rank asks every remote server once per distinct cold row it needs (id, 8 bytes)
-  and gets the row back; the backward sends one summed gradient per such row; replicated
-  rows sync as for bags.
-``het_cached_row_wise`` (HET cache of remote rows)
-  a remote read that finds its row in the cache within the read bound costs the id and
-  version (16 bytes, ``het`` protocol) or nothing (``lease``); a miss also brings the
-  row. Cached rows are the hottest ``capacity`` rows; with ``s_read = 0`` a cached copy of
-  a row that is written every step is never valid, so only ``s_read >= 1`` earns hits.
-  Gradients of remote rows go to their owners once per ``s_write + 1`` steps.
-``row_wise`` / ``table_wise`` (for comparison; the planner prices them with TorchRec's model)
-  ids to owners; pooled rows back (table_wise) or per-rank partials of every bag
-  (row_wise's reduce-scatter), and the same bytes back as gradients.
+Model: docs/internals.md#planner-traffic
 """
 
 import math

@@ -1,16 +1,11 @@
 """The typed per-batch context of the plugin's sharding types, in TorchRec's sharding-context slot.
 
-TorchRec threads one module context per batch through ``input_dist(ctx, features)`` and
-``compute_and_output_dist(ctx, input)``; each sharding has an entry in ``ctx.sharding_contexts``,
-and its output dist receives that entry (``dist(embs, sharding_ctx)``). A plugin sharding's entry
-is a :class:`HetShardingContext`: TorchRec's own fields, plus the batch its input dist planned
-(``batch``: the type's own dataclass, ``CachedBatch`` or ``ReplicatedBagBatch`` /
-``ReplicatedSequenceBatch``) and whether the module was training at the input dist.
+:class:`HetShardingContext` is TorchRec's sharding context plus the batch the input dist
+planned (``CachedBatch``, ``ReplicatedBagBatch`` or ``ReplicatedSequenceBatch``) and whether
+the module was training. :class:`PlannedBatch` carries it on the input dist's awaitable;
+:func:`het_sharding_context` and :class:`ContextBoundLookup` put it in place.
 
-The input dist keeps the batch on the awaitable it returns (:class:`PlannedBatch`); the plugin's
-sharded modules (``torchrec_het.sharders``) put the context in place right after TorchRec's
-``input_dist`` (:func:`het_sharding_context`) and call a plugin lookup ``lookup(features,
-sharding_ctx)`` (:class:`ContextBoundLookup`).
+Design: docs/internals.md#sharding-context
 """
 
 from dataclasses import dataclass, field, fields

@@ -1,30 +1,12 @@
-"""The end of every pipelined plugin lookup's output dist: bags of rows, one autograd function.
+"""The end of every plugin lookup's output dist: bags of rows, one autograd function.
 
-For every bag of the output (HET's pooled bags, replicated bags, or one row per position
-of a sequence)::
+Every output bag is ``sum over its entries e of weight_e * rows_e / divisor[bag]`` (divisor:
+the bag's length for mean pooling, else 1), each entry reading a row of a :class:`Source`
+(HET cache rows, a replica block, rows or partial sums received). The backward is the
+transpose, into each source's ``sink`` or back to autograd. A :class:`Part` is the bags of one
+width; several parts fill the columns of one ``[batch, width]`` output.
 
-    out[bag] = sum over the bag's entries e of weight_e * rows_e / divisor[bag]
-
-(divisor: the bag's length for mean pooling, else 1). An entry reads a row of a
-:class:`Source`: the HET cache's rows of a step, a replica block, or the rows or partial
-sums received from owners. The backward is the transpose: each source gets the gradient
-of the rows its entries read, times the plan's scale (TorchRec's row-wise gradient
-division; HET's write path applies it itself), in its ``sink`` (HET's write path, a
-replica block) or, for a source without one (what an owner sent), as the gradient
-autograd returns for its rows.
-
-A :class:`Part` is the bags of one width; several parts (HET: one per group; replicated
-bags of mixed widths: one per width, their partials cut out of the received buffer by an
-``index_select`` before the function) fill the columns of one ``[batch, width]`` output.
-How a part is computed (CPU fast paths: ``x[idx]`` and ``index_copy_`` of rows are several
-times slower than ``index_select`` there):
-
-- entries in a precomputed bag order (HET): one ``embedding_bag``; with a row order its
-  backward is one more ``embedding_bag`` into row gradients;
-- one entry per bag (sequences): one ``index_select`` from the sources' rows, of which only
-  the rows read are gathered where that is fewer than the whole source (a replica block);
-- otherwise: one ``index_add_`` per source; a source with one entry per row (the partial
-  sums) gets its gradient by one ``index_select``.
+Design (backward, CPU fast paths): docs/internals.md#output-layout
 """
 
 from collections.abc import Callable

@@ -1,37 +1,11 @@
-"""The dists of ``het_cached_row_wise``: every collective of the type, as TorchRec awaitables (the
-protocol is in :mod:`~torchrec_het.sharding.het_cache.lookup`; the lookup is local compute).
+"""The dists of ``het_cached_row_wise``: every collective of the type, as TorchRec awaitables.
 
-input dist (:class:`HetRequestsDist`, two awaitables as TorchRec's row-wise dist)
-  the lookup plans the batch's reads and requests
-  (:meth:`~torchrec_het.sharding.het_cache.lookup.HetCachedEmbeddingLookup.plan_requests`).
-  First awaitable: every rank's request counts (and batch size), one all-gather
-  (:func:`~torchrec_het.sharding.common.counts.gather_counts`). Second: the requests, one int64
-  all-to-all (none when no rank asks another anything). The batch's own KJT comes out; the
-  batch (:class:`~torchrec_het.sharding.het_cache.batch.CachedBatch`) is the first awaitable's
-  ``batch``, which the sharded module puts in the batch's sharding context
-  (:class:`~torchrec_het.sharding.common.context.HetShardingContext`) for the lookup and the output dist.
-output dist (:class:`HetRowsDist`)
-  starts the owners' versions on their way back (int64 all-to-all, sizes known from the input
-  dist); its awaitable waits for them, sizes and runs the rows' all-to-all (with the backward's
-  push counts as a header), and has the lookup settle and pool: ``[batch, width]`` bags whose
-  backward starts the pushes.
-pushes (:class:`HetPushDist`)
-  the backward's gradient pushes to the owners (one all-to-all, started in the backward and
-  waited for at the next lookup), their counts where they do not ride the rows' exchange, and
-  the flush's exchanges (:class:`~torchrec_het.sharding.het_cache.pushes.HetPushes` prepares and
-  applies them).
+:class:`HetRequestsDist` (input dist: request counts, then requests), :class:`HetRowsDist`
+(output dist: the owners' versions, then the rows, then local settle and pooling) and
+:class:`HetPushDist` (the backward's gradient pushes and the flush). The protocol is in
+:mod:`~torchrec_het.sharding.het_cache.lookup`; the lookup is local compute.
 
-Collectives per step, whatever the number of groups: forward 4 (counts all-gather, requests,
-versions, rows), backward 1 (pushes); host syncs 3 (the counts, the rows' splits, the pushes'
-splits).
-
-Fetching ahead (``lookup.ahead``: one step of lag fits every group's read bound) the first
-awaitable also waits for the requests, has the owners answer, brings their versions back and
-starts the rows' all-to-all; the second waits for the rows. Under ``TrainPipelineSparseDist`` all
-of it runs between the previous batch's forward and backward, and the forward exchanges nothing.
-The push counts then go out in the backward: collectives 4 in the input dist, 0 in the forward, 2
-in the backward; host syncs 4 (the counts, the rows' splits, the cache's rescan decision, the
-pushes' splits).
+Design (collectives and host syncs per step, fetching ahead): docs/internals.md#het-cache-dists
 """
 
 from typing import Protocol

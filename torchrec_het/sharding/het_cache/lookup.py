@@ -1,45 +1,13 @@
 """The lookup of ``het_cached_row_wise``: owned rows locally, remote rows from a stale-tolerant cache.
 
-Each rank owns a row range of every table (TorchRec's row-wise shard, held by the stock fused
-FBGEMM kernel this class extends) and caches rows of the other ranges. Tables of one dim and one
-cache setting share a fused id space and a cache (:mod:`~torchrec_het.sharding.het_cache.groups`);
-all groups of a lookup travel in the same exchanges (a request is a *global* id: the group's base
-plus its fused id), so the number of collectives per step does not grow with the groups.
+Each rank owns a row range of every table (held by the stock fused FBGEMM kernel this class
+extends) and caches rows of the other ranges. The lookup is local compute: its dists
+(:mod:`~torchrec_het.sharding.het_cache.dists`) carry every exchange and call its stages
+(:meth:`~HetCachedEmbeddingLookup.plan_requests`, :meth:`~HetCachedEmbeddingLookup.forward`,
+:meth:`~HetCachedEmbeddingLookup.rows_request`, :meth:`~HetCachedEmbeddingLookup.settle_fetched`);
+the rules are in :mod:`~torchrec_het.sharding.het_cache.protocol`.
 
-The lookup is local compute: its dists (:mod:`~torchrec_het.sharding.het_cache.dists`) carry
-every exchange and call it at each stage; the rules are in :mod:`~torchrec_het.sharding.het_cache.protocol`.
-
-input dist
-  :meth:`~HetCachedEmbeddingLookup.plan_requests`: the batch's distinct ids per group, and for
-  the remote ids the bound does not cover without asking, (id, cached version *now*, -1 if none)
-  to their owners. The slots the batch refers to are pinned until it settles (or an owner could
-  decide "the requester holds a copy" of a row that is gone).
-lookup (:meth:`~HetCachedEmbeddingLookup.forward`)
-  the previous backward's pushes are applied (so versions and rows include them); the owner
-  answers (:meth:`~HetCachedEmbeddingLookup.answer`): every requested row's current version, and
-  the rows the rule sends.
-output dist
-  both sides apply the rule to (held as sent, current), so the requester knows which rows come
-  (:meth:`~HetCachedEmbeddingLookup.rows_request`: one host sync, which also carries the cache's
-  rescan decision); slots are taken before the rows come, so this step's backward pushes are known
-  and travel as a header in the rows' exchange. Then the cache settles and the bags are pooled
-  locally (:meth:`~HetCachedEmbeddingLookup.settle_fetched`), their backward feeding the write
-  path (:mod:`~torchrec_het.sharding.het_cache.pushes`).
-
-Fetching ahead (``ahead``: one step of lag fits every group's read bound, :func:`~torchrec_het.sharding.het_cache.protocol.read_bounds`)
-the owners answer in the input dist with the bound less the margin, and the forward only settles
-and pools (:meth:`~HetCachedEmbeddingLookup.settle_ahead`).
-
-Why a copy refreshed in between stays within the bound: under ``TrainPipelineSparseDist`` batch i
-may settle after batch i+1 reported a copy as ``held`` (version ``h``), refreshing it to ``h' >=
-h`` (versions only grow; the pin keeps the slot). If the owner keeps the row (``current - h <=
-bound``), ``current - h' <= bound``; if it sends it, the copy is replaced. The staleness histogram
-records ``current - h'``. This needs each forward's backward before the next forward's lookup (a
-forward without backward is fine: its planned pushes stay queued); TorchRec's pipelines keep it.
-
-Evaluation (the module not ``training`` at the input dist) reads under the same bounds, advances
-no clock and changes no cache slot. With ``s_read = s_write = 0`` every remote row is fetched
-fresh and every gradient is applied at its owner before the next read: stock row-wise training.
+Design: docs/internals.md#het-cache-lookup
 """
 
 import torch
@@ -157,13 +125,10 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             g.stats = type(g.stats)(len(g.tables), g.dim, self._compute_device)
 
     def allow_batches_ahead(self) -> None:
-        """Lets later batches run their forward before this batch's backward (a pipeline that looks
-        batches up ahead, :class:`~torchrec_het.pipeline.HybridTrainPipeline`).
+        """Lets later batches run their forward before this batch's backward (:class:`~torchrec_het.pipeline.HybridTrainPipeline`).
 
-        A settled batch's cache slots stay pinned until its backward, so no later batch evicts a
-        row it will add its gradient to; rows evicted dirty meanwhile, and the rows a backward
-        pushes, go out with the next backward, whose push counts travel just before it (one
-        small all-to-all more per step). Every rank must call it (a collective protocol).
+        A settled batch's slots stay pinned until its backward; push counts travel just before each
+        backward (one small all-to-all more per step). Every rank must call it (a collective protocol).
         """
         self.pushes.batches_ahead = True
 
@@ -215,10 +180,10 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         forward_stream=None,
         sharding_ctx: HetShardingContext[CachedBatch] | None = None,
     ) -> None:  # noqa: ARG002
-        """What ``PrefetchTrainPipelineSparseDist`` calls for batch i+1 after the forward of batch i
-        and before its backward: the bag orders the pooling needs (a pure function of the batch)
-        are built here, off the forward's path. Nothing that batch i's backward changes is read.
-        Without the batch's sharding context (a caller that passes none) there is nothing to prepare.
+        """Called by ``PrefetchTrainPipelineSparseDist`` for batch i+1 between batch i's forward and backward.
+
+        Builds the bag orders the pooling needs (a pure function of the batch), off the forward's
+        path; reads nothing batch i's backward changes. Without a sharding context it does nothing.
         """
         if sharding_ctx is None:
             return
@@ -230,10 +195,10 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
     def forward(
         self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[CachedBatch]
     ) -> torch.Tensor:  # noqa: ARG002
-        """Owner side: the current version of every requested row, and the rows the rule sends
-        (flat, in request order), which the output dist carries back. Fetching ahead, the input
-        dist has done all of it: nothing is left here but the previous backward's pushes.
-        ``sharding_ctx.batch``: what the input dist planned and received for this batch."""
+        """Owner side: each requested row's current version and the rows the rule sends (flat, in request order).
+
+        Fetching ahead, the input dist did all of it and only the previous backward's pushes are
+        applied here. ``sharding_ctx.batch``: what the input dist planned and received."""
         batch = sharding_ctx.batch
         self.pushes.apply_arrived()  # the previous backward's pushes: versions and rows below include them
         self.pushes.skip_unanswered()
@@ -283,11 +248,9 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
     # --- fetching ahead: the owners' side in the input dist ---------------------------------
 
     def answer_ahead(self, batch: CachedBatch) -> None:
-        """From the input dist's first awaitable, once the requests arrived: the owners answer with
-        the margin rule (:data:`ahead`). Under ``TrainPipelineSparseDist`` this runs after the
-        forward of the previous batch and before its backward, so the owner's versions and rows
-        miss that backward's pushes: the values served are one step old, and the margin covers
-        what one step can add."""
+        """Owners answer with the margin rule (:data:`ahead`) once the requests arrived (input dist's first awaitable).
+
+        The values served miss the previous backward's pushes; the margin covers one step of them."""
         self.pushes.apply_arrived()  # a plain loop: the previous backward's pushes (pipelined: already applied)
         self.answer(batch, self._bounds_ahead)
 
@@ -322,10 +285,10 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
     def rows_request(
         self, batch: CachedBatch, replies: torch.Tensor, training: bool
     ) -> tuple[torch.Tensor, list[int], list[int]]:
-        """Requester side, once the owners' versions came: which rows come, slots for them, and what
-        goes out in the rows' exchange: to each rank a header (how many gradients this rank will push
-        to it in the backward, per group), then the rows it asked for. Returns (what to send, send
-        sizes, receive sizes); one host sync."""
+        """Requester side, once the owners' versions came: which rows come, their slots, and what to send.
+
+        Each rank gets a header (the gradients this rank will push to it in the backward, per group),
+        then the rows it asked for. Returns (what to send, send sizes, receive sizes); one host sync."""
         ws, heads, device = self._ws, max(len(self._groups), 1), self._compute_device
         widths = self._fetch_widths.index_select(0, batch.group)
         brings = protocol.sends(batch.held, replies, self._bounds.index_select(0, batch.group))

@@ -1,16 +1,9 @@
 """The rules of ``het_cached_row_wise``, per group of tables: what a requester asks, what an owner
-sends, what the requester's cache keeps. Local compute on one group's tensors (the lookup,
-:mod:`~torchrec_het.sharding.het_cache.lookup`, runs them; its dists carry what they decide).
+sends, what the requester's cache keeps (:func:`plan_read`, :func:`asked_ids`, :func:`sends`,
+:func:`settle`). Local compute on one group's tensors; the lookup runs them and its dists carry
+what they decide.
 
-- read: the batch's distinct ids, owned or remote (:func:`plan_read`); of the remote ones, those
-  whose copy the bound does not cover without asking (``het``: all; ``lease``: those whose lease
-  ran out, :func:`asked_ids`) go to their owners with the version the cache holds (-1: none).
-- answer: the owner sends a row when the requester holds none or holds it more than the bound
-  behind (:func:`sends`: ``held < 0 or current - held > bound``). Both sides apply the rule to the
-  same numbers, so the requester knows which rows come before they do.
-- settle: a training batch refreshes its stale copies, fills new ones, renews leases and records
-  its uses (:func:`settle`); an evaluation batch reads the same rows and leaves the cache as it
-  found it (nothing admitted, refreshed, renewed or touched).
+Design: docs/internals.md#het-cache-protocol
 """
 
 import torch
@@ -26,15 +19,8 @@ def read_bounds(
     """(each group's bound on a held copy's lag; the same when the owners answer one step early;
     whether they may: ``ahead``).
 
-    ``het`` bounds versions by ``s_read``; a ``lease`` renewal brings the row whenever the owner
-    has moved on at all (0). Fetching ahead (the whole exchange in the input dist, values one step
-    old) where one step of lag fits every group's bound: a version counts updates, and in one step
-    each rank pushes a row at most once, with at most ``s_write + 1`` updates (its pending count
-    passes ``s_write``, or fewer at an eviction or flush), so one step adds at most ``margin = ws *
-    (s_write + 1)``. ``het``: the owner keeps a copy when ``current - held <= s_read - margin``, so
-    at the read it is at most ``s_read`` behind; a row it sends is at most ``margin`` behind.
-    ``lease`` (bound in steps): the owner's answer counts as given at the step before, so a lease
-    never outlives ``s_read``.
+    Fetching ahead is allowed where one step of lag, ``margin = ws * (s_write + 1)`` updates,
+    fits every group's bound (why: docs/internals.md#het-cache-protocol).
     """
     bounds = torch.tensor(
         [g.settings.s_read if g.settings.protocol == "het" else 0 for g in groups], dtype=torch.int64, device=device
@@ -115,10 +101,9 @@ def settle(
 ) -> torch.Tensor:
     """Requester side: the rows of the batch (``read.rows``), the cache settled, the counters counted.
 
-    Training refreshes stale copies, fills new rows, renews leases and records the uses; evaluation
-    reads the same values (a stale copy as its refresh would make it: the owner's row plus this
-    rank's pending updates) and changes no slot. The pins the input dist took are released
-    (``keep_pinned``: the cached slots stay pinned until the batch's backward).
+    Training refreshes stale copies, fills new rows, renews leases and records the uses;
+    evaluation reads the same values and changes no slot. The input dist's pins are released
+    (``keep_pinned``: cached slots stay pinned until the batch's backward).
 
     Args:
         versions: the owners' version of each of the group's requests.

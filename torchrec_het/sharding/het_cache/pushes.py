@@ -1,14 +1,10 @@
-"""The write path of ``het_cached_row_wise``: what each backward pushes to the owners, and the owners'
-updates. :class:`HetPushes` is a collaborator of the lookup with its own state (the dirty rows
-waiting to go, the batches whose backward is due, the pushes in flight); its exchanges are issued
-by the type's push dist (:class:`~torchrec_het.sharding.het_cache.dists.HetPushDist`).
+"""The write path of ``het_cached_row_wise``: what each backward pushes to the owners, and the owners' updates.
 
-The backward of a batch calls :meth:`HetPushes.write_back` with every distinct row's gradient:
-cached rows take a local optimizer step (with the row's state as this rank knows it) and keep
-their gradient pending until the write bound is due; owned rows, rows that found no cache slot,
-due rows and dirty evictions go to their owners in one asynchronous all-to-all, which the next
-lookup, ``flush`` or ``purge`` waits for (:meth:`HetPushes.apply_arrived`). Owners apply the
-table's fused optimizer once per row with the summed gradient and move the row's version on.
+:class:`HetPushes` is a collaborator of the lookup with its own state (dirty rows waiting, due
+backwards, pushes in flight); its exchanges are issued by
+:class:`~torchrec_het.sharding.het_cache.dists.HetPushDist`.
+
+Design: docs/internals.md#het-cache-pushes
 """
 
 from collections import deque

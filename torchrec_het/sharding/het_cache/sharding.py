@@ -1,13 +1,10 @@
 """``het_cached_row_wise``: row-wise owners, a stale-tolerant cache of remote rows on every rank.
 
-In TorchRec's grammar (:mod:`~torchrec_het.sharding.het_cache.dists`): the input dist sends
-each batch's requests (id, cached version) to the owners; the lookup
-(:class:`HetCachedEmbeddingLookup`) is local compute (the owner's answer); the output
-dist brings versions and rows back, settles the cache and pools the bags where the
-batch lives; where the read bound allows one step of lag, the whole fetch rides the input
-dist instead. Shards, grouping, state dict and fused optimizer are row-wise's own.
-Each table's cache settings come from its plan entry
-(:class:`~torchrec_het.plan_options.HetParameterSharding` ``options``, a ``CacheSettings``).
+In TorchRec's grammar: the input dist sends requests, the lookup
+(:class:`HetCachedEmbeddingLookup`) is local compute, the output dist brings rows back,
+settles the cache and pools (:mod:`~torchrec_het.sharding.het_cache.dists`). Shards, grouping,
+state dict and fused optimizer are row-wise's own; each table's ``CacheSettings`` come from
+its plan entry (:class:`~torchrec_het.plan_options.HetParameterSharding` ``options``).
 """
 
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding

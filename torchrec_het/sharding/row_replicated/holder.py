@@ -130,10 +130,8 @@ class ReplicaHolder:
         return self.blocks + self.host_blocks
 
     def observe(self, ids: torch.Tensor, training: bool) -> None:
-        """From the input dist: moves started replica syncs on (their gradients' all-reduce
-        overlaps this batch's ids); while the online profile runs, counts the ids of training
-        batches (``training``: the sharded module's mode), and after the last counted batch every
-        rank's counts choose the hot rows (one all-reduce)."""
+        """From the input dist: moves started replica syncs on and, while the online profile runs,
+        counts training batches' ids; after the last counted batch the hot rows are chosen (one all-reduce)."""
         for block in self._all_blocks():
             block.advance()
         if self._online_counts is None or not training:  # evaluation batches are not counted
@@ -204,10 +202,8 @@ class ReplicaHolder:
     def read_hot(self, slots_per_block: list[torch.Tensor]) -> list[HotRead]:
         """At the lookup, right after :meth:`begin_read`: per block, the rows a batch reads.
 
-        The rows are copied now, beside the owners' pooling of the cold ids, so every row of a
-        batch is read at one moment even when its output dist finishes steps later (the hybrid
-        pipeline looks a batch up k steps ahead and finishes it one step ahead: pooling hot rows
-        then read them fresher than its cold rows, and cost AUC). Their gradients go to the
+        Copied now, beside the owners' pooling of the cold ids, so all of a batch's rows are read
+        at one moment (why: docs/internals.md#row-replicated-holder). Their gradients go to the
         block the batch read."""
         return [
             HotRead(block, slots, block.weights.index_select(0, slots))

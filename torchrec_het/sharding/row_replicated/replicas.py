@@ -1,14 +1,11 @@
 """Hot rows replicated on every rank: one dense block per embedding width, kept identical everywhere.
 
-A :class:`ReplicaBlock` holds the hot rows of tables of one width as a ``[rows, dim]``
-tensor plus the optimizer state the owners' FBGEMM kernels keep for them. Every rank
-reads its hot ids from it; the backward adds the rows' gradients to a pending buffer, and
-every ``sync_every`` steps a sync starts: touch counts are all-reduced at once, the touched
-rows' gradients once those are in (:meth:`ReplicaBlock.advance`). :meth:`ReplicaBlock.wait`
-applies the sums with the owners' optimizer arithmetic (:func:`~torchrec_het._tbe.step_rows`,
-the one the owners' row updates use) before the next
-read and writes the new rows and state through to the owners' shards, so a state dict or
-checkpoint always sees current values.
+A :class:`ReplicaBlock` holds the hot rows of tables of one width plus the owners' optimizer
+state for them. Reads come from the block; gradients are summed over ranks every
+``sync_every`` steps and applied with the owners' arithmetic before the next read, written
+through to the owners' shards so a state dict always sees current values.
+
+Design: docs/internals.md#row-replicated-replicas
 """
 
 from dataclasses import dataclass
@@ -35,15 +32,9 @@ class OwnedRows:
 class ReplicaBlock:
     """The hot rows of tables of one width, replicated on every rank of ``pg``.
 
-    A sync is sparse: one all-reduce of how often each row was touched (started in the
-    backward, 4 bytes a row), then, before the next read, one all-reduce of the gradients of
-    the rows any rank touched. Every rank then applies the same sums to the same agreed rows:
-    after a sync, copies are identical.
-
-    Synced every k > 1 steps, a rank also steps its own copy with its own gradients at once
-    (the optimizer's step, on its local state), so its reads between syncs miss only the other
-    ranks' updates, as a HET cache's reads do; the agreed rows and state (``agreed_weights``,
-    ``agreed_state``) are what the next sync steps from, and the sync replaces the local steps.
+    A sync is sparse (touch counts, then the touched rows' gradients) and leaves every copy
+    identical. Synced every k > 1 steps, a rank also steps its own copy with its own gradients at
+    once; ``agreed_weights`` / ``agreed_state`` are what the next sync steps from.
 
     Args:
         hot_ids: sorted fused ids of the hot rows (the lookup's id space).
@@ -124,9 +115,7 @@ class ReplicaBlock:
     def add_grads(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
         """Backward: this rank's gradients of rows ``slots`` (repeats summed); starts the sync when due.
 
-        A sync started by an earlier backward and not yet applied (a pipeline that runs several
-        backwards between two lookups, as the hybrid pipeline does while it drains) is applied
-        first: its steps stay separate steps, which an Adagrad-family state tells apart."""
+        A sync started earlier and not yet applied is applied first, so its steps stay separate."""
         if self.weights.size(0) == 0:  # no hot rows: nothing to keep in sync (the same on every rank)
             return
         if self.steps_held >= self.sync_every:
@@ -214,15 +203,8 @@ class ReplicaBlock:
     def _apply(self, touched: torch.Tensor, summed: torch.Tensor, touches: torch.Tensor) -> None:  # noqa: ARG002
         """Steps the touched rows with the gradients summed over ranks (and the held steps).
 
-        Synced every step, this is the synchronous step. Held over k > 1 steps (Adagrad
-        family), the squared-gradient state must grow by the squares of the k synchronous
-        gradients, each a sum over ranks. Each rank knows its own steps exactly (``Q_r``, the
-        sum of its steps' squares, and ``S_r``, its sum); the sync sums ``S = sum S_r`` and
-        ``sum (Q_r - S_r**2)`` and the state grows by ``S**2 + sum (Q_r - S_r**2)`` (at least 0):
-        exactly the k steps' squares when one rank touched the row, and the synchronous step's
-        when k = 1; in between, the cross-rank products of different steps stand in for those
-        of the same step, and the growth is never below ``S**2 / k`` (opposite-signed holders
-        could cancel the estimate). The step is :func:`~torchrec_het._tbe.step_rows_held`.
+        The state grows by ``S**2 + sum (Q_r - S_r**2)`` (at least ``S**2 / k``); the step is
+        :func:`~torchrec_het._tbe.step_rows_held`. Why: docs/internals.md#row-replicated-replicas
         """
         lr = self._rates(touched)
         agreed_weights, agreed_state = (

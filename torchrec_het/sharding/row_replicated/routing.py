@@ -1,15 +1,11 @@
 """Where a ``het_row_replicated`` id is read: tables of one width with their tiers, and one id space over all.
 
 :class:`ReplicaGroup`: tables of one lookup that share a dimension, with their tiers and the
-per-host rows each local rank holds. :class:`IdLayout`: one id space over every table of a sharding (static indexes,
-built once), as the input dists route a batch's ids with it.
+per-host rows each local rank holds. :class:`IdLayout`: one id space over every table of a
+sharding (static indexes, built once), with which the input dists route a batch's ids
+(:meth:`IdLayout.route`).
 
-Every row lives in its row-wise owner's shard (the copy checkpoints export). Hot rows
-have more holders: a row of the *replicated* tier is held by every rank, which reads it
-itself; a row of the *per-host* tier by one rank per host, the one whose local rank is its
-owner's (so on the owner's host the owner itself holds it), and every rank of a host sends
-its ids of that row to the host's holder (:meth:`IdLayout.route`). Holders keep their
-copies in replica blocks (:mod:`~torchrec_het.sharding.row_replicated.replicas`).
+Design (who holds which row): docs/internals.md#row-replicated-routing
 """
 
 import torch

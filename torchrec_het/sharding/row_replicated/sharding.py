@@ -1,56 +1,14 @@
 """``het_row_replicated``: row-wise owners, hot rows replicated (FlexShard), partial sums on the wire (DES).
 
-Row-wise shards (TorchRec's own, with their fused FBGEMM kernels; grouping, state dict and
-fused optimizer are row-wise's own) plus the hot rows of every table replicated on every rank
-or, on several hosts, held once per host
-(:mod:`~torchrec_het.sharding.row_replicated.replicas`), in TorchRec's three stages
-(:mod:`~torchrec_het.sharding.row_replicated.dists`, :mod:`~torchrec_het.sharding.row_replicated.lookup`).
+TorchRec's row-wise shards (fused FBGEMM kernels, row-wise grouping, state dict and fused
+optimizer) plus the hot rows of every table replicated on every rank, or held once per host
+on several hosts (:mod:`~torchrec_het.sharding.row_replicated.replicas`), in TorchRec's three
+stages (:mod:`~torchrec_het.sharding.row_replicated.dists`,
+:mod:`~torchrec_het.sharding.row_replicated.lookup`). Bags: :class:`RowReplicatedPooledEmbeddingSharding`;
+sequences: :class:`RowReplicatedSequenceEmbeddingSharding`. With no hot rows each trains
+exactly as stock row-wise does.
 
-Bags (:class:`RowReplicatedPooledEmbeddingSharding`, EmbeddingBagCollections):
-
-input dist (:class:`~torchrec_het.sharding.row_replicated.dists.ColdIdsDist`, two awaitables as TorchRec's row-wise dist)
-  hot ids stay on the reader; every other id goes to its owner as (bag, row[, weight]).
-  First awaitable: every rank's send counts (and batch size), one all-gather. Second: the
-  ids, one all-to-all (none when no rank reads a row owned elsewhere: FAE's all-hot step).
-lookup (:class:`~torchrec_het.sharding.row_replicated.lookup.ReplicatedBagLookup`, local compute)
-  the owner pools what it received with its fused kernel, as stock row-wise does, and
-  keeps only the partial sums of bags that had ids (DES).
-output dist (:class:`~torchrec_het.sharding.row_replicated.dists.PartialSumsDist`)
-  partial sums back to their readers (one all-to-all, sparse: no empty bags), added to
-  the reader's hot rows (read from its replica blocks at the lookup), mean pooling applied (the shared
-  :mod:`~torchrec_het.sharding.common.output_layout`). Backward: partial gradients go back the same
-  way into the owners' fused kernels (their optimizer steps as in stock row-wise); hot
-  gradients are summed over ranks by one asynchronous all-reduce (every
-  ``replica_sync_every`` steps) applied before the next read.
-
-With no hot rows this is row-wise sharding with sparse partial sums in place of the
-reduce-scatter, and trains exactly as stock row-wise does.
-
-Sequences (:class:`RowReplicatedSequenceEmbeddingSharding`, EmbeddingCollections):
-
-input dist (:class:`~torchrec_het.sharding.row_replicated.dists.SequenceIdsDist`)
-  hot ids stay on the reader; every other **distinct** id goes to its owner once per
-  reader, as (position, row): one all-gather of counts, then one all-to-all.
-lookup (:class:`~torchrec_het.sharding.row_replicated.lookup.ReplicatedSequenceLookup`, local compute)
-  the owner's fused kernels read the rows it was asked for (their fused backward steps them).
-output dist (:class:`~torchrec_het.sharding.row_replicated.dists.SequenceRowsDist`)
-  the rows go back (one all-to-all) and the reader lays every position's row out in its
-  batch's order: hot ones from its replica blocks, cold ones from the rows received (one
-  gather, :mod:`~torchrec_het.sharding.common.output_layout`).
-  Backward: per distinct cold id the gradient summed over its positions goes back to the
-  owner, whose fused kernel steps the row as stock row-wise does; hot gradients are
-  summed over ranks by the replica blocks' syncs.
-
-With no hot rows this is row-wise sharding that moves each distinct row once per reader,
-and trains as stock row-wise does.
-
-The per-host tier (several hosts) is data in the same stages: a per-host row is held by one rank
-per host (:mod:`~torchrec_het.sharding.row_replicated.routing`); the input dists send its ids
-to the holder on the reader's host instead of its owner, the holder's lookup pools (bags) or
-reads (sequences) them from its per-host blocks beside its kernels' work, the output dists
-bring them back as any partial or row, and the blocks sum their gradients over the row's
-holders every step (:mod:`~torchrec_het.sharding.row_replicated.sync`), the owner's shard
-written through.
+Design (stages and collectives per step, per-host tier): docs/internals.md#row-replicated-sharding
 """
 
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
