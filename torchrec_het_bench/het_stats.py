@@ -2,23 +2,10 @@
 
 import torch
 
+from torchrec_het.sharding.het_cache.stats import COUNTERS
 from torchrec_het_bench.ideal_cache import lru_hits
 
-_COUNTERS = (
-    "lookups",
-    "unique_lookups",
-    "remote_unique",
-    "remote_lookups",
-    "hits_unique",
-    "hits_lookups",
-    "requests",
-    "rows_fetched",
-    "rows_pushed",
-    "evictions",
-    "dirty_evictions",
-    "ideal_lru_hits",
-    "ideal_lru_lookups",
-)
+_COUNTERS = (*COUNTERS, "ideal_lru_hits", "ideal_lru_lookups")  # the cache's own, then the ideal LRU's
 
 
 def ideal_lru(het_module, batches: list, counted_from: int, memo: dict) -> dict[str, tuple[int, int]]:
