@@ -8,14 +8,12 @@ second run trains stock table_wise under hybrid and semi-sync without evaluating
 the same losses show the evaluations (with the pipelines' batches in flight) change nothing.
 """
 
-import json
 import re
-import subprocess
-import sys
 
 import pytest
 
 from torchrec_het_bench.report import markdown_table
+from torchrec_het_testing.bench_runs import run_smoke_bench
 
 PIPELINES = ["sparse_dist", "hybrid", "semi_sync"]
 LABELS = ["sparse_dist", "hybrid_k2", "semi_sync"]
@@ -24,28 +22,8 @@ EVAL_EVERY = 5  # smoke: 3 warm-up steps and 3 rounds of 5: 18 steps
 
 
 def _bench(out, configs: list[str], *extra: str) -> tuple[dict, str]:
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchrec_het_bench",
-            "--preset",
-            "smoke",
-            "--configs",
-            ",".join(configs),
-            "--world-size",
-            "2",
-            "--out",
-            str(out),
-            "--no-progress",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads((out / "results.json").read_text()), run.stdout
+    results, run = run_smoke_bench(out, configs, *extra)
+    return results, run.stdout
 
 
 @pytest.fixture(scope="module")
@@ -178,29 +156,8 @@ def test_semi_sync_leaves_data_parallel_tables_not_run_with_the_reason(tmp_path)
     """TorchRec's semi-sync steps the data_parallel tables' weights (dense parameters) after it has
     started the next batch's lookup: autograd fails, after TorchRec warns that the pipelined module
     and the optimizer share parameters. The entry is not run, with the reason, and nothing warns."""
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchrec_het_bench",
-            "--preset",
-            "smoke",
-            "--configs",
-            "stock_dp_small",
-            "--pipeline",
-            "semi_sync",
-            "--world-size",
-            "2",
-            "--out",
-            str(tmp_path),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    (entry,) = json.loads((tmp_path / "results.json").read_text())["configs"]
+    results, run = run_smoke_bench(tmp_path, ["stock_dp_small"], "--pipeline", "semi_sync")
+    (entry,) = results["configs"]
     assert entry["name"] == "stock_dp_small" and "data_parallel" in entry["sharding_types"]
     assert "TrainPipelineSemiSync cannot train data_parallel tables" in entry["not_run"]
     assert f"not run: stock_dp_small: {entry['not_run']}" in run.stdout

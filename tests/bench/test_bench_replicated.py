@@ -1,13 +1,11 @@
 """A 2-rank smoke run of the row-replicated configurations beside stock ones, on both workloads."""
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from torchrec_het.planner.compute_costs import save_bytes_only_table
+from torchrec_het_testing.bench_runs import run_smoke_bench
 
 RUN = [
     "stock_table_wise",
@@ -27,27 +25,7 @@ def results(tmp_path_factory) -> dict:
     that what the planner picks trains exactly and moves fewer bytes."""
     out = tmp_path_factory.mktemp("bench_rep")
     on_par = save_bytes_only_table(out / "on_par.json", "tests: lookups on par with row_wise")
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchrec_het_bench",
-            "--preset",
-            "smoke",
-            "--configs",
-            ",".join(RUN),
-            "--world-size",
-            "2",
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, TORCHREC_HET_COMPUTE_COSTS=str(on_par)),
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
+    data, run = run_smoke_bench(out, RUN, env=dict(os.environ, TORCHREC_HET_COMPUTE_COSTS=str(on_par)))
     assert (out / "bytes_vs_memory.png").stat().st_size > 0
     # The printed table shows the replicated share of rows (hot rows), blank for other types.
     header = next(line for line in run.stdout.splitlines() if line.startswith("| workload | config |"))
@@ -58,7 +36,6 @@ def results(tmp_path_factory) -> dict:
         if line.startswith("| ") and line.count("|") == header.count("|")  # the main table's rows
     }
     assert hot["rep_m100_s1"].endswith("%") and hot["stock_table_wise"] == ""
-    data = json.loads((out / "results.json").read_text())
     return {c["name"]: c for c in data["configs"]}
 
 
@@ -101,29 +78,7 @@ def test_the_planned_configuration_picks_plugin_types_and_moves_fewer_bytes_than
 def fae_results(tmp_path_factory) -> dict:
     """A skewed stream (alpha 1.6) where whole batches of hot samples can form."""
     out = tmp_path_factory.mktemp("bench_fae")
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchrec_het_bench",
-            "--preset",
-            "smoke",
-            "--alpha",
-            "1.6",
-            "--configs",
-            "rep_m100_s1,rep_m100_s1_fae",
-            "--world-size",
-            "2",
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    data = json.loads((out / "results.json").read_text())
+    data, _ = run_smoke_bench(out, ["rep_m100_s1", "rep_m100_s1_fae"], "--alpha", "1.6")
     return {c["name"]: c for c in data["configs"]}
 
 

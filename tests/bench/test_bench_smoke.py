@@ -6,10 +6,7 @@ TrainPipelineSparseDist), with held-out AUC every 6 steps; a second run trains s
 table_wise in the plain loop, evaluating only at the end (the smoke preset's default).
 """
 
-import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,6 +15,7 @@ from torchrec_het_bench.data.sequence import TABLE_FEATURES
 from torchrec_het_bench.presets import get_preset
 from torchrec_het_bench.step_time import STEP_PARTS
 from torchrec_het_bench.workloads import open_workload_source
+from torchrec_het_testing.bench_runs import run_smoke_bench
 
 PHASES = {"fwd_ids", "fwd_emb", "bwd_grad", "dense_allreduce", "other"}
 COLLECTIVES = {"all_to_all", "reduce_scatter", "all_gather", "all_reduce", "broadcast"}
@@ -27,27 +25,7 @@ RUN = ["stock_table_wise", "seq_stock_table_wise", "stock_row_wise", "seq_stock_
 
 
 def _bench(out, configs: list[str], *extra: str) -> dict:
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchrec_het_bench",
-            "--preset",
-            "smoke",
-            "--configs",
-            ",".join(configs),
-            "--world-size",
-            "2",
-            "--out",
-            str(out),
-            "--no-progress",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
+    data, run = run_smoke_bench(out, configs, *extra)
     # The benchmark's own warnings are fixed (and TorchRec's about what it must do filtered narrowly): none shows.
     warned = [line for line in run.stderr.splitlines() if "warning" in line.lower()]
     assert not warned, "\n".join(warned[:20])
@@ -55,7 +33,7 @@ def _bench(out, configs: list[str], *extra: str) -> dict:
     assert "| HET hit rate (ideal LRU) | hot rows |" in run.stdout
     for name in ("results.json", "results.md", "results.png"):
         assert (out / name).stat().st_size > 0, name
-    return json.loads((out / "results.json").read_text())
+    return data
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,6 @@ here; and the verdict, the flags and the page, each on its own.
 """
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +12,7 @@ from torchrec_het_bench import __main__ as bench_main
 from torchrec_het_bench import docs, launch
 from torchrec_het_bench.soak import SoakSpec
 from torchrec_het_bench.soak_results import LIVE_SLACK, markdown_table, slope_per_1k_steps, verdict
+from torchrec_het_testing.bench_runs import run_smoke_bench
 
 CONFIGS = ["het_het_s10_c1", "rep_m100_s1"]  # het_cached_row_wise, het_row_replicated
 ENTRIES = [f"{config}@{pipeline}" for config in CONFIGS for pipeline in ("sparse_dist", "hybrid_k2")]
@@ -23,36 +22,12 @@ STEPS, WARMUP, EVERY = 200, 50, 50
 @pytest.fixture(scope="module")
 def soaked(tmp_path_factory) -> tuple[dict, str]:
     out = tmp_path_factory.mktemp("soak")
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torchrec_het_bench",
-            "--soak",
-            str(STEPS),
-            "--warmup-steps",
-            str(WARMUP),
-            "--soak-every",
-            str(EVERY),
-            "--preset",
-            "smoke",
-            "--configs",
-            ",".join(CONFIGS),
-            "--pipeline",
-            "sparse_dist,hybrid",
-            "--world-size",
-            "2",
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
+    results, run = run_smoke_bench(
+        out, CONFIGS, "--soak", str(STEPS), "--warmup-steps", str(WARMUP), "--soak-every", str(EVERY),
+        "--pipeline", "sparse_dist,hybrid", timeout=600,
+    )  # fmt: skip
     assert (out / "soak.png").stat().st_size > 0
-    return json.loads((out / "results.json").read_text()), run.stdout
+    return results, run.stdout
 
 
 def test_live_objects_stay_flat_after_warm_up_for_each_plugin_type_and_the_hybrid_pipeline(soaked) -> None:
