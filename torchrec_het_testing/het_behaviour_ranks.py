@@ -77,6 +77,19 @@ BAD_FEATURES = {  # malformed-batch case -> the feature its error message must n
 }
 
 
+CACHE_FIELDS = (  # what a row cache keeps between steps, compared field by field
+    "slot_ids",
+    "values",
+    "versions",
+    "validated_step",
+    "pending_count",
+    "pending_grad",
+    "pending_delta",
+    "last_used",
+    "frequency",
+)
+
+
 def case_name(settings: CacheSettings) -> str:
     """The label of a bounds case, e.g. ``het_r1_w2_c3_lru`` or ``lease_r3_w0_full_lfu``."""
     capacity = "full" if isinstance(settings.capacity, float) else f"c{settings.capacity}"
@@ -198,17 +211,7 @@ def _snapshot(lookups: list[HetCachedEmbeddingLookup], rank: int) -> dict[str, t
         out[f"{li}/outbox"] = torch.tensor([len(parts) for parts in lookup.pushes.outbox])
         for gi, g in enumerate(lookup.groups):
             cache = g.cache
-            for attr in (
-                "slot_ids",
-                "values",
-                "versions",
-                "validated_step",
-                "pending_count",
-                "pending_grad",
-                "pending_delta",
-                "last_used",
-                "frequency",
-            ):
+            for attr in CACHE_FIELDS:
                 out[f"{li}/{gi}/cache.{attr}"] = getattr(cache, attr).clone()
             out[f"{li}/{gi}/versions"] = g.versions.clone()
             for name, counter in g.stats.counters.items():

@@ -27,17 +27,6 @@ IN_LOOKUP_CASES = [
     CacheSettings(s_read=1, s_write=0, capacity=behaviour.PRESSURE_ROWS, protocol="lease"),
     CacheSettings(s_read=3, s_write=2, capacity=1.0, protocol="lease", policy="lfu"),
 ]
-CACHE_FIELDS = (
-    "slot_ids",
-    "values",
-    "versions",
-    "validated_step",
-    "pending_count",
-    "pending_grad",
-    "pending_delta",
-    "last_used",
-    "frequency",
-)
 
 
 def cache_state(lookups) -> dict[str, torch.Tensor]:
@@ -46,7 +35,7 @@ def cache_state(lookups) -> dict[str, torch.Tensor]:
     for li, lookup in enumerate(lookups):
         out[f"{li}/clock"] = torch.tensor(lookup.clock)
         for gi, g in enumerate(lookup.groups):
-            for field in CACHE_FIELDS:
+            for field in behaviour.CACHE_FIELDS:
                 out[f"{li}/{gi}/cache.{field}"] = getattr(g.cache, field).clone()
             out[f"{li}/{gi}/pins"] = g.pins.clone()
             out[f"{li}/{gi}/versions"] = g.versions.clone()
