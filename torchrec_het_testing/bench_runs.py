@@ -18,3 +18,15 @@ def run_smoke_bench(
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads((Path(out) / "results.json").read_text()), run
+
+
+def smoke_profile(path: Path | str, timeout: int = 300) -> str:
+    """Writes the row reads of the smoke preset's data (40 steps, every 4th counted) to ``path``
+    with ``python -m torchrec_het_bench.profile``; asserts it exited 0; returns ``path`` as a str."""
+    run = subprocess.run(
+        [sys.executable, "-m", "torchrec_het_bench.profile", "--preset", "smoke", "--steps", "40", "--every", "4",
+         "--out", str(path)],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    return str(path)

@@ -1,12 +1,11 @@
 """Settings shared by the fault tests: the launcher environment that plans each case."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from torchrec_het.planner.compute_costs import save_bytes_only_table
+from torchrec_het_testing.bench_runs import smoke_profile
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,22 +18,7 @@ def case_settings(tmp_path_factory) -> dict[str, dict[str, str]]:
     first with the recipe's ``TrainPipelineSparseDist`` made the hybrid pipeline (k = 1)."""
     folder = tmp_path_factory.mktemp("settings")
     costs = str(save_bytes_only_table(folder / "on_par.json", "tests: lookups on par with row_wise"))
-    profile = str(folder / "smoke.pt")
-    argv = [
-        sys.executable,
-        "-m",
-        "torchrec_het_bench.profile",
-        "--preset",
-        "smoke",
-        "--steps",
-        "40",
-        "--every",
-        "4",
-        "--out",
-        profile,
-    ]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    profile = smoke_profile(folder / "smoke.pt")
     common = {"TORCHREC_HET_COMPUTE_COSTS": costs}
     return {
         "het_cached_row_wise": {**common, "TORCHREC_HET_ALPHA": "1.05"},

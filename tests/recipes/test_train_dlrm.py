@@ -7,7 +7,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from torchrec_het.planner.compute_costs import save_bytes_only_table
+from torchrec_het_testing.bench_runs import smoke_profile as write_smoke_profile
 from torchrec_het_testing.launched import LaunchedRun, first_match
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,23 +76,7 @@ STEPS, EVERY = 10, 3
 @pytest.fixture(scope="module")
 def smoke_profile(tmp_path_factory) -> str:
     """Row reads of the smoke preset's data: with it the launched trainer plans het_row_replicated."""
-    path = str(tmp_path_factory.mktemp("profile") / "smoke.pt")
-    argv = [
-        sys.executable,
-        "-m",
-        "torchrec_het_bench.profile",
-        "--preset",
-        "smoke",
-        "--steps",
-        "40",
-        "--every",
-        "4",
-        "--out",
-        path,
-    ]
-    run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return path
+    return write_smoke_profile(tmp_path_factory.mktemp("profile") / "smoke.pt", timeout=120)
 
 
 @pytest.mark.parametrize("sharding_type", ["het_cached_row_wise", "het_row_replicated"])
