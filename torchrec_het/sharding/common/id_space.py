@@ -158,6 +158,22 @@ def flatten_batch(
     return bags, values.long() + torch.repeat_interleave(position_base, per_position, output_size=n)
 
 
+def sample_major(feature_bags: torch.Tensor, features: int, batch: int):
+    """Entries in feature-major bag order (``feature_bags``: ``position * batch + sample``, never
+    decreasing) put in the output's sample-major order (``sample * features + position``), with no
+    sort: (each entry's sample-major bag, the entries in that order, the ``[features * batch + 1]``
+    offsets of the sample-major bags)."""
+    n, device = feature_bags.numel(), feature_bags.device
+    bags = feature_bags % batch * features + feature_bags // batch
+    counts = torch.bincount(bags, minlength=features * batch)
+    offsets = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=device)
+    torch.cumsum(counts, 0, out=offsets[1:])
+    by_feature = counts.view(batch, features).t().reshape(-1)
+    feature_starts = torch.cumsum(by_feature, 0) - by_feature
+    at = offsets.index_select(0, bags) + torch.arange(n, device=device) - feature_starts.index_select(0, feature_bags)
+    return bags, torch.empty_like(at).index_copy_(0, at, torch.arange(n, device=device)), offsets
+
+
 def bag_divisors(lengths: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
     """float ``[positions, batch]``: each bag's length where its position pools by mean, else 1."""
     return torch.where(mean.unsqueeze(1), lengths.clamp(min=1), 1).float()

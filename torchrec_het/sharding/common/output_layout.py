@@ -22,7 +22,10 @@ class Source:
 
     Attributes:
         rows: ``[n, dim]``.
-        bags: output bag of each entry.
+        bags: output bag of each entry; None: the source is the part's bags already pooled
+            (``rows`` is ``[num_bags, dim]``, taken as the output's buffer); its sink is called
+            as ``sink(scale, bag_grads)``: the bags' gradients, not to be changed, and the scale
+            it applies itself.
         slots: row in ``rows`` of each entry; None: entry i reads row i.
         weights: per-entry weight, or None.
         sink: ``sink(slots, grads)`` gets, in the backward, the gradient of the rows read:
@@ -34,7 +37,7 @@ class Source:
     """
 
     rows: torch.Tensor
-    bags: torch.Tensor
+    bags: torch.Tensor | None
     slots: torch.Tensor | None = None
     weights: torch.Tensor | None = None
     sink: Callable[[torch.Tensor | None, torch.Tensor], None] | None = None
@@ -127,7 +130,11 @@ def _pool(part: Part) -> torch.Tensor:
             per_sample_weights=None if s.weights is None else s.weights.index_select(0, order),
         )
     else:
-        out = torch.zeros(part.num_bags, part.dim, device=sources[0].rows.device if sources else None)
+        pooled = [s for s in sources if s.bags is None]
+        if pooled:
+            out, sources = pooled[0].rows, [s for s in sources if s is not pooled[0]]
+        else:
+            out = torch.zeros(part.num_bags, part.dim, device=sources[0].rows.device if sources else None)
         for s in sources:
             rows = s.rows
             if s.slots is not None:
@@ -166,6 +173,9 @@ def _gather(part: Part) -> torch.Tensor:
 def _row_grads(source: Source, bag_grads: torch.Tensor, scale: float) -> torch.Tensor | None:
     """Hands ``source`` the gradient of the rows it read (scaled); returns it where the source
     has no sink (the gradient of its rows), else None."""
+    if source.bags is None:  # already pooled: the bags' gradients
+        source.sink(scale, bag_grads)
+        return None
     if source.row_order is not None:
         order, offsets = source.row_order
         grads = F.embedding_bag(

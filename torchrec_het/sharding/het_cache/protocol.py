@@ -8,7 +8,7 @@ Design: docs/internals.md#het-cache-protocol
 
 import torch
 
-from torchrec_het.sharding.common.output_layout import bag_offsets
+from torchrec_het.sharding.common import id_space
 from torchrec_het.sharding.het_cache.batch import CachedBatch, GroupRead, SlotPlan
 from torchrec_het.sharding.het_cache.groups import HetGroup
 
@@ -178,16 +178,4 @@ def sample_major(read: GroupRead) -> None:
     """Orders the bags sample by sample (the output's layout, so pooling writes it in place):
     ``read.bags`` is each id's bag in that order, ``read.by_bag`` the ids in that order."""
     features, batch = read.lengths.shape
-    n = read.inverse.numel()
-    device = read.inverse.device
-    by_feature = read.value_bags
-    bags = by_feature % batch * features + by_feature // batch
-    starts = bag_offsets(read.lengths.t())  # of the sample-major bags
-    position = (
-        starts.index_select(0, bags)
-        + torch.arange(n, device=device)
-        - bag_offsets(read.lengths).index_select(0, by_feature)
-    )
-    read.bags = bags
-    read.by_bag = torch.empty_like(position).index_copy_(0, position, torch.arange(n, device=device))
-    read.bag_offsets = starts
+    read.bags, read.by_bag, read.bag_offsets = id_space.sample_major(read.value_bags, features, batch)

@@ -8,13 +8,24 @@ import torch
 
 
 @dataclass
+class HotValues:
+    """The values of a batch one replica block serves on the reader, with the order its lookup pools them in."""
+
+    slots: torch.Tensor  # the block's row of each value, in value order
+    bags: torch.Tensor  # its bag in its group's output part (sample-major)
+    weights: torch.Tensor | None  # its weight (weighted tables)
+    by_bag: torch.Tensor  # the values in bag order
+    offsets: torch.Tensor  # [bags + 1] where each bag's values start in that order
+
+
+@dataclass
 class ReplicatedBagBatch:
     """One batch's bookkeeping, from the input dist to the output dist."""
 
     batch: int
     hot_version: int  # the layout's hot rows this batch was routed with
     lengths: torch.Tensor  # [F * B] reader's bag lengths (mean pooling)
-    hot: list  # per block: (slots, bags of its output part, weights) of the reader's hot values
+    hot: list[HotValues]  # per block: the reader's hot values
     sent_entries: torch.Tensor  # reader: distinct (dest, position, sample) keys of cold values sent
     send_splits: list[int] = field(default_factory=list)
     recv_splits: list[int] = field(default_factory=list)
@@ -22,7 +33,7 @@ class ReplicatedBagBatch:
     served_entries: torch.Tensor | None = None  # owner: (source, position, sample) of bags received
     partial_at: tuple | None = None  # owner: (row, position, rows) of each partial in the kernels' compact output
     host_values: tuple | None = None  # holder: (block slots, element start of their partial, weights) of per-host ids
-    hot_read: list | None = None  # reader: per block, the hot rows read at the lookup (HotRead)
+    hot_read: list | None = None  # reader: per block, its hot values pooled at the lookup (PooledHotRead)
 
 
 @dataclass

@@ -17,9 +17,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het.sharding.common.context import HetShardingContext
 from torchrec_het.sharding.common.counts import gather_counts
 from torchrec_het.sharding.common.exchange import Exchange, start_exchange
-from torchrec_het.sharding.common.id_space import bag_divisors
+from torchrec_het.sharding.common.id_space import bag_divisors, sample_major
 from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source, output_layout
-from torchrec_het.sharding.row_replicated.batch import ReplicatedBagBatch, ReplicatedSequenceBatch
+from torchrec_het.sharding.row_replicated.batch import HotValues, ReplicatedBagBatch, ReplicatedSequenceBatch
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, ReplicatedSequenceLookup
 
 
@@ -109,8 +109,15 @@ class ColdIdsDist(_ReplicaIdsDist):
         weights = sparse_features.weights_or_none()
         hot = []
         for index, (mine, slots) in enumerate(layout.hot_of(hot_pos)):
-            bag = layout.group_bags(bags.index_select(0, mine), batch, index)  # output rows are (sample, position)
-            hot.append((slots, bag, None if weights is None else weights.index_select(0, mine)))
+            # the output's bags are (sample, position): the lookup pools the values in that order
+            group_bags, by_bag, offsets = sample_major(
+                layout.group_feature_bags(bags.index_select(0, mine), batch, index), layout.group_sizes[index], batch
+            )
+            hot.append(
+                HotValues(
+                    slots, group_bags, None if weights is None else weights.index_select(0, mine), by_bag, offsets
+                )
+            )
         cold = (hot_pos < 0).nonzero().flatten()
         dest, by_dest = torch.sort(dest.index_select(0, cold), stable=True)  # by destination, each one's in bag order
         cold = cold.index_select(0, by_dest)
@@ -119,9 +126,8 @@ class ColdIdsDist(_ReplicaIdsDist):
         if weights is not None:
             columns.append(weights.index_select(0, cold).float().view(torch.int32))
         num_bags = batch * layout.num_positions
-        step = ReplicatedBagBatch(
-            batch, layout.hot_version, sparse_features.lengths().long(), hot, torch.unique(dest * num_bags + cold_bags)
-        )
+        sent = torch.unique_consecutive(dest * num_bags + cold_bags)  # never decreasing: no sort
+        step = ReplicatedBagBatch(batch, layout.hot_version, sparse_features.lengths().long(), hot, sent)
         work, gathered = gather_counts(dest, batch, self.pg)
         return _CountsGathered(self, step, torch.stack(columns, 1), len(columns), work, gathered)
 
@@ -132,26 +138,31 @@ class ColdIdsDist(_ReplicaIdsDist):
         tier (row ``-1 - slot``) stay out of it, for the lookup to pool from this holder's blocks
         (``step.host_values``)."""
         ws, batch, positions = self.world_size, step.batch, self.layout.num_positions
-        device = received.device
+        device, n = received.device, received.size(0)
         source = torch.repeat_interleave(torch.arange(ws, device=device), torch.tensor(step.recv_splits, device=device))
-        bag = received[:, 0].long()
-        position = bag // batch
-        # ids arrive by source, each source's in bag order: (source, position, sample) never decreases
-        step.served_entries = torch.unique_consecutive(source * (positions * batch) + bag)
-        key, order = torch.sort(position * (ws * batch) + source * batch + bag % batch, stable=True)
+        # ids arrive by source, each source's in bag order: (source, position, sample) never decreases,
+        # so the entries (bags sent) are runs, already in the order the readers expect their partials
         entries, entry_of, counts = torch.unique_consecutive(
-            key, return_inverse=True, return_counts=True
-        )  # by (position, source, sample)
-        entry_position = entries // (ws * batch)
+            source * (positions * batch) + received[:, 0].long(), return_inverse=True, return_counts=True
+        )
+        step.served_entries = entries
+        entry_position = entries % (positions * batch) // batch
+        _, by_position = torch.sort(entry_position, stable=True)  # a few keys: the KJT's bag order
         per_position = torch.bincount(entry_position, minlength=positions)
         first = torch.cumsum(per_position, 0) - per_position
-        slot = torch.arange(entries.numel(), device=device) - first.index_select(0, entry_position)
+        slot = torch.empty_like(entry_position).index_copy_(
+            0,
+            by_position,
+            torch.arange(entries.numel(), device=device)
+            - first.index_select(0, entry_position.index_select(0, by_position)),
+        )
         stride = max(int(per_position.max()), 1) if entries.numel() else 1  # the owner's one extra host sync
-        # where each entry's partial is, in the order the readers expect: (source, position, sample)
-        rest = entries % (ws * batch)
-        by_source = torch.argsort((rest // batch) * (positions * batch) + entry_position * batch + rest % batch)
-        step.partial_at = (slot.index_select(0, by_source), entry_position.index_select(0, by_source), stride)
-        received = received.index_select(0, order)
+        step.partial_at = (slot, entry_position, stride)  # where each entry's partial is, in arrival order
+        # the values, entry by entry in the KJT's order (each entry's values are one run)
+        moved = counts.index_select(0, by_position)
+        shift = (torch.cumsum(counts, 0) - counts).index_select(0, by_position) - (torch.cumsum(moved, 0) - moved)
+        order = torch.repeat_interleave(shift, moved, output_size=n) + torch.arange(n, device=device)
+        received, entry_of = received.index_select(0, order), entry_of.index_select(0, order)
         rows = received[:, 1].long()
         weights = received[:, 2].view(torch.float32) if received.size(1) > 2 else None
         if self.layout.host_ids.numel():  # this rank holds per-host rows: those values are pooled from its blocks
@@ -159,8 +170,8 @@ class ColdIdsDist(_ReplicaIdsDist):
             kernel = (~held).nonzero().flatten()
             held = held.nonzero().flatten()
             counts = torch.bincount(entry_of.index_select(0, kernel), minlength=entries.numel())
-            widths = self.layout.dims.index_select(0, entry_position.index_select(0, by_source))
-            starts = torch.empty_like(widths).index_copy_(0, by_source, torch.cumsum(widths, 0) - widths)
+            widths = self.layout.dims.index_select(0, entry_position)
+            starts = torch.cumsum(widths, 0) - widths
             step.host_values = (
                 -1 - rows.index_select(0, held),
                 starts.index_select(0, entry_of.index_select(0, held)),
@@ -236,7 +247,7 @@ class PartialSumsDist(_ReplicaOutputDist):
             widths = layout.dims.index_select(0, position)
             starts = torch.cumsum(widths, 0) - widths
         parts = []
-        for index, (read, (_, bags, weights)) in enumerate(zip(step.hot_read, step.hot)):
+        for index, read in enumerate(step.hot_read):
             block = read.block
             at, columns = layout.group_part(index)
             if one_width:
@@ -247,7 +258,7 @@ class PartialSumsDist(_ReplicaOutputDist):
                 elements = starts.index_select(0, chosen).unsqueeze(1) + torch.arange(block.dim, device=received.device)
                 partials = received.index_select(0, elements.view(-1)).view(-1, block.dim)
             sources = [
-                Source(read.rows, bags, None, weights, sink=read.add_grads),
+                Source(read.pooled, None, sink=read.add_grads),  # pooled at the lookup
                 Source(partials, layout.group_bags(mine, batch, index)),
             ]
             divisors = None

@@ -2,13 +2,15 @@
 
 :class:`ReplicaHolder` is the collaborator each lookup owns (``lookup.replicas``): it keeps the
 id layout the dists route with, the hot-row replica blocks and their syncs, the online profile,
-the stats and the checkpoint hooks; :class:`HotRead` is what one batch read of a block.
+the stats and the checkpoint hooks; :class:`HotRead` is what one batch of sequences read of a block,
+:class:`PooledHotRead` what one batch of bags pooled from it.
 """
 
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het import _tbe
@@ -17,6 +19,7 @@ from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.hot_rows import hottest_rows
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.common.id_space import TableInfo
+from torchrec_het.sharding.row_replicated.batch import HotValues
 from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock, owned_rows, read_rows
 from torchrec_het.sharding.row_replicated.routing import IdLayout, ReplicaGroup
 from torchrec_het.sharding.row_replicated.sync import HostGroups, holder_group
@@ -33,6 +36,36 @@ class HotRead:
     def add_grads(self, _slots, grads: torch.Tensor) -> None:
         """An output layout's sink: the per-value gradients go to the block's rows read."""
         self.block.add_grads(self.slots, grads)
+
+
+@dataclass
+class PooledHotRead:
+    """One block's hot values of a batch of bags, pooled at its lookup (``pooled``: ``[bags, dim]``,
+    the bags of the values' group part), and their block."""
+
+    block: ReplicaBlock
+    values: HotValues
+    pooled: torch.Tensor
+
+    def add_grads(self, scale: float, bag_grads: torch.Tensor) -> None:
+        """An output layout's sink: the bags' gradients (``scale`` to apply), as one per value read,
+        go to the block's rows read."""
+        values = self.values
+        grads = bag_grads.index_select(0, values.bags)
+        if values.weights is not None:
+            grads.mul_(values.weights.unsqueeze(1) * scale)
+        elif scale != 1.0:
+            grads.mul_(scale)
+        self.block.add_grads(values.slots, grads)
+
+
+def pool_values(rows: torch.Tensor, values: HotValues) -> torch.Tensor:
+    """``[bags, dim]``: the values' bags pooled from ``rows`` (their weights applied)."""
+    weights = None if values.weights is None else values.weights.index_select(0, values.by_bag)
+    return F.embedding_bag(
+        values.slots.index_select(0, values.by_bag), rows, values.offsets, mode="sum",
+        include_last_offset=True, per_sample_weights=weights,
+    )  # fmt: skip
 
 
 class ReplicaHolder:
@@ -208,6 +241,14 @@ class ReplicaHolder:
         return [
             HotRead(block, slots, block.weights.index_select(0, slots))
             for block, slots in zip(self.blocks, slots_per_block)
+        ]
+
+    def pool_hot(self, values_per_block: list[HotValues]) -> list[PooledHotRead]:
+        """At the bag lookup, right after :meth:`begin_read`: per block, its values' bags pooled
+        from its rows as they are now (one ``embedding_bag``; why now: :meth:`read_hot`)."""
+        return [
+            PooledHotRead(block, values, pool_values(block.weights, values))
+            for block, values in zip(self.blocks, values_per_block)
         ]
 
     def read_host(self, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

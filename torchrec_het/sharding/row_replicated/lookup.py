@@ -73,7 +73,7 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
         step, replicas = sharding_ctx.batch, self.replicas
         layout = replicas.layout
         replicas.begin_read(step.hot_version)
-        step.hot_read = replicas.read_hot([slots for slots, _, _ in step.hot])
+        step.hot_read = replicas.pool_hot(step.hot)
         pooled = super().forward(sparse_features)  # [compact bags, width]: the kernels' fused forward and backward
         rows, position, stride = step.partial_at
         if layout.uniform_dim is not None:  # the output dist pools hot rows as it finishes the bags

@@ -185,6 +185,13 @@ class IdLayout:
             return bags % batch * self.num_positions + bags // batch
         return bags % batch * self.group_sizes[group] + self.position_local.index_select(0, bags // batch)
 
+    def group_feature_bags(self, bags: torch.Tensor, batch: int, group: int) -> torch.Tensor:
+        """Bags (``position * batch + sample``) of ``group``'s positions as ``its position's index
+        among them * batch + sample`` (the order of its values)."""
+        if len(self.group_sizes) == 1:
+            return bags
+        return self.position_local.index_select(0, bags // batch) * batch + bags % batch
+
     def elements(self, rows: torch.Tensor, positions: torch.Tensor, row_width: int) -> torch.Tensor:
         """Flat indexes of the blocks (row, position) in a ``[*, width]`` matrix, for mixed widths."""
         widths = self.dims[positions]
