@@ -23,7 +23,8 @@ The parts, in seconds per step (``step_ms`` in results.json is their median in m
   includes the next batch's input dist, which the pipeline runs during this step.
 - ``emb_bwd``: executing the autograd nodes of the embedding modules' backward: every node
   reachable from a sharded module's output (output dist backward, the lookup's backward
-  with the fused optimizer update, the plugin's exchanges and replica syncs there), less
+  with the fused optimizer update, the plugin's exchanges and replica syncs there) and the
+  plugin's owner backward deferred to the end of the pass (``Exchange.hand_over``), less
   the ``comm_wait`` inside.
 - ``dense``: ``total`` minus the three above: the dense forward, loss and backward, DDP's
   all-reduce wait, the optimizer step, ``zero_grad``, the pipeline's bookkeeping, and any
@@ -209,14 +210,18 @@ def instrument(model: nn.Module) -> int:
 
 @contextmanager
 def timing_installed() -> Iterator[StepClock]:
-    """Patches ``Work.wait`` (-> ``comm_wait``) and TorchRec's ``Awaitable.wait`` (-> ``emb_fwd``) for the block."""
+    """Patches ``Work.wait`` (-> ``comm_wait``), TorchRec's ``Awaitable.wait`` (-> ``emb_fwd``) and the
+    plugin's ``Exchange.hand_over`` (-> ``emb_bwd``) for the block."""
     from torch.distributed.distributed_c10d import Work
     from torchrec.distributed.types import Awaitable
 
-    work_wait, awaitable_wait = Work.wait, Awaitable.wait
+    from torchrec_het.sharding.common.exchange import Exchange
+
+    work_wait, awaitable_wait, hand_over = Work.wait, Awaitable.wait, Exchange.hand_over
     Work.wait = _timed(work_wait, lambda: "comm_wait")
     Awaitable.wait = _timed(awaitable_wait, _embedding_part)
+    Exchange.hand_over = _timed(hand_over, lambda: "emb_bwd")  # a callback at the end of the backward pass
     try:
         yield CLOCK
     finally:
-        Work.wait, Awaitable.wait = work_wait, awaitable_wait
+        Work.wait, Awaitable.wait, Exchange.hand_over = work_wait, awaitable_wait, hand_over

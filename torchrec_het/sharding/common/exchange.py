@@ -9,6 +9,8 @@ work can run in between (TorchRec's request/wait pattern in ``comm_ops``). When 
 to another (``local_only``), nothing is sent at all: each rank's own segment is its input.
 """
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -26,6 +28,8 @@ class Exchange:
         self.grad_work = None
         self.grad_sent: torch.Tensor | None = None
         self.dummy: torch.Tensor | None = None
+        self.send_dtype, self.send_shape = torch.float32, torch.Size()
+        self.deferred_backward = None  # the send's own backward, run at the end of the backward pass
 
     def _start(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]):
         if self.local_only:
@@ -44,11 +48,24 @@ class Exchange:
             raise RuntimeError("Exchange.wait() called twice")
         return _Receive.apply(self, dummy)
 
+    def gradient(self) -> torch.Tensor:
+        """The gradient of what was sent (waits for it; once, after the backward started its exchange)."""
+        if self.grad_work is not None:
+            self.grad_work.wait()
+        grad, self.grad_work, self.grad_sent = self.grad_sent, None, None
+        return grad.to(self.send_dtype).view(self.send_shape)
+
+    def hand_over(self) -> None:
+        """End of the backward pass: the sent tensor's own backward runs with its gradient, once arrived."""
+        backward, self.deferred_backward = self.deferred_backward, None
+        backward(self.gradient())
+
 
 class _Send(torch.autograd.Function):
     @staticmethod
     def forward(ctx, exchange: Exchange, send: torch.Tensor):
-        ctx.exchange, ctx.dtype, ctx.shape = exchange, send.dtype, send.shape
+        ctx.exchange = exchange
+        exchange.send_dtype, exchange.send_shape = send.dtype, send.shape
         exchange.work, exchange.received = exchange._start(
             send.detach().reshape(-1).to(exchange.wire), exchange.send_splits, exchange.recv_splits
         )
@@ -57,10 +74,9 @@ class _Send(torch.autograd.Function):
     @staticmethod
     def backward(ctx, _):
         exchange = ctx.exchange
-        if exchange.grad_work is not None:
-            exchange.grad_work.wait()
-        grad, exchange.grad_work, exchange.grad_sent = exchange.grad_sent, None, None
-        return None, grad.to(ctx.dtype).view(ctx.shape)
+        if exchange.deferred_backward is not None:  # handed over at the end of the backward pass
+            return None, None
+        return None, exchange.gradient()
 
 
 class _Receive(torch.autograd.Function):
@@ -81,15 +97,22 @@ class _Receive(torch.autograd.Function):
         exchange.grad_work, exchange.grad_sent = exchange._start(
             grad.to(exchange.wire), exchange.recv_splits, exchange.send_splits
         )
+        if exchange.deferred_backward is not None:
+            torch.autograd.Variable._execution_engine.queue_callback(exchange.hand_over)
         return None, torch.empty(0, device=grad.device, dtype=grad.dtype)
 
 
 def start_exchange(
-    send: torch.Tensor, send_splits: list[int], recv_splits: list[int], pg, wire: torch.dtype, local_only: bool
-) -> Exchange:
+    send: torch.Tensor, send_splits: list[int], recv_splits: list[int], pg, wire: torch.dtype, local_only: bool,
+    defer_backward: bool = False,
+) -> Exchange:  # fmt: skip
     """Starts sending ``send`` (flattened: segments by destination); ``wait()`` returns a flat
-    tensor and is differentiable."""
+    tensor and is differentiable. ``defer_backward``: ``send``'s own backward runs at the end of the
+    backward pass, with its gradient once arrived (the module docstring)."""
     exchange = Exchange(send_splits, recv_splits, pg, wire, local_only, dist.get_rank(pg))
+    if defer_backward and send.requires_grad:
+        graph, send = send, send.detach().requires_grad_()
+        exchange.deferred_backward = functools.partial(torch.autograd.backward, graph)
     exchange.dummy = _Send.apply(exchange, send)
     return exchange
 

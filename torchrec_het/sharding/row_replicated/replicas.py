@@ -139,6 +139,8 @@ class ReplicaBlock:
         self.steps_held += 1
         if self.steps_held >= self.sync_every:
             self._start()
+            if torch._C._current_autograd_node() is not None:  # the gradients start at the end of this backward pass
+                torch.autograd.Variable._execution_engine.queue_callback(self.advance)
 
     @torch.no_grad()
     def _step_locally(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
@@ -165,8 +167,9 @@ class ReplicaBlock:
         self._touches = (self._all_reduce(touches, async_op=True), touches)
 
     def advance(self) -> None:
-        """Once the touch counts are in, starts the all-reduce of the touched rows' gradients
-        (the input dist calls it, so that exchange overlaps the next batch's ids)."""
+        """Once the touch counts are in, starts the all-reduce of the touched rows' gradients (at the
+        end of the backward pass that started the sync, so it flies under the optimizer step and
+        the next batch's input dist and dense forward; else from the input dist or the next read)."""
         if self._touches is None:
             return
         work, touches = self._touches
