@@ -91,6 +91,14 @@ def costs_from_micro(micro: dict, measured_with: str, measured_on: str | None = 
     }
 
 
+def _previous_revision(path: Path) -> int:
+    """The revision of the table at ``path`` (a table without one is revision 1); 0 when there is none."""
+    try:
+        return int(json.loads(path.read_text()).get("revision", 1))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m torchrec_het_bench.calibrate",
@@ -102,12 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--measured-on", help="date of the micro run (default: today)")
     parser.add_argument("--out", default=str(COSTS_PATH), help=f"where to write the table (default {COSTS_PATH})")
+    parser.add_argument(
+        "--revision", type=int, help="the table's revision (default: one more than the table at --out, else 1)"
+    )
+    parser.add_argument("--why", default="", help="why it was measured again (recorded)")
     args = parser.parse_args(argv)
     try:
         micro = json.loads(Path(args.micro_json).read_text())
         table = costs_from_micro(micro, args.command, args.measured_on)
     except (OSError, ValueError, KeyError) as error:
         parser.error(f"{args.micro_json}: {error!r}")
+    table["revision"] = args.revision if args.revision is not None else _previous_revision(Path(args.out)) + 1
+    if args.why:
+        table["why"] = args.why
     Path(args.out).write_text(json.dumps(table, indent=2) + "\n")
     load_compute_costs(args.out)  # what was written reads back
     for sharding_type, classes in table["extra_seconds_per_id"].items():

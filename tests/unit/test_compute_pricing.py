@@ -276,6 +276,14 @@ def test_the_calibrate_command_writes_a_table_that_loads(tmp_path) -> None:
     assert run.returncode == 0, run.stderr
     assert "het_row_replicated: exact +1000.0 ns/id, stale -500.0 ns/id" in run.stdout
     assert load_compute_costs(out).per_id("het_cached_row_wise", "stale") == pytest.approx(2e-6)
+    assert json.loads(out.read_text())["revision"] == 1  # a first table
+    again = subprocess.run(
+        [sys.executable, "-m", "torchrec_het_bench.calibrate", str(micro), "--out", str(out), "--why", "new lookups"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    table = json.loads(out.read_text())
+    assert (table["revision"], table["why"]) == (2, "new lookups")  # measured again: the next revision
     missing = subprocess.run(
         [sys.executable, "-m", "torchrec_het_bench.calibrate", str(tmp_path / "none.json"), "--out", str(out)],
         capture_output=True,

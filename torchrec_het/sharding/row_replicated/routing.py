@@ -112,6 +112,7 @@ class IdLayout:
         self.hot_start = torch.cumsum(counts, 0) - counts
         self.hot_group_ends = torch.cumsum(counts, 0)
         self._set_host(groups)
+        self._set_intervals()
         if getattr(self, "device", None) is not None:
             self.to(self.device)
 
@@ -137,19 +138,34 @@ class IdLayout:
         self.host_block_ends = torch.cumsum(sizes, 0)
         self.host_block_starts = self.host_block_ends - sizes
 
+    def _set_intervals(self) -> None:
+        """One sorted list of boundaries cutting the id space where ownership, the hot tier or the
+        per-host tier changes (a hot or per-host id is an interval of its own), and per interval
+        its owner's bucket, hot position (or -1) and per-host index (or -1): :meth:`route` finds
+        all three with one binary search per id."""
+        cuts = [self.owner_ends, self.hot_ids, self.hot_ids + 1, self.host_ids, self.host_ids + 1]
+        self.bounds = torch.unique(torch.cat([c.cpu() for c in cuts]))
+        starts = torch.cat([torch.zeros(1, dtype=torch.int64), self.bounds])  # each interval's first id
+        self.interval_bucket = torch.bucketize(starts, self.owner_ends.cpu(), right=True)
+        is_hot, pos = members(self.hot_ids.cpu(), starts)
+        self.interval_hot = torch.where(is_hot, pos, -1)
+        is_host, at = members(self.host_ids.cpu(), starts)
+        self.interval_host = torch.where(is_host, at, -1)
+
     def route(self, ids: torch.Tensor):
         """(hot position in ``hot_ids`` or -1, the rank each id is sent to, its row there) of global ids.
 
         A cold id goes to its owner, as the row of the owner's shard; an id of the per-host tier to
         its holder on this rank's host, as ``-1 - slot`` (its slot in the holder's blocks)."""
-        is_hot, pos = members(self.hot_ids, ids)
-        bucket = torch.bucketize(ids, self.owner_ends, right=True)
-        dest, row = bucket % self.world_size, ids - self.bucket_start[bucket]
+        interval = torch.searchsorted(self.bounds, ids, right=True)  # the one search
+        bucket = self.interval_bucket.index_select(0, interval)
+        dest, row = bucket % self.world_size, ids - self.bucket_start.index_select(0, bucket)
         if self.host_ids.numel():
-            is_host, at = members(self.host_ids, ids)
+            at = self.interval_host.index_select(0, interval)
+            is_host, at = at >= 0, at.clamp(min=0)
             dest = torch.where(is_host, self.host_first + self.host_local.index_select(0, at), dest)
             row = torch.where(is_host, -1 - self.host_slot.index_select(0, at), row)
-        return torch.where(is_hot, pos, -1), dest, row
+        return self.interval_hot.index_select(0, interval), dest, row
 
     def host_block_of(self, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per group: (indexes of the ``slots`` (of this rank's per-host blocks) that are its, their rows in its block)."""
@@ -166,6 +182,9 @@ class IdLayout:
 
     def hot_of(self, hot_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per replica block: (indexes of the values it serves, their rows in the block)."""
+        if len(self.groups) == 1:
+            mine = (hot_pos >= 0).nonzero().flatten()
+            return [(mine, hot_pos.index_select(0, mine))]
         block_of = torch.bucketize(hot_pos, self.hot_group_ends, right=True)
         out = []
         for index in range(len(self.groups)):
