@@ -30,3 +30,6 @@ def test_host_syncs_per_step_stay_within_budget(world: list[dict]) -> None:
                 case,
                 r["stats"],
             )  # replicas in use
+            # the first sync sends touch counts then touched rows; once a sync touched most rows,
+            # every row's gradient and count go in one all-reduce
+            assert r["stats"]["sparse_syncs"] >= 1 and r["stats"]["dense_syncs"] >= 1, (rank, case, r["stats"])

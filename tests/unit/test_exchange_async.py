@@ -1,6 +1,7 @@
 """The differentiable all-to-all of the plugin's dists frees each step's graph once it is done."""
 
 import gc
+import threading
 import weakref
 
 import pytest
@@ -26,31 +27,53 @@ def test_a_finished_exchange_and_its_graph_are_freed(one_rank_env, local_only: b
     assert freed() is None  # no cycle through its autograd nodes keeps it (and every step's graph) alive
 
 
-@pytest.mark.parametrize("local_only", [False, True])
-def test_a_deferred_backward_runs_at_the_end_of_the_pass_and_is_freed(one_rank_env, local_only: bool) -> None:  # noqa: ARG001
-    """With ``defer_backward`` the sender's producer steps after every other node of the backward
-    pass (the gradients fly under it), with the same gradient; an exchange whose backward never
-    runs leaves nothing behind."""
+def _deferred_case(local_only: bool, owed: list):
+    """An exchange with a deferred backward beside a node the engine runs after its producer
+    when nothing is deferred (created earlier); the hooks record the order they run in."""
     order: list[str] = []
     other = torch.ones(3, requires_grad=True)
-    early = other * 3  # created before the exchange: without deferral the engine runs it after the producer
+    early = other * 3
     early.register_hook(lambda grad: order.append("other"))
     send = torch.arange(6.0).requires_grad_()
     produced = send * 2
     produced.register_hook(lambda grad: order.append("producer"))
-    exchange = start_exchange(produced, [6], [6], dist.group.WORLD, torch.float32, local_only, defer_backward=True)
+    exchange = start_exchange(produced, [6], [6], dist.group.WORLD, torch.float32, local_only, defer_backward=owed)
     received = exchange.wait()
-    ((received * torch.arange(6.0)).sum() + early.sum()).backward()
+    loss = (received * torch.arange(6.0)).sum() + early.sum()
+    return order, send, exchange, loss
+
+
+@pytest.mark.parametrize("local_only", [False, True])
+def test_a_deferred_backward_waits_for_its_owner_and_is_freed(one_rank_env, local_only: bool) -> None:  # noqa: ARG001
+    """With ``defer_backward`` the producer of what was sent does not step in the backward pass:
+    the exchange is owed, and its owner's ``hand_over`` runs it with the right gradient; an
+    exchange whose backward never runs leaves nothing behind."""
+    owed: list = []
+    order, send, exchange, loss = _deferred_case(local_only, owed)
+    loss.backward()
+    assert order == ["other"] and owed == [exchange] and send.grad is None
+    owed.pop().hand_over()
     assert order == ["other", "producer"]
     assert torch.equal(send.grad, torch.arange(6.0) * 2)
     freed = weakref.ref(exchange)
-    del exchange, received
+    del exchange, loss
     gc.collect()
     assert freed() is None
 
-    unused = start_exchange(send * 2, [6], [6], dist.group.WORLD, torch.float32, local_only, defer_backward=True)
+    unused = start_exchange(send * 2, [6], [6], dist.group.WORLD, torch.float32, local_only, defer_backward=owed)
     unused.wait()
     freed = weakref.ref(unused)
     del unused
     gc.collect()
-    assert freed() is None
+    assert freed() is None and owed == []
+
+
+def test_a_deferred_backward_on_a_worker_thread_ends_its_pass(one_rank_env) -> None:  # noqa: ARG001
+    """A backward on a worker thread (the hybrid pipeline's) runs the producer at the end of its own pass."""
+    owed: list = []
+    order, send, _, loss = _deferred_case(False, owed)
+    worker = threading.Thread(target=loss.backward)
+    worker.start()
+    worker.join()
+    assert order == ["other", "producer"] and owed == []
+    assert torch.equal(send.grad, torch.arange(6.0) * 2)

@@ -10,6 +10,7 @@ to another (``local_only``), nothing is sent at all: each rank's own segment is 
 """
 
 import functools
+import threading
 
 import torch
 import torch.distributed as dist
@@ -29,7 +30,8 @@ class Exchange:
         self.grad_sent: torch.Tensor | None = None
         self.dummy: torch.Tensor | None = None
         self.send_dtype, self.send_shape = torch.float32, torch.Size()
-        self.deferred_backward = None  # the send's own backward, run at the end of the backward pass
+        self.deferred_backward = None  # the send's own backward, run once its gradient has arrived
+        self.owed: list | None = None  # where a backward on the main thread leaves it for its owner
 
     def _start(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]):
         if self.local_only:
@@ -98,21 +100,29 @@ class _Receive(torch.autograd.Function):
             grad.to(exchange.wire), exchange.recv_splits, exchange.send_splits
         )
         if exchange.deferred_backward is not None:
-            torch.autograd.Variable._execution_engine.queue_callback(exchange.hand_over)
+            if threading.current_thread() is threading.main_thread() and exchange.owed is not None:
+                exchange.owed.append(exchange)  # its owner hands it over when it next needs its rows
+            else:  # a backward on a worker thread: at the end of its pass, on that thread
+                torch.autograd.Variable._execution_engine.queue_callback(exchange.hand_over)
         return None, torch.empty(0, device=grad.device, dtype=grad.dtype)
 
 
 def start_exchange(
     send: torch.Tensor, send_splits: list[int], recv_splits: list[int], pg, wire: torch.dtype, local_only: bool,
-    defer_backward: bool = False,
+    defer_backward: list | None = None,
 ) -> Exchange:  # fmt: skip
     """Starts sending ``send`` (flattened: segments by destination); ``wait()`` returns a flat
-    tensor and is differentiable. ``defer_backward``: ``send``'s own backward runs at the end of the
-    backward pass, with its gradient once arrived (the module docstring)."""
+    tensor and is differentiable.
+
+    ``defer_backward``: ``send``'s own backward runs later, with its gradient once arrived: a
+    backward pass on the main thread appends the exchange to this list, for the owner to call
+    :meth:`Exchange.hand_over` when it next needs what that backward updates; one on a worker
+    thread runs it at the end of its pass."""
     exchange = Exchange(send_splits, recv_splits, pg, wire, local_only, dist.get_rank(pg))
-    if defer_backward and send.requires_grad:
+    if defer_backward is not None and send.requires_grad:
         graph, send = send, send.detach().requires_grad_()
         exchange.deferred_backward = functools.partial(torch.autograd.backward, graph)
+        exchange.owed = defer_backward
     exchange.dummy = _Send.apply(exchange, send)
     return exchange
 

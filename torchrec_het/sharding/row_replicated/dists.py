@@ -228,8 +228,8 @@ class PartialSumsDist(_ReplicaOutputDist):
             ).long()
         splits = splits.tolist()  # the output dist's one host sync
         send, recv = splits[:ws], splits[ws:]
-        # the owners' kernels step at the end of the backward pass: the gradients fly under the dense backward
-        exchange = start_exchange(local_embs, send, recv, self.pg, replicas.wire, step.local_only, defer_backward=True)
+        # the owners' kernels step when next read: the gradients fly under the dense backward and forward
+        exchange = start_exchange(local_embs, send, recv, self.pg, replicas.wire, step.local_only, replicas.owed)
         return _Bags(self, step, exchange)
 
     def finish(self, step: ReplicatedBagBatch, received: torch.Tensor) -> torch.Tensor:

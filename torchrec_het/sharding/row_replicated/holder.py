@@ -53,10 +53,8 @@ class PooledHotRead:
         values = self.values
         grads = bag_grads.index_select(0, values.bags)
         if values.weights is not None:
-            grads.mul_(values.weights.unsqueeze(1) * scale)
-        elif scale != 1.0:
-            grads.mul_(scale)
-        self.block.add_grads(values.slots, grads)
+            grads.mul_(values.weights.unsqueeze(1))
+        self.block.add_grads(values.slots, grads, scale)
 
 
 def pool_values(rows: torch.Tensor, values: HotValues) -> torch.Tensor:
@@ -119,6 +117,7 @@ class ReplicaHolder:
         self._needs_refresh = True
         self._refreshed_version = -1
         self.anchor = torch.zeros(1, device=self.device, requires_grad=True)
+        self.owed: list = []  # exchanges whose owners' backward is still to run (``settle``)
         self.stats = {"steps": 0, "skipped_steps": 0, "sparse_syncs": 0, "dense_syncs": 0, "host_syncs": 0}
 
     def _table_infos(self, grouped_configs, config: ReplicationConfig, shards_by_table):
@@ -215,13 +214,21 @@ class ReplicaHolder:
     def replica_nbytes(self) -> int:
         return sum(b.nbytes() for b in self._all_blocks())
 
+    def settle(self) -> None:
+        """Runs the owners' backward of earlier batches whose gradients this rank's kernels still owe
+        (their exchanges are in ``owed``, left by a backward pass on the main thread)."""
+        owed, self.owed[:] = list(self.owed), []
+        for exchange in owed:
+            exchange.hand_over()
+
     def begin_read(self, hot_version: int) -> None:
         """Before a batch's rows are read: replicas copied if due, the previous replica sync applied."""
         if self._needs_refresh or hot_version > self._refreshed_version:
             self.refresh()
             self._refreshed_version = hot_version
         for block in self.blocks:
-            self.stats["sparse_syncs"] += int(block.wait())  # the previous step's replica sync
+            synced = block.wait()  # the previous step's replica sync
+            self.stats["dense_syncs" if synced and block.last_sync_dense else "sparse_syncs"] += int(synced)
         for block in self.host_blocks:
             self.stats["host_syncs"] += int(block.wait())
         self.stats["steps"] += 1
@@ -272,14 +279,16 @@ class ReplicaHolder:
 
     @torch.no_grad()
     def flush(self) -> None:
-        """Applies held replica gradients (a collective); shards already hold current hot rows."""
+        """Applies owed and held gradients (a collective); shards then hold current rows."""
+        self.settle()
         for block in self.blocks:
             self.stats["sparse_syncs"] += block.flush()
         for block in self.host_blocks:
             self.stats["host_syncs"] += block.flush()
 
     def purge(self) -> None:
-        """Replicas are copied from the (loaded) shards again at the next forward."""
+        """Replicas are copied from the (loaded) shards again at the next forward (owed steps first)."""
+        self.settle()
         for block in self._all_blocks():
             block.wait()
             block.drop_held()

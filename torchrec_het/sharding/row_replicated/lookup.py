@@ -72,6 +72,7 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
     ) -> torch.Tensor:
         step, replicas = sharding_ctx.batch, self.replicas
         layout = replicas.layout
+        replicas.settle()  # the owners' kernels take the steps they owe before they are read
         replicas.begin_read(step.hot_version)
         step.hot_read = replicas.pool_hot(step.hot)
         pooled = super().forward(sparse_features)  # [compact bags, width]: the kernels' fused forward and backward

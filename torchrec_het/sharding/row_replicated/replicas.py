@@ -83,6 +83,11 @@ class ReplicaBlock:
         self.steps_held = 0
         self._touches = None  # the started all-reduce of touch counts, and its buffer
         self._grads = None  # the started all-reduce of the touched rows' gradients
+        self._dense = None  # or the started all-reduce of every row's gradient and touch count
+        # one all-reduce of every row instead of touch counts then touched rows: chosen from the last
+        # sync (the same on every rank), when it touched most rows (Adagrad's held squares: never)
+        self.dense_sync = False
+        self.last_sync_dense = False  # whether the last sync applied was one all-reduce of every row
         self.syncs = 0
 
     def nbytes(self) -> int:
@@ -118,8 +123,9 @@ class ReplicaBlock:
         self.touches.zero_()
         self.steps_held = 0
 
-    def add_grads(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
-        """Backward: this rank's gradients of rows ``slots`` (repeats summed); starts the sync when due.
+    def add_grads(self, slots: torch.Tensor, grads: torch.Tensor, scale: float = 1.0) -> None:
+        """Backward: this rank's gradients of rows ``slots`` (repeats summed), times ``scale``; starts
+        the sync when due.
 
         A sync started earlier and not yet applied is applied first, so its steps stay separate."""
         if self.weights.size(0) == 0:  # no hot rows: nothing to keep in sync (the same on every rank)
@@ -128,13 +134,14 @@ class ReplicaBlock:
             self.wait()
         if self.steps_locally:  # the step's gradient of each row, repeats summed
             rows, inverse = torch.unique(slots, return_inverse=True)
-            step = torch.zeros(rows.numel(), self.dim, device=grads.device).index_add_(0, inverse, grads)
+            step = torch.zeros(rows.numel(), self.dim, device=grads.device).index_add_(0, inverse, grads, alpha=scale)
             self.pending.index_add_(0, rows, step)
             if self.holds_squares:  # squared on its own
                 self.squares.index_add_(0, rows, squares_of(self.optimizer, step).float())
             self._step_locally(rows, step)
         else:
-            self.pending.index_add_(0, slots, grads)  # contiguous: a strided target takes a 7x slower path
+            # contiguous: a strided target takes a 7x slower path
+            self.pending.index_add_(0, slots, grads, alpha=scale)
         self.touches.index_add_(0, slots, torch.ones_like(slots, dtype=self.touches.dtype))
         self.steps_held += 1
         if self.steps_held >= self.sync_every:
@@ -163,6 +170,10 @@ class ReplicaBlock:
         return rates.index_select(0, self.kernel_of.index_select(0, rows)).view(-1, 1)
 
     def _start(self) -> None:
+        if self.dense_sync:  # one all-reduce of every row's gradient and touch count
+            summed = torch.cat([self.pending, self.touches.unsqueeze(1)], 1)
+            self._dense = (self._all_reduce(summed, async_op=True), summed)
+            return
         touches = self.touches.clone()
         self._touches = (self._all_reduce(touches, async_op=True), touches)
 
@@ -191,12 +202,22 @@ class ReplicaBlock:
     def wait(self) -> bool:
         """Finishes a started sync and applies it (call before reading the rows); whether there was one."""
         self.advance()
-        if self._grads is None:
+        self.last_sync_dense = self._dense is not None
+        if self._dense is not None:
+            work, summed = self._dense
+            self._dense = None
+            work.wait()
+            touches = summed[:, self.dim]
+            touched = (touches > 0).nonzero().flatten()
+            grads = summed.index_select(0, touched)[:, : self.dim]
+            self._apply(touched, grads, touches.index_select(0, touched))
+        elif self._grads is not None:
+            work, touched, grads, touches = self._grads
+            self._grads = None
+            work.wait()
+            self._apply(touched, grads, touches)
+        else:
             return False
-        work, touched, grads, touches = self._grads
-        self._grads = None
-        work.wait()
-        self._apply(touched, grads, touches)
         self.syncs += 1
         return True
 
@@ -236,6 +257,7 @@ class ReplicaBlock:
             self.agreed_state.index_copy_(0, touched, state)
         self.drop_held()
         self._write_through(touched)
+        self.dense_sync = not self.holds_squares and 4 * touched.numel() >= 3 * self.weights.size(0)
 
     def _write_through(self, touched: torch.Tensor) -> None:
         """Copies updated rows this rank owns, with their state, into its owner kernels."""
