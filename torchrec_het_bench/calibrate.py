@@ -4,7 +4,8 @@
     python -m torchrec_het_bench.calibrate /tmp/micro/micro.json --command "<the micro command>"
 
 Each plugin type's extra seconds per id per step is ``(ms/step of the type - ms/step of
-row_wise) / 1000 / ids per step per rank``, from micro's medians. The microbenchmark measures
+table_wise) / 1000 / ids per step per rank``, from micro's medians (why table_wise:
+:mod:`torchrec_het.planner.compute_costs`). The microbenchmark measures
 pooled tables (an EmbeddingBagCollection); sequence tables are priced with the same figures.
 """
 
@@ -23,6 +24,8 @@ from torchrec_het.planner.compute_costs import (
 )
 from torchrec_het.types import HET_CACHED_ROW_WISE
 
+REFERENCE = "table_wise"  # the stock type the figures are measured against
+
 
 def setting_class(sharding_type: str, params: dict) -> str:
     """ "exact" or "stale" for a microbenchmark type's configuration ``params``."""
@@ -40,18 +43,18 @@ def costs_from_micro(micro: dict, measured_with: str, measured_on: str | None = 
     per sample).
 
     Raises:
-        ValueError: micro.json lacks row_wise or a plugin type's exact or stale class.
+        ValueError: micro.json lacks table_wise or a plugin type's exact or stale class.
     """
     by_type = {t["name"]: t for t in micro["types"]}
-    row_wise = next((t for t in micro["types"] if t["sharding_types"] == ["row_wise"]), None)
-    if row_wise is None:
-        raise ValueError("micro.json has no row_wise type: the costs are relative to it")
+    reference = next((t for t in micro["types"] if t["sharding_types"] == [REFERENCE]), None)
+    if reference is None:
+        raise ValueError(f"micro.json has no {REFERENCE} type: the costs are relative to it")
     ids = micro.get("ids_per_step_per_rank")
     ids_source = "measured (micro.json ids_per_step_per_rank)"
     if not ids:
         ids = micro["batch_size_per_rank"] * micro["tables"]
         ids_source = "batch_size_per_rank x tables (one id per feature per sample)"
-    row_wise_ms = row_wise["ms_per_step"]["median"]
+    reference_ms = reference["ms_per_step"]["median"]
     measured: dict[str, dict[str, list]] = {t: {c: [] for c in SETTING_CLASSES} for t in CALIBRATED_TYPES}
     for t in by_type.values():
         if len(t["sharding_types"]) != 1 or t["sharding_types"][0] not in CALIBRATED_TYPES:
@@ -65,14 +68,14 @@ def costs_from_micro(micro: dict, measured_with: str, measured_on: str | None = 
             if not entries:
                 raise ValueError(f"micro.json measures no {cls} {sharding_type} type; run micro with all its types")
             ms = sum(e["ms_per_step"]["median"] for e in entries) / len(entries)
-            extra[sharding_type][cls] = (ms - row_wise_ms) / 1e3 / ids
+            extra[sharding_type][cls] = (ms - reference_ms) / 1e3 / ids
             basis[sharding_type][cls] = {"micro_types": [e["name"] for e in entries], "ms_per_step": ms}
     return {
         "version": VERSION,
         "device": "cpu",
         "measured_with": measured_with,
         "measured_on": measured_on or datetime.date.today().isoformat(),
-        "unit": "seconds per id per step per rank, beyond stock row_wise (forward + backward + fused optimizer)",
+        "unit": f"seconds per id per step per rank, beyond stock {REFERENCE} (forward + backward + fused optimizer)",
         "lookups": "pooled (EmbeddingBagCollection); sequence tables are priced with the same figures",
         "preset": micro["preset"],
         "world_size": micro["world_size"],
@@ -83,8 +86,9 @@ def costs_from_micro(micro: dict, measured_with: str, measured_on: str | None = 
         "embedding_optimizer": micro.get("embedding_optimizer"),
         "ids_per_step_per_rank": ids,
         "ids_source": ids_source,
-        "row_wise_ms_per_step": row_wise_ms,
-        "row_wise_seconds_per_id": row_wise_ms / 1e3 / ids,
+        "reference": REFERENCE,
+        "reference_ms_per_step": reference_ms,
+        "reference_seconds_per_id": reference_ms / 1e3 / ids,
         "extra_seconds_per_id": extra,
         "basis": basis,
         "versions": micro.get("versions"),

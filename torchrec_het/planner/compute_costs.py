@@ -2,10 +2,15 @@
 
 The table holds, for each plugin type and setting class (``exact``: cache bounds s = 0,
 replicas synced every step; ``stale``: any bound or sync interval above that), the seconds
-per id per step one rank spends beyond stock ``row_wise`` doing the same lookups (forward,
-backward and fused optimizer), as measured by the microbenchmark
-(:mod:`torchrec_het_bench.micro`). A figure may be negative (a lookup cheaper than
-row_wise's). Regenerate it with ``python -m torchrec_het_bench.calibrate <micro.json>``.
+per id per step one rank spends beyond a stock TBE lookup of the same ids (forward, backward
+and fused optimizer), as measured by the microbenchmark (:mod:`torchrec_het_bench.micro`)
+against stock ``table_wise``: of the stock types, its step carries the least communication
+(row_wise's carries a reduce-scatter of every pooled bag, which the planner prices as
+communication, not compute). The estimator adds the figure to the option's row_wise twin's
+compute (TorchRec prices a TBE lookup alike under both). A figure may be negative.
+Regenerate it with ``python -m torchrec_het_bench.calibrate <micro.json>``.
+
+Version 2: figures against table_wise (version 1's were against row_wise).
 """
 
 import json
@@ -16,7 +21,7 @@ from pathlib import Path
 
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
-VERSION = 1
+VERSION = 2
 COSTS_PATH = Path(__file__).with_name("compute_costs.json")
 ENV_COSTS = "TORCHREC_HET_COMPUTE_COSTS"  # a table measured on your machines (see :func:`default_compute_costs`)
 SETTING_CLASSES = ("exact", "stale")
@@ -25,7 +30,7 @@ CALIBRATED_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
 
 @dataclass(frozen=True)
 class ComputeCosts:
-    """Extra compute per id per step of each plugin type, beyond its row_wise twin.
+    """Extra compute per id per step of each plugin type, beyond a stock TBE lookup (added to its row_wise twin's).
 
     Attributes:
         extra_seconds_per_id: plugin type -> setting class ("exact" / "stale") -> seconds.
@@ -101,7 +106,7 @@ def default_compute_costs() -> ComputeCosts:
 
 
 def save_bytes_only_table(path: str | Path, why: str) -> Path:
-    """Writes a table in which no plugin lookup costs more than row_wise's (the plan then follows
+    """Writes a table in which no plugin lookup costs more than a stock one (the plan then follows
     the bytes alone), e.g. for a machine where they were measured to be on par; ``why`` is
     recorded as how it was obtained."""
     doc = {

@@ -52,7 +52,7 @@ class PluginPricing:
             table that no profile names but the evidence rule admits (a stated skew) or whose
             constraints name ``het_row_replicated``; it is priced from the stated skew, or as
             uniform reads without one.
-        compute: the lookups' extra compute per id beyond row_wise (default:
+        compute: the lookups' extra compute per id beyond a stock TBE lookup (default:
             ``$TORCHREC_HET_COMPUTE_COSTS`` when set, else the table shipped with the package,
             ``compute_costs.json``, measured on CPU; on other devices no extra is priced). ``ComputeCosts.bytes_only()`` prices bytes alone.
         per_host_tier: on a topology of several hosts with several ranks each, price the
@@ -108,7 +108,7 @@ class PluginPricing:
         return "exact" if options.s_read == 0 and options.s_write == 0 else "stale"
 
     def extra_compute_seconds(self, option: ShardingOption, compute_device: str = "cpu") -> float:
-        """Compute per step one rank spends on ``option``'s lookups beyond its row_wise twin:
+        """Compute per step one rank spends on ``option``'s lookups beyond its row_wise twin's (a stock TBE lookup):
         the stored seconds per id times the ids per rank (negative where the lookup is cheaper);
         0 on a device the table was not measured on (the twin's compute alone, as before)."""
         if not self.compute.applies_to(compute_device):
