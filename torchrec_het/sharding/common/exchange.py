@@ -100,7 +100,7 @@ class _Receive(torch.autograd.Function):
             grad.to(exchange.wire), exchange.recv_splits, exchange.send_splits
         )
         if exchange.deferred_backward is not None:
-            if threading.current_thread() is threading.main_thread() and exchange.owed is not None:
+            if threading.current_thread() is threading.main_thread():
                 exchange.owed.append(exchange)  # its owner hands it over when it next needs its rows
             else:  # a backward on a worker thread: at the end of its pass, on that thread
                 torch.autograd.Variable._execution_engine.queue_callback(exchange.hand_over)

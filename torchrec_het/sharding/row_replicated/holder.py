@@ -217,7 +217,8 @@ class ReplicaHolder:
     def settle(self) -> None:
         """Runs the owners' backward of earlier batches whose gradients this rank's kernels still owe
         (their exchanges are in ``owed``, left by a backward pass on the main thread)."""
-        owed, self.owed[:] = list(self.owed), []
+        owed = self.owed[:]
+        self.owed.clear()
         for exchange in owed:
             exchange.hand_over()
 

@@ -27,12 +27,7 @@ class OwnedRows:
     slots: torch.Tensor  # [n] rows of the block
     weight_index: torch.Tensor  # [n, dim] positions in the kernel's flat weights
     state_index: torch.Tensor  # [n, width] positions in its flat momentum
-    weight_rows: torch.Tensor | None = None  # [n] rows of the flat weights seen as [-1, dim] (where rows align)
-
-    def weight_matrix(self, flat: torch.Tensor) -> torch.Tensor:
-        """The flat weights as rows of this block's width (``weight_rows`` index it)."""
-        dim = self.weight_index.size(1)
-        return flat[: flat.numel() // dim * dim].view(-1, dim)
+    aligned: bool = False  # every row starts at a multiple of its width (written as whole rows)
 
 
 class ReplicaBlock:
@@ -268,10 +263,8 @@ class ReplicaBlock:
             slots = part.slots.index_select(0, mine)
             weights = _tbe.flat_data(part.kernel, _tbe.WEIGHTS)[0]
             rows = self.weights.index_select(0, slots).to(weights.dtype)
-            if part.weight_rows is not None:  # whole rows: far fewer indexes than element by element
-                part.weight_matrix(weights).index_copy_(0, part.weight_rows.index_select(0, mine), rows)
-            else:
-                weights.index_copy_(0, part.weight_index.index_select(0, mine).view(-1), rows.view(-1))
+            starts = part.weight_index.index_select(0, mine)[:, 0]
+            _tbe.FlatRows(weights, starts, self.dim, part.aligned).write(rows)
             if self.state.size(1):
                 state = _tbe.flat_data(part.kernel, _tbe.STATE)[0]
                 at = part.state_index.index_select(0, mine).view(-1)
@@ -291,9 +284,8 @@ def owned_rows(kernel, table_index: torch.Tensor, local_rows: torch.Tensor, slot
     else:
         state_index = torch.zeros(local_rows.numel(), 0, dtype=torch.int64)
     device = weights.device
-    first = weight_index[:, 0] if dim else weight_index.new_zeros(0)
-    weight_rows = (first // dim).to(device) if dim and bool((first % dim == 0).all()) else None
-    return OwnedRows(kernel, slots.to(device), weight_index.to(device), state_index.to(device), weight_rows)
+    aligned = dim > 0 and bool((weight_index[:, 0] % dim == 0).all())
+    return OwnedRows(kernel, slots.to(device), weight_index.to(device), state_index.to(device), aligned)
 
 
 class _BlockRows(torch.autograd.Function):
