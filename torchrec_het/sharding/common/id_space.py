@@ -12,6 +12,8 @@ import torch
 from torchrec.modules.embedding_configs import PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het.sharding.common.output_layout import bag_offsets
+
 
 @dataclass(frozen=True)
 class TableInfo:
@@ -166,8 +168,7 @@ def sample_major(feature_bags: torch.Tensor, features: int, batch: int):
     n, device = feature_bags.numel(), feature_bags.device
     bags = feature_bags % batch * features + feature_bags // batch
     counts = torch.bincount(bags, minlength=features * batch)
-    offsets = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=device)
-    torch.cumsum(counts, 0, out=offsets[1:])
+    offsets = bag_offsets(counts)
     by_feature = counts.view(batch, features).t().reshape(-1)
     feature_starts = torch.cumsum(by_feature, 0) - by_feature
     at = offsets.index_select(0, bags) + torch.arange(n, device=device) - feature_starts.index_select(0, feature_bags)
