@@ -16,6 +16,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 
 from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.replication.hot_rows import replication_threshold
 from torchrec_het.replication.memory import TableMemory, TierTopology, bytes_per_row, plan_peak_bytes, replica_copies
 from torchrec_het.replication.profile import AccessProfile, count_accesses
 from torchrec_het.replication.tier_selection import select_tiers
@@ -69,15 +70,15 @@ def _topology(context: ShardingContext) -> Topology:
 
 
 def tier_plan(context: ShardingContext, ratio: float, sync_every: int) -> TierPlan:
-    """The hot rows for a budget of ``ratio`` x the stock peak; rows read less than once per
-    replica sync do not pay for their sync and stay sharded."""
+    """The hot rows for a budget of ``ratio`` x the stock peak; rows whose sync would move more
+    bytes than their reads sharded (:func:`replication_threshold`) stay sharded."""
     budget = int(stock_peak_bytes(context) * ratio)
     return select_tiers(
         [dataclasses.replace(t, replica_copies=replica_copies(sync_every)) for t in table_memory(context)],
         stream_profile(context),
         TierTopology.from_torchrec(_topology(context)),
         budget,
-        min_reads_per_step=1.0 / sync_every,
+        min_reads_per_step=replication_threshold(context.world_size, sync_every),
         sync_every=sync_every,
     )
 

@@ -32,7 +32,7 @@ from torchrec_het.planner.access import tier_topology
 from torchrec_het.planner.compute_costs import ComputeCosts
 from torchrec_het.planner.planner import cpu_network
 from torchrec_het.planner.traffic import TableLoad, row_replicated_bytes, row_wise_bytes, table_wise_bytes
-from torchrec_het.replication.hot_rows import hot_row_count
+from torchrec_het.replication.hot_rows import hot_row_count, replication_threshold
 from torchrec_het.replication.memory import TierTopology, bytes_per_row
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
@@ -176,7 +176,7 @@ def test_plugin_options_are_sized_as_row_wise_and_hold_their_hot_rows_on_top() -
         assert [s.offset for s in rep.shards] == [s.offset for s in rw.shards]
         assert rep.partition_by == "uniform"
         reads = AccessModel(_profile()).reads(name, SIZES[name], 0.0, 4).reads
-        hot = hot_row_count(reads, 1.0, 0.5)
+        hot = hot_row_count(reads, replication_threshold(4), 0.5)
         extra = hot * bytes_per_row(32, "exact_row_wise_adagrad")
         for shard_rw, shard_rep in zip(rw.shards, rep.shards):
             assert shard_rep.storage.ddr - shard_rw.storage.ddr == extra, name
@@ -225,20 +225,22 @@ def test_profile_tiers_pick_the_rows_the_planner_priced() -> None:
     tiers = ProfileTiers(_profile(), world_size=4).tables
     for name in MEASURED:
         reads = AccessModel(_profile()).reads(name, SIZES[name], 0.0, 4)
-        hot = hot_row_count(reads.reads, 1.0, 0.5)
+        hot = hot_row_count(reads.reads, replication_threshold(4), 0.5)
         assert tiers[name].replicated.numel() == hot
         assert torch.equal(tiers[name].replicated, torch.sort(reads.rows[:hot]).values)
     assert tiers["small"].replicated[:3].tolist() == [0, 1, 2]  # Zipf: the lowest ids are hottest
 
 
-# (replicated, per-host) rows of the profile's tables on 2 hosts x 2 ranks: with the link between
-# hosts 10x slower than within, the rows after the replicated ones that are cheaper held once per
-# host; at gloo's CPU speeds (2 GB/s within, 10 Gbit/s between) or on one host, none
+# (replicated, per-host) rows of the profile's tables on 2 hosts x 2 ranks: the rows read at least
+# once per rank a step are replicated (the same count at 4 and 8 ranks: reads per step grow with the
+# ranks), and the next ones that are cheaper held once per host than sharded get the per-host tier
+# (with the link between hosts 10x slower than within, or at gloo's CPU speeds: 2 GB/s within, 10
+# Gbit/s between); on one host, none
 GOLDEN_HOST_TIERS = {
-    (4, 2, 2e6, 2e5): {"tiny": (20, 0), "small": (172, 296), "mid": (140, 240), "big": (129, 223)},
-    (4, 2, None, None): {"tiny": (20, 0), "small": (172, 0), "mid": (140, 0), "big": (129, 0)},
-    (4, 4, 2e6, 2e5): {"tiny": (20, 0), "small": (172, 0), "mid": (140, 0), "big": (129, 0)},
-    (8, 4, 2e6, 2.5e5): {"tiny": (20, 0), "small": (249, 219), "mid": (202, 178), "big": (187, 165)},
+    (4, 2, 2e6, 2e5): {"tiny": (20, 0), "small": (57, 411), "mid": (46, 334), "big": (43, 309)},
+    (4, 2, None, None): {"tiny": (20, 0), "small": (57, 51), "mid": (46, 42), "big": (43, 38)},
+    (4, 4, 2e6, 2e5): {"tiny": (20, 0), "small": (57, 0), "mid": (46, 0), "big": (43, 0)},
+    (8, 4, 2e6, 2.5e5): {"tiny": (20, 0), "small": (57, 411), "mid": (46, 334), "big": (43, 309)},
 }
 
 
@@ -293,18 +295,22 @@ def test_the_per_host_tier_lowers_the_price_and_install_does_not_price_it() -> N
     flat = _pricing(per_host_tier=False)
     load = flat.load(_options()[("mid", "het_row_replicated")], 4, tier_topology(topology))
     unnamed = ReplicaOptions()  # the default sharder names no tier sizes: the planner estimates them
-    assert flat.host_rows(load, unnamed, "mid") == 0 and _pricing().host_rows(load, unnamed, "mid") == 240
+    assert flat.host_rows(load, unnamed, "mid") == 0 and _pricing().host_rows(load, unnamed, "mid") == 334
     assert _pricing().host_rows(load, unnamed, "cold") == 0  # not profiled: hot rows counted online are replicated
 
 
 def test_hierarchical_sync_sends_one_copy_per_host_between_hosts() -> None:
-    """The replicated rows' sync on 2 hosts x 2: of the flat sync's bytes, 1 in 3 crosses hosts
-    (within hosts, then between the 2 leaders); on one host nothing is marked within-host."""
-    reads = zipf_shares(100_000, 1.1) * 2048
+    """The replicated rows' sync on 2 hosts x 2 (every one of the 1,000 rows is touched: one dense
+    all-reduce of dim + 1 floats a row): flat, 2 (ws - 1) copies of it; hierarchical, an all-reduce
+    and a broadcast within each host and one copy of each host's rows (and a bit mask, and a
+    count) between the 2 leaders; on one host nothing is marked within-host."""
+    reads = torch.cat([torch.full((1000,), 20.0, dtype=torch.float64), torch.full((99_000,), 0.01, dtype=torch.float64)])
     flat = row_replicated_bytes(TableLoad(reads, 2048.0, 64, 4), 1000)
     hier = row_replicated_bytes(TableLoad(reads, 2048.0, 64, 4, TierTopology(4, 2, 2e9, 2e8)), 1000)
-    assert hier.total == pytest.approx(flat.total) and flat.intra_backward == 0.0
-    assert hier.sync - hier.intra_backward == pytest.approx(flat.sync / 3)
+    row = 65 * 4
+    assert flat.sync == pytest.approx(2 * 3 * 1000 * row) and flat.intra_backward == 0.0
+    assert hier.sync - hier.intra_backward == pytest.approx(2 * (125 + 1000 * row + 8), rel=1e-4)
+    assert hier.intra_backward == pytest.approx(2 * 3 * 1000 * row)
     with_host = row_replicated_bytes(
         TableLoad(reads, 2048.0, 64, 4, TierTopology(4, 2, 2e9, 2e8)), 1000, host_rows=2000
     )

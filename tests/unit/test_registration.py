@@ -239,7 +239,7 @@ def test_get_het_sharders_takes_the_profile_the_planner_priced(tmp_path) -> None
             tiers = sharder._replication.tiers
             assert (
                 isinstance(tiers, ProfileTiers)
-                and tiers.min_reads_per_step == 0.5
+                and tiers.replica_sync_every == 2
                 and sharder._replication.replica_sync_every == 2
             )
     with pytest.raises(ValueError, match="either profile= or ReplicationConfig"):

@@ -179,13 +179,17 @@ def test_cost_model_by_hand() -> None:
         once = min(1.0, r)
         sharded = r * wire * (1 / 4 / intra + 2 / 4 / inter)
         per_host = r * wire * (1 / 2) / intra + once * wire * (1 / 2) / inter
-        replicated = once * wire * (1 / 4 / intra + 2 / 4 / inter)
+        replicated = once * wire * (2 / intra + 1 / inter)  # an all-reduce: within both hosts, then between them
         saved = [(sharded - per_host, 1 * 36), (sharded - replicated, 3 * 36), (per_host - replicated, 2 * 36)]
         expected = [s / cost if s > 0 else -math.inf for s, cost in saved]
         assert got[row].tolist() == pytest.approx(expected, rel=1e-12)
-    assert got[0, 0] == -math.inf and got[1, 1] == -math.inf and got[2, 0] > got[2, 1] > got[2, 2] > 0
-    one_host = tier_selection._Scorer(table, ONE_HOST).scores(rps)
-    assert bool((one_host[:, [0, 2]] == -math.inf).all()) and one_host[2, 1] > 0
+    # a replicated row's all-reduce costs more than the per-host tier's combine at these reads
+    assert got[0, 0] == -math.inf and got[1, 1] == -math.inf and got[2, 0] > got[2, 1] > 0
+    assert got[2, 2] == -math.inf
+    one_host = tier_selection._Scorer(table, ONE_HOST).scores(torch.cat([rps, torch.tensor([8.0], dtype=torch.float64)]))
+    assert bool((one_host[:, [0, 2]] == -math.inf).all())
+    # on one host of 4 ranks replication pays from 4 reads a step (one per rank): not at 3, at 8
+    assert one_host[2, 1] == -math.inf and one_host[3, 1] > 0
 
 
 def test_no_hot_rows_without_reads_or_room() -> None:

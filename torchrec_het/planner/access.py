@@ -15,7 +15,7 @@ import torch
 
 from torchrec_het.errors import ConfigurationError
 from torchrec_het.planner.network import cpu_network
-from torchrec_het.replication.hot_rows import hottest_rows, per_host_rows
+from torchrec_het.replication.hot_rows import hottest_rows, per_host_rows, replication_threshold
 from torchrec_het.replication.memory import TierTopology
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.replication.tiers import TableTiers
@@ -157,7 +157,8 @@ def zipf_shares(num_rows: int, alpha: float) -> torch.Tensor:
 class ProfileTiers:
     """Hot rows of every profiled table (a ``ReplicationConfig.tiers``): the rule the planner prices.
 
-    Rows read at least once per replica sync are replicated on every rank; on several hosts of
+    Rows read about once per rank per replica sync or more (:func:`~torchrec_het.replication.hot_rows.replication_threshold`)
+    are replicated on every rank; on several hosts of
     several ranks, the next rows get the per-host tier where the topology makes that cheaper;
     both tiers stay within ``max_hot_fraction`` of a table. Names the tables of a whole model
     (``spans_modules``): each sharded module takes its own.
@@ -165,7 +166,7 @@ class ProfileTiers:
     Args:
         profile: the measured counts.
         world_size: ranks of the training job (None: torch.distributed's world size when first read).
-        replica_sync_every: the replicas' sync interval s: rows read at least once per s steps are hot.
+        replica_sync_every: the replicas' sync interval s: rows read at least ``world_size / s`` times a step are hot.
         max_hot_fraction: at most this share of a table's rows is hot.
         topology: the planner's ``Topology`` (or a :class:`~torchrec_het.replication.memory.TierTopology`):
             hosts and bandwidths. Give the planner's, so that the tiers built are the ones it
@@ -178,7 +179,7 @@ class ProfileTiers:
     ) -> None:  # fmt: skip
         self.profile, self.world_size = profile, world_size
         self.spans_modules = True
-        self.min_reads_per_step, self.max_hot_fraction = 1.0 / replica_sync_every, max_hot_fraction
+        self.replica_sync_every, self.max_hot_fraction = replica_sync_every, max_hot_fraction
         self.topology = tier_topology(topology) if topology is not None else None
         if self.topology is not None:
             if world_size is not None and world_size != self.topology.world_size:
@@ -209,7 +210,7 @@ class ProfileTiers:
         tables = {}
         for name, rows, counts in zip(self.profile.tables, self.profile.num_rows, self.profile.counts):
             reads = counts.double() * scale
-            hot = hottest_rows(reads, self.min_reads_per_step, self.max_hot_fraction)
+            hot = hottest_rows(reads, replication_threshold(world_size, self.replica_sync_every), self.max_hot_fraction)
             host = torch.zeros(0, dtype=torch.int64)
             if self.topology is not None:
                 room = math.floor(self.max_hot_fraction * rows) - hot.numel()

@@ -13,7 +13,7 @@ from torchrec_het.plan_options import PlanOptions, ReplicaOptions, check_options
 from torchrec_het.planner.access import AccessModel
 from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
 from torchrec_het.planner.traffic import Bytes, TableLoad, cached_bytes, row_replicated_bytes, sequence_replicated_bytes
-from torchrec_het.replication.hot_rows import host_row_count, hot_row_count
+from torchrec_het.replication.hot_rows import host_row_count, hot_row_count, replication_threshold
 from torchrec_het.replication.memory import TierTopology, replica_copies
 from torchrec_het.types import HET_ROW_REPLICATED, HET_SHARDING_TYPES
 
@@ -116,11 +116,12 @@ class PluginPricing:
         return self.compute.per_id(option.sharding_type, self.setting_class(option)) * self.ids_per_rank(option)
 
     def hot_rows(self, load: TableLoad, options: ReplicaOptions) -> int:
-        """Rows replicated on every rank: the options' tier size, else those read at least once per
-        replica sync (the planner's estimate)."""
+        """Rows replicated on every rank: the options' tier size, else those whose replica sync moves
+        fewer bytes than their reads would sharded (the planner's estimate, :func:`replication_threshold`)."""
         if options.replicated_rows is not None:
             return options.replicated_rows
-        return hot_row_count(load.reads, 1.0 / options.replica_sync_every, self.max_hot_fraction)
+        threshold = replication_threshold(load.world_size, options.replica_sync_every)
+        return hot_row_count(load.reads, threshold, self.max_hot_fraction)
 
     def host_rows(self, load: TableLoad, options: ReplicaOptions, table: str | None = None) -> int:
         """Rows of the per-host tier: the options' tier size, else (several hosts, ``load.topology``)

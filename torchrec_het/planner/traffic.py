@@ -90,14 +90,42 @@ def row_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1, ho
         backward += intra_backward + hosts * touched * (hosts - 1) * (dim * FLOAT + ID)
     if hot_rows == 0 or ws == 1:
         return Bytes(forward, backward, 0.0, intra_forward, intra_backward)
-    window = float(sync_every)
-    touched = float((1.0 - torch.exp(-hot * window / ws)).sum())  # distinct hot rows one rank touches per sync
-    sparse = ws * touched * (dim * FLOAT + FLOAT + ID) * (ws - 1)
-    dense = ws * hot_rows * (dim + 1) * FLOAT * 2 * (ws - 1) / ws
-    sync = min(sparse, dense) / window
-    if load.hosts > 1:  # summed within hosts, then between leaders: 1 in (ws - 1) of the flat bytes between hosts
-        intra_backward += sync * (ws - load.hosts) / (ws - 1)
-    return Bytes(forward, backward, sync, intra_forward, intra_backward)
+    sync, sync_intra = replica_sync_bytes(hot, dim, ws, load.hosts, sync_every)
+    return Bytes(forward, backward, sync, intra_forward, intra_backward + sync_intra)
+
+
+DENSE_SYNC_SHARE = 0.75  # a sync follows one that touched at least this share of the rows: every row is summed
+
+
+def replica_sync_bytes(hot: torch.Tensor, dim: int, ws: int, hosts: int = 1, sync_every: int = 1) -> tuple[float, float]:
+    """(bytes per step over all ranks, of which within hosts) of summing replicated rows' gradients,
+    ``hot``: reads per step of each replicated row.
+
+    Once per ``sync_every`` steps. When most rows were touched since the last sync (at least
+    ``DENSE_SYNC_SHARE``), one all-reduce of every row's gradient and touch count (``dim + 1``
+    floats a row); else an all-reduce of every row's touch count, then one of the touched rows'
+    gradients. An all-reduce of n bytes over k ranks moves ``2 (k - 1) n`` bytes in all. On several
+    hosts of several ranks it runs within each host, then the host leaders gather each other's
+    touched rows (a bit mask and the rows, padded to the most any leader has), then each leader
+    broadcasts the sum to its host."""
+    rows, window = hot.numel(), float(sync_every)
+    touched = float((1.0 - torch.exp(-hot * window)).sum())  # rows some rank touched since the last sync
+    if touched >= DENSE_SYNC_SHARE * rows:
+        reductions = [(rows, rows * (dim + 1))]  # (rows, floats) of each all-reduce
+    else:
+        reductions = [(rows, rows), (touched, touched * dim)]
+    if hosts == 1:
+        total = sum(2 * (ws - 1) * n * FLOAT for _, n in reductions)
+        return total / window, 0.0
+    local = ws // hosts
+    touched_by_host = float((1.0 - torch.exp(-hot * window / hosts)).sum())
+    intra = inter = 0.0
+    for kept, n in reductions:
+        width = n / max(kept, 1.0)  # floats a row
+        intra += hosts * (2 * (local - 1) + (local - 1)) * n * FLOAT  # within each host, then the broadcast
+        host_rows = min(touched_by_host, kept)
+        inter += hosts * (hosts - 1) * (math.ceil(rows / 8) + host_rows * width * FLOAT + ID)
+    return (intra + inter) / window, intra / window
 
 
 def sequence_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1) -> Bytes:

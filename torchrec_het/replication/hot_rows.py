@@ -7,6 +7,19 @@ import torch
 from torchrec_het.replication.memory import TierTopology
 
 
+def replication_threshold(world_size: int, sync_every: int = 1) -> float:
+    """Reads per step over all ranks from which a row replicated on every rank moves no more
+    bytes than the same row sharded: the rule's ``min_reads_per_step``.
+
+    Sharded, each read from another rank moves the row's partial forward and its gradient back:
+    ``reads * 2 * (ws - 1) / ws`` rows a step. Replicated, a row touched between syncs is summed
+    once per sync by an all-reduce, ``2 * (ws - 1)`` rows over all ranks (each rank sends
+    ``2 (ws - 1) / ws`` of it): ``2 * (ws - 1) / s`` rows a step. They are equal at
+    ``reads = ws / s``: about one read per rank per sync. So the bar rises with the world size
+    (with one rank nothing moves either way: ``1 / s``)."""
+    return max(world_size, 1) / sync_every
+
+
 def hot_row_count(reads: torch.Tensor, min_reads_per_step: float, max_hot_fraction: float) -> int:
     """Rows (``reads`` per step, hottest first) read at least ``min_reads_per_step`` times a step,
     at most ``max_hot_fraction`` of the table: the hot rows of a profile or of online counts

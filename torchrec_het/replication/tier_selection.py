@@ -45,6 +45,9 @@ class _Scorer:
         wire = 2 * table.dim * 4  # forward partial + backward gradient, fp32
         intra, inter = topology.intra_host_bandwidth, topology.inter_host_bandwidth
         self.spread = wire * ((local - 1) / ws / intra + (ws - local) / ws / inter)  # s per read over all ranks
+        # a replicated row touched between syncs is summed by one all-reduce: 2 (ws - 1) copies of it
+        # over all ranks, within the hosts and then (hierarchical) between them
+        self.all_reduce = wire * ((ws - hosts) / intra + (hosts - 1) / inter)
         self.host_read = wire * (local - 1) / local / intra
         self.host_combine = wire * (hosts - 1) / hosts / inter
         self.use_host = hosts > 1 and local > 1  # with one rank per host, per_host is replicated
@@ -55,7 +58,7 @@ class _Scorer:
         once = rps.clamp(max=1.0)
         # replicated rows combine their gradients once per sync_every steps if touched in between
         synced = (rps * self.sync_every).clamp(max=1.0) / self.sync_every
-        sharded, replicated = rps * self.spread, synced * self.spread
+        sharded, replicated = rps * self.spread, synced * self.all_reduce
         per_host = rps * self.host_read + once * self.host_combine
         saved = torch.stack([sharded - per_host, sharded - replicated, per_host - replicated], dim=1)
         if not self.use_host:

@@ -16,7 +16,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het import _tbe
 from torchrec_het.plan_options import WIRE_DTYPES
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.replication.hot_rows import hottest_rows
+from torchrec_het.replication.hot_rows import hottest_rows, replication_threshold
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.common.id_space import TableInfo
 from torchrec_het.sharding.row_replicated.batch import HotValues
@@ -177,11 +177,12 @@ class ReplicaHolder:
         config, tiers = self.config, {}
         steps = config.online_profile_steps
         empty = torch.zeros(0, dtype=torch.int64)
+        threshold = replication_threshold(self.world_size, config.replica_sync_every)
         for g, base in zip(self.groups, self.layout.group_base.tolist()):  # once, at the end of the profile
             for i, t in enumerate(g.tables):
                 reads = counts[base + int(g.offsets[i]) : base + int(g.offsets[i + 1])].double().cpu() / steps
                 tiers[t.name] = (
-                    hottest_rows(reads, 1.0 / config.replica_sync_every, config.online_max_hot_fraction),
+                    hottest_rows(reads, threshold, config.online_max_hot_fraction),
                     empty,
                 )
         self.groups = self._replica_groups(tiers)
