@@ -69,17 +69,22 @@ def _topology(context: ShardingContext) -> Topology:
     return cpu_topology(context.world_size, context.local_world_size)
 
 
-def tier_plan(context: ShardingContext, ratio: float, sync_every: int) -> TierPlan:
+def tier_plan(context: ShardingContext, ratio: float, sync_every: int, all_hot: bool = False) -> TierPlan:
     """The hot rows for a budget of ``ratio`` x the stock peak; rows whose sync would move more
-    bytes than their reads sharded (:func:`replication_threshold`) stay sharded."""
+    bytes than their reads sharded (:func:`replication_threshold`) stay sharded. ``all_hot``
+    (FAE's regrouped batches): the hottest rows the budget holds that are read at least once per
+    sync, as FAE chooses them: a batch of hot samples only needs no exchange when every row it
+    reads is replicated, which is worth more than the rows' own bytes."""
     budget = int(stock_peak_bytes(context) * ratio)
+    min_reads = 1.0 / sync_every if all_hot else replication_threshold(context.world_size, sync_every)
     return select_tiers(
         [dataclasses.replace(t, replica_copies=replica_copies(sync_every)) for t in table_memory(context)],
         stream_profile(context),
         TierTopology.from_torchrec(_topology(context)),
         budget,
-        min_reads_per_step=replication_threshold(context.world_size, sync_every),
+        min_reads_per_step=min_reads,
         sync_every=sync_every,
+        price_sync=not all_hot,
     )
 
 
@@ -90,10 +95,10 @@ def plugin_sharders(context: ShardingContext, replication: ReplicationConfig, ca
     return [HetEmbeddingBagCollectionSharder(cache=cache, replication=replication)]
 
 
-def _sharders(ratio: float, sync_every: int, wire_dtype: str = "fp32"):
+def _sharders(ratio: float, sync_every: int, wire_dtype: str = "fp32", all_hot: bool = False):
     def build(context: ShardingContext):
         replication = ReplicationConfig(
-            tiers=tier_plan(context, ratio, sync_every),
+            tiers=tier_plan(context, ratio, sync_every, all_hot),
             replica_sync_every=sync_every,
             local_world_size=context.local_world_size,
             wire_dtype=wire_dtype,
@@ -199,7 +204,7 @@ def _config(
         workload=workload,
         params=params,
         make_plan=_all_replicated,
-        make_sharders_for=_sharders(ratio, sync_every, wire_dtype),
+        make_sharders_for=_sharders(ratio, sync_every, wire_dtype, all_hot_window is not None),
     )
 
 

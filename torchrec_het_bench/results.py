@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from torchrec_het_bench import configs as bench_configs
+from torchrec_het_bench.prediction import prediction_error
 from torchrec_het_bench import report, versus
 from torchrec_het_bench.comm import EMBEDDING_PHASES, sum_totals
 from torchrec_het_bench.data import binary_auc
@@ -298,6 +299,9 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
         caveat = evaluation_caveat(per_rank[0].sharding_types, entries[-1]["auc_curve"])
         if caveat is not None:
             entries[-1]["auc_curve_caveat"] = caveat
+        if per_rank[0].predicted is not None:
+            entries[-1]["predicted"] = per_rank[0].predicted
+            entries[-1]["prediction_error"] = prediction_error(entries[-1])
         gauge = _gauge(per_rank)
         if gauge is not None:
             entries[-1]["staleness_gauge"] = gauge

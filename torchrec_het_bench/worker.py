@@ -43,10 +43,11 @@ import torch.distributed as dist
 from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 from torchrec_het_bench import configs as bench_configs
 from torchrec_het_bench.comm import CommAccountant, attach_ddp_hooks
+from torchrec_het_bench.comm.phases import replica_sync_as_backward
 from torchrec_het_bench.data import DataExhaustedError
 from torchrec_het_bench.het_stats import ideal_lru, rank_cache_stats
 from torchrec_het_bench.memory import peak_rss_mb, reset_peak_rss, rss_mb, state_mb
-from torchrec_het_bench.model import BENCH_DEVICE, ShardedModel, predict
+from torchrec_het_bench.model import BENCH_DEVICE, ShardedModel, predict, table_configs
 from torchrec_het_bench.pipelines import (
     DEFAULT_EMBEDDING_STALENESS,
     DEFAULT_PIPELINE,
@@ -56,6 +57,7 @@ from torchrec_het_bench.pipelines import (
     entry_name,
     parse_pipelines,
 )
+from torchrec_het_bench.prediction import model_inputs, predict_entry
 from torchrec_het_bench.presets import BenchPreset
 from torchrec_het_bench.replicated_configs import hot_fraction
 from torchrec_het_bench.step_time import CLOCK, TIMED_PARTS, instrument, timing_installed
@@ -138,6 +140,7 @@ class RankRecord:
     replication: dict | None = None  # hot fraction, replica memory and sync counters (row-replicated)
     curve: list = field(default_factory=list)  # (trained steps, scores, labels) per evaluation, the final one last
     staleness_gauge: dict | None = None  # the pipeline's, if it keeps one (hybrid)
+    predicted: dict | None = None  # the step model's prediction for the entry's plan (rank 0; prediction.py)
     not_run: str | None = None  # why the pipeline refused the entry
 
 
@@ -225,8 +228,16 @@ def _top_up(trainee: _Trainee, rounds: _RoundBatches, spec: RunSpec, steps: int,
             trainee.feed.close()
 
 
+def _model_inputs(spec: RunSpec, source, workload: str):
+    """What the step model predicts the workload's entries from (a collective); None for the
+    sequence workload, which it does not model yet."""
+    if workload != "dlrm":
+        return None
+    return model_inputs(spec, source, table_configs(spec.preset, source.feature_names))
+
+
 def _build(
-    spec: RunSpec, entry: Entry, source, base_rss: float, rounds: _RoundBatches, eval_batches: list
+    spec: RunSpec, entry: Entry, source, base_rss: float, rounds: _RoundBatches, eval_batches: list, inputs=None
 ) -> tuple[_Trainee | None, RankRecord]:
     """Builds and warms up an entry; no trainee when its pipeline refuses the model (the record says why)."""
     config = bench_configs.CONFIGS[entry.config]
@@ -239,6 +250,9 @@ def _build(
     instrument(sharded.model)
     rank = dist.get_rank()
     record = RankRecord(name=entry.name, sharding_types=sharded.sharding_types)
+    if inputs is not None and rank == 0:  # before training: from the plan, the profile and the probes
+        tables = table_configs(spec.preset, source.feature_names)
+        record.predicted = predict_entry(sharded, tables, inputs, spec, entry.run.name, spec.preset.batch_size)
     record.not_run = entry.run.refusal(sharded)  # the same on every rank: it depends on the plan only
     if record.not_run is not None:
         return None, record
@@ -393,12 +407,13 @@ def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
     bar = _progress(spec, len(entries) * preset.total_steps)
     trainees: dict[str, _Trainee] = {}
     records: dict[str, RankRecord] = {}
-    with CommAccountant() as accountant, timing_installed():
+    inputs = {w: _model_inputs(spec, source, w) for w, source in sources.items()}
+    with CommAccountant() as accountant, timing_installed(), replica_sync_as_backward():
         accountant.enabled = False
         for entry in entries:
             workload = _workload(entry.config)
             trainee, records[entry.name] = _build(
-                spec, entry, sources[workload], base_rss, rounds, eval_batches[workload]
+                spec, entry, sources[workload], base_rss, rounds, eval_batches[workload], inputs[workload]
             )
             if trainee is not None:
                 trainees[entry.name] = trainee

@@ -304,7 +304,9 @@ def test_hierarchical_sync_sends_one_copy_per_host_between_hosts() -> None:
     all-reduce of dim + 1 floats a row): flat, 2 (ws - 1) copies of it; hierarchical, an all-reduce
     and a broadcast within each host and one copy of each host's rows (and a bit mask, and a
     count) between the 2 leaders; on one host nothing is marked within-host."""
-    reads = torch.cat([torch.full((1000,), 20.0, dtype=torch.float64), torch.full((99_000,), 0.01, dtype=torch.float64)])
+    reads = torch.cat(
+        [torch.full((1000,), 20.0, dtype=torch.float64), torch.full((99_000,), 0.01, dtype=torch.float64)]
+    )
     flat = row_replicated_bytes(TableLoad(reads, 2048.0, 64, 4), 1000)
     hier = row_replicated_bytes(TableLoad(reads, 2048.0, 64, 4, TierTopology(4, 2, 2e9, 2e8)), 1000)
     row = 65 * 4

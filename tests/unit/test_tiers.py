@@ -186,7 +186,9 @@ def test_cost_model_by_hand() -> None:
     # a replicated row's all-reduce costs more than the per-host tier's combine at these reads
     assert got[0, 0] == -math.inf and got[1, 1] == -math.inf and got[2, 0] > got[2, 1] > 0
     assert got[2, 2] == -math.inf
-    one_host = tier_selection._Scorer(table, ONE_HOST).scores(torch.cat([rps, torch.tensor([8.0], dtype=torch.float64)]))
+    one_host = tier_selection._Scorer(table, ONE_HOST).scores(
+        torch.cat([rps, torch.tensor([8.0], dtype=torch.float64)])
+    )
     assert bool((one_host[:, [0, 2]] == -math.inf).all())
     # on one host of 4 ranks replication pays from 4 reads a step (one per rank): not at 3, at 8
     assert one_host[2, 1] == -math.inf and one_host[3, 1] > 0

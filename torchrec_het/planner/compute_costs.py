@@ -36,11 +36,14 @@ class ComputeCosts:
         extra_seconds_per_id: plugin type -> setting class ("exact" / "stale") -> seconds.
         device: the device kind the figures were measured on ("cpu").
         source: the file they were read from (named in errors), if any.
+        reference_seconds_per_id: the reference (stock table_wise) step's seconds per id, as
+            measured beside the figures (the what-if's default lookup cost), if recorded.
     """
 
     extra_seconds_per_id: dict[str, dict[str, float]]
     device: str = "cpu"
     source: str | None = None
+    reference_seconds_per_id: float | None = None  # stock table_wise's own step per id, where measured
 
     @classmethod
     def bytes_only(cls) -> "ComputeCosts":
@@ -87,8 +90,12 @@ def load_compute_costs(path: str | Path | None = None) -> ComputeCosts:
                     f"compute-cost table {str(path)!r}: extra_seconds_per_id[{sharding_type!r}][{setting_class!r}] "
                     f"must be a finite number, got {value!r}"
                 )
+    reference = doc.get("reference_seconds_per_id")
     return ComputeCosts(
-        {t: {c: float(costs[t][c]) for c in SETTING_CLASSES} for t in CALIBRATED_TYPES}, str(doc["device"]), str(path)
+        {t: {c: float(costs[t][c]) for c in SETTING_CLASSES} for t in CALIBRATED_TYPES},
+        str(doc["device"]),
+        str(path),
+        float(reference) if isinstance(reference, (int, float)) else None,
     )
 
 

@@ -15,7 +15,7 @@ import torch
 
 from torchrec_het.replication.memory import TierTopology
 
-FLOAT, ID = 4, 8
+FLOAT, ID, LENGTH = 4, 8, 4  # bytes of an fp32 value, an int64 id, an int32 length or id pair half
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class TableLoad:
         world_size: ranks.
         topology: hosts and bandwidths (None: one host): several hosts take the per-host
             tier and sync replicated rows hierarchically.
+        weighted: its ids carry fp32 weights (sent beside them).
     """
 
     reads: torch.Tensor
@@ -36,6 +37,7 @@ class TableLoad:
     dim: int
     world_size: int
     topology: TierTopology | None = None
+    weighted: bool = False
 
     @property
     def ids(self) -> float:
@@ -62,6 +64,7 @@ class Bytes:
     sync: float = 0.0
     intra_forward: float = 0.0  # of ``forward``, the bytes that stay within a host (several hosts only)
     intra_backward: float = 0.0  # of ``backward + sync``, likewise
+    ids: float = 0.0  # of ``forward``, the input dist's (ids, lengths, counts)
 
     @property
     def total(self) -> float:
@@ -77,27 +80,31 @@ def row_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1, ho
     cold_ids = max(load.ids - float(hot.sum()) - float(host.sum()), 0.0)
     remote_cold = cold_ids * load.remote
     partials = _distinct_servers(load, remote_cold)
-    forward = remote_cold * 2 * ID + partials * dim * FLOAT
+    # every rank's send counts and batch size to every rank, then a (bag, row) int32 pair per cold id
+    ids = _counts_bytes(ws) + remote_cold * (2 * LENGTH + (FLOAT if load.weighted else 0))
+    forward = ids + partials * dim * FLOAT
     backward = partials * dim * FLOAT
     intra_forward = intra_backward = 0.0
     if host_rows and load.hosts > 1:  # read within the host; each host's summed gradient to the others' holders
         local, hosts = ws // load.hosts, load.hosts
         reads_here = float(host.sum()) * (local - 1) / local
-        intra_forward = reads_here * (2 * ID + dim * FLOAT)
+        intra_forward = reads_here * (2 * LENGTH + dim * FLOAT)
         intra_backward = reads_here * dim * FLOAT
         touched = float((1.0 - torch.exp(-host / hosts)).sum())  # per host and step
         forward += intra_forward
         backward += intra_backward + hosts * touched * (hosts - 1) * (dim * FLOAT + ID)
     if hot_rows == 0 or ws == 1:
-        return Bytes(forward, backward, 0.0, intra_forward, intra_backward)
+        return Bytes(forward, backward, 0.0, intra_forward, intra_backward, ids)
     sync, sync_intra = replica_sync_bytes(hot, dim, ws, load.hosts, sync_every)
-    return Bytes(forward, backward, sync, intra_forward, intra_backward + sync_intra)
+    return Bytes(forward, backward, sync, intra_forward, intra_backward + sync_intra, ids)
 
 
 DENSE_SYNC_SHARE = 0.75  # a sync follows one that touched at least this share of the rows: every row is summed
 
 
-def replica_sync_bytes(hot: torch.Tensor, dim: int, ws: int, hosts: int = 1, sync_every: int = 1) -> tuple[float, float]:
+def replica_sync_bytes(
+    hot: torch.Tensor, dim: int, ws: int, hosts: int = 1, sync_every: int = 1
+) -> tuple[float, float]:
     """(bytes per step over all ranks, of which within hosts) of summing replicated rows' gradients,
     ``hot``: reads per step of each replicated row.
 
@@ -134,7 +141,9 @@ def sequence_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 
     cold = load.reads[hot_rows:]
     fetched = float((1.0 - torch.exp(-cold / ws)).sum()) * ws * load.remote  # distinct rows per rank, summed
     pooled = row_replicated_bytes(load, hot_rows, sync_every)  # for its sync term
-    return Bytes(fetched * (ID + dim * FLOAT), fetched * (ID + dim * FLOAT), pooled.sync, 0.0, pooled.intra_backward)
+    ids = _counts_bytes(ws) + fetched * 2 * LENGTH  # a (position, row) int32 pair per distinct cold row
+    rows = fetched * dim * FLOAT
+    return Bytes(ids + rows, rows, pooled.sync, 0.0, pooled.intra_backward, ids)
 
 
 def cached_bytes(load: TableLoad, capacity_rows: int, s_read: int, s_write: int, protocol: str = "het") -> Bytes:
@@ -144,26 +153,38 @@ def cached_bytes(load: TableLoad, capacity_rows: int, s_read: int, s_write: int,
     hit = float(cached.sum()) / load.ids if load.ids and s_read >= 1 else 0.0
     misses = remote_ids * (1.0 - hit)
     check = remote_ids * 2 * ID if protocol == "het" else misses * 2 * ID
-    forward = check + misses * (load.dim * FLOAT + ID)
+    ids = _counts_bytes(load.world_size) + check
+    forward = ids + misses * (load.dim * FLOAT + ID)
     # distinct remote rows a rank writes per step, pushed every s_write + 1 steps
     ws = load.world_size
     touched = float((1.0 - torch.exp(-load.reads / ws)).sum()) * ws * load.remote
     backward = touched * (load.dim * FLOAT + ID) / (s_write + 1)
-    return Bytes(forward, backward)
+    return Bytes(forward, backward, ids=ids)
 
 
 def row_wise_bytes(load: TableLoad) -> Bytes:
-    """Stock row_wise: ids to owners, every rank's partial of every bag reduce-scattered, gradients all-gathered."""
-    ids = load.ids * load.remote * ID
+    """Stock row_wise: every bag's length to every other rank and each id to its owner (TorchRec's
+    KJT all-to-all), every rank's partial of every bag reduce-scattered, gradients all-gathered."""
+    ids = load.bags * LENGTH * (load.world_size - 1) + load.ids * load.remote * _id_bytes(load)
     outputs = load.bags * load.dim * FLOAT * (load.world_size - 1)
-    return Bytes(ids + outputs, outputs)
+    return Bytes(ids + outputs, outputs, ids=ids)
 
 
 def table_wise_bytes(load: TableLoad) -> Bytes:
-    """Stock table_wise: ids to the table's rank, pooled bags back, their gradients to it."""
-    ids = load.ids * load.remote * ID
+    """Stock table_wise: lengths and ids to the table's rank, pooled bags back, their gradients to it."""
+    ids = (load.bags * LENGTH + load.ids * _id_bytes(load)) * load.remote
     outputs = load.bags * load.dim * FLOAT * load.remote
-    return Bytes(ids + outputs, outputs)
+    return Bytes(ids + outputs, outputs, ids=ids)
+
+
+def _id_bytes(load: TableLoad) -> int:
+    """An id on TorchRec's wire: int64, and its fp32 weight."""
+    return ID + (FLOAT if load.weighted else 0)
+
+
+def _counts_bytes(world_size: int) -> float:
+    """The plugin's first collective: every rank's send counts and batch size (int64) to every other rank."""
+    return world_size * (world_size - 1) * (world_size + 1) * ID
 
 
 def _distinct_servers(load: TableLoad, remote_cold: float) -> float:

@@ -39,7 +39,9 @@ def _check_profile(tables: list[TableMemory], profile: AccessProfile) -> None:
 class _Scorer:
     """Saved seconds per step per added byte of each promotion kind (-inf where it saves nothing)."""
 
-    def __init__(self, table: TableMemory, topology: TierTopology, sync_every: int = 1) -> None:
+    def __init__(
+        self, table: TableMemory, topology: TierTopology, sync_every: int = 1, price_sync: bool = True
+    ) -> None:
         self.sync_every = sync_every
         ws, local, hosts = topology.world_size, topology.local_world_size, topology.num_hosts
         wire = 2 * table.dim * 4  # forward partial + backward gradient, fp32
@@ -48,6 +50,8 @@ class _Scorer:
         # a replicated row touched between syncs is summed by one all-reduce: 2 (ws - 1) copies of it
         # over all ranks, within the hosts and then (hierarchical) between them
         self.all_reduce = wire * ((ws - hosts) / intra + (hosts - 1) / inter)
+        if not price_sync:  # FAE's choice: a synced row is priced as one read of it
+            self.all_reduce = self.spread
         self.host_read = wire * (local - 1) / local / intra
         self.host_combine = wire * (hosts - 1) / hosts / inter
         self.use_host = hosts > 1 and local > 1  # with one rank per host, per_host is replicated
@@ -70,8 +74,8 @@ class _Stream:
     """A table's promotable rows, hottest first, turned into candidate promotions block by block."""
 
     def __init__(self, table: TableMemory, counts, batches: int, base: int, topology, min_reads: float, max_fraction,
-                 sync_every: int = 1):  # fmt: skip
-        self.base, self.scorer = base, _Scorer(table, topology, sync_every)
+                 sync_every: int = 1, price_sync: bool = True):  # fmt: skip
+        self.base, self.scorer = base, _Scorer(table, topology, sync_every, price_sync)
         rps = counts.double() / batches if batches else torch.zeros_like(counts, dtype=torch.float64)
         rows = torch.nonzero((rps >= min_reads) & (counts > 0)).flatten()
         order = torch.sort(counts[rows], descending=True, stable=True).indices
@@ -182,6 +186,7 @@ def select_tiers(
     min_reads_per_step: float = 1.0,
     max_hot_fraction: float = 0.5,
     sync_every: int = 1,
+    price_sync: bool = True,
 ) -> TierPlan:
     """Chooses each table's replicated and per-host rows so that the per-rank peak stays within ``budget_bytes``.
 
@@ -190,7 +195,9 @@ def select_tiers(
     per_host->replicated, sharded->replicated) are taken by saved seconds per step per
     added byte (summed over ranks), best first, skipping those that would exceed the budget.
     ``sync_every``: replicated rows combine their gradients every this many steps
-    (``ReplicationConfig.replica_sync_every``), which makes replicating cheaper.
+    (``ReplicationConfig.replica_sync_every``), which makes replicating cheaper. A replicated
+    row's sync is priced as the all-reduce it is; ``price_sync`` False prices it as one read of
+    the row (FAE's choice of hot rows, where whole batches of hot samples skip their exchanges).
 
     Raises:
         ValueError: the profile lacks a table or has other row counts (naming it), or the
@@ -215,6 +222,7 @@ def select_tiers(
             min_reads_per_step,
             max_hot_fraction,
             sync_every,
+            price_sync,
         )
         for t, base in zip(tables, offsets)
     ]

@@ -3,7 +3,9 @@
 Rules, first match wins:
 
 1. an explicit :func:`phase` override on this thread (innermost wins; the DDP
-   hook of :mod:`torchrec_het_bench.comm.ddp` uses it to mark ``dense_allreduce``);
+   hook of :mod:`torchrec_het_bench.comm.ddp` uses it to mark ``dense_allreduce``, and
+   :func:`replica_sync_as_backward` marks the plugin's replica syncs ``bwd_grad``, wherever
+   they run: at the end of the backward pass, or in the next read);
 2. inside an autograd backward node -> ``bwd_grad``;
 3. while TorchRec's KJT input dist is on the Python stack (a frame of a
    ``KJT*`` / ``SplitsAllToAll*`` class of ``torchrec/distributed/dist_data.py``
@@ -110,3 +112,29 @@ def classify(dtype: torch.dtype) -> str:
     if _in_input_dist(sys._getframe(1)):
         return "fwd_ids"
     return "fwd_emb" if dtype.is_floating_point or dtype.is_complex else "fwd_ids"
+
+
+@contextmanager
+def replica_sync_as_backward() -> Iterator[None]:
+    """While open, every collective of a row-replicated block's gradient sync counts as
+    ``bwd_grad``: the sync sums the backward's gradients, though it starts at the end of the
+    backward pass (a callback outside any autograd node) or finishes in the next read."""
+    from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock
+
+    names = ("_start", "advance", "wait")
+    originals = {name: getattr(ReplicaBlock, name) for name in names}
+
+    def counted(method):
+        def run(*args, **kwargs):
+            with phase("bwd_grad"):
+                return method(*args, **kwargs)
+
+        return run
+
+    for name, method in originals.items():
+        setattr(ReplicaBlock, name, counted(method))
+    try:
+        yield
+    finally:
+        for name, method in originals.items():
+            setattr(ReplicaBlock, name, method)

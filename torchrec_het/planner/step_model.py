@@ -1,0 +1,372 @@
+"""The step model: a plan's embedding bytes per phase and the parts of its training step, predicted.
+
+One model prices every table of a plan, stock types and the plugin's alike, from what a planner
+knows: the tables (rows, width, ids per sample), each one's sharding type, placement and
+settings, the reads of its rows (a profile or a stated skew), the batch per rank, the ranks and
+hosts, the links' figures and the lookups' compute. The benchmark records its prediction beside
+what it measured for every entry (so the model is checked on every run), and
+``python -m torchrec_het.plan`` uses it to project plans to clusters this machine is not.
+
+**Bytes** are what the benchmark counts: the bytes of every collective that leave the sender,
+summed over ranks (an all-reduce of n bytes over k ranks: ``2 (k - 1) n``). Stock types send
+TorchRec's encodings: int32 lengths, one per bag and destination (row_wise: every destination),
+int64 ids, fp32 weights; table_wise returns each pooled bag to its rank, row_wise
+reduce-scatters every rank's partial of every bag and all-gathers the gradients. The plugin's
+types send their own (:mod:`~torchrec_het.planner.traffic`). Phases: ``ids`` (the input dist),
+``emb_fwd`` (pooled bags, partial sums or rows), ``emb_bwd`` (their gradients and the replica
+sync), as the benchmark's ``fwd_ids`` / ``fwd_emb`` / ``bwd_grad``.
+
+**Time** (seconds per step on the slowest rank), the assumptions:
+
+- compute: a lookup costs ``lookup_s_per_id`` per id on the rank that pools it (table_wise: the
+  rank holding the most ids; sharded types: an even share), a third in the forward and two
+  thirds in the backward (TorchRec's estimator's split); a plugin type adds its calibrated extra
+  per id of the reader's batch (``compute_costs.json``); the dense part costs
+  ``dense_s_per_sample`` per sample of a rank's batch.
+- communication: each phase's bytes per rank over the link they cross (the inter-host share at
+  the inter-host bandwidth, the rest within hosts), plus ``latency`` per collective. A rank sends
+  and receives at once (full duplex), so a phase takes its bytes sent per rank over the bandwidth.
+- the dense all-reduce (DDP) overlaps the dense backward (two thirds of the dense compute); what
+  is left over counts in ``dense``.
+- overlap, per pipeline (:data:`OVERLAP`): ``plain`` hides nothing; ``sparse_dist`` moves the
+  next batch's ids under this step's compute, and waits for the pooled embeddings and their
+  gradients; the plugin's deferred owner backward (row replication) also flies under the dense
+  forward of the next step; ``hybrid`` (k >= 1) runs every embedding collective on a worker
+  thread ahead of the dense part, so only what exceeds the step's compute is waited for.
+"""
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from torchrec_het.planner.traffic import (
+    FLOAT,
+    Bytes,
+    TableLoad,
+    cached_bytes,
+    row_replicated_bytes,
+    row_wise_bytes,
+    sequence_replicated_bytes,
+    table_wise_bytes,
+)
+from torchrec_het.replication.memory import TierTopology
+from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
+
+STOCK_TYPES = ("table_wise", "row_wise", "column_wise", "table_column_wise", "data_parallel")
+PIPELINES = ("plain", "sparse_dist", "hybrid")
+OVERLAP = {
+    "plain": "nothing overlaps: every collective is waited for where it is issued",
+    "sparse_dist": "the next batch's ids move under this step's compute; pooled embeddings and gradients are waited for; "
+    "row replication's owner backward is deferred and flies under the next dense forward",
+    "hybrid": "embedding collectives run on a worker thread ahead of the dense part: only their time beyond the step's "
+    "compute is waited for",
+}
+BACKWARD_SHARE = 2.0 / 3.0  # of a lookup's or the dense part's compute, the backward's (TorchRec's split)
+# collectives per step of one group of tables of a type: (ids, forward, backward)
+COLLECTIVES = {
+    "table_wise": (2, 1, 1),  # splits, then one all-to-all of lengths and ids (TorchRec fuses them)
+    "column_wise": (2, 1, 1),
+    "table_column_wise": (2, 1, 1),
+    "row_wise": (2, 1, 1),  # ... then a reduce-scatter of the bags, an all-gather of their gradients
+    "data_parallel": (0, 0, 0),
+    HET_ROW_REPLICATED: (2, 1, 2),  # counts, ids; partial sums; their gradients and the replica sync
+    HET_CACHED_ROW_WISE: (3, 2, 2),
+}
+
+
+@dataclass(frozen=True)
+class Links:
+    """What the model assumes of the network.
+
+    Attributes:
+        intra: bytes/s between ranks of one host.
+        inter: bytes/s between hosts.
+        latency: seconds per collective.
+        source: where the figures came from ("measured: ...", "stated").
+    """
+
+    intra: float
+    inter: float
+    latency: float = 0.0
+    source: str = "stated"
+
+
+@dataclass(frozen=True)
+class Compute:
+    """What the model assumes of the compute.
+
+    Attributes:
+        lookup_s_per_id: a stock TBE lookup's forward, backward and fused update, per id.
+        dense_s_per_sample: the dense part's forward, backward and optimizer step, per sample.
+        extra_s_per_id: plugin type -> setting class ("exact", "stale") -> extra seconds per id
+            (:class:`~torchrec_het.planner.compute_costs.ComputeCosts`).
+        source: where the figures came from.
+    """
+
+    lookup_s_per_id: float
+    dense_s_per_sample: float
+    extra_s_per_id: dict = field(default_factory=dict)
+    source: str = "stated"
+
+    def extra(self, sharding_type: str, setting: str) -> float:
+        return self.extra_s_per_id.get(sharding_type, {}).get(setting, 0.0)
+
+
+@dataclass(frozen=True)
+class PlannedTable:
+    """One table as planned.
+
+    Attributes:
+        name: the table.
+        rows: its rows.
+        dim: its width.
+        features: bags per sample (the features that read it).
+        ids_per_sample: ids per sample over those features.
+        sharding_type: its sharding type.
+        reads: float64 reads per step over all ranks of its rows (any order, all rows or the read ones).
+        owners: table_wise / column_wise: the rank of each shard (the model's placement); else empty.
+        shard_dims: column_wise: each shard's width; else empty.
+        hot: het_row_replicated: reads per step of its replicated rows; het_cached_row_wise: of its
+            cached ones (the hottest ``capacity`` rows).
+        per_host: het_row_replicated: reads per step of its per-host rows.
+        sync_every: het_row_replicated's replica sync interval.
+        s_read, s_write: het_cached_row_wise's bounds.
+        pooled: an EmbeddingBagCollection's table (False: sequences).
+        weighted: its features carry per-id weights.
+    """
+
+    name: str
+    rows: int
+    dim: int
+    features: int
+    ids_per_sample: float
+    sharding_type: str
+    reads: torch.Tensor | None = None
+    owners: tuple[int, ...] = ()
+    shard_dims: tuple[int, ...] = ()
+    hot: torch.Tensor | None = None
+    per_host: torch.Tensor | None = None
+    sync_every: int = 1
+    s_read: int = 0
+    s_write: int = 0
+    pooled: bool = True
+    weighted: bool = False
+
+    @property
+    def setting(self) -> str:
+        if self.sharding_type == HET_ROW_REPLICATED:
+            return "exact" if self.sync_every <= 1 else "stale"
+        return "exact" if self.s_read == 0 and self.s_write == 0 else "stale"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Ranks, hosts and batch: ``world_size`` ranks, ``local_world_size`` per host, ``batch`` samples each."""
+
+    world_size: int
+    local_world_size: int
+    batch: int
+
+    @property
+    def hosts(self) -> int:
+        return self.world_size // self.local_world_size
+
+
+@dataclass
+class PhaseBytes:
+    """Bytes per step summed over ranks, by phase; ``inter_host``: of their sum, those between hosts;
+    ``collectives``: per step, by phase."""
+
+    ids: float = 0.0
+    emb_fwd: float = 0.0
+    emb_bwd: float = 0.0
+    inter_host: float = 0.0
+    collectives: list[int] = field(default_factory=lambda: [0, 0, 0])
+
+    @property
+    def total(self) -> float:
+        return self.ids + self.emb_fwd + self.emb_bwd
+
+    def add(self, other: "PhaseBytes") -> "PhaseBytes":
+        return PhaseBytes(
+            self.ids + other.ids,
+            self.emb_fwd + other.emb_fwd,
+            self.emb_bwd + other.emb_bwd,
+            self.inter_host + other.inter_host,
+            [a + b for a, b in zip(self.collectives, other.collectives)],
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "fwd_ids": round(self.ids),
+            "fwd_emb": round(self.emb_fwd),
+            "bwd_grad": round(self.emb_bwd),
+            "embedding_cross_rank": round(self.total),
+            "inter_host_embedding": round(self.inter_host),
+        }
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """A plan's predicted step: its bytes and the parts of its time, in seconds."""
+
+    bytes: PhaseBytes
+    emb_fwd: float
+    emb_bwd: float
+    dense: float
+    comm_wait: float
+    pipeline: str
+
+    @property
+    def total(self) -> float:
+        return self.emb_fwd + self.emb_bwd + self.dense + self.comm_wait
+
+    def samples_per_s(self, cluster: Cluster) -> float:
+        return cluster.batch * cluster.world_size / self.total if self.total > 0 else math.inf
+
+    def step_ms(self) -> dict:
+        parts = {"emb_fwd": self.emb_fwd, "emb_bwd": self.emb_bwd, "dense": self.dense, "comm_wait": self.comm_wait}
+        return {k: v * 1e3 for k, v in dict(parts, total=self.total).items()}
+
+
+def _inter_share(cluster: Cluster) -> float:
+    """Share of a rank's peers on other hosts (an even spread of the traffic over the peers)."""
+    ws, local = cluster.world_size, cluster.local_world_size
+    return (ws - local) / (ws - 1) if ws > 1 else 0.0
+
+
+def table_bytes(table: PlannedTable, cluster: Cluster) -> PhaseBytes:
+    """One table's bytes per step over all ranks, by phase."""
+    ws, batch = cluster.world_size, cluster.batch
+    if ws == 1 or table.sharding_type == "data_parallel":
+        return PhaseBytes()
+    bags = float(batch * ws * table.features)
+    kind = table.sharding_type
+    if kind in ("table_wise", "column_wise", "table_column_wise", "row_wise"):
+        ids = torch.tensor([float(batch * ws * table.ids_per_sample)], dtype=torch.float64)
+        if kind == "row_wise":
+            phases = _as_phases(row_wise_bytes(TableLoad(ids, bags, table.dim, ws, weighted=table.weighted)))
+        else:  # each column shard is a table of its width: its lengths and ids go to its owner
+            phases = PhaseBytes()
+            for width in table.shard_dims or (table.dim,):
+                load = TableLoad(ids, bags, width, ws, weighted=table.weighted)
+                phases = phases.add(_as_phases(table_wise_bytes(load)))
+    elif kind in (HET_ROW_REPLICATED, HET_CACHED_ROW_WISE):
+        phases = _plugin_phases(table, cluster, bags)
+    else:
+        raise ValueError(f"table {table.name!r}: the step model has no bytes for sharding type {kind!r}")
+    phases.inter_host = phases.total * _inter_share(cluster)
+    return phases
+
+
+def _plugin_phases(table: PlannedTable, cluster: Cluster, bags: float) -> PhaseBytes:
+    ws, local = cluster.world_size, cluster.local_world_size
+    topology = TierTopology(ws, local, 1.0, 1.0) if ws > local > 1 else None
+    hot = table.hot if table.hot is not None else torch.zeros(0, dtype=torch.float64)
+    host = table.per_host if table.per_host is not None else torch.zeros(0, dtype=torch.float64)
+    reads = table.reads if table.reads is not None else torch.zeros(0, dtype=torch.float64)
+    # hot rows first, then the per-host ones, then the rest: the traffic model's order
+    rest = max(float(reads.sum()) - float(hot.sum()) - float(host.sum()), 0.0)
+    ordered = torch.cat([hot.double(), host.double(), torch.tensor([rest], dtype=torch.float64)])
+    load = TableLoad(ordered, bags, table.dim, ws, topology, weighted=table.weighted)
+    if table.sharding_type == HET_ROW_REPLICATED:
+        if table.pooled:
+            traffic = row_replicated_bytes(load, hot.numel(), table.sync_every, host.numel())
+        else:
+            traffic = sequence_replicated_bytes(load, hot.numel(), table.sync_every)
+    else:
+        traffic = cached_bytes(load, hot.numel(), table.s_read, table.s_write)
+    return _as_phases(traffic)
+
+
+def _as_phases(traffic: Bytes) -> PhaseBytes:
+    return PhaseBytes(traffic.ids, traffic.forward - traffic.ids, traffic.backward + traffic.sync)
+
+
+def plan_bytes(tables: list[PlannedTable], cluster: Cluster) -> PhaseBytes:
+    """Every table's bytes, summed, and the collectives of each sharding type's group."""
+    total = PhaseBytes()
+    for table in tables:
+        total = total.add(table_bytes(table, cluster))
+    if cluster.world_size > 1:
+        for kind in {t.sharding_type for t in tables}:
+            total.collectives = [a + b for a, b in zip(total.collectives, COLLECTIVES.get(kind, (1, 1, 1)))]
+    return total
+
+
+def _lookup_ids(tables: list[PlannedTable], cluster: Cluster) -> list[float]:
+    """Ids each rank pools per step (table_wise / column_wise: on the shards' owners)."""
+    ws, per_rank = cluster.world_size, [0.0] * cluster.world_size
+    for table in tables:
+        ids = cluster.batch * table.ids_per_sample
+        if table.sharding_type == "data_parallel":
+            for r in range(ws):
+                per_rank[r] += ids
+        elif table.owners and table.sharding_type != "row_wise":
+            for owner, width in zip(table.owners, table.shard_dims or (table.dim,) * len(table.owners)):
+                per_rank[owner % ws] += ids * ws * width / table.dim
+        else:
+            for r in range(ws):
+                per_rank[r] += ids
+    return per_rank
+
+
+def _seconds(phase_bytes: float, collectives: int, cluster: Cluster, links: Links) -> float:
+    """One phase's time on a rank: its bytes per rank over the links they cross, plus latency."""
+    ws = cluster.world_size
+    if ws == 1 or phase_bytes <= 0:
+        return 0.0
+    per_rank = phase_bytes / ws
+    inter = _inter_share(cluster)
+    return per_rank * (inter / links.inter + (1 - inter) / links.intra) + collectives * links.latency
+
+
+def predict_step(
+    tables: list[PlannedTable],
+    cluster: Cluster,
+    links: Links,
+    compute: Compute,
+    pipeline: str = "sparse_dist",
+    dense_params: int = 0,
+) -> StepPrediction:
+    """The plan's predicted step under ``pipeline`` (``plain``, ``sparse_dist``, ``hybrid``);
+    ``dense_params``: parameters the dense all-reduce sums (DDP)."""
+    if pipeline not in PIPELINES:
+        raise ValueError(f"unknown pipeline {pipeline!r}; the step model knows {PIPELINES}")
+    traffic = plan_bytes(tables, cluster)
+    lookup = max(_lookup_ids(tables, cluster)) * compute.lookup_s_per_id
+    extra = sum(
+        cluster.batch * t.ids_per_sample * compute.extra(t.sharding_type, t.setting)
+        for t in tables
+        if t.sharding_type in (HET_ROW_REPLICATED, HET_CACHED_ROW_WISE)
+    )
+    emb = max(lookup + extra, 0.0)
+    emb_fwd, emb_bwd = emb * (1 - BACKWARD_SHARE), emb * BACKWARD_SHARE
+    dense_compute = cluster.batch * compute.dense_s_per_sample
+    ws = cluster.world_size
+    allreduce = 0.0
+    if ws > 1 and dense_params:
+        allreduce = _seconds(2 * (ws - 1) * dense_params * FLOAT, 1, cluster, links)
+    dense = dense_compute + max(0.0, allreduce - dense_compute * BACKWARD_SHARE)
+    calls = traffic.collectives
+    t_ids = _seconds(traffic.ids, calls[0], cluster, links)
+    t_fwd = _seconds(traffic.emb_fwd, calls[1], cluster, links)
+    t_bwd = _seconds(traffic.emb_bwd, calls[2], cluster, links)
+    if pipeline == "plain":
+        wait = t_ids + t_fwd + t_bwd
+    elif pipeline == "sparse_dist":
+        compute_time = emb + dense
+        wait = max(0.0, t_ids - compute_time) + t_fwd + t_bwd
+        if any(t.sharding_type == HET_ROW_REPLICATED for t in tables):  # the deferred owner backward
+            deferred = sum(table_bytes(t, cluster).emb_bwd for t in tables if t.sharding_type == HET_ROW_REPLICATED)
+            hidden = min(_seconds(deferred, 0, cluster, links), dense_compute * (1 - BACKWARD_SHARE))
+            wait -= hidden
+    else:
+        wait = max(0.0, t_ids + t_fwd + t_bwd - (emb + dense))
+    return StepPrediction(traffic, emb_fwd, emb_bwd, dense, max(wait, 0.0), pipeline)
+
+
+def with_sharding(table: PlannedTable, sharding_type: str, **settings) -> PlannedTable:
+    """``table`` planned as ``sharding_type`` (the what-if's alternatives)."""
+    return replace(table, sharding_type=sharding_type, **settings)

@@ -1,0 +1,161 @@
+"""What-if plans: stock's best plan and the plugin's, predicted on a cluster you describe.
+
+The choice and the prediction are the step model's (:mod:`torchrec_het.planner.step_model`),
+the one the benchmark checks against every run. Each table takes the cheapest of its options
+(its bytes over the links plus its compute): stock's plan chooses among table_wise (tables
+placed on the least loaded rank) and row_wise; the plugin's among those and
+``het_row_replicated`` (hot rows: :func:`~torchrec_het.replication.hot_rows.replication_threshold`)
+and ``het_cached_row_wise``, exact and at each staleness. Pure: no process group, no GPU.
+"""
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from torchrec_het.planner.access import zipf_shares
+from torchrec_het.planner.step_model import Cluster, Compute, Links, PlannedTable, StepPrediction, predict_step
+from torchrec_het.replication.hot_rows import hot_row_count, replication_threshold
+from torchrec_het.replication.memory import bytes_per_row
+from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
+
+STOCK = ("table_wise", "row_wise")
+CACHE_SHARE = 0.1  # het_cached_row_wise's default capacity: 10% of a table's rows
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """A table the what-if plans: ``reads`` per step of one rank's batch, hottest first."""
+
+    name: str
+    rows: int
+    dim: int
+    features: int
+    ids_per_sample: float
+    reads_per_rank: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A plugin setting the what-if prices: ``staleness`` 0 is exact (replicas synced every step, cache bounds 0)."""
+
+    staleness: int = 0
+
+    @property
+    def label(self) -> str:
+        return "exact" if self.staleness == 0 else f"s{self.staleness}"
+
+
+@dataclass
+class PlanChoice:
+    """A plan the what-if chose and its prediction."""
+
+    label: str
+    tables: list[PlannedTable]
+    prediction: StepPrediction
+    memory_per_rank: float  # bytes, the most loaded rank
+    types: dict[str, int] = field(default_factory=dict)
+
+
+def tables_from_configs(configs, batch: int, alpha: float | None = None, profile=None) -> list[TableShape]:
+    """The what-if's tables from ``EmbeddingBagConfig``s: reads from ``profile`` (an
+    :class:`~torchrec_het.replication.profile.AccessProfile` of one rank's batches), else a Zipf
+    skew ``alpha`` (None: uniform), one id per feature per sample."""
+    shapes = []
+    for config in configs:
+        features = len(config.feature_names)
+        if profile is not None and config.name in profile.tables:
+            counts = profile.table_counts(config.name).double() / max(profile.batches, 1)
+            reads = torch.sort(counts, descending=True).values
+            ids = float(reads.sum()) / batch
+        else:
+            ids = float(features)
+            reads = zipf_shares(config.num_embeddings, alpha or 0.0) * batch * ids
+        shapes.append(TableShape(config.name, config.num_embeddings, config.embedding_dim, features, ids, reads))
+    return shapes
+
+
+def _planned(shape: TableShape, kind: str, cluster: Cluster, staleness: int = 0) -> PlannedTable:
+    reads = shape.reads_per_rank * cluster.world_size  # per step over all ranks
+    settings: dict = {}
+    if kind == HET_ROW_REPLICATED:
+        sync = max(staleness, 1)
+        hot = hot_row_count(reads, replication_threshold(cluster.world_size, sync), 0.5)
+        settings = dict(hot=reads[:hot], sync_every=sync)
+    elif kind == HET_CACHED_ROW_WISE:
+        settings = dict(hot=reads[: math.ceil(CACHE_SHARE * shape.rows)], s_read=staleness, s_write=staleness)
+    return PlannedTable(
+        shape.name, shape.rows, shape.dim, shape.features, shape.ids_per_sample, kind, reads=reads, **settings
+    )
+
+
+def _memory(tables: list[PlannedTable], world_size: int, optimizer: str) -> float:
+    """Bytes of the most loaded rank: table_wise tables on their owners, sharded ones evenly, plus replicas or caches."""
+    per_rank = [0.0] * world_size
+    for t in tables:
+        row = bytes_per_row(t.dim, optimizer)
+        if t.owners:
+            per_rank[t.owners[0]] += t.rows * row
+            continue
+        extra = 0.0 if t.hot is None else t.hot.numel() * (1 if t.sync_every <= 1 else 2)
+        for r in range(world_size):
+            per_rank[r] += (t.rows / world_size + extra) * row
+    return max(per_rank)
+
+
+def _place(tables: list[PlannedTable], cluster: Cluster) -> list[PlannedTable]:
+    """table_wise tables on the rank with the fewest ids so far, biggest first (TorchRec's greedy)."""
+    load = [0.0] * cluster.world_size
+    placed = list(tables)
+    order = sorted(range(len(tables)), key=lambda i: -tables[i].ids_per_sample)
+    for i in order:
+        t = tables[i]
+        if t.sharding_type == "table_wise":
+            rank = min(range(cluster.world_size), key=lambda r: (load[r], r))
+            load[rank] += t.ids_per_sample
+            placed[i] = replace(t, owners=(rank,))
+    return placed
+
+
+def choose_plan(
+    shapes: list[TableShape], cluster: Cluster, links: Links, compute: Compute, kinds: tuple, staleness: int = 0,
+    pipeline: str = "sparse_dist", dense_params: int = 0, optimizer: str = "exact_row_wise_adagrad", label: str = "",
+) -> PlanChoice:  # fmt: skip
+    """Each table's cheapest option among ``kinds`` by the model (its own bytes and compute), placed."""
+    chosen = []
+    for shape in shapes:
+        options = [_planned(shape, kind, cluster, staleness) for kind in kinds]
+        costs = [_table_cost(option, cluster, links, compute, pipeline, len(shapes)) for option in options]
+        chosen.append(options[min(range(len(options)), key=lambda i: costs[i])])
+    placed = _place(chosen, cluster)
+    prediction = predict_step(placed, cluster, links, compute, pipeline, dense_params)
+    types: dict[str, int] = {}
+    for t in placed:
+        types[t.sharding_type] = types.get(t.sharding_type, 0) + 1
+    return PlanChoice(label, placed, prediction, _memory(placed, cluster.world_size, optimizer), types)
+
+
+def _table_cost(table: PlannedTable, cluster: Cluster, links: Links, compute: Compute, pipeline: str, tables: int) -> float:
+    """One table's share of the step: its communication alone, and its lookup's share of the most
+    loaded rank's (table_wise: every rank's ids of it on one rank, the ranks' lookups in parallel
+    only as far as there are tables to spread)."""
+    ws = cluster.world_size
+    alone = replace(table, owners=(0,)) if table.sharding_type == "table_wise" else table
+    step = predict_step([alone], cluster, links, replace(compute, dense_s_per_sample=0.0), pipeline)
+    if table.sharding_type == "table_wise":
+        lookup = cluster.batch * table.ids_per_sample * compute.lookup_s_per_id
+        return step.total - lookup * ws + lookup * ws / min(ws, tables)
+    return step.total
+
+
+def compare(
+    shapes: list[TableShape], cluster: Cluster, links: Links, compute: Compute, staleness: tuple[int, ...] = (0, 10),
+    pipeline: str = "sparse_dist", dense_params: int = 0, optimizer: str = "exact_row_wise_adagrad",
+) -> list[PlanChoice]:  # fmt: skip
+    """Stock's best plan, then the plugin's at each staleness (0: exact)."""
+    common = dict(pipeline=pipeline, dense_params=dense_params, optimizer=optimizer)
+    plans = [choose_plan(shapes, cluster, links, compute, STOCK, 0, label="stock", **common)]
+    for s in staleness:
+        kinds = STOCK + (HET_ROW_REPLICATED, HET_CACHED_ROW_WISE)
+        plans.append(choose_plan(shapes, cluster, links, compute, kinds, s, label=f"plugin {Setting(s).label}", **common))
+    return plans

@@ -1,0 +1,212 @@
+"""The step model's prediction for every benchmark entry, recorded beside what the entry measured.
+
+Once per run (:func:`model_inputs`, a collective), every rank profiles its 5% sample of the
+training stream (the profile the ``planned`` configurations plan with), and times two probes
+on this machine: a TBE lookup of the preset's width (forward, backward and fused update, per
+id) and the DLRM's dense part (bottom MLP, interaction, top MLP, loss, backward and Adagrad
+step, per sample). The links are those the run measured (``network.links``). Per entry,
+rank 0 reads the plan the entry trained with (each table's type, placement and settings) and
+asks :func:`torchrec_het.planner.step_model.predict_step` for its bytes and step.
+
+Nothing here reads what an entry measured: the prediction is made before training, from the
+plan, the profile and the probes.
+"""
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from torchrec_het.plan_options import options_of
+from torchrec_het.planner.compute_costs import default_compute_costs
+from torchrec_het.planner.step_model import Cluster, Compute, Links, PlannedTable, predict_step
+from torchrec_het.replication.config import ReplicaOptions
+from torchrec_het.replication.profile import AccessProfile, count_accesses
+from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
+
+GBIT = 1e9 / 8  # bytes/s per Gbit/s
+PIPELINE_MODEL = {"plain": "plain", "sparse_dist": "sparse_dist", "prefetch_sparse_dist": "sparse_dist",
+                  "hybrid": "hybrid", "semi_sync": "hybrid", "pec": "sparse_dist"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What the model predicts every entry of a run from (the same on rank 0 for every entry)."""
+
+    profile: AccessProfile  # reads per step of one rank's batch, summed over the ranks' samples
+    links: Links
+    compute: Compute
+    dense_params: int
+
+
+def model_inputs(spec, source, tables: list) -> ModelInputs:
+    """The run's profile, links and compute probes (a collective: every rank calls it)."""
+    from torchrec_het_bench.workloads import training_sample
+
+    local = count_accesses(training_sample(source, spec.preset)(), tables)
+    counts = []
+    for table_counts in local.counts:
+        total = table_counts.clone()
+        dist.all_reduce(total)
+        counts.append(total)
+    profile = AccessProfile(local.tables, local.num_rows, tuple(counts), local.batches * spec.world_size)
+    dense, dense_params = dense_seconds_per_sample(spec.preset, source.num_dense, len(tables))
+    costs = default_compute_costs()
+    compute = Compute(
+        lookup_s_per_id=lookup_seconds_per_id(spec.preset, spec.world_size),
+        dense_s_per_sample=dense,
+        extra_s_per_id=costs.extra_seconds_per_id if costs.applies_to("cpu") else {},
+        source="probes on this machine (TBE lookup, dense part); plugin extras from " + str(costs.source),
+    )
+    return ModelInputs(profile, run_links(spec.network), compute, dense_params)
+
+
+def run_links(network: dict) -> Links:
+    """The run's measured links (``network.links``: the planner's probe), else the emulated rate."""
+    figures = network.get("links") or {}
+    probe = figures.get("probe") or {}
+    latencies = [p["latency_ms"] for p in (probe.get("intra"), probe.get("inter")) if p and p.get("latency_ms")]
+    if figures:
+        return Links(
+            figures["intra_gbit"] * GBIT,
+            figures["inter_gbit"] * GBIT,
+            max(latencies, default=0.0) / 1e3,
+            f"intra {figures['intra_source']}, inter {figures['inter_source']} (network.links)",
+        )
+    rate = (network.get("gbit") or 10.0) * GBIT
+    return Links(rate, rate, 0.0, "stated: the emulated rate")
+
+
+def lookup_seconds_per_id(preset, world_size: int, steps: int = 8) -> float:
+    """Wall seconds per id of a TBE lookup's forward, backward and fused row-wise Adagrad update,
+    at the preset's width, with the ids a table_wise rank pools (every rank's batch)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        EmbeddingLocation,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    tables, rows, batch = 4, min(min(preset.table_sizes), 100_000), preset.batch_size * world_size
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        [(rows, preset.embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=0.01,
+    )
+    generator = torch.Generator().manual_seed(0)
+    indices = torch.randint(0, rows, (tables * batch,), generator=generator)
+    offsets = torch.arange(0, tables * batch + 1)
+    times = []
+    for _ in range(3 + steps):
+        start = time.perf_counter()
+        tbe(indices, offsets).sum().backward()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[3:]) / (tables * batch)
+
+
+def dense_seconds_per_sample(preset, num_dense: int, num_sparse: int, steps: int = 8) -> tuple[float, int]:
+    """(wall seconds per sample, parameters) of the DLRM's dense part: bottom MLP, interaction, top
+    MLP, loss, backward and Adagrad step, on random pooled embeddings."""
+    from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
+
+    dim, batch = preset.embedding_dim, preset.batch_size
+    dense_arch = DenseArch(num_dense, list(preset.dense_arch))
+    interaction = InteractionArch(num_sparse)
+    over_in = dim + num_sparse * (num_sparse + 1) // 2
+    over_arch = OverArch(over_in, list(preset.over_arch))
+    parts = nn.ModuleList([dense_arch, interaction, over_arch])
+    optimizer = torch.optim.Adagrad(parts.parameters(), lr=preset.learning_rate)
+    generator = torch.Generator().manual_seed(0)
+    dense = torch.randn(batch, num_dense, generator=generator)
+    pooled = torch.randn(batch, num_sparse, dim, generator=generator)
+    labels = torch.randint(0, 2, (batch,), generator=generator).float()
+    times = []
+    for _ in range(3 + steps):
+        start = time.perf_counter()
+        logits = over_arch(interaction(dense_arch(dense), pooled)).squeeze(-1)
+        nn.functional.binary_cross_entropy_with_logits(logits, labels).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[3:]) / batch, sum(p.numel() for p in parts.parameters())
+
+
+def planned_tables(plan, tables: list, profile: AccessProfile, world_size: int, batch: int) -> list[PlannedTable]:
+    """Each table of an embedding module's ``plan`` as the model sees it: type, placement, settings, reads."""
+    module_plan = next(iter(plan.plan.values()))
+    planned = []
+    for config in tables:
+        sharding = module_plan[config.name]
+        reads = profile.table_counts(config.name).double() * world_size / max(profile.batches, 1)
+        hottest = torch.sort(reads, descending=True).values
+        ids_per_sample = float(reads.sum()) / world_size / batch
+        kind, options = sharding.sharding_type, options_of(sharding)
+        settings: dict = {}
+        if kind == HET_ROW_REPLICATED:
+            options = options or ReplicaOptions()
+            hot, host = options.replicated_rows or 0, options.per_host_rows or 0
+            settings = dict(hot=hottest[:hot], per_host=hottest[hot : hot + host], sync_every=options.replica_sync_every)
+        elif kind == HET_CACHED_ROW_WISE:
+            capacity = options.capacity_rows(config.num_embeddings)
+            settings = dict(hot=hottest[:capacity], s_read=options.s_read, s_write=options.s_write)
+        owners, widths = (), ()
+        if kind in ("table_wise", "column_wise", "table_column_wise"):
+            owners = tuple(sharding.ranks or ())
+            if sharding.sharding_spec is not None:
+                widths = tuple(int(s.shard_sizes[1]) for s in sharding.sharding_spec.shards)
+        planned.append(
+            PlannedTable(
+                config.name,
+                config.num_embeddings,
+                config.embedding_dim,
+                len(config.feature_names),
+                ids_per_sample,
+                kind,
+                reads=reads,
+                owners=owners,
+                shard_dims=widths if kind != "table_wise" else (),
+                **settings,
+            )
+        )
+    return planned
+
+
+def predict_entry(sharded, tables: list, inputs: ModelInputs, spec, pipeline: str, batch: int) -> dict:
+    """The ``predicted`` block of an entry of results.json."""
+    ws, local = spec.world_size, spec.local_world_size
+    cluster = Cluster(ws, local, batch)
+    planned = planned_tables(sharded.plan, tables, inputs.profile, ws, batch)
+    model_pipeline = PIPELINE_MODEL.get(pipeline, "sparse_dist")
+    step = predict_step(planned, cluster, inputs.links, inputs.compute, model_pipeline, inputs.dense_params)
+    return {
+        "bytes_per_step": step.bytes.as_dict(),
+        "dense_allreduce": round(2 * (ws - 1) * inputs.dense_params * 4) if ws > 1 else 0,
+        "step_ms": {k: round(v, 3) for k, v in step.step_ms().items()},
+        "pipeline_model": model_pipeline,
+        "links": {"intra_gbit": inputs.links.intra / GBIT, "inter_gbit": inputs.links.inter / GBIT,
+                  "latency_ms": inputs.links.latency * 1e3, "source": inputs.links.source},  # fmt: skip
+        "compute": {"lookup_ns_per_id": inputs.compute.lookup_s_per_id * 1e9,
+                    "dense_us_per_sample": inputs.compute.dense_s_per_sample * 1e6,
+                    "source": inputs.compute.source},  # fmt: skip
+    }
+
+
+def prediction_error(entry: dict) -> dict | None:
+    """Predicted over measured, minus 1, of the entry's embedding bytes, inter-host bytes and step time."""
+    predicted = entry.get("predicted")
+    if not predicted or "bytes_per_step" not in entry:
+        return None
+    measured_bytes = entry["bytes_per_step"]
+    errors = {}
+    for key in ("fwd_ids", "fwd_emb", "bwd_grad", "embedding_cross_rank"):
+        if measured_bytes.get(key):
+            errors[key] = predicted["bytes_per_step"][key] / measured_bytes[key] - 1
+    if entry.get("inter_host_embedding_bytes"):
+        errors["inter_host_embedding"] = (
+            predicted["bytes_per_step"]["inter_host_embedding"] / entry["inter_host_embedding_bytes"] - 1
+        )
+    errors["step_total"] = predicted["step_ms"]["total"] / entry["step_ms"]["total"] - 1
+    return {k: round(v, 4) for k, v in errors.items()}
