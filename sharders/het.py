@@ -72,6 +72,7 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, Sharded
         rows = {t.name: t.num_embeddings for t in module.embedding_bag_configs()}
         self._het_tiers = plan_tiers(hot_rows, plan, rows)  # read by create_embedding_bag_sharding
         super().__init__(*args, **kwargs)
+        self.het_plan = dict(plan)  # each table's sharding as built, plugin options included
         self._rows_of_feature = {
             feature: config.num_embeddings for config in sharded_table_configs(self) for feature in config.feature_names
         }

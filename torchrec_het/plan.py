@@ -52,7 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dense-params", type=int, default=0, help="parameters of the dense all-reduce")
     p.add_argument("--pipeline", choices=sorted(OVERLAP), default="sparse_dist")
     p.add_argument("--staleness", type=int, nargs="*", default=[10], help="plugin staleness settings besides exact")
-    p.add_argument("--compute-costs", help="a calibration table (default: $TORCHREC_HET_COMPUTE_COSTS, else the shipped one)")
+    p.add_argument(
+        "--compute-costs", help="a calibration table (default: $TORCHREC_HET_COMPUTE_COSTS, else the shipped one)"
+    )
     p.add_argument("--sweep", action="store_true", help="world sizes 2..1,024 at each --sweep-gbit")
     p.add_argument("--sweep-gbit", type=lambda s: tuple(float(x) for x in s.split(",")), default=SWEEP_GBIT)
     p.add_argument("--out", default="whatif_out", help="where --sweep writes its files")
@@ -81,7 +83,9 @@ def compute_figures(args) -> Compute:
     costs = load_compute_costs(args.compute_costs) if args.compute_costs else default_compute_costs()
     lookup = args.lookup_ns_per_id * 1e-9 if args.lookup_ns_per_id is not None else costs.reference_seconds_per_id
     if lookup is None:
-        raise SystemExit(f"the calibration table {costs.source} records no reference lookup cost: give --lookup-ns-per-id")
+        raise SystemExit(
+            f"the calibration table {costs.source} records no reference lookup cost: give --lookup-ns-per-id"
+        )
     return Compute(lookup, args.dense_us_per_sample * 1e-6, costs.extra_seconds_per_id, str(costs.source))
 
 

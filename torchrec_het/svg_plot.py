@@ -63,7 +63,9 @@ def line_plot(
         out.append(f'<text x="{WIDTH - RIGHT + 35}" y="{legend_y + 4}">{escape(label)}</text>')
         legend_y += 16
     for x, y, label in points:
-        out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="black"><title>{escape(label)}</title></circle>')
+        out.append(
+            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="black"><title>{escape(label)}</title></circle>'
+        )
     if points:
         out.append(f'<circle cx="{WIDTH - RIGHT + 20}" cy="{legend_y}" r="4" fill="black"/>')
         out.append(f'<text x="{WIDTH - RIGHT + 35}" y="{legend_y + 4}">measured</text>')

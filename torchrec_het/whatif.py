@@ -135,7 +135,9 @@ def choose_plan(
     return PlanChoice(label, placed, prediction, _memory(placed, cluster.world_size, optimizer), types)
 
 
-def _table_cost(table: PlannedTable, cluster: Cluster, links: Links, compute: Compute, pipeline: str, tables: int) -> float:
+def _table_cost(
+    table: PlannedTable, cluster: Cluster, links: Links, compute: Compute, pipeline: str, tables: int
+) -> float:
     """One table's share of the step: its communication alone, and its lookup's share of the most
     loaded rank's (table_wise: every rank's ids of it on one rank, the ranks' lookups in parallel
     only as far as there are tables to spread)."""
@@ -157,5 +159,7 @@ def compare(
     plans = [choose_plan(shapes, cluster, links, compute, STOCK, 0, label="stock", **common)]
     for s in staleness:
         kinds = STOCK + (HET_ROW_REPLICATED, HET_CACHED_ROW_WISE)
-        plans.append(choose_plan(shapes, cluster, links, compute, kinds, s, label=f"plugin {Setting(s).label}", **common))
+        plans.append(
+            choose_plan(shapes, cluster, links, compute, kinds, s, label=f"plugin {Setting(s).label}", **common)
+        )
     return plans

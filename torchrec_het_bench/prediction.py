@@ -27,7 +27,8 @@ from torchrec_het.replication.config import ReplicaOptions
 from torchrec_het.replication.profile import AccessProfile, count_accesses
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
-GBIT = 1e9 / 8  # bytes/s per Gbit/s
+GBIT = 1e9 / 8
+PREDICTION_BATCHES = 40  # per rank, spread over the run's steps  # bytes/s per Gbit/s
 PIPELINE_MODEL = {"plain": "plain", "sparse_dist": "sparse_dist", "prefetch_sparse_dist": "sparse_dist",
                   "hybrid": "hybrid", "semi_sync": "hybrid", "pec": "sparse_dist"}  # fmt: skip
 
@@ -44,9 +45,13 @@ class ModelInputs:
 
 def model_inputs(spec, source, tables: list) -> ModelInputs:
     """The run's profile, links and compute probes (a collective: every rank calls it)."""
-    from torchrec_het_bench.workloads import training_sample
+    from torchrec_het_bench.workloads import PROFILE_EVERY
 
-    local = count_accesses(training_sample(source, spec.preset)(), tables)
+    # batches the configurations' own profile (every 20th from step 0) does not hold: rows chosen
+    # hot because a sample read them often are read less often elsewhere, and the model must see that
+    rank, others = dist.get_rank(), [s for s in range(spec.preset.total_steps) if s % PROFILE_EVERY]
+    steps = others[:: max(1, len(others) // PREDICTION_BATCHES)]
+    local = count_accesses([source.batch(step, rank, "train").sparse_features for step in steps], tables)
     counts = []
     for table_counts in local.counts:
         total = table_counts.clone()
@@ -134,9 +139,33 @@ def dense_seconds_per_sample(preset, num_dense: int, num_sparse: int, steps: int
     return statistics.median(times[3:]) / batch, sum(p.numel() for p in parts.parameters())
 
 
-def planned_tables(plan, tables: list, profile: AccessProfile, world_size: int, batch: int) -> list[PlannedTable]:
-    """Each table of an embedding module's ``plan`` as the model sees it: type, placement, settings, reads."""
-    module_plan = next(iter(plan.plan.values()))
+def module_plan(sharded) -> dict:
+    """Each table's ``ParameterSharding`` as the sharded modules hold it (a hand-written plan's plugin
+    entries get their sharder's options there), else as the plan gives it."""
+    held = {}
+    for module in sharded.model.modules():
+        held.update(getattr(module, "het_plan", None) or {})
+    return held or dict(next(iter(sharded.plan.plan.values())))
+
+
+def built_tiers(sharded) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each row-replicated table's (replicated, per-host) row ids, as its module built them."""
+    tiers = {}
+    for module in sharded.model.modules():
+        for lookup in module.replicated_lookups() if hasattr(module, "replicated_lookups") else ():
+            for g in lookup.groups:
+                for i, table in enumerate(g.tables):
+                    low, high = int(g.offsets[i]), int(g.offsets[i + 1])
+                    tiers[table.name] = tuple(ids[(ids >= low) & (ids < high)] - low for ids in (g.hot, g.host))
+    return tiers
+
+
+def planned_tables(
+    module_plan: dict, tables: list, profile: AccessProfile, world_size: int, batch: int, built: dict | None = None
+) -> list[PlannedTable]:
+    """Each table of an embedding module's plan as the model sees it: type, placement, settings,
+    reads; ``built``: the row-replicated tables' tiers (:func:`built_tiers`)."""
+    built = built or {}
     planned = []
     for config in tables:
         sharding = module_plan[config.name]
@@ -147,8 +176,8 @@ def planned_tables(plan, tables: list, profile: AccessProfile, world_size: int, 
         settings: dict = {}
         if kind == HET_ROW_REPLICATED:
             options = options or ReplicaOptions()
-            hot, host = options.replicated_rows or 0, options.per_host_rows or 0
-            settings = dict(hot=hottest[:hot], per_host=hottest[hot : hot + host], sync_every=options.replica_sync_every)
+            hot, host = built.get(config.name, (torch.zeros(0, dtype=torch.int64),) * 2)
+            settings = dict(hot=reads[hot], per_host=reads[host], sync_every=options.replica_sync_every)
         elif kind == HET_CACHED_ROW_WISE:
             capacity = options.capacity_rows(config.num_embeddings)
             settings = dict(hot=hottest[:capacity], s_read=options.s_read, s_write=options.s_write)
@@ -178,7 +207,7 @@ def predict_entry(sharded, tables: list, inputs: ModelInputs, spec, pipeline: st
     """The ``predicted`` block of an entry of results.json."""
     ws, local = spec.world_size, spec.local_world_size
     cluster = Cluster(ws, local, batch)
-    planned = planned_tables(sharded.plan, tables, inputs.profile, ws, batch)
+    planned = planned_tables(module_plan(sharded), tables, inputs.profile, ws, batch, built_tiers(sharded))
     model_pipeline = PIPELINE_MODEL.get(pipeline, "sparse_dist")
     step = predict_step(planned, cluster, inputs.links, inputs.compute, model_pipeline, inputs.dense_params)
     return {
@@ -186,11 +215,17 @@ def predict_entry(sharded, tables: list, inputs: ModelInputs, spec, pipeline: st
         "dense_allreduce": round(2 * (ws - 1) * inputs.dense_params * 4) if ws > 1 else 0,
         "step_ms": {k: round(v, 3) for k, v in step.step_ms().items()},
         "pipeline_model": model_pipeline,
-        "links": {"intra_gbit": inputs.links.intra / GBIT, "inter_gbit": inputs.links.inter / GBIT,
-                  "latency_ms": inputs.links.latency * 1e3, "source": inputs.links.source},  # fmt: skip
-        "compute": {"lookup_ns_per_id": inputs.compute.lookup_s_per_id * 1e9,
-                    "dense_us_per_sample": inputs.compute.dense_s_per_sample * 1e6,
-                    "source": inputs.compute.source},  # fmt: skip
+        "links": {
+            "intra_gbit": inputs.links.intra / GBIT,
+            "inter_gbit": inputs.links.inter / GBIT,
+            "latency_ms": inputs.links.latency * 1e3,
+            "source": inputs.links.source,
+        },  # fmt: skip
+        "compute": {
+            "lookup_ns_per_id": inputs.compute.lookup_s_per_id * 1e9,
+            "dense_us_per_sample": inputs.compute.dense_s_per_sample * 1e6,
+            "source": inputs.compute.source,
+        },  # fmt: skip
     }
 
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from torchrec_het_bench import configs as bench_configs
-from torchrec_het_bench.prediction import prediction_error
 from torchrec_het_bench import report, versus
 from torchrec_het_bench.comm import EMBEDDING_PHASES, sum_totals
 from torchrec_het_bench.data import binary_auc
 from torchrec_het_bench.het_stats import summarize_cache
+from torchrec_het_bench.prediction import prediction_error
 from torchrec_het_bench.step_time import STEP_PARTS, TIMED_PARTS
 from torchrec_het_bench.worker import RankRecord, RunSpec
 

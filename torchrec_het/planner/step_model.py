@@ -45,6 +45,7 @@ from torchrec_het.planner.traffic import (
     Bytes,
     TableLoad,
     cached_bytes,
+    counts_bytes,
     row_replicated_bytes,
     row_wise_bytes,
     sequence_replicated_bytes,
@@ -270,13 +271,15 @@ def _plugin_phases(table: PlannedTable, cluster: Cluster, bags: float) -> PhaseB
     rest = max(float(reads.sum()) - float(hot.sum()) - float(host.sum()), 0.0)
     ordered = torch.cat([hot.double(), host.double(), torch.tensor([rest], dtype=torch.float64)])
     load = TableLoad(ordered, bags, table.dim, ws, topology, weighted=table.weighted)
+    # the cache and the sequences' fetches count distinct rows: every row's reads, hottest first
+    by_row = replace(load, reads=torch.sort(reads.double(), descending=True).values)
     if table.sharding_type == HET_ROW_REPLICATED:
         if table.pooled:
             traffic = row_replicated_bytes(load, hot.numel(), table.sync_every, host.numel())
         else:
-            traffic = sequence_replicated_bytes(load, hot.numel(), table.sync_every)
+            traffic = sequence_replicated_bytes(by_row, hot.numel(), table.sync_every)
     else:
-        traffic = cached_bytes(load, hot.numel(), table.s_read, table.s_write)
+        traffic = cached_bytes(by_row, hot.numel(), table.s_read, table.s_write)
     return _as_phases(traffic)
 
 
@@ -292,6 +295,8 @@ def plan_bytes(tables: list[PlannedTable], cluster: Cluster) -> PhaseBytes:
     if cluster.world_size > 1:
         for kind in {t.sharding_type for t in tables}:
             total.collectives = [a + b for a, b in zip(total.collectives, COLLECTIVES.get(kind, (1, 1, 1)))]
+            if kind in (HET_ROW_REPLICATED, HET_CACHED_ROW_WISE):  # the group's first collective
+                total.ids += counts_bytes(cluster.world_size)
     return total
 
 

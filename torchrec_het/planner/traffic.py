@@ -80,8 +80,8 @@ def row_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1, ho
     cold_ids = max(load.ids - float(hot.sum()) - float(host.sum()), 0.0)
     remote_cold = cold_ids * load.remote
     partials = _distinct_servers(load, remote_cold)
-    # every rank's send counts and batch size to every rank, then a (bag, row) int32 pair per cold id
-    ids = _counts_bytes(ws) + remote_cold * (2 * LENGTH + (FLOAT if load.weighted else 0))
+    # a (bag, row) int32 pair per cold id (after the group's counts: :func:`counts_bytes`)
+    ids = remote_cold * (2 * LENGTH + (FLOAT if load.weighted else 0))
     forward = ids + partials * dim * FLOAT
     backward = partials * dim * FLOAT
     intra_forward = intra_backward = 0.0
@@ -141,25 +141,29 @@ def sequence_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 
     cold = load.reads[hot_rows:]
     fetched = float((1.0 - torch.exp(-cold / ws)).sum()) * ws * load.remote  # distinct rows per rank, summed
     pooled = row_replicated_bytes(load, hot_rows, sync_every)  # for its sync term
-    ids = _counts_bytes(ws) + fetched * 2 * LENGTH  # a (position, row) int32 pair per distinct cold row
+    ids = fetched * 2 * LENGTH  # a (position, row) int32 pair per distinct cold row
     rows = fetched * dim * FLOAT
     return Bytes(ids + rows, rows, pooled.sync, 0.0, pooled.intra_backward, ids)
 
 
 def cached_bytes(load: TableLoad, capacity_rows: int, s_read: int, s_write: int, protocol: str = "het") -> Bytes:
-    """``het_cached_row_wise`` with ``capacity_rows`` cached rows per rank."""
-    remote_ids = load.ids * load.remote
-    cached = load.reads[:capacity_rows]
-    hit = float(cached.sum()) / load.ids if load.ids and s_read >= 1 else 0.0
-    misses = remote_ids * (1.0 - hit)
-    check = remote_ids * 2 * ID if protocol == "het" else misses * 2 * ID
-    ids = _counts_bytes(load.world_size) + check
-    forward = ids + misses * (load.dim * FLOAT + ID)
-    # distinct remote rows a rank writes per step, pushed every s_write + 1 steps
-    ws = load.world_size
-    touched = float((1.0 - torch.exp(-load.reads / ws)).sum()) * ws * load.remote
-    backward = touched * (load.dim * FLOAT + ID) / (s_write + 1)
-    return Bytes(forward, backward, ids=ids)
+    """``het_cached_row_wise`` with ``capacity_rows`` cached rows per rank (the hottest, in steady state).
+
+    Each rank asks the owners about each distinct remote row it reads (``het``: all of them, an
+    (id, held version) int64 pair; otherwise the ones not cached) and gets each one's version back
+    (int64); rows come for those not cached (one row each); the rows a rank wrote go to their
+    owners every ``s_write + 1`` steps (a row and its id, once per row written in that window)."""
+    ws, dim = load.world_size, load.dim
+    remote = load.remote * ws  # distinct rows read per step, summed over ranks, another rank owns: this share of
+    distinct = (1.0 - torch.exp(-load.reads / ws)) * remote
+    asked_all = float(distinct.sum())
+    cached = float(distinct[:capacity_rows].sum()) if s_read >= 1 else 0.0
+    misses = asked_all - cached
+    ids = (asked_all if protocol == "het" else misses) * 3 * ID
+    window = s_write + 1
+    written = float(((1.0 - torch.exp(-load.reads * window / ws)) * remote).sum())  # per window
+    backward = written * (dim * FLOAT + ID) / window
+    return Bytes(ids + misses * dim * FLOAT, backward, ids=ids)
 
 
 def row_wise_bytes(load: TableLoad) -> Bytes:
@@ -182,15 +186,16 @@ def _id_bytes(load: TableLoad) -> int:
     return ID + (FLOAT if load.weighted else 0)
 
 
-def _counts_bytes(world_size: int) -> float:
+def counts_bytes(world_size: int) -> float:
     """The plugin's first collective: every rank's send counts and batch size (int64) to every other rank."""
     return world_size * (world_size - 1) * (world_size + 1) * ID
 
 
 def _distinct_servers(load: TableLoad, remote_cold: float) -> float:
-    """Expected (bag, remote server) pairs: partials per step."""
+    """Expected (bag, remote server) pairs: partials per step. A bag holds ``ids / bags`` ids, each
+    a remote cold one with probability ``remote_cold / ids``, on one of the other ranks alike."""
     if remote_cold <= 0 or load.bags <= 0:
         return 0.0
     servers = load.world_size - 1
-    per_bag = remote_cold / load.bags  # remote cold ids in a bag
-    return load.bags * servers * (1.0 - math.exp(-per_bag / servers))
+    per_bag, share = load.ids / load.bags, min(remote_cold / load.ids, 1.0)
+    return load.bags * servers * (1.0 - (1.0 - share / servers) ** per_bag)
