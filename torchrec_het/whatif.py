@@ -61,7 +61,7 @@ def tables_from_configs(configs, batch: int, alpha: float | None = None, profile
     """The what-if's tables from ``EmbeddingBagConfig``s: reads from ``profile`` (an
     :class:`~torchrec_het.replication.profile.AccessProfile` of one rank's batches), else a Zipf
     skew ``alpha`` (None: uniform), one id per feature per sample."""
-    shapes = []
+    shapes, skewed = [], {}  # Zipf reads per (rows, ids per sample), computed once
     for config in configs:
         features = len(config.feature_names)
         if profile is not None and config.name in profile.tables:
@@ -70,7 +70,10 @@ def tables_from_configs(configs, batch: int, alpha: float | None = None, profile
             ids = float(reads.sum()) / batch
         else:
             ids = float(features)
-            reads = zipf_shares(config.num_embeddings, alpha or 0.0) * batch * ids
+            key = (config.num_embeddings, ids)
+            if key not in skewed:
+                skewed[key] = zipf_shares(config.num_embeddings, alpha or 0.0) * batch * ids
+            reads = skewed[key]
         shapes.append(TableShape(config.name, config.num_embeddings, config.embedding_dim, features, ids, reads))
     return shapes
 
@@ -122,11 +125,14 @@ def choose_plan(
     pipeline: str = "sparse_dist", dense_params: int = 0, optimizer: str = "exact_row_wise_adagrad", label: str = "",
 ) -> PlanChoice:  # fmt: skip
     """Each table's cheapest option among ``kinds`` by the model (its own bytes and compute), placed."""
-    chosen = []
+    chosen, best = [], {}  # tables of one shape and skew choose alike: once per shape
     for shape in shapes:
-        options = [_planned(shape, kind, cluster, staleness) for kind in kinds]
-        costs = [_table_cost(option, cluster, links, compute, pipeline, len(shapes)) for option in options]
-        chosen.append(options[min(range(len(options)), key=lambda i: costs[i])])
+        key = (shape.rows, shape.dim, shape.features, shape.ids_per_sample, float(shape.reads_per_rank.sum()))
+        if key not in best:
+            options = [_planned(shape, kind, cluster, staleness) for kind in kinds]
+            costs = [_table_cost(option, cluster, links, compute, pipeline, len(shapes)) for option in options]
+            best[key] = options[min(range(len(options)), key=lambda i: costs[i])]
+        chosen.append(replace(best[key], name=shape.name))
     placed = _place(chosen, cluster)
     prediction = predict_step(placed, cluster, links, compute, pipeline, dense_params)
     types: dict[str, int] = {}

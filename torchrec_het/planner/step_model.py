@@ -257,13 +257,14 @@ def table_bytes(table: PlannedTable, cluster: Cluster) -> PhaseBytes:
         phases = _plugin_phases(table, cluster, bags)
     else:
         raise ValueError(f"table {table.name!r}: the step model has no bytes for sharding type {kind!r}")
-    phases.inter_host = phases.total * _inter_share(cluster)
+    if phases.inter_host < 0 or kind not in (HET_ROW_REPLICATED,):
+        phases.inter_host = phases.total * _inter_share(cluster)
     return phases
 
 
 def _plugin_phases(table: PlannedTable, cluster: Cluster, bags: float) -> PhaseBytes:
     ws, local = cluster.world_size, cluster.local_world_size
-    topology = TierTopology(ws, local, 1.0, 1.0) if ws > local > 1 else None
+    topology = TierTopology(ws, local, 1.0, 1.0) if ws > local else None
     hot = table.hot if table.hot is not None else torch.zeros(0, dtype=torch.float64)
     host = table.per_host if table.per_host is not None else torch.zeros(0, dtype=torch.float64)
     reads = table.reads if table.reads is not None else torch.zeros(0, dtype=torch.float64)
@@ -271,20 +272,21 @@ def _plugin_phases(table: PlannedTable, cluster: Cluster, bags: float) -> PhaseB
     rest = max(float(reads.sum()) - float(hot.sum()) - float(host.sum()), 0.0)
     ordered = torch.cat([hot.double(), host.double(), torch.tensor([rest], dtype=torch.float64)])
     load = TableLoad(ordered, bags, table.dim, ws, topology, weighted=table.weighted)
+    if table.sharding_type == HET_ROW_REPLICATED and table.pooled:
+        return _as_phases(row_replicated_bytes(load, hot.numel(), table.sync_every, host.numel()))
     # the cache and the sequences' fetches count distinct rows: every row's reads, hottest first
-    by_row = replace(load, reads=torch.sort(reads.double(), descending=True).values)
+    descending = bool((reads[:-1] >= reads[1:]).all()) if reads.numel() > 1 else True
+    by_row = replace(load, reads=reads.double() if descending else torch.sort(reads.double(), descending=True).values)
     if table.sharding_type == HET_ROW_REPLICATED:
-        if table.pooled:
-            traffic = row_replicated_bytes(load, hot.numel(), table.sync_every, host.numel())
-        else:
-            traffic = sequence_replicated_bytes(by_row, hot.numel(), table.sync_every)
+        traffic = sequence_replicated_bytes(by_row, hot.numel(), table.sync_every)
     else:
         traffic = cached_bytes(by_row, hot.numel(), table.s_read, table.s_write)
     return _as_phases(traffic)
 
 
 def _as_phases(traffic: Bytes) -> PhaseBytes:
-    return PhaseBytes(traffic.ids, traffic.forward - traffic.ids, traffic.backward + traffic.sync)
+    inter = -1.0 if traffic.inter_host is None else traffic.inter_host  # -1: the table's even spread
+    return PhaseBytes(traffic.ids, traffic.forward - traffic.ids, traffic.backward + traffic.sync, inter)
 
 
 def plan_bytes(tables: list[PlannedTable], cluster: Cluster) -> PhaseBytes:

@@ -50,6 +50,14 @@ class TableLoad:
         return t.num_hosts if t is not None and t.num_hosts > 1 and t.local_world_size > 1 else 1
 
     @property
+    def other_hosts(self) -> float:
+        """Share of a rank's peers on another host."""
+        t = self.topology
+        if t is None or self.world_size == 1:
+            return 0.0
+        return (self.world_size - t.local_world_size) / (self.world_size - 1)
+
+    @property
     def remote(self) -> float:
         """Share of a row-wise table's reads that another rank owns."""
         return (self.world_size - 1) / self.world_size
@@ -65,6 +73,7 @@ class Bytes:
     intra_forward: float = 0.0  # of ``forward``, the bytes that stay within a host (several hosts only)
     intra_backward: float = 0.0  # of ``backward + sync``, likewise
     ids: float = 0.0  # of ``forward``, the input dist's (ids, lengths, counts)
+    inter_host: float | None = None  # of ``total``, the bytes between hosts (None: not modelled apart)
 
     @property
     def total(self) -> float:
@@ -84,19 +93,22 @@ def row_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1, ho
     ids = remote_cold * (2 * LENGTH + (FLOAT if load.weighted else 0))
     forward = ids + partials * dim * FLOAT
     backward = partials * dim * FLOAT
-    intra_forward = intra_backward = 0.0
+    intra_forward = intra_backward = combine = 0.0
     if host_rows and load.hosts > 1:  # read within the host; each host's summed gradient to the others' holders
         local, hosts = ws // load.hosts, load.hosts
         reads_here = float(host.sum()) * (local - 1) / local
         intra_forward = reads_here * (2 * LENGTH + dim * FLOAT)
         intra_backward = reads_here * dim * FLOAT
         touched = float((1.0 - torch.exp(-host / hosts)).sum())  # per host and step
+        combine = hosts * touched * (hosts - 1) * (dim * FLOAT + ID)
+        ids += reads_here * 2 * LENGTH
         forward += intra_forward
-        backward += intra_backward + hosts * touched * (hosts - 1) * (dim * FLOAT + ID)
-    if hot_rows == 0 or ws == 1:
-        return Bytes(forward, backward, 0.0, intra_forward, intra_backward, ids)
-    sync, sync_intra = replica_sync_bytes(hot, dim, ws, load.hosts, sync_every)
-    return Bytes(forward, backward, sync, intra_forward, intra_backward + sync_intra, ids)
+        backward += intra_backward + combine
+    sync, sync_intra = (0.0, 0.0) if hot_rows == 0 or ws == 1 else replica_sync_bytes(hot, dim, ws, load.hosts, sync_every)
+    # between hosts: the cold traffic's share to owners on other hosts, the per-host combine, the leaders' sync
+    spread = forward - intra_forward + backward - intra_backward - combine
+    inter = spread * load.other_hosts + combine + sync - sync_intra
+    return Bytes(forward, backward, sync, intra_forward, intra_backward + sync_intra, ids, inter)
 
 
 DENSE_SYNC_SHARE = 0.75  # a sync follows one that touched at least this share of the rows: every row is summed
