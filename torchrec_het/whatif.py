@@ -21,6 +21,7 @@ from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 STOCK = ("table_wise", "row_wise")
 CACHE_SHARE = 0.1  # het_cached_row_wise's default capacity: 10% of a table's rows
+TAIL_READS = 1e-3  # reads per step below which a long table's rows are summed in blocks (:func:`coarse_tail`)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,15 @@ class TableShape:
     features: int
     ids_per_sample: float
     reads_per_rank: torch.Tensor
+
+    def entries(self, rows: int) -> int:
+        """Entries of ``reads_per_rank`` that hold its hottest ``rows`` rows (its tail may be summed in blocks)."""
+        n = self.reads_per_rank.numel()
+        if n >= self.rows:
+            return rows
+        head = int((self.reads_per_rank >= TAIL_READS).sum())
+        block = math.ceil((self.rows - head) / max(n - head, 1))
+        return rows if rows <= head else min(n, head + math.ceil((rows - head) / block))
 
 
 @dataclass(frozen=True)
@@ -66,16 +76,31 @@ def tables_from_configs(configs, batch: int, alpha: float | None = None, profile
         features = len(config.feature_names)
         if profile is not None and config.name in profile.tables:
             counts = profile.table_counts(config.name).double() / max(profile.batches, 1)
-            reads = torch.sort(counts, descending=True).values
+            reads = coarse_tail(torch.sort(counts, descending=True).values)
             ids = float(reads.sum()) / batch
         else:
             ids = float(features)
             key = (config.num_embeddings, ids)
             if key not in skewed:
-                skewed[key] = zipf_shares(config.num_embeddings, alpha or 0.0) * batch * ids
+                skewed[key] = coarse_tail(zipf_shares(config.num_embeddings, alpha or 0.0) * batch * ids)
             reads = skewed[key]
         shapes.append(TableShape(config.name, config.num_embeddings, config.embedding_dim, features, ids, reads))
     return shapes
+
+
+def coarse_tail(reads: torch.Tensor, limit: int = 1 << 18, small: float = TAIL_READS) -> torch.Tensor:
+    """``reads`` (hottest first) in at most about ``limit`` entries: past the rows read at least
+    ``small`` times a step, rows are summed in blocks whose sum stays near ``small``. Every formula of
+    the model sees such a block as one row read its sum of times: exact for sums, and for the
+    chance a row is read (``1 - exp(-reads)``) while blocks are read far less than once a step."""
+    if reads.numel() <= limit:
+        return reads
+    head = int((reads >= small).sum())
+    tail = reads[head:]
+    block = max(1, math.ceil(tail.numel() / max(limit - head, 1)))
+    pad = (-tail.numel()) % block
+    summed = torch.cat([tail, tail.new_zeros(pad)]).view(-1, block).sum(1)
+    return torch.cat([reads[:head], summed])
 
 
 def _planned(shape: TableShape, kind: str, cluster: Cluster, staleness: int = 0) -> PlannedTable:
@@ -86,7 +111,8 @@ def _planned(shape: TableShape, kind: str, cluster: Cluster, staleness: int = 0)
         hot = hot_row_count(reads, replication_threshold(cluster.world_size, sync), 0.5)
         settings = dict(hot=reads[:hot], sync_every=sync)
     elif kind == HET_CACHED_ROW_WISE:
-        settings = dict(hot=reads[: math.ceil(CACHE_SHARE * shape.rows)], s_read=staleness, s_write=staleness)
+        capacity = shape.entries(math.ceil(CACHE_SHARE * shape.rows))
+        settings = dict(hot=reads[:capacity], s_read=staleness, s_write=staleness)
     return PlannedTable(
         shape.name, shape.rows, shape.dim, shape.features, shape.ids_per_sample, kind, reads=reads, **settings
     )

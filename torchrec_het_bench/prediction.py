@@ -58,13 +58,16 @@ def model_inputs(spec, source, tables: list) -> ModelInputs:
         dist.all_reduce(total)
         counts.append(total)
     profile = AccessProfile(local.tables, local.num_rows, tuple(counts), local.batches * spec.world_size)
-    dense, dense_params = dense_seconds_per_sample(spec.preset, source.num_dense, len(tables))
+    dense_step, dense, dense_params = dense_costs(spec.preset, source.num_dense, len(tables))
     costs = default_compute_costs()
     compute = Compute(
         lookup_s_per_id=lookup_seconds_per_id(spec.preset, spec.world_size),
+        module_s_per_step=module_seconds_per_step(spec.preset, len(tables)),
         dense_s_per_sample=dense,
+        dense_s_per_step=dense_step,
         extra_s_per_id=costs.extra_seconds_per_id if costs.applies_to("cpu") else {},
-        source="probes on this machine (TBE lookup, dense part); plugin extras from " + str(costs.source),
+        source="probes on this machine (a stock module's step, the dense part); plugin extras from "
+        + str(costs.source),
     )
     return ModelInputs(profile, run_links(spec.network), compute, dense_params)
 
@@ -83,6 +86,51 @@ def run_links(network: dict) -> Links:
         )
     rate = (network.get("gbit") or 10.0) * GBIT
     return Links(rate, rate, 0.0, "stated: the emulated rate")
+
+
+def module_seconds_per_step(preset, num_features: int, steps: int = 6) -> float:
+    """A stock sharded embedding module's own work per step on this machine and group, beyond its
+    kernels' per-id cost: a table_wise ``EmbeddingBagCollection`` of the preset's features (narrow
+    tables of few rows, so little moves) sharded on the run's group, its forward and backward with
+    the fused update timed at the preset's batch and a quarter of it; the step's intercept at no
+    ids is the module's fixed work (TorchRec's dist stages, permutes, awaitables, collectives'
+    latency). A collective: every rank calls it."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    rows, keys = 1000, [f"probe{i}" for i in range(num_features)]
+    tables = [EmbeddingBagConfig(name=f"t_{k}", embedding_dim=4, num_embeddings=rows, feature_names=[k]) for k in keys]
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": 0.01})
+    sharder = EmbeddingBagCollectionSharder()
+    topology = Topology(world_size=dist.get_world_size(), compute_device="cpu")
+    constraints = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in tables}
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+    plan = planner.collective_plan(ebc, [sharder], dist.GroupMember.WORLD)
+    model = DistributedModelParallel(ebc, plan=plan, sharders=[sharder], device=torch.device("cpu"))
+    generator = torch.Generator().manual_seed(dist.get_rank())
+
+    def step_seconds(batch: int) -> float:
+        values = torch.randint(0, rows, (batch * num_features,), generator=generator)
+        lengths = torch.ones(batch * num_features, dtype=torch.int32)
+        features = KeyedJaggedTensor.from_lengths_sync(keys, values, lengths)
+        times = []
+        for _ in range(2 + steps):
+            dist.barrier()
+            start = time.perf_counter()
+            model(features).values().sum().backward()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[2:])
+
+    full, quarter = preset.batch_size, max(preset.batch_size // 4, 1)
+    t_full, t_quarter = step_seconds(full), step_seconds(quarter)
+    slope = (t_full - t_quarter) / (full - quarter)
+    return max(t_quarter - slope * quarter, 0.0)
 
 
 def lookup_seconds_per_id(preset, world_size: int, steps: int = 8) -> float:
@@ -112,9 +160,10 @@ def lookup_seconds_per_id(preset, world_size: int, steps: int = 8) -> float:
     return statistics.median(times[3:]) / (tables * batch)
 
 
-def dense_seconds_per_sample(preset, num_dense: int, num_sparse: int, steps: int = 8) -> tuple[float, int]:
-    """(wall seconds per sample, parameters) of the DLRM's dense part: bottom MLP, interaction, top
-    MLP, loss, backward and Adagrad step, on random pooled embeddings."""
+def dense_costs(preset, num_dense: int, num_sparse: int, steps: int = 8) -> tuple[float, float, int]:
+    """(wall seconds per step, per sample, parameters) of the DLRM's dense part: bottom MLP,
+    interaction, top MLP, loss, backward and Adagrad step, on random pooled embeddings, timed at
+    the preset's batch and a quarter of it (the per-step part: the intercept)."""
     from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
 
     dim, batch = preset.embedding_dim, preset.batch_size
@@ -125,18 +174,25 @@ def dense_seconds_per_sample(preset, num_dense: int, num_sparse: int, steps: int
     parts = nn.ModuleList([dense_arch, interaction, over_arch])
     optimizer = torch.optim.Adagrad(parts.parameters(), lr=preset.learning_rate)
     generator = torch.Generator().manual_seed(0)
-    dense = torch.randn(batch, num_dense, generator=generator)
-    pooled = torch.randn(batch, num_sparse, dim, generator=generator)
-    labels = torch.randint(0, 2, (batch,), generator=generator).float()
-    times = []
-    for _ in range(3 + steps):
-        start = time.perf_counter()
-        logits = over_arch(interaction(dense_arch(dense), pooled)).squeeze(-1)
-        nn.functional.binary_cross_entropy_with_logits(logits, labels).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[3:]) / batch, sum(p.numel() for p in parts.parameters())
+
+    def step_seconds(size: int) -> float:
+        dense = torch.randn(size, num_dense, generator=generator)
+        pooled = torch.randn(size, num_sparse, dim, generator=generator)
+        labels = torch.randint(0, 2, (size,), generator=generator).float()
+        times = []
+        for _ in range(3 + steps):
+            start = time.perf_counter()
+            logits = over_arch(interaction(dense_arch(dense), pooled)).squeeze(-1)
+            nn.functional.binary_cross_entropy_with_logits(logits, labels).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[3:])
+
+    quarter = max(batch // 4, 1)
+    t_full, t_quarter = step_seconds(batch), step_seconds(quarter)
+    per_sample = max(t_full - t_quarter, 0.0) / max(batch - quarter, 1)
+    return max(t_full - per_sample * batch, 0.0), per_sample, sum(p.numel() for p in parts.parameters())
 
 
 def module_plan(sharded) -> dict:
@@ -223,7 +279,9 @@ def predict_entry(sharded, tables: list, inputs: ModelInputs, spec, pipeline: st
         },  # fmt: skip
         "compute": {
             "lookup_ns_per_id": inputs.compute.lookup_s_per_id * 1e9,
+            "module_ms_per_step": inputs.compute.module_s_per_step * 1e3,
             "dense_us_per_sample": inputs.compute.dense_s_per_sample * 1e6,
+            "dense_ms_per_step": inputs.compute.dense_s_per_step * 1e3,
             "source": inputs.compute.source,
         },  # fmt: skip
     }

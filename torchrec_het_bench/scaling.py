@@ -20,9 +20,7 @@ from pathlib import Path
 
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from torchrec_het.planner.compute_costs import default_compute_costs
 from torchrec_het.planner.step_model import Cluster, Compute, Links
-from torchrec_het.svg_plot import line_plot
 from torchrec_het.whatif import compare, tables_from_configs
 from torchrec_het_bench.presets import get_preset
 
@@ -142,7 +140,10 @@ def ratio_by_ranks(entries: list[dict]) -> str:
         key = (run["world_size"], run["network"]["mode"])
         by_run.setdefault(key, {})[e["name"]] = e["bytes_per_step"]["embedding_cross_rank"]
     names = ["stock_row_wise", "rep_m100_s1", "het_het_s10_c10", "planned"]
-    lines = ["| ranks | network | stock table_wise MiB | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+    lines = [
+        "| ranks | network | stock table_wise MiB | " + " | ".join(names) + " |",
+        "|---|---|---|" + "---|" * len(names),
+    ]
     for (ws, mode), got in sorted(by_run.items()):
         base = got.get("stock_table_wise")
         if not base:
@@ -158,7 +159,8 @@ def default_tables() -> list[EmbeddingBagConfig]:
                                feature_names=[f"f{i}"]) for i, rows in enumerate(preset.table_sizes)]  # fmt: skip
 
 
-def sweep(compute: Compute, ranks_per_host: int = 8, intra_gbit: float = 2400.0) -> list[dict]:
+def sweep(compute: Compute, intra_gbit: float, ranks_per_host: int = 8) -> list[dict]:
+    """The default preset's what-if at each world size and link speed between hosts."""
     preset = get_preset("default")
     shapes = tables_from_configs(default_tables(), preset.batch_size, preset.alpha)
     rows = []
@@ -187,8 +189,6 @@ def main(argv: list[str] | None = None) -> int:
     write_page()
     return 0
 
-
-__all__ = ["REFERENCES", "bytes_table", "line_plot", "ratio_by_ranks", "step_table", "sweep", "validation_entries"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,9 +18,10 @@ sync), as the benchmark's ``fwd_ids`` / ``fwd_emb`` / ``bwd_grad``.
 
 **Time** (seconds per step on the slowest rank), the assumptions:
 
-- compute: a lookup costs ``lookup_s_per_id`` per id on the rank that pools it (table_wise: the
-  rank holding the most ids; sharded types: an even share), a third in the forward and two
-  thirds in the backward (TorchRec's estimator's split); a plugin type adds its calibrated extra
+- compute: a sharded module costs ``module_s_per_step`` per step for each group of tables of one
+  type (TorchRec's stages around the kernels) and ``lookup_s_per_id`` per id on the rank that
+  pools it (table_wise: the rank holding the most ids; sharded types: an even share), a third in
+  the forward and two thirds in the backward (TorchRec's estimator's split); a plugin type adds its calibrated extra
   per id of the reader's batch (``compute_costs.json``); the dense part costs
   ``dense_s_per_sample`` per sample of a rank's batch.
 - communication: each phase's bytes per rank over the link they cross (the inter-host share at
@@ -70,7 +71,7 @@ COLLECTIVES = {
     "column_wise": (2, 1, 1),
     "table_column_wise": (2, 1, 1),
     "row_wise": (2, 1, 1),  # ... then a reduce-scatter of the bags, an all-gather of their gradients
-    "data_parallel": (0, 0, 0),
+    "data_parallel": (0, 0, 1),
     HET_ROW_REPLICATED: (2, 1, 2),  # counts, ids; partial sums; their gradients and the replica sync
     HET_CACHED_ROW_WISE: (3, 2, 2),
 }
@@ -99,7 +100,10 @@ class Compute:
 
     Attributes:
         lookup_s_per_id: a stock TBE lookup's forward, backward and fused update, per id.
+        module_s_per_step: a sharded embedding module's own work per step around its kernels
+            (TorchRec's dist stages, permutes, awaitables), per group of tables of one type.
         dense_s_per_sample: the dense part's forward, backward and optimizer step, per sample.
+        dense_s_per_step: the dense part's fixed work per step.
         extra_s_per_id: plugin type -> setting class ("exact", "stale") -> extra seconds per id
             (:class:`~torchrec_het.planner.compute_costs.ComputeCosts`).
         source: where the figures came from.
@@ -109,6 +113,8 @@ class Compute:
     dense_s_per_sample: float
     extra_s_per_id: dict = field(default_factory=dict)
     source: str = "stated"
+    module_s_per_step: float = 0.0
+    dense_s_per_step: float = 0.0
 
     def extra(self, sharding_type: str, setting: str) -> float:
         return self.extra_s_per_id.get(sharding_type, {}).get(setting, 0.0)
@@ -240,8 +246,11 @@ def _inter_share(cluster: Cluster) -> float:
 def table_bytes(table: PlannedTable, cluster: Cluster) -> PhaseBytes:
     """One table's bytes per step over all ranks, by phase."""
     ws, batch = cluster.world_size, cluster.batch
-    if ws == 1 or table.sharding_type == "data_parallel":
+    if ws == 1:
         return PhaseBytes()
+    if table.sharding_type == "data_parallel":  # every rank's gradient of the whole table, all-reduced
+        grads = 2 * (ws - 1) * table.rows * table.dim * FLOAT
+        return PhaseBytes(0.0, 0.0, grads, grads * _inter_share(cluster))
     bags = float(batch * ws * table.features)
     kind = table.sharding_type
     if kind in ("table_wise", "column_wise", "table_column_wise", "row_wise"):
@@ -349,8 +358,10 @@ def predict_step(
         if t.sharding_type in (HET_ROW_REPLICATED, HET_CACHED_ROW_WISE)
     )
     emb = max(lookup + extra, 0.0)
-    emb_fwd, emb_bwd = emb * (1 - BACKWARD_SHARE), emb * BACKWARD_SHARE
-    dense_compute = cluster.batch * compute.dense_s_per_sample
+    module = len({t.sharding_type for t in tables}) * compute.module_s_per_step  # the stages: in the forward
+    emb_fwd, emb_bwd = module + emb * (1 - BACKWARD_SHARE), emb * BACKWARD_SHARE
+    emb += module
+    dense_compute = compute.dense_s_per_step + cluster.batch * compute.dense_s_per_sample
     ws = cluster.world_size
     allreduce = 0.0
     if ws > 1 and dense_params:

@@ -104,7 +104,9 @@ def row_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1, ho
         ids += reads_here * 2 * LENGTH
         forward += intra_forward
         backward += intra_backward + combine
-    sync, sync_intra = (0.0, 0.0) if hot_rows == 0 or ws == 1 else replica_sync_bytes(hot, dim, ws, load.hosts, sync_every)
+    sync, sync_intra = (
+        (0.0, 0.0) if hot_rows == 0 or ws == 1 else replica_sync_bytes(hot, dim, ws, load.hosts, sync_every)
+    )
     # between hosts: the cold traffic's share to owners on other hosts, the per-host combine, the leaders' sync
     spread = forward - intra_forward + backward - intra_backward - combine
     inter = spread * load.other_hosts + combine + sync - sync_intra
