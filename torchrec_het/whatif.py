@@ -150,7 +150,25 @@ def choose_plan(
     shapes: list[TableShape], cluster: Cluster, links: Links, compute: Compute, kinds: tuple, staleness: int = 0,
     pipeline: str = "sparse_dist", dense_params: int = 0, optimizer: str = "exact_row_wise_adagrad", label: str = "",
 ) -> PlanChoice:  # fmt: skip
-    """Each table's cheapest option among ``kinds`` by the model (its own bytes and compute), placed."""
+    """The cheapest plan by the whole-plan prediction among: each table's cheapest option among
+    ``kinds`` (its own bytes and its share of the lookups), and every table of one kind."""
+    candidates = [_per_table(shapes, cluster, links, compute, kinds, staleness, pipeline)]
+    candidates += [[_planned(s, kind, cluster, staleness) for s in shapes] for kind in kinds]
+    best = None
+    for tables in candidates:
+        placed = _place(tables, cluster)
+        prediction = predict_step(placed, cluster, links, compute, pipeline, dense_params)
+        if best is None or prediction.total < best[1].total:
+            best = (placed, prediction)
+    placed, prediction = best
+    types: dict[str, int] = {}
+    for t in placed:
+        types[t.sharding_type] = types.get(t.sharding_type, 0) + 1
+    return PlanChoice(label, placed, prediction, _memory(placed, cluster.world_size, optimizer), types)
+
+
+def _per_table(shapes, cluster, links, compute, kinds, staleness, pipeline) -> list[PlannedTable]:
+    """Each table's cheapest option among ``kinds`` by its own bytes and its share of the lookups."""
     chosen, best = [], {}  # tables of one shape and skew choose alike: once per shape
     for shape in shapes:
         key = (shape.rows, shape.dim, shape.features, shape.ids_per_sample, float(shape.reads_per_rank.sum()))
@@ -159,12 +177,7 @@ def choose_plan(
             costs = [_table_cost(option, cluster, links, compute, pipeline, len(shapes)) for option in options]
             best[key] = options[min(range(len(options)), key=lambda i: costs[i])]
         chosen.append(replace(best[key], name=shape.name))
-    placed = _place(chosen, cluster)
-    prediction = predict_step(placed, cluster, links, compute, pipeline, dense_params)
-    types: dict[str, int] = {}
-    for t in placed:
-        types[t.sharding_type] = types.get(t.sharding_type, 0) + 1
-    return PlanChoice(label, placed, prediction, _memory(placed, cluster.world_size, optimizer), types)
+    return chosen
 
 
 def _table_cost(

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from torchrec_het_bench import docs_stacks, report, soak_results, versus
+from torchrec_het_bench.prediction import prediction_table
 
 HEADER = (
     "# Benchmarks\n\n"
@@ -150,6 +151,9 @@ def render_run(title: str, results: dict) -> str:
     verdicts = versus.verdicts(results)
     if verdicts:
         lines += ["", *verdicts]
+    predicted = prediction_table(results)
+    if predicted:
+        lines += ["", "### Predicted beside measured", "", *predicted]
     lines += ["", "### All measurements", "", report.markdown_table(results, curve_plot=None).rstrip("\n")]
     curve = auc_curves(results)
     if curve:

@@ -15,6 +15,7 @@ plan, the profile and the probes.
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -67,7 +68,7 @@ def model_inputs(spec, source, tables: list) -> ModelInputs:
         dense_s_per_step=dense_step,
         extra_s_per_id=costs.extra_seconds_per_id if costs.applies_to("cpu") else {},
         source="probes on this machine (a stock module's step, the dense part); plugin extras from "
-        + str(costs.source),
+        + Path(str(costs.source)).name,
     )
     return ModelInputs(profile, run_links(spec.network), compute, dense_params)
 
@@ -303,3 +304,38 @@ def prediction_error(entry: dict) -> dict | None:
         )
     errors["step_total"] = predicted["step_ms"]["total"] / entry["step_ms"]["total"] - 1
     return {k: round(v, 4) for k, v in errors.items()}
+
+
+def prediction_table(results: dict) -> list[str]:
+    """Markdown lines: each entry's predicted bytes and step beside the measured ones, and the
+    errors (none when no entry carries a prediction)."""
+    entries = [c for c in results["configs"] if c.get("predicted") and "bytes_per_step" in c]
+    if not entries:
+        return []
+    first = entries[0]["predicted"]
+    c, links = first["compute"], first["links"]
+    lines = [
+        f"The step model ({first['pipeline_model']} and the other pipelines' overlap: "
+        "`torchrec_het/planner/step_model.py`) predicted each entry from its plan before training: links "
+        f"{links['intra_gbit']:.2f} / {links['inter_gbit']:.2f} Gbit/s within / between hosts, "
+        f"{links['latency_ms']:.2f} ms per collective ({links['source']}); compute {c.get('module_ms_per_step', 0):.2f} ms "
+        f"per module step + {c['lookup_ns_per_id']:.0f} ns per id, dense {c.get('dense_ms_per_step', 0):.2f} ms "
+        f"+ {c['dense_us_per_sample']:.1f} us per sample ({c['source']}).",
+        "",
+        "| entry | MiB/step measured | predicted | error | inter-host error | step ms measured "
+        "(emb fwd / emb bwd / dense / comm wait / total) | predicted | error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    parts = ("emb_fwd", "emb_bwd", "dense", "comm_wait", "total")
+    for e in entries:
+        p, err = e["predicted"], e["prediction_error"]
+        inter = err.get("inter_host_embedding")
+        measured_ms = " / ".join(f"{e['step_ms'][k]:.1f}" for k in parts)
+        predicted_ms = " / ".join(f"{p['step_ms'][k]:.1f}" for k in parts)
+        lines.append(
+            f"| {e['name']} | {e['bytes_per_step']['embedding_cross_rank'] / 2**20:.3f} "
+            f"| {p['bytes_per_step']['embedding_cross_rank'] / 2**20:.3f} | {err['embedding_cross_rank']:+.1%} "
+            f"| {'-' if inter is None else f'{inter:+.1%}'} "
+            f"| {measured_ms} | {predicted_ms} | {err['step_total']:+.1%} |"
+        )
+    return lines

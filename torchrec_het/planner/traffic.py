@@ -109,7 +109,7 @@ def row_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1, ho
     )
     # between hosts: the cold traffic's share to owners on other hosts, the per-host combine, the leaders' sync
     spread = forward - intra_forward + backward - intra_backward - combine
-    inter = spread * load.other_hosts + combine + sync - sync_intra
+    inter = spread * load.other_hosts + combine + (sync - sync_intra if load.other_hosts else 0.0)
     return Bytes(forward, backward, sync, intra_forward, intra_backward + sync_intra, ids, inter)
 
 
