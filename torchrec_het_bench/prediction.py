@@ -98,20 +98,24 @@ def module_seconds_per_step(preset, num_features: int, steps: int = 6) -> float:
     latency). A collective: every rank calls it."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from torchrec_het_bench.topology import cpu_topology
 
     rows, keys = 1000, [f"probe{i}" for i in range(num_features)]
     tables = [EmbeddingBagConfig(name=f"t_{k}", embedding_dim=4, num_embeddings=rows, feature_names=[k]) for k in keys]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": 0.01})
     sharder = EmbeddingBagCollectionSharder()
-    topology = Topology(world_size=dist.get_world_size(), compute_device="cpu")
+    topology = cpu_topology(dist.get_world_size(), dist.get_world_size())
     constraints = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in tables}
-    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+    reservation = FixedPercentageStorageReservation(percentage=0.05)
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints, storage_reservation=reservation)
     plan = planner.collective_plan(ebc, [sharder], dist.GroupMember.WORLD)
     model = DistributedModelParallel(ebc, plan=plan, sharders=[sharder], device=torch.device("cpu"))
     generator = torch.Generator().manual_seed(dist.get_rank())

@@ -209,6 +209,13 @@ each phase's bytes per rank over the link they cross plus a latency per collecti
 
 {step_table}
 
+Where the step model misses, and why: its compute comes from probes run once at the start of each
+run (a stock module's step, the dense part), which vary between runs on this shared 2-core machine
+as much as the steps themselves (compare the probes' figures in the two default runs of
+[benchmarks.md](benchmarks.md)); and under `hybrid` the worker thread's lookups share the rank's
+cores with the dense part, so less is hidden than the model assumes. Bytes do not vary, and the
+bytes model holds to the byte.
+
 ## What-if: stock's best plan against the plugin's, 2 to 1,024 ranks
 
 The default preset's tables (26, 100k to 1M rows, dim 64, 1,024 samples per rank, Zipf 1.1) at this
