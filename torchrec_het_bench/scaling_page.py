@@ -213,8 +213,9 @@ Where the step model misses, and why: its compute comes from probes run once at 
 run (a stock module's step, the dense part), which vary between runs on this shared 2-core machine
 as much as the steps themselves (compare the probes' figures in the two default runs of
 [benchmarks.md](benchmarks.md)); and under `hybrid` the worker thread's lookups share the rank's
-cores with the dense part, so less is hidden than the model assumes. Bytes do not vary, and the
-bytes model holds to the byte.
+cores with the dense part, so less is hidden than the model assumes. Bytes do not vary between
+runs; the HET cache's byte model is a steady state, which the short smoke runs (the cache still
+filling) do not reach.
 
 ## What-if: stock's best plan against the plugin's, 2 to 1,024 ranks
 
