@@ -27,6 +27,7 @@ from torchrec_het.planner.step_model import Cluster, Compute, Links, PlannedTabl
 from torchrec_het.replication.config import ReplicaOptions
 from torchrec_het.replication.profile import AccessProfile, count_accesses
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
+from torchrec_het_bench.tbe_cost import lookup_seconds_per_id
 
 GBIT = 1e9 / 8
 PREDICTION_BATCHES = 40  # per rank, spread over the run's steps  # bytes/s per Gbit/s
@@ -62,7 +63,9 @@ def model_inputs(spec, source, tables: list) -> ModelInputs:
     dense_step, dense, dense_params = dense_costs(spec.preset, source.num_dense, len(tables))
     costs = default_compute_costs()
     compute = Compute(
-        lookup_s_per_id=lookup_seconds_per_id(spec.preset, spec.world_size),
+        lookup_s_per_id=lookup_seconds_per_id(
+            spec.preset.table_sizes, spec.preset.embedding_dim, spec.preset.batch_size * spec.world_size
+        ),
         module_s_per_step=module_seconds_per_step(spec.preset, len(tables)),
         dense_s_per_sample=dense,
         dense_s_per_step=dense_step,
@@ -136,33 +139,6 @@ def module_seconds_per_step(preset, num_features: int, steps: int = 6) -> float:
     t_full, t_quarter = step_seconds(full), step_seconds(quarter)
     slope = (t_full - t_quarter) / (full - quarter)
     return max(t_quarter - slope * quarter, 0.0)
-
-
-def lookup_seconds_per_id(preset, world_size: int, steps: int = 8) -> float:
-    """Wall seconds per id of a TBE lookup's forward, backward and fused row-wise Adagrad update,
-    at the preset's width, with the ids a table_wise rank pools (every rank's batch)."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        ComputeDevice,
-        EmbeddingLocation,
-        SplitTableBatchedEmbeddingBagsCodegen,
-    )
-
-    tables, rows, batch = 4, min(min(preset.table_sizes), 100_000), preset.batch_size * world_size
-    tbe = SplitTableBatchedEmbeddingBagsCodegen(
-        [(rows, preset.embedding_dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
-        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-        learning_rate=0.01,
-    )
-    generator = torch.Generator().manual_seed(0)
-    indices = torch.randint(0, rows, (tables * batch,), generator=generator)
-    offsets = torch.arange(0, tables * batch + 1)
-    times = []
-    for _ in range(3 + steps):
-        start = time.perf_counter()
-        tbe(indices, offsets).sum().backward()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[3:]) / (tables * batch)
 
 
 def dense_costs(preset, num_dense: int, num_sparse: int, steps: int = 8) -> tuple[float, float, int]:

@@ -10,7 +10,7 @@ from torchrec_het.planner.compute_costs import default_compute_costs
 from torchrec_het.planner.step_model import OVERLAP, Cluster, Compute, Links
 from torchrec_het.svg_plot import line_plot
 from torchrec_het.whatif import compare, tables_from_configs
-from torchrec_het_bench.scaling import (
+from torchrec_het_bench.scaling_runs import (
     GBIT,
     REFERENCES,
     REPO,

@@ -45,6 +45,34 @@ def step_cpu_ms(optimizer: str, tables: int, rows: int, dim: int, batch: int, st
     return medians
 
 
+def lookup_seconds_per_id(table_sizes, dim: int, batch: int, steps: int = 8) -> float:
+    """Wall seconds per id of a TBE lookup's forward, backward and fused row-wise Adagrad update,
+    4 tables of the smallest of ``table_sizes`` rows (at most 100k) and width ``dim``, ``batch``
+    bags of one id each (the step model's probe, :mod:`torchrec_het_bench.prediction`)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        EmbeddingLocation,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    tables, rows = 4, min(min(table_sizes), 100_000)
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=0.01,
+    )
+    generator = torch.Generator().manual_seed(0)
+    indices = torch.randint(0, rows, (tables * batch,), generator=generator)
+    offsets = torch.arange(0, tables * batch + 1)
+    times = []
+    for _ in range(3 + steps):
+        start = time.perf_counter()
+        tbe(indices, offsets).sum().backward()
+        times.append(time.perf_counter() - start)
+    return sorted(times[3:])[len(times[3:]) // 2] / (tables * batch)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchrec_het_bench.tbe_cost", description=__doc__.splitlines()[0])
     parser.add_argument("--optimizer", default="EXACT_ROWWISE_ADAGRAD", help="an fbgemm EmbOptimType name")

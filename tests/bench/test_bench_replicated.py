@@ -94,8 +94,11 @@ def test_regrouped_batches_skip_their_exchanges_and_train_alike(fae_results: dic
 
 def test_every_dlrm_entry_carries_the_step_models_prediction(results: dict) -> None:
     """The model predicted each DLRM entry from its plan before training; its bytes are the ones
-    counted (stock encodings, the plugin's pairs, partial sums and replica syncs) within 5%. The
-    sequence workload is not modelled yet: its entries carry no prediction."""
+    counted (stock encodings, the plugin's pairs, partial sums and replica syncs) within 5%. A sync
+    every 10 steps falls into a 15-step window once or twice, so the model's average of one in 10
+    steps holds there within 15%; so does its HET cache (a steady state, which short runs do not
+    reach; what the cache pushes is not modelled to the byte). The sequence workload is not
+    modelled yet: its entries carry no prediction."""
     for name, entry in results.items():
         if entry["workload"] != "dlrm":
             assert "predicted" not in entry, name
@@ -103,4 +106,6 @@ def test_every_dlrm_entry_carries_the_step_models_prediction(results: dict) -> N
         predicted, error = entry["predicted"], entry["prediction_error"]
         assert set(predicted["step_ms"]) == {"emb_fwd", "emb_bwd", "dense", "comm_wait", "total"}, name
         assert predicted["step_ms"]["total"] > 0 and predicted["links"]["intra_gbit"] > 0, name
-        assert abs(error["embedding_cross_rank"]) < 0.05, (name, error, predicted["bytes_per_step"])
+        loose = entry["params"].get("replica_sync_every", 1) > 1 or "het_cached_row_wise" in entry["sharding_types"]
+        bound = 0.15 if loose else 0.05
+        assert abs(error["embedding_cross_rank"]) < bound, (name, error, predicted["bytes_per_step"])
