@@ -14,8 +14,9 @@ import time
 import torch
 
 
-def step_cpu_ms(optimizer: str, tables: int, rows: int, dim: int, batch: int, steps: int) -> dict[str, float]:
-    """Median CPU milliseconds of a forward and of a forward + backward (after 5 unmeasured steps)."""
+def _cpu_tbe(optimizer: str, tables: int, rows: int, dim: int, batch: int):
+    """(a CPU TBE of ``tables`` tables of ``rows`` x ``dim`` with the fused ``optimizer``, its
+    random ids, its offsets: ``batch`` bags of one id per table)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         ComputeDevice,
@@ -30,7 +31,12 @@ def step_cpu_ms(optimizer: str, tables: int, rows: int, dim: int, batch: int, st
     )
     generator = torch.Generator().manual_seed(0)
     indices = torch.randint(0, rows, (tables * batch,), generator=generator)
-    offsets = torch.arange(0, tables * batch + 1)
+    return tbe, indices, torch.arange(0, tables * batch + 1)
+
+
+def step_cpu_ms(optimizer: str, tables: int, rows: int, dim: int, batch: int, steps: int) -> dict[str, float]:
+    """Median CPU milliseconds of a forward and of a forward + backward (after 5 unmeasured steps)."""
+    tbe, indices, offsets = _cpu_tbe(optimizer, tables, rows, dim, batch)
     medians = {}
     for phase in ("forward", "forward+backward"):
         times = []
@@ -49,22 +55,8 @@ def lookup_seconds_per_id(table_sizes, dim: int, batch: int, steps: int = 8) -> 
     """Wall seconds per id of a TBE lookup's forward, backward and fused row-wise Adagrad update,
     4 tables of the smallest of ``table_sizes`` rows (at most 100k) and width ``dim``, ``batch``
     bags of one id each (the step model's probe, :mod:`torchrec_het_bench.prediction`)."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        ComputeDevice,
-        EmbeddingLocation,
-        SplitTableBatchedEmbeddingBagsCodegen,
-    )
-
     tables, rows = 4, min(min(table_sizes), 100_000)
-    tbe = SplitTableBatchedEmbeddingBagsCodegen(
-        [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
-        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-        learning_rate=0.01,
-    )
-    generator = torch.Generator().manual_seed(0)
-    indices = torch.randint(0, rows, (tables * batch,), generator=generator)
-    offsets = torch.arange(0, tables * batch + 1)
+    tbe, indices, offsets = _cpu_tbe("EXACT_ROWWISE_ADAGRAD", tables, rows, dim, batch)
     times = []
     for _ in range(3 + steps):
         start = time.perf_counter()

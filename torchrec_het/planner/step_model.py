@@ -47,6 +47,7 @@ from torchrec_het.planner.traffic import (
     TableLoad,
     cached_bytes,
     counts_bytes,
+    other_hosts_share,
     row_replicated_bytes,
     row_wise_bytes,
     sequence_replicated_bytes,
@@ -238,9 +239,7 @@ class StepPrediction:
 
 
 def _inter_share(cluster: Cluster) -> float:
-    """Share of a rank's peers on other hosts (an even spread of the traffic over the peers)."""
-    ws, local = cluster.world_size, cluster.local_world_size
-    return (ws - local) / (ws - 1) if ws > 1 else 0.0
+    return other_hosts_share(cluster.world_size, cluster.local_world_size)
 
 
 def table_bytes(table: PlannedTable, cluster: Cluster) -> PhaseBytes:
@@ -298,11 +297,12 @@ def _as_phases(traffic: Bytes) -> PhaseBytes:
     return PhaseBytes(traffic.ids, traffic.forward - traffic.ids, traffic.backward + traffic.sync, inter)
 
 
-def plan_bytes(tables: list[PlannedTable], cluster: Cluster) -> PhaseBytes:
-    """Every table's bytes, summed, and the collectives of each sharding type's group."""
+def plan_bytes(tables: list[PlannedTable], cluster: Cluster, per_table: list[PhaseBytes] | None = None) -> PhaseBytes:
+    """Every table's bytes (``per_table``, when already known), summed, and the collectives of each
+    sharding type's group."""
     total = PhaseBytes()
-    for table in tables:
-        total = total.add(table_bytes(table, cluster))
+    for phases in per_table if per_table is not None else [table_bytes(t, cluster) for t in tables]:
+        total = total.add(phases)
     if cluster.world_size > 1:
         for kind in {t.sharding_type for t in tables}:
             total.collectives = [a + b for a, b in zip(total.collectives, COLLECTIVES.get(kind, (1, 1, 1)))]
@@ -350,7 +350,8 @@ def predict_step(
     ``dense_params``: parameters the dense all-reduce sums (DDP)."""
     if pipeline not in PIPELINES:
         raise ValueError(f"unknown pipeline {pipeline!r}; the step model knows {PIPELINES}")
-    traffic = plan_bytes(tables, cluster)
+    per_table = [table_bytes(t, cluster) for t in tables]
+    traffic = plan_bytes(tables, cluster, per_table)
     lookup = max(_lookup_ids(tables, cluster)) * compute.lookup_s_per_id
     extra = sum(
         cluster.batch * t.ids_per_sample * compute.extra(t.sharding_type, t.setting)
@@ -377,7 +378,7 @@ def predict_step(
         compute_time = emb + dense
         wait = max(0.0, t_ids - compute_time) + t_fwd + t_bwd
         if any(t.sharding_type == HET_ROW_REPLICATED for t in tables):  # the deferred owner backward
-            deferred = sum(table_bytes(t, cluster).emb_bwd for t in tables if t.sharding_type == HET_ROW_REPLICATED)
+            deferred = sum(p.emb_bwd for t, p in zip(tables, per_table) if t.sharding_type == HET_ROW_REPLICATED)
             hidden = min(_seconds(deferred, 0, cluster, links), dense_compute * (1 - BACKWARD_SHARE))
             wait -= hidden
     else:

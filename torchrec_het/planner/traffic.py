@@ -53,14 +53,17 @@ class TableLoad:
     def other_hosts(self) -> float:
         """Share of a rank's peers on another host."""
         t = self.topology
-        if t is None or self.world_size == 1:
-            return 0.0
-        return (self.world_size - t.local_world_size) / (self.world_size - 1)
+        return 0.0 if t is None else other_hosts_share(self.world_size, t.local_world_size)
 
     @property
     def remote(self) -> float:
         """Share of a row-wise table's reads that another rank owns."""
         return (self.world_size - 1) / self.world_size
+
+
+def other_hosts_share(world_size: int, local_world_size: int) -> float:
+    """Share of a rank's peers on another host (traffic spread evenly over the peers crosses hosts this often)."""
+    return (world_size - local_world_size) / (world_size - 1) if world_size > 1 else 0.0
 
 
 @dataclass(frozen=True)
