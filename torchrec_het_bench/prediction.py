@@ -246,7 +246,10 @@ def predict_entry(sharded, tables: list, inputs: ModelInputs, spec, pipeline: st
     cluster = Cluster(ws, local, batch)
     planned = planned_tables(module_plan(sharded), tables, inputs.profile, ws, batch, built_tiers(sharded))
     model_pipeline = PIPELINE_MODEL.get(pipeline, "sparse_dist")
-    step = predict_step(planned, cluster, inputs.links, inputs.compute, model_pipeline, inputs.dense_params)
+    try:
+        step = predict_step(planned, cluster, inputs.links, inputs.compute, model_pipeline, inputs.dense_params)
+    except ValueError as unmodelled:  # a type the model has no bytes for (e.g. table_row_wise): said, not guessed
+        return {"not_modelled": str(unmodelled)}
     return {
         "bytes_per_step": step.bytes.as_dict(),
         "dense_allreduce": round(2 * (ws - 1) * inputs.dense_params * 4) if ws > 1 else 0,
@@ -271,7 +274,7 @@ def predict_entry(sharded, tables: list, inputs: ModelInputs, spec, pipeline: st
 def prediction_error(entry: dict) -> dict | None:
     """Predicted over measured, minus 1, of the entry's embedding bytes, inter-host bytes and step time."""
     predicted = entry.get("predicted")
-    if not predicted or "bytes_per_step" not in entry:
+    if not predicted or "bytes_per_step" not in predicted or "bytes_per_step" not in entry:
         return None
     measured_bytes = entry["bytes_per_step"]
     errors = {}
@@ -289,7 +292,7 @@ def prediction_error(entry: dict) -> dict | None:
 def prediction_table(results: dict) -> list[str]:
     """Markdown lines: each entry's predicted bytes and step beside the measured ones, and the
     errors (none when no entry carries a prediction)."""
-    entries = [c for c in results["configs"] if c.get("predicted") and "bytes_per_step" in c]
+    entries = [c for c in results["configs"] if c.get("prediction_error") and "bytes_per_step" in c]
     if not entries:
         return []
     first = entries[0]["predicted"]

@@ -68,7 +68,7 @@ def run_validation(out: Path = SCALING_RUNS, python: str = sys.executable) -> No
 
 def _entries(path: Path) -> list[dict]:
     data = json.loads(path.read_text())
-    return [dict(c, _run=data) for c in data["configs"] if c.get("predicted") and "bytes_per_step" in c]
+    return [dict(c, _run=data) for c in data["configs"] if c.get("prediction_error") and "bytes_per_step" in c]
 
 
 def validation_entries() -> list[dict]:

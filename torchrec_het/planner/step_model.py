@@ -56,7 +56,6 @@ from torchrec_het.planner.traffic import (
 from torchrec_het.replication.memory import TierTopology
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
-STOCK_TYPES = ("table_wise", "row_wise", "column_wise", "table_column_wise", "data_parallel")
 PIPELINES = ("plain", "sparse_dist", "hybrid")
 OVERLAP = {
     "plain": "nothing overlaps: every collective is waited for where it is issued",
@@ -384,8 +383,3 @@ def predict_step(
     else:
         wait = max(0.0, t_ids + t_fwd + t_bwd - (emb + dense))
     return StepPrediction(traffic, emb_fwd, emb_bwd, dense, max(wait, 0.0), pipeline)
-
-
-def with_sharding(table: PlannedTable, sharding_type: str, **settings) -> PlannedTable:
-    """``table`` planned as ``sharding_type`` (the what-if's alternatives)."""
-    return replace(table, sharding_type=sharding_type, **settings)
