@@ -25,12 +25,12 @@ from pathlib import Path
 
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from torchrec_het import whatif
 from torchrec_het.planner.compute_costs import default_compute_costs, load_compute_costs
 from torchrec_het.planner.step_model import OVERLAP, Cluster, Compute, Links
 from torchrec_het.replication.profile import load_profile
-from torchrec_het.whatif import compare, tables_from_configs
+from torchrec_het.whatif import GBIT, compare, tables_from_configs
 
-GBIT = 1e9 / 8
 SWEEP_WORLD_SIZES = tuple(2**k for k in range(1, 11))  # 2 .. 1,024
 SWEEP_GBIT = (1.25, 10.0, 100.0)
 
@@ -122,20 +122,10 @@ def report(plans, cluster: Cluster) -> str:
 
 
 def sweep(args, shapes) -> dict:
-    rows = []
-    for gbit in args.sweep_gbit:
-        for ws in SWEEP_WORLD_SIZES:
-            if ws % min(args.ranks_per_host, ws):
-                continue
-            plans = one(args, shapes, ws, gbit)
-            base = plans[0].prediction
-            rows.append({
-                "world_size": ws, "inter_gbit": gbit,
-                "plans": {p.label: {"types": p.types, "step_ms": p.prediction.total * 1e3,
-                                    "bytes_per_rank": p.prediction.bytes.total / ws,
-                                    "memory_per_rank": p.memory_per_rank,
-                                    "speedup": base.total / p.prediction.total} for p in plans},
-            })  # fmt: skip
+    rows = whatif.sweep(
+        shapes, args.batch, compute_figures(args), SWEEP_WORLD_SIZES, args.sweep_gbit, args.ranks_per_host,
+        args.intra_gbit, args.latency_ms * 1e-3, tuple(args.staleness), args.pipeline, args.dense_params,
+    )  # fmt: skip
     return {"tables": args.tables, "batch": args.batch, "ranks_per_host": args.ranks_per_host,
             "pipeline": args.pipeline, "rows": rows}  # fmt: skip
 
@@ -159,12 +149,7 @@ def sweep_svg(result: dict, points: list[tuple[float, float, str]] = ()) -> str:
     ``points``: measured (world size, speed-up, label) drawn as dots."""
     from torchrec_het.svg_plot import line_plot
 
-    series = {}
-    for row in result["rows"]:
-        for label, plan in row["plans"].items():
-            if label == "stock":
-                continue
-            series.setdefault(f"{label}, {row['inter_gbit']:g} Gbit/s", []).append((row["world_size"], plan["speedup"]))
+    series = whatif.speedup_series(result["rows"])
     return line_plot(series, points, x_label="ranks", y_label="speed-up over stock's best plan", log2_x=True)
 
 

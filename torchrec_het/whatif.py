@@ -16,10 +16,11 @@ import torch
 from torchrec_het.planner.access import zipf_shares
 from torchrec_het.planner.step_model import Cluster, Compute, Links, PlannedTable, StepPrediction, predict_step
 from torchrec_het.replication.hot_rows import hot_row_count, replication_threshold
-from torchrec_het.replication.memory import bytes_per_row
+from torchrec_het.replication.memory import bytes_per_row, replica_copies
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 STOCK = ("table_wise", "row_wise")
+GBIT = 1e9 / 8  # bytes/s per Gbit/s
 CACHE_SHARE = 0.1  # het_cached_row_wise's default capacity: 10% of a table's rows
 TAIL_READS = 1e-3  # reads per step below which a long table's rows are summed in blocks (:func:`coarse_tail`)
 
@@ -120,16 +121,15 @@ def _planned(shape: TableShape, kind: str, cluster: Cluster, staleness: int = 0)
 
 def _memory(tables: list[PlannedTable], world_size: int, optimizer: str) -> float:
     """Bytes of the most loaded rank: table_wise tables on their owners, sharded ones evenly, plus replicas or caches."""
-    per_rank = [0.0] * world_size
+    even, owned = 0.0, [0.0] * world_size  # ``even``: what every rank holds alike
     for t in tables:
         row = bytes_per_row(t.dim, optimizer)
         if t.owners:
-            per_rank[t.owners[0]] += t.rows * row
+            owned[t.owners[0]] += t.rows * row
             continue
-        extra = 0.0 if t.hot is None else t.hot.numel() * (1 if t.sync_every <= 1 else 2)
-        for r in range(world_size):
-            per_rank[r] += (t.rows / world_size + extra) * row
-    return max(per_rank)
+        extra = 0.0 if t.hot is None else t.hot.numel() * replica_copies(t.sync_every)
+        even += (t.rows / world_size + extra) * row
+    return even + max(owned)
 
 
 def _place(tables: list[PlannedTable], cluster: Cluster) -> list[PlannedTable]:
@@ -208,3 +208,42 @@ def compare(
             choose_plan(shapes, cluster, links, compute, kinds, s, label=f"plugin {Setting(s).label}", **common)
         )
     return plans
+
+
+def sweep(
+    shapes: list[TableShape], batch: int, compute: Compute, world_sizes: tuple[int, ...], inter_gbits: tuple[float, ...],
+    ranks_per_host: int, intra_gbit: float | None = None, latency_s: float = 0.0, staleness: tuple[int, ...] = (10,),
+    pipeline: str = "sparse_dist", dense_params: int = 0,
+) -> list[dict]:  # fmt: skip
+    """:func:`compare` at each world size (whole hosts of ``ranks_per_host``, or one smaller host) and
+    each speed between hosts (``intra_gbit`` within them; None: the same): one row each."""
+    rows = []
+    for gbit in inter_gbits:
+        links = Links((intra_gbit or gbit) * GBIT, gbit * GBIT, latency_s, "stated")
+        for ws in world_sizes:
+            local = min(ranks_per_host, ws)
+            if ws % local:
+                continue
+            plans = compare(shapes, Cluster(ws, local, batch), links, compute, (0, *staleness),
+                            pipeline, dense_params)  # fmt: skip
+            base = plans[0].prediction.total
+            rows.append({
+                "world_size": ws, "inter_gbit": gbit,
+                "plans": {p.label: {"types": p.types, "step_ms": p.prediction.total * 1e3,
+                                    "mib_per_rank": p.prediction.bytes.total / ws / 2**20,
+                                    "memory_per_rank": p.memory_per_rank,
+                                    "speedup": base / p.prediction.total} for p in plans},
+            })  # fmt: skip
+    return rows
+
+
+def speedup_series(rows: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    """The sweep's speed-ups over stock, one series per plugin setting and link speed (for a plot)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        for label, plan in row["plans"].items():
+            if label != "stock":
+                series.setdefault(f"{label}, {row['inter_gbit']:g} Gbit/s", []).append(
+                    (row["world_size"], plan["speedup"])
+                )
+    return series

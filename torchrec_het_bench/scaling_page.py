@@ -9,9 +9,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec_het.planner.compute_costs import default_compute_costs
 from torchrec_het.planner.step_model import OVERLAP, Cluster, Compute, Links
 from torchrec_het.svg_plot import line_plot
-from torchrec_het.whatif import compare, tables_from_configs
+from torchrec_het.whatif import GBIT, compare, speedup_series, tables_from_configs
 from torchrec_het_bench.scaling_runs import (
-    GBIT,
     REFERENCES,
     REPO,
     SWEEP_GBIT,
@@ -91,13 +90,7 @@ def write_page(out: Path = DOCS) -> Path:
     rows = sweep(compute, intra_gbit)
     seconds = time.perf_counter() - start
     measured_points = _measured_speedups(entries)
-    series = {}
-    for row in rows:
-        for label, plan in row["plans"].items():
-            if label != "stock":
-                series.setdefault(f"{label}, {row['inter_gbit']:g} Gbit/s", []).append(
-                    (row["world_size"], plan["speedup"])
-                )
+    series = speedup_series(rows)
     (out / "scaling.svg").write_text(
         line_plot(
             series,

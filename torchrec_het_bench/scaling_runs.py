@@ -9,8 +9,9 @@ from pathlib import Path
 
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from torchrec_het.planner.step_model import Cluster, Compute, Links
-from torchrec_het.whatif import compare, tables_from_configs
+from torchrec_het import whatif
+from torchrec_het.planner.step_model import Compute
+from torchrec_het.whatif import tables_from_configs
 from torchrec_het_bench.presets import get_preset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,7 +20,6 @@ SCALING_RUNS = RESULTS / "scaling"
 RUN_CONFIGS = "stock_table_wise,stock_row_wise,rep_m100_s1,het_het_s10_c10,planned"
 FLAT = (2, 3, 4, 8)
 TWO_HOSTS = (4, 8)
-GBIT = 1e9 / 8
 SWEEP_RANKS = tuple(2**k for k in range(1, 11))
 SWEEP_GBIT = (1.25, 10.0, 100.0)
 
@@ -160,15 +160,4 @@ def sweep(compute: Compute, intra_gbit: float, ranks_per_host: int = 8) -> list[
     """The default preset's what-if at each world size and link speed between hosts."""
     preset = get_preset("default")
     shapes = tables_from_configs(default_tables(), preset.batch_size, preset.alpha)
-    rows = []
-    for gbit in SWEEP_GBIT:
-        for ws in SWEEP_RANKS:
-            cluster = Cluster(ws, min(ranks_per_host, ws), preset.batch_size)
-            links = Links(intra_gbit * GBIT, gbit * GBIT, 20e-6, "stated")
-            plans = compare(shapes, cluster, links, compute, (0, 10))
-            base = plans[0].prediction.total
-            rows.append({"world_size": ws, "inter_gbit": gbit,
-                         "plans": {p.label: {"types": p.types, "step_ms": p.prediction.total * 1e3,
-                                             "speedup": base / p.prediction.total,
-                                             "mib_per_rank": p.prediction.bytes.total / ws / 2**20} for p in plans}})  # fmt: skip
-    return rows
+    return whatif.sweep(shapes, preset.batch_size, compute, SWEEP_RANKS, SWEEP_GBIT, ranks_per_host, intra_gbit, 20e-6)

@@ -175,10 +175,6 @@ class Cluster:
     local_world_size: int
     batch: int
 
-    @property
-    def hosts(self) -> int:
-        return self.world_size // self.local_world_size
-
 
 @dataclass
 class PhaseBytes:
@@ -312,19 +308,16 @@ def plan_bytes(tables: list[PlannedTable], cluster: Cluster, per_table: list[Pha
 
 def _lookup_ids(tables: list[PlannedTable], cluster: Cluster) -> list[float]:
     """Ids each rank pools per step (table_wise / column_wise: on the shards' owners)."""
-    ws, per_rank = cluster.world_size, [0.0] * cluster.world_size
+    ws, even = cluster.world_size, 0.0  # ``even``: a rank's own batch's ids of the tables every rank pools
+    placed = [0.0] * ws
     for table in tables:
         ids = cluster.batch * table.ids_per_sample
-        if table.sharding_type == "data_parallel":
-            for r in range(ws):
-                per_rank[r] += ids
-        elif table.owners and table.sharding_type != "row_wise":
+        if table.owners and table.sharding_type not in ("row_wise", "data_parallel"):
             for owner, width in zip(table.owners, table.shard_dims or (table.dim,) * len(table.owners)):
-                per_rank[owner % ws] += ids * ws * width / table.dim
+                placed[owner % ws] += ids * ws * width / table.dim
         else:
-            for r in range(ws):
-                per_rank[r] += ids
-    return per_rank
+            even += ids
+    return [even + p for p in placed]
 
 
 def _seconds(phase_bytes: float, collectives: int, cluster: Cluster, links: Links) -> float:
