@@ -28,6 +28,13 @@ SETTING_CLASSES = ("exact", "stale")
 CALIBRATED_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
 
 
+def setting_class(sharding_type: str, sync_every: int = 1, s_read: int = 0, s_write: int = 0) -> str:
+    """ "exact" (replicas synced every step; cache bounds 0) or "stale", as the table keys the figures."""
+    if sharding_type == HET_ROW_REPLICATED:
+        return "exact" if sync_every <= 1 else "stale"
+    return "exact" if s_read == 0 and s_write == 0 else "stale"
+
+
 @dataclass(frozen=True)
 class ComputeCosts:
     """Extra compute per id per step of each plugin type, beyond a stock TBE lookup (added to its row_wise twin's).

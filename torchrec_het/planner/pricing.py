@@ -11,7 +11,7 @@ from torchrec.distributed.planner.types import ShardingOption
 from torchrec_het.config import CacheSettings
 from torchrec_het.plan_options import PlanOptions, ReplicaOptions, check_options
 from torchrec_het.planner.access import AccessModel
-from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
+from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs, setting_class
 from torchrec_het.planner.traffic import Bytes, TableLoad, cached_bytes, row_replicated_bytes, sequence_replicated_bytes
 from torchrec_het.replication.hot_rows import host_row_count, hot_row_count, replication_threshold
 from torchrec_het.replication.memory import TierTopology, replica_copies
@@ -104,8 +104,8 @@ class PluginPricing:
         """ "exact" (cache bounds 0, replicas synced every step) or "stale", as the compute table keys it."""
         options = priced_options(option)
         if option.sharding_type == HET_ROW_REPLICATED:
-            return "exact" if options.replica_sync_every <= 1 else "stale"
-        return "exact" if options.s_read == 0 and options.s_write == 0 else "stale"
+            return setting_class(HET_ROW_REPLICATED, sync_every=options.replica_sync_every)
+        return setting_class(option.sharding_type, s_read=options.s_read, s_write=options.s_write)
 
     def extra_compute_seconds(self, option: ShardingOption, compute_device: str = "cpu") -> float:
         """Compute per step one rank spends on ``option``'s lookups beyond its row_wise twin's (a stock TBE lookup):

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from torchrec_het.planner.compute_costs import setting_class
 from torchrec_het.planner.traffic import (
     FLOAT,
     Bytes,
@@ -162,9 +163,7 @@ class PlannedTable:
 
     @property
     def setting(self) -> str:
-        if self.sharding_type == HET_ROW_REPLICATED:
-            return "exact" if self.sync_every <= 1 else "stale"
-        return "exact" if self.s_read == 0 and self.s_write == 0 else "stale"
+        return setting_class(self.sharding_type, self.sync_every, self.s_read, self.s_write)
 
 
 @dataclass(frozen=True)
