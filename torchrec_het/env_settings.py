@@ -114,6 +114,14 @@ SETTINGS: tuple[Setting, ...] = (
         "0 turns the planner's link probe off (default 1): what is not stated is assumed",
         parse=parse_switch,
     ),
+    Setting(
+        "TORCHREC_HET_RANKS_ON_MACHINE",
+        "ranks_on_machine",
+        int,
+        "ranks sharing this machine's cores (emulated hosts on one machine): the launcher gives each worker "
+        "cores // N intra-op threads unless OMP_NUM_THREADS is set (default: torchrun's rule)",
+        minimum=1,
+    ),
 )
 SETTING_OF = {setting.argument: setting for setting in SETTINGS}
 ENV_PROFILE, ENV_ALPHA = SETTING_OF["profile"].variable, SETTING_OF["alpha"].variable
@@ -121,6 +129,7 @@ ENV_SYNC, ENV_ONLINE = SETTING_OF["replica_sync_every"].variable, SETTING_OF["on
 ENV_STALENESS, ENV_COMPUTE = SETTING_OF["embedding_staleness"].variable, SETTING_OF["compute_costs"].variable
 ENV_PG_TIMEOUT = SETTING_OF["pg_timeout"].variable  # seconds
 ENV_LINK_GBIT, ENV_LINK_PROBE = SETTING_OF["link_gbit"].variable, SETTING_OF["link_probe"].variable
+ENV_RANKS_ON_MACHINE = SETTING_OF["ranks_on_machine"].variable
 PROFILE_HINT = "python -m torchrec_het_bench.profile, or torchrec_het.replication.AccessProfiler on your own batches"
 
 

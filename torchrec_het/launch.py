@@ -189,6 +189,7 @@ def run_launcher(command: Command) -> int:
     else:
         _require_script(command.script)
     _require_settings()
+    _share_machine()
 
     if command.options["max_restarts"]:
         # torchrun shares its rendezvous TCPStore with the workers by default and keeps it
@@ -250,6 +251,20 @@ def _require_settings() -> None:
         check_environment()
     except ValueError as error:
         raise SystemExit(f"{PROG}: {error}") from None
+
+
+def _share_machine() -> None:
+    """Nodes of one job on one machine (emulated hosts) say how many ranks share its cores
+    (``$TORCHREC_HET_RANKS_ON_MACHINE``): workers then get ``cores // N`` intra-op threads
+    (:mod:`torchrec_het.cpu_budget`), unless ``OMP_NUM_THREADS`` is set; else torchrun's rule."""
+    from torchrec_het.cpu_budget import budget_for, stated_ranks_on_machine
+
+    ranks = stated_ranks_on_machine()  # checked by _require_settings
+    if ranks is not None and "OMP_NUM_THREADS" not in os.environ:
+        budget = budget_for(ranks)
+        os.environ["OMP_NUM_THREADS"] = str(budget.threads_per_rank)
+        if budget.warning():
+            print(f"{PROG}: {budget.warning()}", file=sys.stderr, flush=True)
 
 
 def _require_module(module: str) -> None:

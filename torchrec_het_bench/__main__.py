@@ -16,7 +16,8 @@ import functools
 import sys
 
 from torchrec_het_bench import configs as bench_configs
-from torchrec_het_bench.flags import float_above, int_at_least
+from torchrec_het_bench.busy import busy_machine
+from torchrec_het_bench.flags import BUSY_HELP, cpu_share, float_above, int_at_least
 from torchrec_het_bench.launch import launched_by_torchrun, run_under_torchrun, spawn
 from torchrec_het_bench.model import BENCH_DEVICE, EMBEDDING_OPTIMIZERS
 from torchrec_het_bench.networks import NETWORK_MODES, plan_networks
@@ -112,6 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "AUC differences from stock with a paired t interval",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--busy", type=cpu_share, default=0.0, metavar="SHARE", help=BUSY_HELP)
     parser.add_argument(
         "--soak",
         type=int_at_least(2),
@@ -221,12 +223,19 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.no_progress,
             pipeline=",".join(r.name for r in runs),
             embedding_staleness=args.embedding_staleness,
+            busy_share=args.busy,
         )
         launch = functools.partial(run_under_torchrun if launched_by_torchrun() else spawn, on_done=on_done, body=body)
-        if args.seeds > 1:
-            run_seeds(spec, args.seeds, launch)
-        else:
-            launch(spec)
+        with busy_machine(args.busy) as busy:
+            if args.seeds > 1:
+                run_seeds(spec, args.seeds, launch)
+            else:
+                launch(spec)
+        if busy["share"]:
+            print(
+                f"busy processes took {busy['taken']:.0%} of {busy['cores']} cores (asked {busy['share']:.0%})",
+                flush=True,
+            )
     if skipped is not None:
         print(skipped, flush=True)
     return 0

@@ -42,9 +42,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from torchrec_het.cpu_budget import budget_for
 from torchrec_het_bench.adoption_runs import TRAINER, Case, trainer_args, watch
 from torchrec_het_bench.flags import float_above, int_at_least
 from torchrec_het_bench.networks import emulation_unavailable
+from torchrec_het_bench.report import cpu_line
 
 WORLD_SIZE = 2  # on loopback; on emulated hosts one rank per host
 PLUGIN_PREFIX = "het_"
@@ -136,10 +138,17 @@ def command(arm: str, case: Case, args: argparse.Namespace) -> list[str]:
     ]
 
 
-def run_env(arm: str, case: Case, profile: Path | None, in_netns: bool, launcher_env: list[str]) -> dict[str, str]:
+def run_env(
+    arm: str, case: Case, profile: Path | None, in_netns: bool, launcher_env: list[str], ranks: int
+) -> dict[str, str]:
     """The caller's environment without any ``TORCHREC_HET_*`` setting, plus, for the launcher,
-    ``launcher_env`` and on skewed ids the profile; ranks in a namespace of their own talk over its loopback."""
+    ``launcher_env`` and on skewed ids the profile; ranks in a namespace of their own talk over its loopback.
+
+    Both arms get the same CPU budget (:mod:`torchrec_het.cpu_budget`): the ``ranks`` of a run all
+    run on this machine, emulated hosts' too, so each gets ``cores // ranks`` intra-op threads
+    (``OMP_NUM_THREADS``; torchrun with one worker per node would leave every core to each)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("TORCHREC_HET_")}
+    env.update(budget_for(ranks).env())
     if arm == "launcher":
         env.update(setting.partition("=")[::2] for setting in launcher_env)
         if case.with_profile:
@@ -155,10 +164,10 @@ def run_once(arm: str, case: Case, args: argparse.Namespace, profile: Path | Non
     if args.network == "emulated":
         from torchrec_het_bench.adoption_hosts import run_on_hosts
 
-        env = run_env(arm, case, profile, False, args.launcher_env)
+        env = run_env(arm, case, profile, False, args.launcher_env, world_size(args))
         return run_on_hosts(arm, case, args, env, log, warm_step, NETNS_PREFIX)
     argv = command(arm, case, args)
-    env = run_env(arm, case, profile, in_netns, args.launcher_env)
+    env = run_env(arm, case, profile, in_netns, args.launcher_env, world_size(args))
     if not in_netns:
         return watch([(argv, env)], args.steps, warm_step, log, None)
     from torchrec_het_bench.netem import EmulatedHosts, LinkSpec
@@ -256,7 +265,9 @@ def markdown(results: dict) -> str:
         f"`{results['command']}` at {results['provenance']['commit']}, {results['provenance']['date']}; "
         f"{results['steps']} steps, {results['repeats']} repeat(s) per arm, {_where(results)}, smoke sizes. "
         f"Load average {results['loadavg_start']:.1f} before, {results['loadavg_end']:.1f} after, "
-        f"on {os.cpu_count()} cores: speeds are noisy on a shared machine.",
+        f"on {os.cpu_count()} cores: speeds are noisy on a shared machine. Both arms: "
+        + cpu_line(results.get("cpu_budget"), None)
+        + ".",
         "",
         f"Wire bytes: {results['wire_bytes']}",
         "",
@@ -335,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "repeats": args.repeats,
         "world_size": world_size(args),
+        "cpu_budget": budget_for(world_size(args)).as_dict(),  # both arms' (run_env)
         "network": network,
         "trainer": TRAINER,
         "launcher_env": args.launcher_env,

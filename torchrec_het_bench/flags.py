@@ -37,3 +37,20 @@ def float_above(minimum: float, *, inclusive: bool = False) -> Callable[[str], f
 
     parse.__name__ = f"number {rule}"
     return parse
+
+
+def cpu_share(text: str) -> float:
+    """An argparse ``type``: a share of the CPU in [0, 1) (``--busy``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a share of the CPU in [0, 1), got {text!r}")
+    return value
+
+
+BUSY_HELP = (
+    "take SHARE (0 <= SHARE < 1) of every core from the ranks: one busy process per core, pinned to it, spins "
+    "SHARE of every 10 ms (a busier machine, measured: docs/measuring.md#a-busier-machine; default 0)"
+)

@@ -8,6 +8,7 @@ from dataclasses import replace
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from torchrec_het.cpu_budget import budget_for, current_budget, stated_ranks_on_machine
 from torchrec_het_bench.run_links import measure_run_links
 from torchrec_het_bench.worker import RunSpec, run_benchmark
 
@@ -29,6 +30,18 @@ def rank_env(rank: int, host_of_rank: tuple[int, ...]) -> dict[str, str]:
         "LOCAL_RANK": str(host_of_rank[:rank].count(host)),
         "LOCAL_WORLD_SIZE": str(host_of_rank.count(host)),
     }
+
+
+def with_cpu_budget(spec):
+    """``spec`` with the budget of ``spec.world_size`` ranks spawned on this machine (``spec.cpu``)."""
+    return replace(spec, cpu=budget_for(spec.world_size), cpu_from_torchrun=False)
+
+
+def say_if_oversubscribed(budget) -> None:
+    """One line when the ranks' threads exceed this machine's cores."""
+    warning = budget.warning()
+    if warning is not None:
+        print(f"torchrec_het_bench: {warning}", flush=True)
 
 
 def _free_port() -> int:
@@ -70,13 +83,18 @@ def _with_links(spec: RunSpec) -> RunSpec:
 
 def spawn(spec: RunSpec, on_done, body=run_benchmark) -> None:
     """Runs ``body(spec)`` (default: the benchmark) on ``spec.world_size`` spawned ranks; ``on_done(spec, gathered)``
-    runs on rank 0 with what ``body`` returned there."""
+    runs on rank 0 with what ``body`` returned there.
+
+    Every spawned rank runs on this machine, emulated hosts' too: they share its cores by one
+    budget (``spec.cpu``, :func:`~torchrec_het.cpu_budget.budget_for` the world size)."""
     port = str(_free_port())
+    spec = with_cpu_budget(spec)
+    say_if_oversubscribed(spec.cpu)
     if spec.network["mode"] == "loopback":
         env = [
-            dict(rank_env(rank, (0,) * spec.world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)  # one host
+            dict(rank_env(rank, (0,) * spec.world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **spec.cpu.env())
             for rank in range(spec.world_size)
-        ]
+        ]  # one host
         mp.start_processes(
             _rank_main, args=(spec, env, None, on_done, body), nprocs=spec.world_size, start_method="spawn"
         )
@@ -92,7 +110,9 @@ def spawn(spec: RunSpec, on_done, body=run_benchmark) -> None:
         tcp = link_truth(hosts) if spec.network["hosts"] > 1 else None
         spec = replace(spec, network=dict(spec.network, delay_ms_effective=hosts.effective_delay_ms, tcp=tcp))
         host_of_rank = list(spec.host_of_rank)
-        env = [dict(hosts.rank_env(r, host_of_rank), MASTER_PORT=port) for r in range(spec.world_size)]
+        env = [
+            dict(hosts.rank_env(r, host_of_rank), MASTER_PORT=port, **spec.cpu.env()) for r in range(spec.world_size)
+        ]
         netns = [hosts.host_netns(h) for h in host_of_rank]
         mp.start_processes(
             _rank_main, args=(spec, env, netns, on_done, body), nprocs=spec.world_size, start_method="spawn"
@@ -104,6 +124,11 @@ def run_under_torchrun(spec: RunSpec, on_done, body=run_benchmark) -> None:
     world_size = int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     spec = replace(spec, world_size=world_size, host_of_rank=tuple(r // local for r in range(world_size)))
+    stated = stated_ranks_on_machine()  # ranks of emulated hosts started by hand say so; else torchrun's threads stay
+    budget = budget_for(stated) if stated is not None else current_budget(local)
+    spec = replace(spec, cpu=budget, cpu_from_torchrun=stated is None)
+    if int(os.environ["RANK"]) == 0:
+        say_if_oversubscribed(budget)
     dist.init_process_group("gloo")
     try:
         if isinstance(spec, RunSpec):  # the microbenchmark plans nothing, so it measures no link

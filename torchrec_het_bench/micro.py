@@ -21,7 +21,6 @@ step; and the ids one rank's batch holds per step (``ids_per_step_per_rank``, wh
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -33,15 +32,18 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from torchrec_het.cpu_budget import CpuBudget
 from torchrec_het_bench import configs as bench_configs
+from torchrec_het_bench.busy import busy_machine
 from torchrec_het_bench.comm import COLLECTIVE_FAMILIES, CommAccountant, CommTotals, sum_totals
-from torchrec_het_bench.flags import int_at_least
+from torchrec_het_bench.flags import BUSY_HELP, cpu_share, int_at_least
 from torchrec_het_bench.launch import spawn
 from torchrec_het_bench.model import shard_module, table_configs
 from torchrec_het_bench.presets import MIN_ROUNDS, PRESETS, get_preset
 from torchrec_het_bench.replicated_configs import hot_fraction
+from torchrec_het_bench.report import cpu_line
 from torchrec_het_bench.results import percentile, versions
-from torchrec_het_bench.worker import LOOPBACK_BYTES_PER_S, quiet_torchrec
+from torchrec_het_bench.worker import LOOPBACK_BYTES_PER_S, apply_rank_budget, quiet_torchrec
 from torchrec_het_bench.workloads import open_workload_source, training_sample
 
 # Row name -> the benchmark configuration whose sharders and plan the type is built with.
@@ -69,6 +71,9 @@ class MicroSpec:
     rounds: int | None = None
     seed: int = 0
     network: dict = field(default_factory=lambda: {"mode": "loopback"})
+    cpu: CpuBudget | None = None  # the ranks' share of the machine (set by the launcher)
+    cpu_from_torchrun: bool = False
+    busy_share: float = 0.0  # share of the machine's CPU taken from the ranks by busy processes (--busy)
 
     @property
     def preset(self):
@@ -133,7 +138,7 @@ def _step(sharded, features, grad: torch.Tensor) -> None:
 def run_micro(spec: MicroSpec) -> list[dict[str, MicroRecord]] | None:
     """Runs on every rank of an initialized gloo group; rank 0 gets all ranks' records."""
     quiet_torchrec()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
+    apply_rank_budget(spec)
     preset, rank = spec.preset, dist.get_rank()
     source = open_workload_source("dlrm", preset, spec.world_size, spec.seed)
     models, records = {}, {}
@@ -212,6 +217,8 @@ def summarize(spec: MicroSpec, gathered: list[dict[str, MicroRecord]]) -> dict:
     return {
         "preset": preset.name,
         "world_size": spec.world_size,
+        "cpu_budget": spec.cpu.as_dict() if spec.cpu is not None else None,
+        "busy_share": spec.busy_share,
         "tables": len(preset.table_sizes),
         "table_sizes": list(preset.table_sizes),
         "embedding_dim": preset.embedding_dim,
@@ -237,7 +244,7 @@ def markdown_table(results: dict) -> str:
         f"sharded EmbeddingBagCollection alone: preset `{results['preset']}` ({results['tables']} tables, dim "
         f"{results['embedding_dim']}, batch {results['batch_size_per_rank']} per rank, alpha {results['alpha']}), "
         f"{results['world_size']} ranks; forward + backward + fused {results['embedding_optimizer']}; "
-        "collectives are calls per step per rank",
+        "collectives are calls per step per rank; " + cpu_line(results.get("cpu_budget"), results.get("busy_share")),
         "",
         "| type | config | ms/step median [p10, p90] | collectives/step | by family | embedding MiB/step | hot rows |",
         "|---|---|---|---|---|---|---|",
@@ -282,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"rounds of interleaved measurement, >= {MIN_ROUNDS} (overrides the preset)",
     )
     parser.add_argument("--seed", type=int_at_least(0), default=0)
+    parser.add_argument("--busy", type=cpu_share, default=0.0, metavar="SHARE", help=BUSY_HELP)
     args = parser.parse_args(argv)
     types = tuple(t.strip() for t in args.types.split(",") if t.strip()) or tuple(MICRO_TYPES)
     unknown = [t for t in types if t not in MICRO_TYPES]
@@ -296,9 +304,11 @@ def main(argv: list[str] | None = None) -> int:
         steps_per_round=args.steps_per_round,
         rounds=args.rounds,
         seed=args.seed,
+        busy_share=args.busy,
     )
     spec.preset  # noqa: B018  (bad overrides fail here, before any rank starts)
-    spawn(spec, write_outputs, body=run_micro)
+    with busy_machine(args.busy):
+        spawn(spec, write_outputs, body=run_micro)
     return 0
 
 

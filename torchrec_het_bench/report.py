@@ -13,6 +13,19 @@ def format_mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.2f}"
 
 
+def cpu_line(budget: dict | None, busy_share: float | None) -> str:
+    """One line: how the ranks shared the machine's cores, and the share busy processes took from them."""
+    if budget is None:
+        return "CPU budget not recorded"
+    line = (f"{budget['ranks_on_machine']} ranks x {budget['threads_per_rank']} intra-op thread(s) on "
+            f"{budget['cores']} cores")  # fmt: skip
+    if budget.get("oversubscribed"):
+        line += " (oversubscribed: speeds depend on what else runs)"
+    if busy_share:
+        line += f"; busy processes took {busy_share:.0%} of every core (--busy)"
+    return line
+
+
 def links_line(network: dict) -> str | None:
     """One line for the report: the measured figures beside the emulated link's rate (None: not recorded)."""
     links = network.get("links")
@@ -83,6 +96,8 @@ def markdown_table(results: dict, curve_plot: str | None = "auc_curve.png") -> s
     lines = [
         f"preset `{results['preset']}`, {results['world_size']} ranks, {where}, {pipeline_words(results)}; "
         "bytes are MiB per step summed over ranks (cross-rank, without a rank's chunk to itself)",
+        "",
+        "CPU: " + cpu_line(results.get("cpu_budget"), results.get("busy_share")),
         "",
         "| workload | config | sharding | samples/s median [p10, p90] | fwd ids | fwd emb | bwd grad | dense allreduce "
         "| other | embedding cross-rank | inter-host | HET hit rate (ideal LRU) | hot rows | AUC | loss | peak RSS MiB/rank |",

@@ -316,6 +316,8 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
         "preset": preset.name,
         "world_size": spec.world_size,
         "network": network_record(spec),
+        "cpu_budget": spec.cpu.as_dict() if spec.cpu is not None else None,
+        "busy_share": spec.busy_share,
         "alpha": preset.alpha,
         "batch_size_per_rank": preset.batch_size,
         "embedding_dim": preset.embedding_dim,

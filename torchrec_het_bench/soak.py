@@ -26,7 +26,6 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
 
 from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
@@ -43,7 +42,7 @@ from torchrec_het_bench.memory import (
 )
 from torchrec_het_bench.model import BENCH_DEVICE
 from torchrec_het_bench.pipelines import BatchFeed, PipelineRefused
-from torchrec_het_bench.worker import Entry, RunSpec, quiet_torchrec, threads_per_rank
+from torchrec_het_bench.worker import Entry, RunSpec, apply_rank_budget, quiet_torchrec
 from torchrec_het_bench.workloads import open_workload_source, shard_workload
 
 GROWN_TYPES = 8  # types listed as the ones whose live count grew most after warm-up
@@ -113,7 +112,7 @@ class SoakRecord:
 def run_soak(spec: RunSpec, soak: SoakSpec) -> list[dict[str, SoakRecord]] | None:
     """Runs on every rank of an initialized gloo group; rank 0 gets all ranks' records."""
     quiet_torchrec()
-    torch.set_num_threads(threads_per_rank(spec))
+    apply_rank_budget(spec)
     sources: dict = {}
     records: dict[str, SoakRecord] = {}
     bar = _progress(spec, len(spec.entries()) * soak.steps)

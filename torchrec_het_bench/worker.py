@@ -32,7 +32,6 @@ same bytes). Each step's time is split into parts by :mod:`~torchrec_het_bench.s
 """
 
 import logging
-import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from torchrec_het.cpu_budget import CpuBudget, apply_budget, budget_for
 from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 from torchrec_het_bench import configs as bench_configs
 from torchrec_het_bench.comm import CommAccountant, attach_ddp_hooks
@@ -84,6 +84,9 @@ class RunSpec:
     progress: bool = True
     pipeline: str = DEFAULT_PIPELINE  # comma-separated: every configuration trains under each
     embedding_staleness: int = DEFAULT_EMBEDDING_STALENESS  # k of the pipelines that take it (hybrid)
+    cpu: CpuBudget | None = None  # the ranks' share of the machine, set by the launcher (launch.py)
+    cpu_from_torchrun: bool = False  # ``cpu`` records the threads torchrun gave (not applied again)
+    busy_share: float = 0.0  # share of the machine's CPU taken from the ranks by busy processes (--busy)
 
     def pipeline_runs(self) -> list[PipelineRun]:
         """The run's pipelines, in ``pipeline`` order (raises PipelineUnavailable as the CLI does)."""
@@ -144,9 +147,20 @@ class RankRecord:
     not_run: str | None = None  # why the pipeline refused the entry
 
 
-def threads_per_rank(spec: RunSpec) -> int:
-    """Torch's intra-op threads for one rank: the machine's cores shared by the ranks of a host."""
-    return max(1, (os.cpu_count() or 1) // spec.local_world_size)
+def rank_budget(spec) -> CpuBudget:
+    """This rank's share of the machine (:mod:`torchrec_het.cpu_budget`): the budget the launcher
+    recorded in ``spec.cpu``, else each of ``spec.world_size`` ranks on this machine (spawned here,
+    every rank of the run, every emulated host's included, shares this machine's cores)."""
+    return spec.cpu if spec.cpu is not None else budget_for(spec.world_size)
+
+
+def apply_rank_budget(spec) -> CpuBudget:
+    """Gives this rank the threads of :func:`rank_budget`, unless torchrun gave them (``spec.cpu``
+    then only records them: a real multi-host launch keeps torchrun's rule)."""
+    budget = rank_budget(spec)
+    if not spec.cpu_from_torchrun:
+        apply_budget(budget)
+    return budget
 
 
 def _workload(name: str) -> str:
@@ -393,7 +407,7 @@ def quiet_torchrec() -> None:
 def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
     """Runs on every rank of an initialized gloo group; rank 0 gets all ranks' records."""
     quiet_torchrec()
-    torch.set_num_threads(threads_per_rank(spec))
+    apply_rank_budget(spec)
     entries = spec.entries()
     rank = dist.get_rank()
     preset = spec.preset

@@ -106,3 +106,19 @@ def planner_links_rank(rank: int, envs: list[dict[str, str]], netns_of_rank: lis
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def budget_rank(spec) -> dict:
+    """A benchmark body (:func:`torchrec_het_bench.launch.spawn`): takes the rank's CPU budget as the
+    benchmark does and reports its intra-op threads and the budget it was given."""
+    from torchrec_het_bench.worker import apply_rank_budget
+
+    budget = apply_rank_budget(spec)
+    threads = [None] * spec.world_size
+    dist.all_gather_object(threads, torch.get_num_threads())
+    return {"threads": threads, "budget": budget.as_dict()}
+
+
+def write_budget(spec, gathered: dict) -> None:
+    """``budget_rank``'s rank 0 result, as ``budget.json`` in ``spec.out_dir``."""
+    Path(spec.out_dir, "budget.json").write_text(json.dumps(gathered))
