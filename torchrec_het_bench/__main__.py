@@ -115,6 +115,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--busy", type=cpu_share, default=0.0, metavar="SHARE", help=BUSY_HELP)
     parser.add_argument(
+        "--profile-steps",
+        type=int_at_least(0),
+        default=0,
+        metavar="N",
+        help="profile each entry's last N warm-up steps with torch.profiler, stage by stage (results.json "
+        "stage_profile, a table in results.md; docs/measuring.md#stage-profile; default 0: none)",
+    )
+    parser.add_argument(
         "--soak",
         type=int_at_least(2),
         metavar="STEPS",
@@ -224,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             pipeline=",".join(r.name for r in runs),
             embedding_staleness=args.embedding_staleness,
             busy_share=args.busy,
+            profile_steps=args.profile_steps,
         )
         launch = functools.partial(run_under_torchrun if launched_by_torchrun() else spawn, on_done=on_done, body=body)
         with busy_machine(args.busy) as busy:

@@ -6,6 +6,8 @@ under the first table with the reason, and left out of the others and of the plo
 
 from pathlib import Path
 
+from torchrec_het_bench import stage_profile
+
 PHASES = ("fwd_ids", "fwd_emb", "bwd_grad", "dense_allreduce", "other")
 
 
@@ -123,6 +125,9 @@ def markdown_table(results: dict, curve_plot: str | None = "auc_curve.png") -> s
         lines.append("")
         lines += [f"not run: {c['name']}: {c['not_run']}" for c in refused]
     lines += ["", *step_time_table(results)]
+    stages = stage_profile.markdown(results["configs"])
+    if stages:
+        lines += ["", *stages]
     lines += ["", *convergence_table(results, curve_plot)]
     if "sequence" in results:
         s = results["sequence"]

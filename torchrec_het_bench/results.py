@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from torchrec_het_bench import configs as bench_configs
-from torchrec_het_bench import report, versus
+from torchrec_het_bench import report, stage_profile, versus
 from torchrec_het_bench.comm import EMBEDDING_PHASES, sum_totals
 from torchrec_het_bench.data import binary_auc
 from torchrec_het_bench.het_stats import summarize_cache
@@ -302,6 +302,8 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
         if per_rank[0].predicted is not None:
             entries[-1]["predicted"] = per_rank[0].predicted
             entries[-1]["prediction_error"] = prediction_error(entries[-1])
+        if per_rank[0].stage_profile is not None:
+            entries[-1]["stage_profile"] = stage_profile.merge_ranks([r.stage_profile for r in per_rank])
         gauge = _gauge(per_rank)
         if gauge is not None:
             entries[-1]["staleness_gauge"] = gauge

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torchrec_het.cpu_budget import CpuBudget, apply_budget, budget_for
 from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 from torchrec_het_bench import configs as bench_configs
+from torchrec_het_bench import stage_profile
 from torchrec_het_bench.comm import CommAccountant, attach_ddp_hooks
 from torchrec_het_bench.comm.phases import replica_sync_as_backward
 from torchrec_het_bench.data import DataExhaustedError
@@ -87,6 +88,7 @@ class RunSpec:
     cpu: CpuBudget | None = None  # the ranks' share of the machine, set by the launcher (launch.py)
     cpu_from_torchrun: bool = False  # ``cpu`` records the threads torchrun gave (not applied again)
     busy_share: float = 0.0  # share of the machine's CPU taken from the ranks by busy processes (--busy)
+    profile_steps: int = 0  # each entry's last warm-up steps profiled by stage (stage_profile.py; 0: none)
 
     def pipeline_runs(self) -> list[PipelineRun]:
         """The run's pipelines, in ``pipeline`` order (raises PipelineUnavailable as the CLI does)."""
@@ -144,6 +146,7 @@ class RankRecord:
     curve: list = field(default_factory=list)  # (trained steps, scores, labels) per evaluation, the final one last
     staleness_gauge: dict | None = None  # the pipeline's, if it keeps one (hybrid)
     predicted: dict | None = None  # the step model's prediction for the entry's plan (rank 0; prediction.py)
+    stage_profile: dict | None = None  # where its profiled warm-up steps' time went (stage_profile.py)
     not_run: str | None = None  # why the pipeline refused the entry
 
 
@@ -275,9 +278,15 @@ def _build(
     trainee = _Trainee(entry, sharded, feed, entry.run.make(sharded, feed, BENCH_DEVICE), eval_batches=eval_batches)
     # The warm-up's last steps read ahead into round 0 under a pipeline: queue it (regrouped).
     _top_up(trainee, rounds, spec, spec.preset.warmup_steps, trainee.lookahead)
+    warmup, profiled_steps = spec.preset.warmup_steps, min(spec.profile_steps, spec.preset.warmup_steps)
     try:
-        for _ in range(spec.preset.warmup_steps):
+        for _ in range(warmup - profiled_steps):
             _train(trainee, record, spec)
+        if profiled_steps:
+            with stage_profile.profiled(profiled_steps) as record.stage_profile:
+                for _ in range(profiled_steps):
+                    _train(trainee, record, spec)
+                trainee.loop.settle()
     except PipelineRefused as refused:
         record.not_run = str(refused)
         return None, record

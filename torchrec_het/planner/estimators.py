@@ -18,7 +18,8 @@ from torchrec.distributed.types import ShardingType
 
 from torchrec_het import _compat
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
-from torchrec_het.replication.memory import TierTopology, bytes_per_row
+from torchrec_het.replication.memory import ROUTE_MAP_BYTES_PER_ROW, TierTopology, bytes_per_row
+from torchrec_het.types import HET_ROW_REPLICATED
 
 DEFAULT_OPTIMIZER = "exact_row_wise_adagrad"
 
@@ -125,6 +126,8 @@ class HetStorageEstimator(EmbeddingStorageEstimator):
             optimizer = (data.fused_params if data else {}).get("optimizer", DEFAULT_OPTIMIZER)
             row_bytes = bytes_per_row(option.tensor.shape[1], optimizer)
             extra = self.pricing.extra_rows(option, self.pricing.load(option, ws, tiers)) * row_bytes
+            if option.sharding_type == HET_ROW_REPLICATED:  # its route map: a code per row of the table
+                extra += option.tensor.shape[0] * ROUTE_MAP_BYTES_PER_ROW
             more = Storage(hbm=extra, ddr=0) if on_device else Storage(hbm=0, ddr=extra)
             for shard, base in zip(option.shards, twin.shards):
                 shard.storage = base.storage + more

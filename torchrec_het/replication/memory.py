@@ -70,6 +70,9 @@ class TableMemory:
         return self.bytes_per_row * self.replica_copies
 
 
+ROUTE_MAP_BYTES_PER_ROW = 2  # het_row_replicated's route map: one int16 code per row (int32 past 32k codes)
+
+
 def replica_copies(sync_every: int) -> int:
     """Copies a rank holds of a row replicated to it: 2 when replicas sync every s > 1 steps (the
     agreed rows, and the rank's own steps since the last sync: ``ReplicaBlock.steps_locally``), else 1."""

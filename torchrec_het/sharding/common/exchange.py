@@ -14,6 +14,7 @@ import threading
 
 import torch
 import torch.distributed as dist
+from torch.autograd.profiler import record_function
 
 
 class Exchange:
@@ -60,7 +61,8 @@ class Exchange:
     def hand_over(self) -> None:
         """End of the backward pass: the sent tensor's own backward runs with its gradient, once arrived."""
         backward, self.deferred_backward = self.deferred_backward, None
-        backward(self.gradient())
+        with record_function("## het owners' backward ##"):
+            backward(self.gradient())
 
 
 class _Send(torch.autograd.Function):

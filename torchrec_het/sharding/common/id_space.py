@@ -204,11 +204,3 @@ def row_starts_from_shards(shards, world_size: int, table: str) -> torch.Tensor:
             raise ValueError(f"table {table!r}: row-wise shards must be placed on ranks in row order")
         starts.append(starts[-1] + sizes[rank])
     return torch.tensor(starts, dtype=torch.int64)
-
-
-def members(sorted_ids: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(is each id in ``sorted_ids``, its position there where it is)."""
-    if sorted_ids.numel() == 0:
-        return torch.zeros_like(ids, dtype=torch.bool), torch.zeros_like(ids, dtype=torch.int64)
-    pos = torch.searchsorted(sorted_ids, ids).clamp(max=sorted_ids.numel() - 1)
-    return sorted_ids[pos] == ids, pos

@@ -213,7 +213,8 @@ class ReplicaHolder:
         )
 
     def replica_nbytes(self) -> int:
-        return sum(b.nbytes() for b in self._all_blocks())
+        """Bytes this rank holds beyond its shards: the replica blocks and the route map."""
+        return sum(b.nbytes() for b in self._all_blocks()) + self.layout.nbytes
 
     def settle(self) -> None:
         """Runs the owners' backward of earlier batches whose gradients this rank's kernels still owe

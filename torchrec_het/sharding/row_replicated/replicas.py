@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.autograd.profiler import record_function
 
 from torchrec_het import _tbe
 from torchrec_het._tbe import square_width, squares_of, step_rows, step_rows_held
@@ -196,6 +197,10 @@ class ReplicaBlock:
 
     def wait(self) -> bool:
         """Finishes a started sync and applies it (call before reading the rows); whether there was one."""
+        with record_function("## het replica sync ##"):
+            return self._finish_sync()
+
+    def _finish_sync(self) -> bool:
         self.advance()
         self.last_sync_dense = self._dense is not None
         if self._dense is not None:

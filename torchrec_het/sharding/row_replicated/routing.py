@@ -11,7 +11,7 @@ Design (who holds which row): docs/internals.md#row-replicated-routing
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het.sharding.common.id_space import FusedIdSpace, TableInfo, flatten_batch, members, tensors_to
+from torchrec_het.sharding.common.id_space import FusedIdSpace, TableInfo, flatten_batch, tensors_to
 
 
 class ReplicaGroup(FusedIdSpace):
@@ -112,7 +112,7 @@ class IdLayout:
         self.hot_start = torch.cumsum(counts, 0) - counts
         self.hot_group_ends = torch.cumsum(counts, 0)
         self._set_host(groups)
-        self._set_intervals()
+        self._set_route_map()
         if getattr(self, "device", None) is not None:
             self.to(self.device)
 
@@ -138,34 +138,46 @@ class IdLayout:
         self.host_block_ends = torch.cumsum(sizes, 0)
         self.host_block_starts = self.host_block_ends - sizes
 
-    def _set_intervals(self) -> None:
-        """One sorted list of boundaries cutting the id space where ownership, the hot tier or the
-        per-host tier changes (a hot or per-host id is an interval of its own), and per interval
-        its owner's bucket, hot position (or -1) and per-host index (or -1): :meth:`route` finds
-        all three with one binary search per id."""
-        cuts = [self.owner_ends, self.hot_ids, self.hot_ids + 1, self.host_ids, self.host_ids + 1]
-        self.bounds = torch.unique(torch.cat([c.cpu() for c in cuts]))
-        starts = torch.cat([torch.zeros(1, dtype=torch.int64), self.bounds])  # each interval's first id
-        self.interval_bucket = torch.bucketize(starts, self.owner_ends.cpu(), right=True)
-        is_hot, pos = members(self.hot_ids.cpu(), starts)
-        self.interval_hot = torch.where(is_hot, pos, -1)
-        is_host, at = members(self.host_ids.cpu(), starts)
-        self.interval_host = torch.where(is_host, at, -1)
+    def _set_route_map(self) -> None:
+        """One code per row of the id space (built once per hot set), so that :meth:`route` reads an
+        id's tier and owner with one gather: its hot position (``>= 0``); ``-1 - bucket`` for a cold
+        row, ``bucket`` indexing ``owner_ends`` (owner ``bucket % world_size``); ``-1 - buckets - h``
+        for entry ``h`` of the per-host tier. int16 where every code fits, else int32: 2 or 4 bytes a
+        row (``nbytes``). Why a map: docs/internals.md#row-replicated-routing."""
+        buckets, hosts = self.owner_ends.numel(), self.host_ids.numel()
+        fits16 = max(self.hot_ids.numel(), buckets + hosts) < 2**15
+        dtype = torch.int16 if fits16 else torch.int32
+        sizes = self.owner_ends.cpu() - self.bucket_start.cpu()
+        codes = torch.repeat_interleave(-1 - torch.arange(buckets, dtype=torch.int32), sizes.to(torch.int64))
+        codes = codes.to(dtype)
+        codes[self.hot_ids.cpu()] = torch.arange(self.hot_ids.numel(), dtype=dtype)
+        codes[self.host_ids.cpu()] = (-1 - buckets - torch.arange(hosts, dtype=torch.int64)).to(dtype)
+        self.route_map = codes
+        self.num_buckets = buckets
 
     def route(self, ids: torch.Tensor):
         """(hot position in ``hot_ids`` or -1, the rank each id is sent to, its row there) of global ids.
 
         A cold id goes to its owner, as the row of the owner's shard; an id of the per-host tier to
-        its holder on this rank's host, as ``-1 - slot`` (its slot in the holder's blocks)."""
-        interval = torch.searchsorted(self.bounds, ids, right=True)  # the one search
-        bucket = self.interval_bucket.index_select(0, interval)
-        dest, row = bucket % self.world_size, ids - self.bucket_start.index_select(0, bucket)
+        its holder on this rank's host, as ``-1 - slot`` (its slot in the holder's blocks). Destination
+        and row of a hot id are not meaningful."""
+        code = self.route_map.index_select(0, ids).to(torch.int64)  # the one gather
+        hot_pos = code.clamp(min=-1)
+        cold = (-1 - code).clamp(min=0)  # bucket, or buckets + per-host index; 0 for hot ids
+        bucket = cold.clamp(max=self.num_buckets - 1)
+        dest = bucket % self.world_size
+        row = ids - self.bucket_start.index_select(0, bucket)
         if self.host_ids.numel():
-            at = self.interval_host.index_select(0, interval)
+            at = cold - self.num_buckets
             is_host, at = at >= 0, at.clamp(min=0)
             dest = torch.where(is_host, self.host_first + self.host_local.index_select(0, at), dest)
             row = torch.where(is_host, -1 - self.host_slot.index_select(0, at), row)
-        return self.interval_hot.index_select(0, interval), dest, row
+        return hot_pos, dest, row
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the route map (the layout's one index that grows with the tables' rows)."""
+        return self.route_map.numel() * self.route_map.element_size()
 
     def host_block_of(self, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per group: (indexes of the ``slots`` (of this rank's per-host blocks) that are its, their rows in its block)."""
