@@ -33,6 +33,7 @@ from contextlib import contextmanager
 STAGES = ("input dist", "lookup", "output dist", "owners' backward", "replica sync", "emb backward", "comm wait",
           "dense fwd", "dense bwd", "optimizer", "zero_grad", "other")  # fmt: skip
 COMM_WAIT = "## comm wait ##"
+TOP_OPS = 12  # operators kept per stage in results.json (the most expensive)
 # innermost label wins; checked in order against each enclosing event's name
 _LABELS = (
     (re.compile(r"^## comm wait ##$"), "comm wait"),
@@ -70,10 +71,10 @@ _IN_FLIGHT = re.compile(r"^gloo:(\w+)$")
 _FIRST = 3  # the first labels (comm wait, then the plugin's own) win over any node or label inside them
 
 
-def stage_of(chain: list[str]) -> str:
+def stage_of(chain: list[str], first: int = _FIRST) -> str:
     """The stage of an operator from its enclosing events' names, innermost first: a wait, then the
     plugin's own labels, wherever they are in the chain; else the innermost node or label."""
-    for pattern, stage in _LABELS[:_FIRST]:
+    for pattern, stage in _LABELS[:first]:
         if any(pattern.search(name) for name in chain):
             return stage
     for name in chain:
@@ -96,7 +97,7 @@ def summarize_events(rows: list[tuple], steps: int) -> dict:
             busy[r[1]] += r[5]
         step_thread = busy.most_common(1)[0][0] if busy else None
     stages, ops = Counter(), defaultdict(Counter)
-    collectives, in_flight = Counter(), Counter()
+    collectives, in_flight, waits = Counter(), Counter(), Counter()
     for index, (name, thread, start, end, parent, self_us) in enumerate(rows):
         if thread != step_thread:
             flight = _IN_FLIGHT.match(name)
@@ -110,6 +111,8 @@ def summarize_events(rows: list[tuple], steps: int) -> dict:
         stage = stage_of(chain)
         stages[stage] += self_us
         ops[stage][name] += self_us
+        if stage == "comm wait":  # and where it waited
+            waits[stage_of([n for n in chain if n != COMM_WAIT], first=0)] += self_us
         collective = _COLLECTIVE.match(name)
         if collective is not None:
             collectives[collective.group(1)] += 1
@@ -118,10 +121,11 @@ def summarize_events(rows: list[tuple], steps: int) -> dict:
         "steps": steps,
         "stage_ms": {s: round(stages[s] * per_step, 3) for s in STAGES if stages[s]},
         "top_ops_ms": {
-            s: {op: round(us * per_step, 3) for op, us in ops[s].most_common(6) if us * per_step >= 0.05}
+            s: {op: round(us * per_step, 3) for op, us in ops[s].most_common(TOP_OPS) if us * per_step >= 0.05}
             for s in STAGES
             if stages[s]
         },
+        "comm_wait_ms_by_stage": {s: round(waits[s] * per_step, 3) for s in STAGES if waits[s]},
         "collectives_per_step": {k: n / steps for k, n in sorted(collectives.items())},
         "in_flight_ms": {k: round(us * per_step, 3) for k, us in sorted(in_flight.items())},
     }
@@ -184,6 +188,7 @@ def merge_ranks(per_rank: list[dict]) -> dict:
         "steps": per_rank[0]["steps"],
         "stage_ms": {s: stage_ms[s] for s in STAGES if s in stage_ms},
         "total_ms_by_rank": [round(sum(p["stage_ms"].values()), 3) for p in per_rank],
+        "comm_wait_ms_by_stage": mean("comm_wait_ms_by_stage"),
         "collectives_per_step": mean("collectives_per_step"),
         "host_syncs_per_step": statistics.fmean(p["host_syncs_per_step"] for p in per_rank),
         "in_flight_ms": mean("in_flight_ms"),

@@ -116,13 +116,15 @@ def classify(dtype: torch.dtype) -> str:
 
 @contextmanager
 def replica_sync_as_backward() -> Iterator[None]:
-    """While open, every collective of a row-replicated block's gradient sync counts as
-    ``bwd_grad``: the sync sums the backward's gradients, though it starts at the end of the
-    backward pass (a callback outside any autograd node) or finishes in the next read."""
+    """While open, every collective of a row-replicated block's gradient sync, and the owners'
+    deferred gradients (``Exchange.start_gradient``), count as ``bwd_grad``: they carry the
+    backward's gradients, though they start at the end of the backward pass (a callback outside
+    any autograd node) or finish in the next read."""
+    from torchrec_het.sharding.common.exchange import Exchange
     from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock
 
-    names = ("_start", "advance", "wait")
-    originals = {name: getattr(ReplicaBlock, name) for name in names}
+    methods = [(ReplicaBlock, name) for name in ("_start", "advance", "wait")] + [(Exchange, "start_gradient")]
+    originals = {(owner, name): getattr(owner, name) for owner, name in methods}
 
     def counted(method):
         def run(*args, **kwargs):
@@ -131,10 +133,10 @@ def replica_sync_as_backward() -> Iterator[None]:
 
         return run
 
-    for name, method in originals.items():
-        setattr(ReplicaBlock, name, counted(method))
+    for (owner, name), method in originals.items():
+        setattr(owner, name, counted(method))
     try:
         yield
     finally:
-        for name, method in originals.items():
-            setattr(ReplicaBlock, name, method)
+        for (owner, name), method in originals.items():
+            setattr(owner, name, method)

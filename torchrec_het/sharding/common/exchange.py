@@ -34,6 +34,10 @@ class Exchange:
         self.deferred_backward = None  # the send's own backward, run once its gradient has arrived
         self.owed: list | None = None  # where a backward on the main thread leaves it for its owner
 
+    def start_gradient(self, grad: torch.Tensor) -> None:
+        """Sends the received tensor's gradient back the reverse way (its backward's exchange)."""
+        self.grad_work, self.grad_sent = self._start(grad.to(self.wire), self.recv_splits, self.send_splits)
+
     def _start(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]):
         if self.local_only:
             start = sum(send_splits[: self.rank])
@@ -98,15 +102,35 @@ class _Receive(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         exchange = ctx.exchange
-        exchange.grad_work, exchange.grad_sent = exchange._start(
-            grad.to(exchange.wire), exchange.recv_splits, exchange.send_splits
-        )
-        if exchange.deferred_backward is not None:
-            if threading.current_thread() is threading.main_thread():
-                exchange.owed.append(exchange)  # its owner hands it over when it next needs its rows
-            else:  # a backward on a worker thread: at the end of its pass, on that thread
-                torch.autograd.Variable._execution_engine.queue_callback(exchange.hand_over)
+        if exchange.deferred_backward is None:  # the sender's backward waits for it in this pass
+            exchange.start_gradient(grad)
+        elif threading.current_thread() is threading.main_thread():
+            # its owner hands it over when it next needs its rows; it leaves after the pass's other
+            # traffic (DDP's all-reduce), which the pass waits for
+            after_backward_pass(functools.partial(exchange.start_gradient, grad))
+            exchange.owed.append(exchange)
+        else:  # a backward on a worker thread: sent and handed over at the end of its pass, on that thread
+            after_backward_pass(functools.partial(_send_and_hand_over, exchange, grad))
         return None, torch.empty(0, device=grad.device, dtype=grad.dtype)
+
+
+def _send_and_hand_over(exchange: Exchange, grad: torch.Tensor) -> None:
+    exchange.start_gradient(grad)
+    exchange.hand_over()
+
+
+def after_backward_pass(fn) -> None:
+    """Runs ``fn`` at the end of the current backward pass, after every end-of-pass callback queued
+    during it (DDP's, which waits for its gradient all-reduce); outside a backward pass, now.
+
+    Traffic that the pass does not wait for (the owners' deferred gradients, replica syncs) then
+    starts once DDP's all-reduce is done: sharing the link, it would delay the pass's end instead.
+    Design: docs/internals.md#exchange"""
+    if torch._C._current_autograd_node() is None:
+        fn()
+        return
+    engine = torch.autograd.Variable._execution_engine
+    engine.queue_callback(lambda: engine.queue_callback(fn))  # queued from a callback: after those queued before
 
 
 def start_exchange(

@@ -17,6 +17,7 @@ from torch.autograd.profiler import record_function
 from torchrec_het import _tbe
 from torchrec_het._tbe import square_width, squares_of, step_rows, step_rows_held
 from torchrec_het.replication.memory import replica_copies
+from torchrec_het.sharding.common.exchange import after_backward_pass
 from torchrec_het.sharding.row_replicated.sync import HostGroups
 
 
@@ -77,6 +78,7 @@ class ReplicaBlock:
         self.agreed_weights = torch.zeros(rows if self.steps_locally else 0, dim, device=device)
         self.agreed_state = torch.zeros(self.agreed_weights.size(0), self.state.size(1), device=device)
         self.steps_held = 0
+        self._start_due = False  # a sync is due and starts at the end of the backward pass (add_grads)
         self._touches = None  # the started all-reduce of touch counts, and its buffer
         self._grads = None  # the started all-reduce of the touched rows' gradients
         self._dense = None  # or the started all-reduce of every row's gradient and touch count
@@ -127,7 +129,7 @@ class ReplicaBlock:
         if self.weights.size(0) == 0:  # no hot rows: nothing to keep in sync (the same on every rank)
             return
         if self.steps_held >= self.sync_every:
-            self.wait()
+            self.wait()  # (starts a due sync first)
         if self.steps_locally:  # the step's gradient of each row, repeats summed
             rows, inverse = torch.unique(slots, return_inverse=True)
             step = torch.zeros(rows.numel(), self.dim, device=grads.device).index_add_(0, inverse, grads, alpha=scale)
@@ -140,10 +142,15 @@ class ReplicaBlock:
             self.pending.index_add_(0, slots, grads, alpha=scale)
         self.touches.index_add_(0, slots, torch.ones_like(slots, dtype=self.touches.dtype))
         self.steps_held += 1
-        if self.steps_held >= self.sync_every:
+        if self.steps_held >= self.sync_every:  # after the pass's other traffic (DDP's): docs/internals.md
+            self._start_due = True
+            after_backward_pass(self._start_if_due)
+
+    def _start_if_due(self) -> None:
+        """Starts the sync :meth:`add_grads` made due, unless started already (by :meth:`wait`)."""
+        if self._start_due:
+            self._start_due = False
             self._start()
-            if torch._C._current_autograd_node() is not None:  # the gradients start at the end of this backward pass
-                torch.autograd.Variable._execution_engine.queue_callback(self.advance)
 
     @torch.no_grad()
     def _step_locally(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
@@ -201,6 +208,7 @@ class ReplicaBlock:
             return self._finish_sync()
 
     def _finish_sync(self) -> bool:
+        self._start_if_due()
         self.advance()
         self.last_sync_dense = self._dense is not None
         if self._dense is not None:
