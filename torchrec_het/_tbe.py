@@ -58,6 +58,7 @@ __all__ = [  # EmbOptimType too: the planner's memory model names optimizers by 
     "squares_of",
     "step_rows",
     "step_rows_held",
+    "table_dims",
 ]
 
 
@@ -102,6 +103,11 @@ def learning_rate(tbe: TBE) -> torch.Tensor:
 
 def num_tables(tbe: TBE) -> int:
     return len(tbe.embedding_specs)
+
+
+def table_dims(tbe: TBE) -> list[int]:
+    """The width of each of the kernel's tables."""
+    return [spec[1] for spec in tbe.embedding_specs]
 
 
 # ---- the flat buffers -----------------------------------------------------------------------------

@@ -89,6 +89,17 @@ TABLE_SETS: dict[str, TableSet] = {
             EmbeddingConfig(name="s1", feature_names=["sf1", "sf2"], embedding_dim=4, num_embeddings=37),
         ),
     ),
+    # "bags" in one width: het_row_replicated owners then pool and step their rows themselves
+    "bags_one_width": TableSet(
+        "bags_one_width",
+        bags=(
+            _bag("o0", ["g0"], 8, 50),
+            _bag("o1", ["g1", "g2"], 8, 37),
+            _bag("o2", ["g3"], 8, 61, mean=True),
+            _bag("o3", ["g0"], 8, 29),
+        ),
+        weighted=(_bag("ow0", ["wg0"], 8, 43), _bag("ow1", ["wg1", "wg2"], 8, 31)),
+    ),  # fmt: skip
     "torchrec": _torchrec_shared(mean=False),
     "torchrec_mean": _torchrec_shared(mean=True),
 }

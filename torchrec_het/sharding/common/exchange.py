@@ -135,7 +135,7 @@ def after_backward_pass(fn) -> None:
 
 def start_exchange(
     send: torch.Tensor, send_splits: list[int], recv_splits: list[int], pg, wire: torch.dtype, local_only: bool,
-    defer_backward: list | None = None,
+    defer_backward: list | None = None, on_gradient=None,
 ) -> Exchange:  # fmt: skip
     """Starts sending ``send`` (flattened: segments by destination); ``wait()`` returns a flat
     tensor and is differentiable.
@@ -143,14 +143,25 @@ def start_exchange(
     ``defer_backward``: ``send``'s own backward runs later, with its gradient once arrived: a
     backward pass on the main thread appends the exchange to this list, for the owner to call
     :meth:`Exchange.hand_over` when it next needs what that backward updates; one on a worker
-    thread runs it at the end of its pass."""
+    thread runs it at the end of its pass. ``on_gradient``: with ``defer_backward``, what that
+    backward is (called with the gradient) for a ``send`` computed outside autograd."""
     exchange = Exchange(send_splits, recv_splits, pg, wire, local_only, dist.get_rank(pg))
-    if defer_backward is not None and send.requires_grad:
-        graph, send = send, send.detach().requires_grad_()
-        exchange.deferred_backward = functools.partial(torch.autograd.backward, graph)
+    if defer_backward is not None and (on_gradient is not None or send.requires_grad):
+        graph = send if send.requires_grad else None
+        send = send.detach().requires_grad_()
+        exchange.deferred_backward = functools.partial(_backward_of_send, graph, on_gradient)
         exchange.owed = defer_backward
     exchange.dummy = _Send.apply(exchange, send)
     return exchange
+
+
+def _backward_of_send(graph: torch.Tensor | None, on_gradient, grad: torch.Tensor) -> None:
+    """A deferred send's backward: autograd's through what it was computed from (``graph``), and
+    ``on_gradient`` for what was computed outside autograd."""
+    if graph is not None:
+        torch.autograd.backward(graph, grad)
+    if on_gradient is not None:
+        on_gradient(grad)
 
 
 def exchange_counts(counts: torch.Tensor, pg: dist.ProcessGroup | None) -> torch.Tensor:

@@ -27,7 +27,7 @@ from torchrec_het.sharding.het_cache.batch import CachedBatch
 from torchrec_het.sharding.het_cache.dists import HetPushDist
 from torchrec_het.sharding.het_cache.groups import HetGroup
 from torchrec_het.sharding.het_cache.layout import GroupLayout
-from torchrec_het.sharding.het_cache.owned_rows import OwnedRows
+from torchrec_het.sharding.het_cache.owned_rows import HetOwnedRows
 from torchrec_het.sharding.het_cache.pushes import HetPushes, flatten_rows
 
 
@@ -70,7 +70,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         self._anchor = torch.zeros(
             1, device=self._compute_device, requires_grad=True
         )  # lets backward reach the write path
-        self.owned_rows = OwnedRows(lookup_kernels(self), self._compute_device)
+        self.owned_rows = HetOwnedRows(lookup_kernels(self), self._compute_device)
         self._build_groups(config, shards_by_table)
 
     # --- set-up and inspection --------------------------------------------------------

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from torchrec_het.sharding.common.output_layout import bag_offsets
+from torchrec_het.sharding.row_replicated.owner import OwnerBatch
+
 
 @dataclass
 class HotValues:
@@ -16,6 +19,16 @@ class HotValues:
     weights: torch.Tensor | None  # its weight (weighted tables)
     by_bag: torch.Tensor  # the values in bag order
     offsets: torch.Tensor  # [bags + 1] where each bag's values start in that order
+    by_row: torch.Tensor  # the values in block-row order (the backward sums each row's gradient)
+    row_offsets: torch.Tensor  # [block rows + 1] where each row's values start in that order
+    row_counts: torch.Tensor  # [block rows] values that read each row
+
+    @classmethod
+    def of(cls, slots: torch.Tensor, rows: int, bags, weights, by_bag, offsets) -> "HotValues":
+        """The values reading block rows ``slots`` of a block of ``rows`` rows (both orders made here)."""
+        by_row = torch.sort(slots).indices
+        counts = torch.bincount(slots, minlength=rows)
+        return cls(slots, bags, weights, by_bag, offsets, by_row, bag_offsets(counts), counts)
 
 
 @dataclass
@@ -34,6 +47,7 @@ class ReplicatedBagBatch:
     partial_at: tuple | None = None  # owner: (row, position, rows) of each partial in the kernels' compact output
     host_values: tuple | None = None  # holder: (block slots, element start of their partial, weights) of per-host ids
     hot_read: list | None = None  # reader: per block, its hot values pooled at the lookup (PooledHotRead)
+    owner: OwnerBatch | None = None  # owner: the values it pools and steps itself (owner.py; else partial_at)
 
 
 @dataclass

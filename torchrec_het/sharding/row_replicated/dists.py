@@ -8,6 +8,8 @@ the sharded module puts in the batch's sharding context for the lookup and the o
 (sequences) back and finish the output with :mod:`~torchrec_het.sharding.common.output_layout`.
 """
 
+import functools
+
 import torch
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSparseFeaturesDist
@@ -113,11 +115,9 @@ class ColdIdsDist(_ReplicaIdsDist):
             group_bags, by_bag, offsets = sample_major(
                 layout.group_feature_bags(bags.index_select(0, mine), batch, index), layout.group_sizes[index], batch
             )
-            hot.append(
-                HotValues(
-                    slots, group_bags, None if weights is None else weights.index_select(0, mine), by_bag, offsets
-                )
-            )
+            rows = layout.groups[index].hot.numel()
+            hot.append(HotValues.of(slots, rows, group_bags, None if weights is None else weights.index_select(0, mine),
+                                    by_bag, offsets))  # fmt: skip
         cold = (hot_pos < 0).nonzero().flatten()
         dest, by_dest = torch.sort(dest.index_select(0, cold), stable=True)  # by destination, each one's in bag order
         cold = cold.index_select(0, by_dest)
@@ -132,13 +132,14 @@ class ColdIdsDist(_ReplicaIdsDist):
         return _CountsGathered(self, step, torch.stack(columns, 1), len(columns), work, gathered)
 
     def owner_features(self, step: ReplicatedBagBatch, received: torch.Tensor) -> KeyedJaggedTensor:
-        """The (bag, row) pairs received, as a compact KJT: per position, one bag per
-        (source, sample) that sent ids, in that order, padded with empty bags to the position
-        with the most. The owner's kernels pool it in one call per group; ids of the per-host
-        tier (row ``-1 - slot``) stay out of it, for the lookup to pool from this holder's blocks
+        """The (bag, row) pairs received, for the owner's lookup: pooled by the owner itself in
+        arrival order where it can (``step.owner``), else as a compact KJT for its kernels' call: per
+        position, one bag per (source, sample) that sent ids, in that order, padded with empty bags
+        to the position with the most (one call per group). Ids of the per-host tier (row
+        ``-1 - slot``) stay out of both, for the lookup to pool from this holder's blocks
         (``step.host_values``)."""
         ws, batch, positions = self.world_size, step.batch, self.layout.num_positions
-        device, n = received.device, received.size(0)
+        device = received.device
         source = torch.repeat_interleave(torch.arange(ws, device=device), torch.tensor(step.recv_splits, device=device))
         # ids arrive by source, each source's in bag order: (source, position, sample) never decreases,
         # so the entries (bags sent) are runs, already in the order the readers expect their partials
@@ -146,6 +147,40 @@ class ColdIdsDist(_ReplicaIdsDist):
             source * (positions * batch) + received[:, 0].long(), return_inverse=True, return_counts=True
         )
         step.served_entries = entries
+        if self.replicas.owner is not None:
+            return self._owner_pools(step, received, entry_of, entries.numel())
+        return self._kernel_features(step, received, entries, entry_of, counts)
+
+    def _owner_pools(
+        self, step: ReplicatedBagBatch, received: torch.Tensor, entry_of: torch.Tensor, entries: int
+    ) -> KeyedJaggedTensor:
+        """The owner pools its rows itself, in arrival order (``step.owner``, owner.py): the kernels'
+        input is empty."""
+        rows, positions = received[:, 1].long(), received[:, 0].long() // step.batch
+        weights = received[:, 2].view(torch.float32) if received.size(1) > 2 else None
+        if self.layout.host_ids.numel():  # this rank holds per-host rows: those values are pooled from its blocks
+            held = rows < 0
+            kernel, held = (~held).nonzero().flatten(), held.nonzero().flatten()
+            step.host_values = (
+                -1 - rows.index_select(0, held),
+                entry_of.index_select(0, held) * self.layout.uniform_dim,
+                None if weights is None else weights.index_select(0, held),
+            )
+            rows, positions, entry_of = (t.index_select(0, kernel) for t in (rows, positions, entry_of))
+            weights = None if weights is None else weights.index_select(0, kernel)
+        step.owner = self.replicas.owner.plan(positions, rows, entry_of, entries, weights)
+        empty = torch.zeros(0, dtype=torch.int64, device=received.device)
+        return KeyedJaggedTensor(
+            keys=self.feature_names, values=empty, lengths=torch.zeros(len(self.feature_names), dtype=torch.int32,
+                                                                       device=received.device), stride=1
+        )  # fmt: skip
+
+    def _kernel_features(
+        self, step: ReplicatedBagBatch, received: torch.Tensor, entries, entry_of, counts
+    ) -> KeyedJaggedTensor:
+        """The (bag, row) pairs received as a compact KJT for the kernels' call (see :meth:`owner_features`)."""
+        batch, positions = step.batch, self.layout.num_positions
+        device, n = received.device, received.size(0)
         entry_position = entries % (positions * batch) // batch
         _, by_position = torch.sort(entry_position, stable=True)  # a few keys: the KJT's bag order
         per_position = torch.bincount(entry_position, minlength=positions)
@@ -229,7 +264,10 @@ class PartialSumsDist(_ReplicaOutputDist):
         splits = splits.tolist()  # the output dist's one host sync
         send, recv = splits[:ws], splits[ws:]
         # the owners' kernels step when next read: the gradients fly under the dense backward and forward
-        exchange = start_exchange(local_embs, send, recv, self.pg, replicas.wire, step.local_only, replicas.owed)
+        on_gradient = None if step.owner is None else functools.partial(replicas.owner.step, step.owner)
+        exchange = start_exchange(
+            local_embs, send, recv, self.pg, replicas.wire, step.local_only, replicas.owed, on_gradient
+        )
         return _Bags(self, step, exchange)
 
     def finish(self, step: ReplicatedBagBatch, received: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from torchrec_het.replication.hot_rows import hottest_rows, replication_threshol
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.common.id_space import TableInfo
 from torchrec_het.sharding.row_replicated.batch import HotValues
+from torchrec_het.sharding.row_replicated.owner import DirectOwner
 from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock, owned_rows, read_rows
 from torchrec_het.sharding.row_replicated.routing import IdLayout, ReplicaGroup
 from torchrec_het.sharding.row_replicated.sync import HostGroups, holder_group
@@ -48,13 +49,18 @@ class PooledHotRead:
     pooled: torch.Tensor
 
     def add_grads(self, scale: float, bag_grads: torch.Tensor) -> None:
-        """An output layout's sink: the bags' gradients (``scale`` to apply), as one per value read,
-        go to the block's rows read."""
+        """An output layout's sink: the bags' gradients (``scale`` to apply) summed into each block
+        row's, over the values that read it (one ``embedding_bag`` in row order), go to the block."""
         values = self.values
-        grads = bag_grads.index_select(0, values.bags)
-        if values.weights is not None:
-            grads.mul_(values.weights.unsqueeze(1))
-        self.block.add_grads(values.slots, grads, scale)
+        if values.row_counts.numel() != self.block.weights.size(0):  # routed before the online profile chose
+            self.block.add_grads(values.slots, bag_grads.index_select(0, values.bags), scale)  # these rows: none read
+            return
+        weights = None if values.weights is None else values.weights.index_select(0, values.by_row)
+        row_grads = F.embedding_bag(
+            values.bags.index_select(0, values.by_row), bag_grads, values.row_offsets, mode="sum",
+            include_last_offset=True, per_sample_weights=weights,
+        )  # fmt: skip
+        self.block.add_row_grads(row_grads, values.row_counts.to(self.block.touches.dtype), scale)
 
 
 def pool_values(rows: torch.Tensor, values: HotValues) -> torch.Tensor:
@@ -77,6 +83,7 @@ class ReplicaHolder:
         config: replication settings for these tables.
         shards_by_table: each table's shard metadata.
         device: where the lookup computes.
+        pooled: the lookup pools bags (its owner may pool and step its rows itself).
 
     Attributes:
         layout: the :class:`~torchrec_het.sharding.row_replicated.routing.IdLayout` the dists route with.
@@ -86,12 +93,15 @@ class ReplicaHolder:
         exchange_pg: the group of the dists' exchanges.
         rank, world_size, wire: this rank, the group's size, the cold traffic's dtype.
         anchor: a tensor that requires grad: it puts replica reads in the autograd graph.
+        owner: bags' :class:`~torchrec_het.sharding.row_replicated.owner.DirectOwner`, where the owner
+            pools and steps its rows itself; None where its kernel's call serves.
         stats: counters (steps, skipped steps, syncs; the lookups add theirs).
     """
 
     def __init__(
-        self, kernels: list, grouped_configs, pg, config: ReplicationConfig, shards_by_table, device=None
-    ) -> None:
+        self, kernels: list, grouped_configs, pg, config: ReplicationConfig, shards_by_table, device=None,
+        pooled: bool = False,
+    ) -> None:  # fmt: skip
         self.kernels, self.config = kernels, config
         self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
         self.wire = WIRE_DTYPES[config.wire_dtype]
@@ -108,6 +118,8 @@ class ReplicaHolder:
             tiers = {name: (replicated, per_host[:0]) for name, (replicated, per_host) in tiers.items()}
         self.groups = self._replica_groups(tiers)
         self.layout = self._id_layout().to(self.device)
+        # bags: the owner pools and steps its rows in its kernel where it can (owner.py), else the kernel's call
+        self.owner = self._direct_owner(grouped_configs) if pooled else None
         self._build_blocks()
         online = config.tiers is None and config.online_profile_steps > 0
         self._online_left = config.online_profile_steps if online else 0
@@ -131,6 +143,16 @@ class ReplicaHolder:
                 self._positions += [(table.embedding_dim, table.name)] * len(table.feature_names)
         tiers = {t.name: config.table_tiers(t.name, t.num_rows) for infos in by_dim.values() for t in infos}
         return by_dim, tiers
+
+    def _direct_owner(self, grouped_configs) -> DirectOwner | None:
+        """Bags: the owner that pools and steps its rows in its kernels (None: the kernels' call serves)."""
+        dims, where = [], {}
+        for module_index, group in enumerate(grouped_configs):
+            for table_index, table in enumerate(group.embedding_tables):
+                dims.append(table.embedding_dim)
+                where[table.name] = (module_index, table_index)
+        at = torch.tensor([where[name] for _, name in self._positions], dtype=torch.int64).view(-1, 2)
+        return DirectOwner.of(self.kernels, dims, at[:, 0], at[:, 1], self.device)
 
     def _replica_groups(self, tiers: dict[str, tuple]) -> list[ReplicaGroup]:
         local_ws = self.config.ranks_per_host(self.world_size)

@@ -33,9 +33,9 @@ class ReplicaHooks:
 
     replicas: ReplicaHolder
 
-    def _hold_replicas(self, grouped_configs, pg, config: ReplicationConfig, shards_by_table, device) -> None:
+    def _hold_replicas(self, grouped_configs, pg, config: ReplicationConfig, shards_by_table, device, pooled) -> None:
         kernels = [m.emb_module for m in lookup_kernels(self)]
-        self.replicas = ReplicaHolder(kernels, grouped_configs, pg, config, shards_by_table, device)
+        self.replicas = ReplicaHolder(kernels, grouped_configs, pg, config, shards_by_table, device, pooled)
 
     @property
     def groups(self) -> list[ReplicaGroup]:
@@ -65,16 +65,27 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
         super().__init__(
             grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
         )
-        self._hold_replicas(grouped_configs, pg, config, shards_by_table, device)
+        self._hold_replicas(grouped_configs, pg, config, shards_by_table, device, pooled=True)
 
     def forward(
         self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]
     ) -> torch.Tensor:
         step, replicas = sharding_ctx.batch, self.replicas
-        layout = replicas.layout
         replicas.settle()  # the owners' kernels take the steps they owe before they are read
         replicas.begin_read(step.hot_version)
         step.hot_read = replicas.pool_hot(step.hot)
+        if step.owner is not None:  # the owner pools its rows itself, in arrival order (owner.py)
+            partials = replicas.owner.pool(step.owner).reshape(-1)
+        else:
+            partials = self._kernel_partials(sparse_features, step)
+        if step.host_values is not None:  # a holder: per-host ids pooled from its blocks into the same partials
+            partials = partials + self._held_partials(step.host_values, partials.numel())
+        replicas.stats["skipped_steps"] += int(step.local_only)
+        return partials
+
+    def _kernel_partials(self, sparse_features: KeyedJaggedTensor, step: ReplicatedBagBatch) -> torch.Tensor:
+        """The partials, flat in arrival order, from the kernels' call on the owner's compact KJT."""
+        layout = self.replicas.layout
         pooled = super().forward(sparse_features)  # [compact bags, width]: the kernels' fused forward and backward
         rows, position, stride = step.partial_at
         if layout.uniform_dim is not None:  # the output dist pools hot rows as it finishes the bags
@@ -84,9 +95,6 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
             partials = partials.reshape(-1)
         else:
             partials = pooled.reshape(-1).index_select(0, layout.elements(rows, position, layout.width))
-        if step.host_values is not None:  # a holder: per-host ids pooled from its blocks into the same partials
-            partials = partials + self._held_partials(step.host_values, partials.numel())
-        replicas.stats["skipped_steps"] += int(step.local_only)
         return partials
 
     def _held_partials(self, host_values: tuple, size: int) -> torch.Tensor:
@@ -108,7 +116,7 @@ class ReplicatedSequenceLookup(ReplicaHooks, GroupedEmbeddingsLookup):
         self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None
     ):  # noqa: ARG002
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, env=env)
-        self._hold_replicas(grouped_configs, pg, config, shards_by_table, device)
+        self._hold_replicas(grouped_configs, pg, config, shards_by_table, device, pooled=False)
         if self.replicas.layout.uniform_dim is None:
             raise ValueError("het_row_replicated sequences need one embedding dimension for all their tables")
         self.replicas.stats["rows_fetched"] = 0  # distinct rows this rank read from other ranks

@@ -122,25 +122,49 @@ class ReplicaBlock:
         self.steps_held = 0
 
     def add_grads(self, slots: torch.Tensor, grads: torch.Tensor, scale: float = 1.0) -> None:
-        """Backward: this rank's gradients of rows ``slots`` (repeats summed), times ``scale``; starts
-        the sync when due.
+        """Backward: this rank's gradients of rows ``slots`` (one per value read, repeats summed),
+        times ``scale``; starts the sync when due (:meth:`add_row_grads` for gradients already per row).
 
         A sync started earlier and not yet applied is applied first, so its steps stay separate."""
         if self.weights.size(0) == 0:  # no hot rows: nothing to keep in sync (the same on every rank)
             return
-        if self.steps_held >= self.sync_every:
-            self.wait()  # (starts a due sync first)
+        self._before_adding()
         if self.steps_locally:  # the step's gradient of each row, repeats summed
             rows, inverse = torch.unique(slots, return_inverse=True)
             step = torch.zeros(rows.numel(), self.dim, device=grads.device).index_add_(0, inverse, grads, alpha=scale)
-            self.pending.index_add_(0, rows, step)
-            if self.holds_squares:  # squared on its own
-                self.squares.index_add_(0, rows, squares_of(self.optimizer, step).float())
-            self._step_locally(rows, step)
+            self._hold_step(rows, step)
         else:
             # contiguous: a strided target takes a 7x slower path
             self.pending.index_add_(0, slots, grads, alpha=scale)
         self.touches.index_add_(0, slots, torch.ones_like(slots, dtype=self.touches.dtype))
+        self._added()
+
+    def add_row_grads(self, row_grads: torch.Tensor, reads: torch.Tensor, scale: float = 1.0) -> None:
+        """Backward: this rank's gradient of every row of the block (``[rows, dim]``, zero where
+        unread; consumed), times ``scale``, and how many values read each row; as :meth:`add_grads`."""
+        if self.weights.size(0) == 0:
+            return
+        self._before_adding()
+        if self.steps_locally:
+            rows = (reads > 0).nonzero().flatten()
+            self._hold_step(rows, row_grads.index_select(0, rows).mul_(scale))
+        else:
+            self.pending.add_(row_grads, alpha=scale)
+        self.touches.add_(reads)
+        self._added()
+
+    def _before_adding(self) -> None:
+        if self.steps_held >= self.sync_every:
+            self.wait()  # (starts a due sync first)
+
+    def _hold_step(self, rows: torch.Tensor, step: torch.Tensor) -> None:
+        """Synced every k > 1 steps: the step's gradient of rows ``rows`` is held and stepped locally."""
+        self.pending.index_add_(0, rows, step)
+        if self.holds_squares:  # squared on its own
+            self.squares.index_add_(0, rows, squares_of(self.optimizer, step).float())
+        self._step_locally(rows, step)
+
+    def _added(self) -> None:
         self.steps_held += 1
         if self.steps_held >= self.sync_every:  # after the pass's other traffic (DDP's): docs/internals.md
             self._start_due = True

@@ -1,0 +1,129 @@
+"""An owner's own work in ``het_row_replicated`` bags: pool the cold ids it was sent into partial sums,
+and step those rows when their gradients come back, in its fused kernels' buffers.
+
+Where every table of the sharding has one width and every kernel's optimizer has a row update
+(:class:`~torchrec_het.sharding.common.owned_rows.KernelRows`), the owner reads and steps the
+kernels' rows itself: per kernel, one ``embedding_bag`` over the rows as they arrived (no
+reordering into the kernel's input layout, no gather of its output) and, with the gradients, one
+sort, one ``embedding_bag`` of the entries' gradients into each distinct row's, and the kernel's
+own row arithmetic (:func:`torchrec_het._tbe.step_rows`). Elsewhere the lookup calls the kernels
+(TorchRec's grouped lookup) as before.
+
+Design (why not the kernel's call, what is exact): docs/internals.md#row-replicated-owner
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from torchrec_het.sharding.common.output_layout import bag_offsets
+from torchrec_het.sharding.common.owned_rows import KernelRows, OwnedRows
+
+
+@dataclass
+class KernelValues:
+    """The values of one batch one kernel serves, in arrival order."""
+
+    rows: torch.Tensor  # int64: view row of each value in the kernel (KernelRows)
+    entry_of: torch.Tensor  # int64: the entry (partial sum) each value belongs to
+    offsets: torch.Tensor  # [entries + 1] where each entry's values start (entries of other kernels: empty)
+    weights: torch.Tensor | None  # per-value weights (weighted tables)
+
+
+@dataclass
+class OwnerBatch:
+    """The cold values one batch brought this owner, per kernel (``None`` where a kernel serves none)."""
+
+    entries: int
+    kernels: list[KernelValues | None]
+
+
+class DirectOwner:
+    """Pools and steps an owner's rows in its kernels (see the module docstring).
+
+    Args:
+        kernels: the lookup's FBGEMM kernels, one per grouped config.
+        dim: the width of every table in them.
+        position_kernel: int64 ``[positions]`` the kernel of each of the sharding's positions.
+        position_table: int64 ``[positions]`` its table's index in that kernel.
+        device: where the lookup computes.
+    """
+
+    def __init__(self, kernels: list, dim: int, position_kernel, position_table, device: torch.device) -> None:
+        self.owned, self.dim, self.device = OwnedRows(kernels, device), dim, device
+        self.position_kernel, self.position_table = position_kernel.to(device), position_table.to(device)
+
+    @classmethod
+    def of(cls, kernels: list, dims: list[int], position_kernel, position_table, device) -> "DirectOwner | None":
+        """The direct owner of a lookup's kernels, or None where the kernels' call must serve (tables
+        of several widths, an optimizer without a row update, rows not in one view per kernel)."""
+        if not kernels or len(set(dims)) != 1:
+            return None
+        owned = OwnedRows(kernels, device)
+        for index in range(len(kernels)):
+            view = owned.view(index, dims[0])
+            if view is None or view.kind is None:
+                return None
+            if view.state is not None and not torch.equal(view.first_row, view.state_first_row):
+                return None  # a row's state is not at its row's index
+        return cls(kernels, dims[0], position_kernel, position_table, device)
+
+    def view(self, index: int) -> KernelRows:
+        found = self.owned.view(index, self.dim)
+        if found is None:
+            raise RuntimeError(
+                "het_row_replicated: an owner kernel's rows are no longer one view (its buffers changed)"
+            )
+        return found
+
+    def plan(
+        self, positions: torch.Tensor, rows: torch.Tensor, entry_of: torch.Tensor, entries: int, weights
+    ) -> OwnerBatch:
+        """The batch of values (their positions, rows in their table's shard, entries, weights) this
+        owner pools from its kernels."""
+        tables = self.position_table.index_select(0, positions)
+        if len(self.owned.kernels) == 1:
+            return OwnerBatch(entries, [self._values(0, tables, rows, entry_of, entries, weights)])
+        kernel_of = self.position_kernel.index_select(0, positions)
+        out = []
+        for index in range(len(self.owned.kernels)):  # one per grouped config, as TorchRec's lookup calls them
+            mine = (kernel_of == index).nonzero().flatten()
+            pick = None if weights is None else weights.index_select(0, mine)
+            values = (t.index_select(0, mine) for t in (tables, rows, entry_of))
+            out.append(self._values(index, *values, entries, pick) if mine.numel() else None)
+        return OwnerBatch(entries, out)
+
+    def _values(self, index: int, tables, rows, entry_of, entries: int, weights) -> KernelValues:
+        at = self.view(index).first_row.index_select(0, tables) + rows
+        return KernelValues(at, entry_of, bag_offsets(torch.bincount(entry_of, minlength=entries)), weights)
+
+    def pool(self, batch: OwnerBatch) -> torch.Tensor:
+        """``[entries, dim]``: each entry's values summed (weighted), from the rows as they are now."""
+        out = None
+        for index, values in enumerate(batch.kernels):
+            if values is None:
+                continue
+            pooled = F.embedding_bag(
+                values.rows, self.view(index).weights, values.offsets, mode="sum", include_last_offset=True,
+                per_sample_weights=values.weights,
+            )  # fmt: skip
+            out = pooled if out is None else out.add_(pooled)  # an entry's values are all of one table
+        return out if out is not None else torch.zeros(batch.entries, self.dim, device=self.device)
+
+    @torch.no_grad()
+    def step(self, batch: OwnerBatch, grad: torch.Tensor) -> None:
+        """The owner's backward: ``grad`` (the entries' gradients, flat) summed per distinct row and
+        applied with each kernel's optimizer, once per row, as its fused backward would."""
+        grads = grad.view(-1, self.dim).float()
+        for index, values in enumerate(batch.kernels):
+            if values is None or values.rows.numel() == 0:
+                continue
+            sorted_rows, order = torch.sort(values.rows)
+            rows, counts = torch.unique_consecutive(sorted_rows, return_counts=True)
+            weights = None if values.weights is None else values.weights.index_select(0, order)
+            row_grads = F.embedding_bag(
+                values.entry_of.index_select(0, order), grads, bag_offsets(counts), mode="sum",
+                include_last_offset=True, per_sample_weights=weights,
+            )  # fmt: skip
+            self.view(index).step(rows, rows, row_grads)
