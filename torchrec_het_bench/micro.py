@@ -30,10 +30,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd.profiler import record_function
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_het.cpu_budget import CpuBudget
 from torchrec_het_bench import configs as bench_configs
+from torchrec_het_bench import stage_profile
 from torchrec_het_bench.busy import busy_machine
 from torchrec_het_bench.comm import COLLECTIVE_FAMILIES, CommAccountant, CommTotals, sum_totals
 from torchrec_het_bench.flags import BUSY_HELP, cpu_share, int_at_least
@@ -74,6 +76,7 @@ class MicroSpec:
     cpu: CpuBudget | None = None  # the ranks' share of the machine (set by the launcher)
     cpu_from_torchrun: bool = False
     busy_share: float = 0.0  # share of the machine's CPU taken from the ranks by busy processes (--busy)
+    profile_steps: int = 0  # steps of each type profiled by stage after the measured rounds (0: none)
 
     @property
     def preset(self):
@@ -93,6 +96,7 @@ class MicroRecord:
     comm: list[CommTotals] = field(default_factory=list)
     hot_fraction: float | None = None
     ids_per_step: list[int] = field(default_factory=list)  # ids of this rank's batch, per measured step
+    stage_profile: dict | None = None  # --profile-steps: where the profiled steps' time went (stage_profile.py)
 
 
 class EmbeddingsOnly(nn.Module):
@@ -129,10 +133,13 @@ def _shard(spec: MicroSpec, type_name: str, source):
 
 
 def _step(sharded, features, grad: torch.Tensor) -> None:
-    pooled = sharded.model(features).values()  # waits for the output dist
-    pooled.backward(grad)  # the fused optimizer updates the rows in here
-    sharded.optimizer.step()
-    sharded.optimizer.zero_grad()
+    with record_function("## forward ##"):
+        pooled = sharded.model(features).values()  # waits for the output dist
+    with record_function("## backward ##"):
+        pooled.backward(grad)  # the fused optimizer updates the rows in here
+    with record_function("## optimizer ##"):
+        sharded.optimizer.step()
+        sharded.optimizer.zero_grad()
 
 
 def run_micro(spec: MicroSpec) -> list[dict[str, MicroRecord]] | None:
@@ -170,6 +177,11 @@ def run_micro(spec: MicroSpec) -> list[dict[str, MicroRecord]] | None:
                 accountant.enabled = False
                 records[name].comm.append(accountant.totals())
         for name, sharded in models.items():
+            if spec.profile_steps:  # after the measured rounds, on the last round's batches again
+                dist.barrier()
+                with stage_profile.profiled(spec.profile_steps) as records[name].stage_profile:
+                    for index in range(spec.profile_steps):
+                        _step(sharded, batches[index % len(batches)], grad)
             if "het_row_replicated" in sharded.sharding_types:
                 records[name].hot_fraction = hot_fraction(sharded.model)
         gathered: list | None = [None] * spec.world_size if rank == 0 else None
@@ -212,6 +224,11 @@ def summarize(spec: MicroSpec, gathered: list[dict[str, MicroRecord]]) -> dict:
                 "embedding_cross_rank_bytes_per_step": round(summary["phases"]["embedding_cross_rank"] / steps),
                 "hot_fraction": per_rank[0].hot_fraction,
                 "measured_steps": steps,
+                **(
+                    {"stage_profile": stage_profile.merge_ranks([r.stage_profile for r in per_rank])}
+                    if per_rank[0].stage_profile is not None
+                    else {}
+                ),
             }
         )
     return {
@@ -257,6 +274,9 @@ def markdown_table(results: dict) -> str:
             f"| {t['name']} | {t['config']} | {ms['median']:.2f} [{ms['p10']:.2f}, {ms['p90']:.2f}] "
             f"| {_count(calls['total'])} | {families} | {t['embedding_cross_rank_bytes_per_step'] / 2**20:.2f} | {hot} |"
         )
+    stages = stage_profile.markdown(results["types"])
+    if stages:
+        lines += ["", *stages]
     return "\n".join(lines) + "\n"
 
 
@@ -290,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int_at_least(0), default=0)
     parser.add_argument("--busy", type=cpu_share, default=0.0, metavar="SHARE", help=BUSY_HELP)
+    parser.add_argument(
+        "--profile-steps", type=int_at_least(0), default=0, metavar="N",
+        help="after the measured rounds, profile N more steps of each type with torch.profiler, stage by stage",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     types = tuple(t.strip() for t in args.types.split(",") if t.strip()) or tuple(MICRO_TYPES)
     unknown = [t for t in types if t not in MICRO_TYPES]
@@ -305,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds,
         seed=args.seed,
         busy_share=args.busy,
+        profile_steps=args.profile_steps,
     )
     spec.preset  # noqa: B018  (bad overrides fail here, before any rank starts)
     with busy_machine(args.busy):

@@ -169,11 +169,12 @@ def profiled(steps: int):
     from torchrec_het_testing.host_syncs import count_host_syncs, total
 
     out: dict = {}
-    with _labelled_waits(), count_host_syncs(where=False) as syncs:
+    with _labelled_waits(), count_host_syncs(where=True) as syncs:
         with profile(activities=[ProfilerActivity.CPU]) as profiler:
             yield out
     out.update(summarize_events(_event_rows(profiler), steps))
     out["host_syncs_per_step"] = total(syncs) / steps
+    out["sync_sites"] = {k: v for k, v in syncs.most_common(40) if k.startswith("at:")}
 
 
 def merge_ranks(per_rank: list[dict]) -> dict:
@@ -193,6 +194,7 @@ def merge_ranks(per_rank: list[dict]) -> dict:
         "host_syncs_per_step": statistics.fmean(p["host_syncs_per_step"] for p in per_rank),
         "in_flight_ms": mean("in_flight_ms"),
         "top_ops_ms": per_rank[0]["top_ops_ms"],  # rank 0's
+        "sync_sites": per_rank[0].get("sync_sites"),
     }
 
 

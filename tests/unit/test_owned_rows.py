@@ -98,6 +98,7 @@ def test_views_follow_a_kernel_that_got_new_buffers() -> None:
     kernel = _kernel("rowwise_adagrad")
     owned = OwnedRows([kernel], torch.device("cpu"))
     first = owned.view(0, DIM)
+    assert owned.view(0, DIM) is first  # made once while the kernel keeps its buffers
     kernel.weights_host = torch.nn.Parameter(kernel.weights_host.detach().clone() + 1.0)  # as a load may replace it
     second = owned.view(0, DIM)
     assert second is not first and torch.equal(second.weights[0], kernel.split_embedding_weights()[0][0])

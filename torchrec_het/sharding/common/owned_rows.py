@@ -36,6 +36,7 @@ class KernelRows:
 
     kernel: _tbe.TBE
     dim: int
+    buffer: str  # the kernel's attribute holding the flat weights
     weights: torch.Tensor
     state: torch.Tensor | None
     first_row: torch.Tensor
@@ -45,8 +46,8 @@ class KernelRows:
 
     def current(self) -> bool:
         """Whether the kernel still holds the buffers these views were made of (a load may replace them)."""
-        found = _tbe.flat_buffer(self.kernel, _tbe.WEIGHTS)
-        return found is not None and _tbe.buffer(self.kernel, found[0]).data_ptr() == self.weights.data_ptr()
+        flat = _tbe.buffer(self.kernel, self.buffer)
+        return flat.data_ptr() <= self.weights.data_ptr() < flat.data_ptr() + flat.numel() * flat.element_size()
 
     @torch.no_grad()
     def step(self, rows: torch.Tensor, state_rows: torch.Tensor | None, grads: torch.Tensor) -> None:
@@ -93,12 +94,14 @@ def kernel_rows(kernel: _tbe.TBE, dim: int, device: torch.device) -> KernelRows 
     state = None
     width = _tbe.square_width(_tbe.KINDS.get(_tbe.optimizer_name(kernel)), dim)
     if width:
-        found = _tbe.flat_buffer(kernel, _tbe.STATE)
-        state = None if found is None else _view(_tbe.buffer(kernel, found[0]).data.view(-1), found[1], tables, width)
+        state_buffer = _tbe.flat_buffer(kernel, _tbe.STATE)
+        state = None if state_buffer is None else _view(
+            _tbe.buffer(kernel, state_buffer[0]).data.view(-1), state_buffer[1], tables, width
+        )  # fmt: skip
         if state is None:
             kind = None  # no state view: read the weights only
     return KernelRows(
-        kernel, dim, weights[0], None if state is None else state[0], weights[1].to(device),
+        kernel, dim, found[0], weights[0], None if state is None else state[0], weights[1].to(device),
         None if state is None else state[1].to(device), kind, _tbe.optimizer_eps(kernel),
     )  # fmt: skip
 
