@@ -194,7 +194,7 @@ def merge_ranks(per_rank: list[dict]) -> dict:
         "host_syncs_per_step": statistics.fmean(p["host_syncs_per_step"] for p in per_rank),
         "in_flight_ms": mean("in_flight_ms"),
         "top_ops_ms": per_rank[0]["top_ops_ms"],  # rank 0's
-        "sync_sites": per_rank[0].get("sync_sites"),
+        "host_sync_sites": per_rank[0].get("sync_sites"),  # rank 0's: file:line -> syncs in the profiled steps
     }
 
 

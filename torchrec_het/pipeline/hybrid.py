@@ -30,7 +30,6 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedTensor
 from torchrec_het import _compat
 from torchrec_het.pipeline.dense_in_sparse import DenseParamsOfSparseModules
 from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
-from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup
 
 # DDP rebuilds its gradient buckets once, in the forward after its first backward, with a
 # broadcast: the first batches' embedding backward stays on the main thread.
@@ -182,10 +181,10 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
                 "HybridTrainPipeline: the model has no sharded embedding module it can pipeline (none was "
                 "found by tracing the model, or none is sharded): use TrainPipelineSparseDist or a plain loop"
             )
-        if self.embedding_staleness >= 1:  # HET caches: later batches settle before a backward; replicas: read at lookup
+        if self.embedding_staleness >= 1:  # HET caches: later batches may settle before a backward
             for module in _compat.pipelined_modules(self):
                 for lookup in _compat.sharded_lookups(module):
-                    if isinstance(lookup, HetCachedEmbeddingLookup | ReplicatedBagLookup):
+                    if isinstance(lookup, HetCachedEmbeddingLookup):
                         lookup.allow_batches_ahead()
         model = _compat.pipeline_model(self)
         if any(isinstance(m, DistributedDataParallel) and m.will_sync_module_buffers() for m in model.modules()):

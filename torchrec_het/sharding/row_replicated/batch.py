@@ -46,8 +46,7 @@ class ReplicatedBagBatch:
     served_entries: torch.Tensor | None = None  # owner: (source, position, sample) of bags received
     partial_at: tuple | None = None  # owner: (row, position, rows) of each partial in the kernels' compact output
     host_values: tuple | None = None  # holder: (block slots, element start of their partial, weights) of per-host ids
-    hot_read: list | None = None  # reader: per block, its hot values pooled (PooledHotRead), at the lookup or the end
-    adds_at_lookup: int = 0  # reader: the replicas' gradient mark at the lookup (pooled at the output dist's end)
+    hot_read: list | None = None  # reader: per block, its hot values pooled at the lookup (PooledHotRead)
     owner: OwnerBatch | None = None  # owner: the values it pools and steps itself (owner.py; else partial_at)
 
 

@@ -276,8 +276,6 @@ class PartialSumsDist(_ReplicaOutputDist):
         (theirs go back to the owners), mean applied, gradients scaled as TorchRec's row-wise
         backward scales them."""
         layout, batch, replicas = self.layout, step.batch, self.replicas
-        if step.hot_read is None:  # the hot values, pooled now (the replica sync waited for here)
-            step.hot_read = replicas.pool_hot_deferred(step.hot, step.adds_at_lookup)
         entries = step.sent_entries % (layout.num_positions * batch)  # position * batch + sample of each partial
         scale = 1.0 / replicas.world_size if get_gradient_division() else 1.0
         lengths = step.lengths.view(layout.num_positions, batch)

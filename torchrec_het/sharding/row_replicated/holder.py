@@ -6,7 +6,6 @@ the stats and the checkpoint hooks; :class:`HotRead` is what one batch of sequen
 :class:`PooledHotRead` what one batch of bags pooled from it.
 """
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -25,8 +24,6 @@ from torchrec_het.sharding.row_replicated.owner import DirectOwner
 from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock, owned_rows, read_rows
 from torchrec_het.sharding.row_replicated.routing import IdLayout, ReplicaGroup
 from torchrec_het.sharding.row_replicated.sync import HostGroups, holder_group
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -133,7 +130,6 @@ class ReplicaHolder:
         self._refreshed_version = -1
         self.anchor = torch.zeros(1, device=self.device, requires_grad=True)
         self.owed: list = []  # exchanges whose owners' backward is still to run (``settle``)
-        self.read_at_lookup = False  # bags: hot rows pooled at the lookup, not at the output dist's end
         self.stats = {"steps": 0, "skipped_steps": 0, "sparse_syncs": 0, "dense_syncs": 0, "host_syncs": 0}
 
     def _table_infos(self, grouped_configs, config: ReplicationConfig, shards_by_table):
@@ -251,51 +247,16 @@ class ReplicaHolder:
             exchange.hand_over()
 
     def begin_read(self, hot_version: int) -> None:
-        """Before a batch's rows are read: replicas copied if due, the previous replica syncs applied."""
-        self.begin_lookup(hot_version)
-        self.apply_replica_syncs()
-
-    def begin_lookup(self, hot_version: int) -> None:
-        """At a batch's lookup: replicas copied if due, the per-host blocks' syncs applied (their rows
-        are read now); the replicated blocks' syncs may wait for :meth:`pool_hot_deferred`."""
+        """Before a batch's rows are read: replicas copied if due, the previous replica sync applied."""
         if self._needs_refresh or hot_version > self._refreshed_version:
             self.refresh()
             self._refreshed_version = hot_version
-        for block in self.host_blocks:
-            self.stats["host_syncs"] += int(block.wait())
-        self.stats["steps"] += 1
-
-    def apply_replica_syncs(self) -> None:
-        """The replicated blocks' started syncs applied (before their rows are read)."""
         for block in self.blocks:
             synced = block.wait()  # the previous step's replica sync
             self.stats["dense_syncs" if synced and block.last_sync_dense else "sparse_syncs"] += int(synced)
-
-    def allow_batches_ahead(self) -> None:
-        """A pipeline that runs a backward between a batch's lookup and its output dist's end (the
-        hybrid pipeline at k >= 1, TorchRec's semi-sync) calls this: hot rows are then read at the
-        lookup. Otherwise they are pooled when the output dist finishes (:meth:`pool_hot_deferred`),
-        so the replica sync's all-reduce flies under the cold partials' exchange."""
-        self.read_at_lookup = True
-
-    def adds(self) -> int:
-        """Gradients handed to the replicated blocks so far (a backward's mark)."""
-        return sum(block.adds for block in self.blocks)
-
-    def pool_hot_deferred(self, values_per_block: list[HotValues], adds_at_lookup: int) -> list[PooledHotRead]:
-        """At the end of a bag batch's output dist: the previous replica sync applied and the hot
-        values pooled (:meth:`pool_hot`), as at the lookup, since no backward ran in between. Where one
-        did (a pipeline that did not call :meth:`allow_batches_ahead`), the rows are pooled as they
-        are (the sync due at the lookup was applied by that backward) and later batches read at the
-        lookup."""
-        if self.adds() != adds_at_lookup:
-            if not self.read_at_lookup:
-                logger.info("het_row_replicated: a backward ran between a batch's lookup and its output dist; "
-                            "hot rows are read at the lookup from now on")  # fmt: skip
-            self.read_at_lookup = True
-        else:
-            self.apply_replica_syncs()
-        return self.pool_hot(values_per_block)
+        for block in self.host_blocks:
+            self.stats["host_syncs"] += int(block.wait())
+        self.stats["steps"] += 1
 
     def refresh(self) -> None:
         """Copies every replica block's rows and state from their owners (a collective)."""

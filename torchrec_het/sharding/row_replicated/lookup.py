@@ -45,10 +45,6 @@ class ReplicaHooks:
         """TorchRec's prefetch of the kernels (the batch's context unused)."""
         super().prefetch(sparse_features, forward_stream)
 
-    def allow_batches_ahead(self) -> None:
-        """Hot rows are read at the lookup (:meth:`ReplicaHolder.allow_batches_ahead`); every rank calls it."""
-        self.replicas.allow_batches_ahead()
-
     def flush(self) -> None:
         """Applies held replica gradients (a collective); shards then hold current hot rows."""
         self.replicas.flush()
@@ -76,12 +72,8 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
     ) -> torch.Tensor:
         step, replicas = sharding_ctx.batch, self.replicas
         replicas.settle()  # the owners' kernels take the steps they owe before they are read
-        replicas.begin_lookup(step.hot_version)
-        if replicas.read_at_lookup:
-            replicas.apply_replica_syncs()
-            step.hot_read = replicas.pool_hot(step.hot)
-        else:  # pooled as the output dist ends: the replica sync flies under the partials' exchange
-            step.adds_at_lookup = replicas.adds()
+        replicas.begin_read(step.hot_version)
+        step.hot_read = replicas.pool_hot(step.hot)
         if step.owner is not None:  # the owner pools its rows itself, in arrival order (owner.py)
             partials = replicas.owner.pool(step.owner).reshape(-1)
         else:

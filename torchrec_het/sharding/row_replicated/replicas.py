@@ -78,7 +78,6 @@ class ReplicaBlock:
         self.agreed_weights = torch.zeros(rows if self.steps_locally else 0, dim, device=device)
         self.agreed_state = torch.zeros(self.agreed_weights.size(0), self.state.size(1), device=device)
         self.steps_held = 0
-        self.adds = 0  # gradients added so far (a backward's mark: ReplicaHolder.pool_hot_deferred)
         self._start_due = False  # a sync is due and starts at the end of the backward pass (add_grads)
         self._touches = None  # the started all-reduce of touch counts, and its buffer
         self._grads = None  # the started all-reduce of the touched rows' gradients
@@ -166,7 +165,6 @@ class ReplicaBlock:
         self._step_locally(rows, step)
 
     def _added(self) -> None:
-        self.adds += 1
         self.steps_held += 1
         if self.steps_held >= self.sync_every:  # after the pass's other traffic (DDP's): docs/internals.md
             self._start_due = True
