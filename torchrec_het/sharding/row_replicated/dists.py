@@ -95,11 +95,12 @@ class _ReplicaIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         self.rank, self.world_size = self.replicas.rank, self.replicas.world_size
 
     def _route(self, sparse_features: KeyedJaggedTensor):
-        """(bag, id, hot position, destination, row) of every id; replica syncs move on, and the
-        online profile counts training batches (at its end: new hot rows)."""
+        """(bag and id of every value, then :meth:`IdLayout.split`: hot ones, cold ones to their owners,
+        per-host ones to the host's holder); replica syncs move on, and the online profile counts
+        training batches (at its end: new hot rows)."""
         bags, ids = self.layout.flatten(sparse_features)
         self.replicas.observe(ids, self._lookup[0].training)
-        return (bags, ids, *self.layout.route(ids))  # cold ids to owners, per-host ids to the host's holder
+        return (bags, ids, *self.layout.split(ids))
 
 
 class ColdIdsDist(_ReplicaIdsDist):
@@ -107,10 +108,10 @@ class ColdIdsDist(_ReplicaIdsDist):
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         layout, batch = self.layout, sparse_features.stride()
-        bags, ids, hot_pos, dest, row = self._route(sparse_features)
+        bags, ids, hot_at, hot_pos, cold, dest, row = self._route(sparse_features)
         weights = sparse_features.weights_or_none()
         hot = []
-        for index, (mine, slots) in enumerate(layout.hot_of(hot_pos)):
+        for index, (mine, slots) in enumerate(layout.hot_of(hot_at, hot_pos)):
             # the output's bags are (sample, position): the lookup pools the values in that order
             group_bags, by_bag, offsets = sample_major(
                 layout.group_feature_bags(bags.index_select(0, mine), batch, index), layout.group_sizes[index], batch
@@ -118,11 +119,10 @@ class ColdIdsDist(_ReplicaIdsDist):
             rows = layout.groups[index].hot.numel()
             hot.append(HotValues.of(slots, rows, group_bags, None if weights is None else weights.index_select(0, mine),
                                     by_bag, offsets))  # fmt: skip
-        cold = (hot_pos < 0).nonzero().flatten()
-        dest, by_dest = torch.sort(dest.index_select(0, cold), stable=True)  # by destination, each one's in bag order
+        dest, by_dest = torch.sort(dest, stable=True)  # by destination, each one's in bag order
         cold = cold.index_select(0, by_dest)
         cold_bags = bags.index_select(0, cold)
-        columns = [cold_bags.to(torch.int32), row.index_select(0, cold).to(torch.int32)]
+        columns = [cold_bags.to(torch.int32), row.index_select(0, by_dest).to(torch.int32)]
         if weights is not None:
             columns.append(weights.index_select(0, cold).float().view(torch.int32))
         num_bags = batch * layout.num_positions
@@ -312,17 +312,16 @@ class SequenceIdsDist(_ReplicaIdsDist):
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         layout = self.layout
-        bags, ids, hot_pos, dest, row = self._route(sparse_features)
+        bags, ids, hot_at, hot_pos, cold, dest, row = self._route(sparse_features)
         positions = bags // sparse_features.stride()
-        hot = [(slots, mine) for mine, slots in layout.hot_of(hot_pos)]
-        cold = (hot_pos < 0).nonzero().flatten()
-        key = dest.index_select(0, cold) * layout.total_rows + ids.index_select(0, cold)  # by destination, then id
+        hot = [(slots, mine) for mine, slots in layout.hot_of(hot_at, hot_pos)]
+        key = dest * layout.total_rows + ids.index_select(0, cold)  # by destination, then id
         need, need_of = torch.unique(key, return_inverse=True)
         first = torch.empty_like(need).scatter_(0, need_of, torch.arange(cold.numel(), device=cold.device))
-        first = cold.index_select(0, first)
         payload = torch.stack(
-            [positions.index_select(0, first).to(torch.int32), row.index_select(0, first).to(torch.int32)], 1
-        )
+            [positions.index_select(0, cold.index_select(0, first)).to(torch.int32),
+             row.index_select(0, first).to(torch.int32)], 1
+        )  # fmt: skip
         step = ReplicatedSequenceBatch(layout.hot_version, ids.numel(), hot, cold, need_of)
         work, gathered = gather_counts(need // layout.total_rows, sparse_features.stride(), self.pg)
         return _CountsGathered(self, step, payload, 2, work, gathered)

@@ -298,9 +298,9 @@ class ReplicaHolder:
             raise ValueError("samples_read_here needs one batch size for every feature")
         batch, device = features.stride(), features.device()
         bags, ids = self.layout.flatten(features.to(self.device))
-        hot_pos, dest, _ = self.layout.route(ids)
-        remote = (hot_pos < 0) & (dest != self.rank)
-        return (torch.bincount(bags[remote] % batch, minlength=batch) == 0).to(device)
+        _, _, cold, dest, _ = self.layout.split(ids)
+        remote = cold.index_select(0, (dest != self.rank).nonzero().flatten())
+        return (torch.bincount(bags.index_select(0, remote) % batch, minlength=batch) == 0).to(device)
 
     @torch.no_grad()
     def flush(self) -> None:

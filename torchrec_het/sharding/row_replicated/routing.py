@@ -3,7 +3,7 @@
 :class:`ReplicaGroup`: tables of one lookup that share a dimension, with their tiers and the
 per-host rows each local rank holds. :class:`IdLayout`: one id space over every table of a
 sharding (static indexes, built once), with which the input dists route a batch's ids
-(:meth:`IdLayout.route`).
+(:meth:`IdLayout.split`).
 
 Design (who holds which row): docs/internals.md#row-replicated-routing
 """
@@ -139,7 +139,7 @@ class IdLayout:
         self.host_block_starts = self.host_block_ends - sizes
 
     def _set_route_map(self) -> None:
-        """One code per row of the id space (built once per hot set), so that :meth:`route` reads an
+        """One code per row of the id space (built once per hot set), so that :meth:`split` reads an
         id's tier and owner with one gather: its hot position (``>= 0``); ``-1 - bucket`` for a cold
         row, ``bucket`` indexing ``owner_ends`` (owner ``bucket % world_size``); ``-1 - buckets - h``
         for entry ``h`` of the per-host tier. int16 where every code fits, else int32: 2 or 4 bytes a
@@ -154,25 +154,31 @@ class IdLayout:
         codes[self.host_ids.cpu()] = (-1 - buckets - torch.arange(hosts, dtype=torch.int64)).to(dtype)
         self.route_map = codes
         self.num_buckets = buckets
+        self.bucket_dest = torch.arange(buckets, dtype=torch.int64) % self.world_size
 
-    def route(self, ids: torch.Tensor):
-        """(hot position in ``hot_ids`` or -1, the rank each id is sent to, its row there) of global ids.
+    def split(self, ids: torch.Tensor):
+        """A batch's global ids split by where they are read: (indexes of the hot ids, their positions
+        in ``hot_ids``; indexes of the others, the rank each is sent to, its row there).
 
         A cold id goes to its owner, as the row of the owner's shard; an id of the per-host tier to
-        its holder on this rank's host, as ``-1 - slot`` (its slot in the holder's blocks). Destination
-        and row of a hot id are not meaningful."""
-        code = self.route_map.index_select(0, ids).to(torch.int64)  # the one gather
-        hot_pos = code.clamp(min=-1)
-        cold = (-1 - code).clamp(min=0)  # bucket, or buckets + per-host index; 0 for hot ids
-        bucket = cold.clamp(max=self.num_buckets - 1)
-        dest = bucket % self.world_size
-        row = ids - self.bucket_start.index_select(0, bucket)
-        if self.host_ids.numel():
-            at = cold - self.num_buckets
-            is_host, at = at >= 0, at.clamp(min=0)
-            dest = torch.where(is_host, self.host_first + self.host_local.index_select(0, at), dest)
-            row = torch.where(is_host, -1 - self.host_slot.index_select(0, at), row)
-        return hot_pos, dest, row
+        its holder on this rank's host, as ``-1 - slot`` (its slot in the holder's blocks)."""
+        code = self.route_map.index_select(0, ids)  # the one gather
+        hot = code >= 0
+        hot_at, cold_at = hot.nonzero().flatten(), (~hot).nonzero().flatten()
+        cold_code = -1 - code.index_select(0, cold_at).to(torch.int64)  # bucket, or buckets + per-host index
+        dest, row = self._cold_route(ids.index_select(0, cold_at), cold_code)
+        return hot_at, code.index_select(0, hot_at).to(torch.int64), cold_at, dest, row
+
+    def _cold_route(self, ids: torch.Tensor, cold_code: torch.Tensor):
+        if not self.host_ids.numel():
+            return self.bucket_dest.index_select(0, cold_code), ids - self.bucket_start.index_select(0, cold_code)
+        bucket = cold_code.clamp(max=self.num_buckets - 1)
+        dest, row = self.bucket_dest.index_select(0, bucket), ids - self.bucket_start.index_select(0, bucket)
+        at = cold_code - self.num_buckets
+        is_host, at = at >= 0, at.clamp(min=0)
+        dest = torch.where(is_host, self.host_first + self.host_local.index_select(0, at), dest)
+        row = torch.where(is_host, -1 - self.host_slot.index_select(0, at), row)
+        return dest, row
 
     @property
     def nbytes(self) -> int:
@@ -192,16 +198,16 @@ class IdLayout:
         """(bag of every value, as position * batch + sample; its global id): :func:`flatten_batch`."""
         return flatten_batch(features, self.position_base, "het_row_replicated")
 
-    def hot_of(self, hot_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per replica block: (indexes of the values it serves, their rows in the block)."""
+    def hot_of(self, hot_at: torch.Tensor, hot_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per replica block: (indexes of the values it serves, their rows in the block), from the hot
+        values' indexes and positions in ``hot_ids`` (:meth:`split`)."""
         if len(self.groups) == 1:
-            mine = (hot_pos >= 0).nonzero().flatten()
-            return [(mine, hot_pos.index_select(0, mine))]
+            return [(hot_at, hot_pos)]
         block_of = torch.bucketize(hot_pos, self.hot_group_ends, right=True)
         out = []
-        for index in range(len(self.groups)):
-            mine = ((hot_pos >= 0) & (block_of == index)).nonzero().flatten()
-            out.append((mine, hot_pos[mine] - self.hot_start[index]))
+        for index in range(len(self.groups)):  # one per width, as TorchRec's lookup groups tables
+            mine = (block_of == index).nonzero().flatten()
+            out.append((hot_at.index_select(0, mine), hot_pos.index_select(0, mine) - self.hot_start[index]))
         return out
 
     def group_part(self, group: int) -> tuple[torch.Tensor, torch.Tensor | None]:
