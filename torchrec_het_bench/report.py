@@ -15,10 +15,12 @@ def format_mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.2f}"
 
 
-def cpu_line(budget: dict | None, busy_share: float | None) -> str:
+def cpu_line(budget: dict | None, busy_share: float | None, network: dict | None = None) -> str:
     """One line: how the ranks shared the machine's cores, and the share busy processes took from them."""
     if budget is None:
-        return "CPU budget not recorded"
+        line = "not recorded (a run before the one CPU budget: each rank took cores // ranks per host threads"
+        emulated = network is not None and network.get("mode") == "emulated"
+        return line + (", so the ranks of emulated hosts oversubscribed the cores)" if emulated else ")")
     line = (f"{budget['ranks_on_machine']} ranks x {budget['threads_per_rank']} intra-op thread(s) on "
             f"{budget['cores']} cores")  # fmt: skip
     if budget.get("oversubscribed"):
@@ -99,7 +101,7 @@ def markdown_table(results: dict, curve_plot: str | None = "auc_curve.png") -> s
         f"preset `{results['preset']}`, {results['world_size']} ranks, {where}, {pipeline_words(results)}; "
         "bytes are MiB per step summed over ranks (cross-rank, without a rank's chunk to itself)",
         "",
-        "CPU: " + cpu_line(results.get("cpu_budget"), results.get("busy_share")),
+        "CPU: " + cpu_line(results.get("cpu_budget"), results.get("busy_share"), net),
         "",
         "| workload | config | sharding | samples/s median [p10, p90] | fwd ids | fwd emb | bwd grad | dense allreduce "
         "| other | embedding cross-rank | inter-host | HET hit rate (ideal LRU) | hot rows | AUC | loss | peak RSS MiB/rank |",
