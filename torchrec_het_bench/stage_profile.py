@@ -20,7 +20,8 @@ the autograd node that runs it:
   its all-reduce at the end of the backward included);
 - ``other``: what none of these enclose.
 
-Beside the stages: collectives issued per step by family (``c10d::`` operators), host syncs per
+Beside the stages: collectives issued per step by family (``c10d::`` operators), waits on a
+collective's result (``Work.wait()`` calls: the blocking collectives), host syncs per
 step (``torchrec_het_testing.host_syncs``), and how long gloo's threads had each kind of
 collective in flight per step (all-to-all, all-reduce, all-gather: the link's share of the step).
 """
@@ -98,6 +99,7 @@ def summarize_events(rows: list[tuple], steps: int) -> dict:
         step_thread = busy.most_common(1)[0][0] if busy else None
     stages, ops = Counter(), defaultdict(Counter)
     collectives, in_flight, waits = Counter(), Counter(), Counter()
+    waits_made = 0  # Work.wait() calls: the step's thread blocked on a collective's result
     for index, (name, thread, start, end, parent, self_us) in enumerate(rows):
         if thread != step_thread:
             flight = _IN_FLIGHT.match(name)
@@ -116,6 +118,8 @@ def summarize_events(rows: list[tuple], steps: int) -> dict:
         collective = _COLLECTIVE.match(name)
         if collective is not None:
             collectives[collective.group(1)] += 1
+        if name == COMM_WAIT:
+            waits_made += 1
     per_step = 1e-3 / steps  # us -> ms per step
     return {
         "steps": steps,
@@ -127,6 +131,7 @@ def summarize_events(rows: list[tuple], steps: int) -> dict:
         },
         "comm_wait_ms_by_stage": {s: round(waits[s] * per_step, 3) for s in STAGES if waits[s]},
         "collectives_per_step": {k: n / steps for k, n in sorted(collectives.items())},
+        "waits_per_step": waits_made / steps,
         "in_flight_ms": {k: round(us * per_step, 3) for k, us in sorted(in_flight.items())},
     }
 
@@ -191,6 +196,7 @@ def merge_ranks(per_rank: list[dict]) -> dict:
         "total_ms_by_rank": [round(sum(p["stage_ms"].values()), 3) for p in per_rank],
         "comm_wait_ms_by_stage": mean("comm_wait_ms_by_stage"),
         "collectives_per_step": mean("collectives_per_step"),
+        "waits_per_step": statistics.fmean(p.get("waits_per_step", 0.0) for p in per_rank),
         "host_syncs_per_step": statistics.fmean(p["host_syncs_per_step"] for p in per_rank),
         "in_flight_ms": mean("in_flight_ms"),
         "top_ops_ms": per_rank[0]["top_ops_ms"],  # rank 0's
@@ -206,12 +212,13 @@ def markdown(entries: list[dict]) -> list[str]:
     present = [s for s in STAGES if any(s in e["stage_profile"]["stage_ms"] for e in profiled_entries)]
     steps = profiled_entries[0]["stage_profile"]["steps"]
     lines = [
-        f"stage profile, ms per step (torch.profiler over each entry's last {steps} warm-up steps, mean over "
+        f"stage profile, ms per step (torch.profiler over {steps} unmeasured steps of each entry, mean over "
         "ranks; self time of the step's thread by innermost stage: docs/measuring.md#stage-profile); collectives "
-        "issued and host syncs per step and rank; gloo's threads' time with each collective in flight",
+        "issued, waits on a collective's result (Work.wait) and host syncs per step and rank; gloo's threads' "
+        "time with each collective in flight",
         "",
-        "| entry | " + " | ".join(present) + " | total | collectives | host syncs | in flight |",
-        "|---|" + "---|" * (len(present) + 4),
+        "| entry | " + " | ".join(present) + " | total | collectives | waits | host syncs | in flight |",
+        "|---|" + "---|" * (len(present) + 5),
     ]
     for e in profiled_entries:
         p = e["stage_profile"]
@@ -220,5 +227,5 @@ def markdown(entries: list[dict]) -> list[str]:
         flight = ", ".join(f"{k} {v:.1f}" for k, v in p["in_flight_ms"].items())
         total = statistics.fmean(p["total_ms_by_rank"])
         lines.append(f"| {e['name']} | " + " | ".join(cells) + f" | {total:.1f} | {calls} | "
-                     f"{p['host_syncs_per_step']:g} | {flight} |")  # fmt: skip
+                     f"{p.get('waits_per_step', 0):g} | {p['host_syncs_per_step']:g} | {flight} |")  # fmt: skip
     return lines

@@ -33,7 +33,7 @@ from torchrec_het.planner.compute_costs import ComputeCosts
 from torchrec_het.planner.planner import cpu_network
 from torchrec_het.planner.traffic import TableLoad, row_replicated_bytes, row_wise_bytes, table_wise_bytes
 from torchrec_het.replication.hot_rows import hot_row_count, replication_threshold
-from torchrec_het.replication.memory import TierTopology, bytes_per_row
+from torchrec_het.replication.memory import ROUTE_MAP_BYTES_PER_ROW, TierTopology, bytes_per_row
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
 
@@ -180,7 +180,7 @@ def test_plugin_options_are_sized_as_row_wise_and_hold_their_hot_rows_on_top() -
         assert rep.partition_by == "uniform"
         reads = AccessModel(_profile()).reads(name, SIZES[name], 0.0, 4).reads
         hot = hot_row_count(reads, replication_threshold(4), 0.5)
-        extra = hot * bytes_per_row(32, "exact_row_wise_adagrad")
+        extra = hot * bytes_per_row(32, "exact_row_wise_adagrad") + SIZES[name] * ROUTE_MAP_BYTES_PER_ROW  # + route map
         for shard_rw, shard_rep in zip(rw.shards, rep.shards):
             assert shard_rep.storage.ddr - shard_rw.storage.ddr == extra, name
         cached = options[(name, "het_cached_row_wise")]
@@ -271,6 +271,7 @@ def test_profile_tiers_take_the_per_host_tier_the_planner_priced(key) -> None:
         rep, rw = by_key[(name, "het_row_replicated")], by_key[(name, "row_wise")]
         hot, host = GOLDEN_HOST_TIERS[key][name]
         extra = (hot + math.ceil(host * (hosts - 1) / world_size)) * bytes_per_row(32, "exact_row_wise_adagrad")
+        extra += SIZES[name] * ROUTE_MAP_BYTES_PER_ROW
         assert rep.shards[0].storage.ddr == rw.shards[0].storage.ddr + extra, name
         rep_comms = rep.shards[0].perf.fwd_comms + rep.shards[0].perf.bwd_comms
         assert rep_comms < rw.shards[0].perf.fwd_comms + rw.shards[0].perf.bwd_comms, name
