@@ -29,6 +29,9 @@ class PluginContexts:
         ]
 
     def input_dist(self, ctx, features):
+        shardings = sharded_embedding_shardings(self)
+        for i in self._plugin_shardings:  # TorchRec's input dists are not submodules: they learn the mode here
+            shardings[i].set_training(self.training)
         splits = super().input_dist(ctx, features)  # one sharding context per sharding, in order
         if self._plugin_shardings:
             awaitables = input_dist_awaitables(splits)

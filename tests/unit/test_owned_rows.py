@@ -9,7 +9,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocati
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen
 
 from torchrec_het.sharding.common.owned_rows import OwnedRows
-from torchrec_het.sharding.row_replicated.owner import DirectOwner
+from torchrec_het.sharding.row_replicated.owner import DirectOwner, OwnerValues
 
 ROWS, DIM = (40, 25, 33), 8
 OPTIMIZERS = {
@@ -70,7 +70,8 @@ def test_direct_owner_pools_and_steps_as_the_kernel_does(optimizer: str, weighte
         grads = torch.randn(sizes.numel(), DIM, generator=torch.Generator().manual_seed(100 + step))
         want = _kernel_forward_backward(stock, sizes, entry_table, table, row, weight, grads, weighted)
         entry_of = torch.repeat_interleave(torch.arange(sizes.numel()), sizes)
-        batch = owner.plan(table, row, entry_of, sizes.numel(), weight if weighted else None)  # position = table here
+        values = OwnerValues(row, entry_of, weight if weighted else None, entry_table)  # position = table here
+        batch = owner.plan(values)
         got = owner.pool(batch)
         torch.testing.assert_close(got, want.detach(), rtol=1e-6, atol=1e-6)
         owner.step(batch, grads.reshape(-1).clone())

@@ -43,6 +43,13 @@ class StagedSharding:
         """What the lookup is built with (its ``config``), from the plan's options of these tables."""
         raise NotImplementedError
 
+    def set_training(self, training: bool) -> None:
+        """The sharded module's mode, before each input dist (its dists are not submodules)."""
+
+    def lookup_settings(self) -> dict:
+        """The lookup's settings arguments (besides TorchRec's): its ``config`` and each table's shards."""
+        return {"config": self._config, "shards_by_table": self.shards_by_table}
+
     def create_lookup(self, device=None, fused_params=None, feature_processor=None):
         if feature_processor is not None:
             raise NotImplementedError(f"{self.sharding_type} does not support feature processors")
@@ -50,12 +57,7 @@ class StagedSharding:
             arguments = sharding_lookup_arguments(self)
             if device is not None:
                 arguments["device"] = device
-            self._lookup = self.lookup_class(
-                feature_names=self.feature_names(),
-                config=self._config,
-                shards_by_table=self.shards_by_table,
-                **arguments,
-            )
+            self._lookup = self.lookup_class(feature_names=self.feature_names(), **self.lookup_settings(), **arguments)
         return self._lookup
 
 

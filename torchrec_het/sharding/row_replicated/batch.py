@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from torchrec_het.sharding.common.output_layout import bag_offsets
-from torchrec_het.sharding.row_replicated.owner import OwnerBatch
+from torchrec_het.sharding.row_replicated.owner import OwnerBatch, OwnerValues
 
 
 @dataclass
@@ -44,10 +44,14 @@ class ReplicatedBagBatch:
     recv_splits: list[int] = field(default_factory=list)
     local_only: bool = False
     served_entries: torch.Tensor | None = None  # owner: (source, position, sample) of bags received
+    received: OwnerValues | None = None  # owner: the values received for its kernels' rows, in arrival order
     partial_at: tuple | None = None  # owner: (row, position, rows) of each partial in the kernels' compact output
     host_values: tuple | None = None  # holder: (block slots, element start of their partial, weights) of per-host ids
     hot_read: list | None = None  # reader: per block, its hot values pooled at the lookup (PooledHotRead)
     owner: OwnerBatch | None = None  # owner: the values it pools and steps itself (owner.py; else partial_at)
+    owed: list | None = None  # lookup -> output dist: where the owners' deferred backward waits (ReplicaHolder.owed)
+    owner_step: object = None  # lookup -> output dist: that backward where the owner steps its rows itself
+    anchor: torch.Tensor | None = None  # lookup -> output dist: puts replica reads in the autograd graph
 
 
 @dataclass
@@ -68,3 +72,4 @@ class ReplicatedSequenceBatch:
     host_values: tuple | None = None  # holder: (arrival indexes, block slots) of per-host ids
     rows: torch.Tensor | None = None  # owner: the rows asked for, in arrival order
     hot_read: list | None = None  # reader: per block, the hot rows read at the lookup (HotRead)
+    anchor: torch.Tensor | None = None  # lookup -> output dist: puts replica reads in the autograd graph

@@ -8,8 +8,6 @@ the sharded module puts in the batch's sharding context for the lookup and the o
 (sequences) back and finish the output with :mod:`~torchrec_het.sharding.common.output_layout`.
 """
 
-import functools
-
 import torch
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSparseFeaturesDist
@@ -22,7 +20,9 @@ from torchrec_het.sharding.common.exchange import Exchange, start_exchange
 from torchrec_het.sharding.common.id_space import bag_divisors, sample_major
 from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source, output_layout
 from torchrec_het.sharding.row_replicated.batch import HotValues, ReplicatedBagBatch, ReplicatedSequenceBatch
-from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, ReplicatedSequenceLookup
+from torchrec_het.sharding.row_replicated.owner import OwnerValues
+from torchrec_het.sharding.row_replicated.placement import ReplicaPlacement
+from torchrec_het.sharding.row_replicated.routing import IdLayout
 
 
 class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
@@ -58,7 +58,7 @@ class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
         step.send_splits = [table[rank][d] for d in range(ws)]
         step.recv_splits = [table[s][rank] for s in range(ws)]
         # FAE's all-hot step (skip_all_hot): no rank sends to another, nothing is exchanged
-        step.local_only = self.dist.replicas.config.skip_all_hot and all(
+        step.local_only = self.dist.placement.config.skip_all_hot and all(
             table[s][d] == 0 for s in range(ws) for d in range(ws) if s != d
         )
         exchange = start_exchange(
@@ -85,21 +85,23 @@ class _Ids(Awaitable[KeyedJaggedTensor]):
 
 
 class _ReplicaIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
-    """What both input dists share: the replicas, the layout, and the routing of each id."""
+    """What both input dists share: the placement (its layout routes every id) and the exchange group."""
 
-    def __init__(self, lookup: ReplicatedBagLookup | ReplicatedSequenceLookup, feature_names: list[str]):
+    def __init__(self, placement: ReplicaPlacement, feature_names: list[str]):
         super().__init__()
-        self._lookup = [lookup]  # not a submodule: the lookup is the sharded module's own
-        self.replicas, self.feature_names = lookup.replicas, feature_names
-        self.layout, self.pg = self.replicas.layout, self.replicas.exchange_pg
-        self.rank, self.world_size = self.replicas.rank, self.replicas.world_size
+        self.placement, self.feature_names = placement, feature_names
+        self.pg, self.rank, self.world_size = placement.exchange_pg, placement.rank, placement.world_size
+
+    @property
+    def layout(self) -> IdLayout:
+        return self.placement.layout
 
     def _route(self, sparse_features: KeyedJaggedTensor):
         """(bag and id of every value, then :meth:`IdLayout.split`: hot ones, cold ones to their owners,
         per-host ones to the host's holder); replica syncs move on, and the online profile counts
         training batches (at its end: new hot rows)."""
         bags, ids = self.layout.flatten(sparse_features)
-        self.replicas.observe(ids, self._lookup[0].training)
+        self.placement.observe(ids, self.placement.training)  # the online profile counts; at its end, new hot rows
         return (bags, ids, *self.layout.split(ids))
 
 
@@ -132,93 +134,40 @@ class ColdIdsDist(_ReplicaIdsDist):
         return _CountsGathered(self, step, torch.stack(columns, 1), len(columns), work, gathered)
 
     def owner_features(self, step: ReplicatedBagBatch, received: torch.Tensor) -> KeyedJaggedTensor:
-        """The (bag, row) pairs received, for the owner's lookup: pooled by the owner itself in
-        arrival order where it can (``step.owner``), else as a compact KJT for its kernels' call: per
-        position, one bag per (source, sample) that sent ids, in that order, padded with empty bags
-        to the position with the most (one call per group). Ids of the per-host tier (row
-        ``-1 - slot``) stay out of both, for the lookup to pool from this holder's blocks
-        (``step.host_values``)."""
+        """The (bag, row) pairs received, for the owner's lookup, in ``step.received`` (arrival order: the
+        lookup pools them itself or builds its kernels' input, ``owner.py``); the KJT handed on is
+        empty. Ids of the per-host tier (row ``-1 - slot``) stay out, for the lookup to pool from this
+        holder's blocks (``step.host_values``)."""
         ws, batch, positions = self.world_size, step.batch, self.layout.num_positions
         device = received.device
         source = torch.repeat_interleave(torch.arange(ws, device=device), torch.tensor(step.recv_splits, device=device))
         # ids arrive by source, each source's in bag order: (source, position, sample) never decreases,
         # so the entries (bags sent) are runs, already in the order the readers expect their partials
-        entries, entry_of, counts = torch.unique_consecutive(
-            source * (positions * batch) + received[:, 0].long(), return_inverse=True, return_counts=True
+        entries, entry_of = torch.unique_consecutive(
+            source * (positions * batch) + received[:, 0].long(), return_inverse=True
         )
         step.served_entries = entries
-        if self.replicas.owner is not None:
-            return self._owner_pools(step, received, entry_of, entries.numel())
-        return self._kernel_features(step, received, entries, entry_of, counts)
-
-    def _owner_pools(
-        self, step: ReplicatedBagBatch, received: torch.Tensor, entry_of: torch.Tensor, entries: int
-    ) -> KeyedJaggedTensor:
-        """The owner pools its rows itself, in arrival order (``step.owner``, owner.py): the kernels'
-        input is empty."""
-        rows, positions = received[:, 1].long(), received[:, 0].long() // step.batch
-        weights = received[:, 2].view(torch.float32) if received.size(1) > 2 else None
-        if self.layout.host_ids.numel():  # this rank holds per-host rows: those values are pooled from its blocks
-            held = rows < 0
-            kernel, held = (~held).nonzero().flatten(), held.nonzero().flatten()
-            step.host_values = (
-                -1 - rows.index_select(0, held),
-                entry_of.index_select(0, held) * self.layout.uniform_dim,
-                None if weights is None else weights.index_select(0, held),
-            )
-            rows, positions, entry_of = (t.index_select(0, kernel) for t in (rows, positions, entry_of))
-            weights = None if weights is None else weights.index_select(0, kernel)
-        step.owner = self.replicas.owner.plan(positions, rows, entry_of, entries, weights)
-        empty = torch.zeros(0, dtype=torch.int64, device=received.device)
-        return KeyedJaggedTensor(
-            keys=self.feature_names, values=empty, lengths=torch.zeros(len(self.feature_names), dtype=torch.int32,
-                                                                       device=received.device), stride=1
-        )  # fmt: skip
-
-    def _kernel_features(
-        self, step: ReplicatedBagBatch, received: torch.Tensor, entries, entry_of, counts
-    ) -> KeyedJaggedTensor:
-        """The (bag, row) pairs received as a compact KJT for the kernels' call (see :meth:`owner_features`)."""
-        batch, positions = step.batch, self.layout.num_positions
-        device, n = received.device, received.size(0)
         entry_position = entries % (positions * batch) // batch
-        _, by_position = torch.sort(entry_position, stable=True)  # a few keys: the KJT's bag order
-        per_position = torch.bincount(entry_position, minlength=positions)
-        first = torch.cumsum(per_position, 0) - per_position
-        slot = torch.empty_like(entry_position).index_copy_(
-            0,
-            by_position,
-            torch.arange(entries.numel(), device=device)
-            - first.index_select(0, entry_position.index_select(0, by_position)),
-        )
-        stride = max(int(per_position.max()), 1) if entries.numel() else 1  # the owner's one extra host sync
-        step.partial_at = (slot, entry_position, stride)  # where each entry's partial is, in arrival order
-        # the values, entry by entry in the KJT's order (each entry's values are one run)
-        moved = counts.index_select(0, by_position)
-        shift = (torch.cumsum(counts, 0) - counts).index_select(0, by_position) - (torch.cumsum(moved, 0) - moved)
-        order = torch.repeat_interleave(shift, moved, output_size=n) + torch.arange(n, device=device)
-        received, entry_of = received.index_select(0, order), entry_of.index_select(0, order)
         rows = received[:, 1].long()
         weights = received[:, 2].view(torch.float32) if received.size(1) > 2 else None
         if self.layout.host_ids.numel():  # this rank holds per-host rows: those values are pooled from its blocks
             held = rows < 0
-            kernel = (~held).nonzero().flatten()
-            held = held.nonzero().flatten()
-            counts = torch.bincount(entry_of.index_select(0, kernel), minlength=entries.numel())
+            kernel, held = (~held).nonzero().flatten(), held.nonzero().flatten()
             widths = self.layout.dims.index_select(0, entry_position)
-            starts = torch.cumsum(widths, 0) - widths
+            starts = torch.cumsum(widths, 0) - widths  # each entry's first element in the partials
             step.host_values = (
                 -1 - rows.index_select(0, held),
                 starts.index_select(0, entry_of.index_select(0, held)),
                 None if weights is None else weights.index_select(0, held),
             )
-            rows = rows.index_select(0, kernel)
+            rows, entry_of = rows.index_select(0, kernel), entry_of.index_select(0, kernel)
             weights = None if weights is None else weights.index_select(0, kernel)
-        lengths = torch.zeros(positions * stride, dtype=torch.int64, device=device)
-        lengths[entry_position * stride + slot] = counts
+        step.received = OwnerValues(rows, entry_of, weights, entry_position)
+        empty = torch.zeros(0, dtype=torch.int64, device=device)
         return KeyedJaggedTensor(
-            keys=self.feature_names, values=rows, lengths=lengths.int(), weights=weights, stride=stride
-        )
+            keys=self.feature_names, values=empty, lengths=torch.zeros(len(self.feature_names), dtype=torch.int32,
+                                                                       device=device), stride=1
+        )  # fmt: skip
 
 
 class _Bags(Awaitable[torch.Tensor]):
@@ -231,12 +180,15 @@ class _Bags(Awaitable[torch.Tensor]):
 
 
 class _ReplicaOutputDist(BaseEmbeddingDist):
-    """What both output dists share: the replicas and the layout."""
+    """What both output dists share: the placement (its layout, exchange group and wire dtype)."""
 
-    def __init__(self, lookup: ReplicatedBagLookup | ReplicatedSequenceLookup):
+    def __init__(self, placement: ReplicaPlacement):
         super().__init__()
-        self.replicas = lookup.replicas
-        self.pg, self.layout = self.replicas.exchange_pg, self.replicas.layout
+        self.placement, self.pg, self.world_size = placement, placement.exchange_pg, placement.world_size
+
+    @property
+    def layout(self) -> IdLayout:
+        return self.placement.layout
 
 
 class PartialSumsDist(_ReplicaOutputDist):
@@ -245,9 +197,8 @@ class PartialSumsDist(_ReplicaOutputDist):
     def forward(
         self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]
     ) -> Awaitable[torch.Tensor]:
-        replicas, step = self.replicas, sharding_ctx.batch
-        layout = self.layout
-        ws, bags = replicas.world_size, step.batch * layout.num_positions
+        step, layout = sharding_ctx.batch, self.layout
+        ws, bags = self.world_size, step.batch * layout.num_positions
         served_source, sent_dest = step.served_entries // bags, step.sent_entries // bags
         if layout.uniform_dim is not None:
             splits = torch.cat([torch.bincount(served_source, minlength=ws), torch.bincount(sent_dest, minlength=ws)])
@@ -263,10 +214,10 @@ class PartialSumsDist(_ReplicaOutputDist):
             ).long()
         splits = splits.tolist()  # the output dist's one host sync
         send, recv = splits[:ws], splits[ws:]
-        # the owners' kernels step when next read: the gradients fly under the dense backward and forward
-        on_gradient = None if step.owner is None else functools.partial(replicas.owner.step, step.owner)
+        # the owners step when their rows are next read: the gradients fly under the optimizer step and
+        # the next input dist (the lookup's ``owed``, ``owner_step``)
         exchange = start_exchange(
-            local_embs, send, recv, self.pg, replicas.wire, step.local_only, replicas.owed, on_gradient
+            local_embs, send, recv, self.pg, self.placement.wire, step.local_only, step.owed, step.owner_step
         )
         return _Bags(self, step, exchange)
 
@@ -275,9 +226,9 @@ class PartialSumsDist(_ReplicaOutputDist):
         the hot rows from the replica block (their gradients go to it) plus the partials received
         (theirs go back to the owners), mean applied, gradients scaled as TorchRec's row-wise
         backward scales them."""
-        layout, batch, replicas = self.layout, step.batch, self.replicas
+        layout, batch = self.layout, step.batch
         entries = step.sent_entries % (layout.num_positions * batch)  # position * batch + sample of each partial
-        scale = 1.0 / replicas.world_size if get_gradient_division() else 1.0
+        scale = 1.0 / self.world_size if get_gradient_division() else 1.0
         lengths = step.lengths.view(layout.num_positions, batch)
         one_width = layout.uniform_dim is not None
         if not one_width:  # the partials of every width, one after the other
@@ -304,7 +255,7 @@ class PartialSumsDist(_ReplicaOutputDist):
             if layout.has_mean:
                 divisors = bag_divisors(lengths.index_select(0, at), layout.mean.index_select(0, at)).t().reshape(-1, 1)
             parts.append(Part(sources, batch * at.numel(), block.dim, divisors, columns))
-        return output_layout(OutputPlan(parts, (batch, layout.width), scale), replicas.anchor)
+        return output_layout(OutputPlan(parts, (batch, layout.width), scale), step.anchor)
 
 
 class SequenceIdsDist(_ReplicaIdsDist):
@@ -352,15 +303,14 @@ class _SequenceOutput(Awaitable[torch.Tensor]):
         self.dist, self.step, self.exchange = dist_, step, exchange
 
     def _wait_impl(self) -> torch.Tensor:
-        replicas = self.dist.replicas
-        scale = 1.0 / replicas.world_size if get_gradient_division() else 1.0
+        scale = 1.0 / self.dist.world_size if get_gradient_division() else 1.0
         received = self.exchange.wait().float()
         step, dim = self.step, self.dist.layout.uniform_dim
         # every position's row: one gather from the blocks' rows read and the rows received
         sources = [Source(read.rows, at, sink=read.add_grads) for read, (_, at) in zip(step.hot_read, step.hot)]
         sources.append(Source(received.view(-1, dim), step.cold, step.need_of))
         plan = OutputPlan([Part(sources, step.num_values, dim, one_per_bag=True)], (step.num_values, dim), scale)
-        return output_layout(plan, replicas.anchor)
+        return output_layout(plan, step.anchor)
 
 
 class SequenceRowsDist(_ReplicaOutputDist):
@@ -372,5 +322,5 @@ class SequenceRowsDist(_ReplicaOutputDist):
         step, dim = sharding_ctx.batch, self.layout.uniform_dim
         send, recv = [c * dim for c in step.recv_splits], [c * dim for c in step.send_splits]
         return _SequenceOutput(
-            self, step, start_exchange(local_embs, send, recv, self.pg, self.replicas.wire, step.local_only)
+            self, step, start_exchange(local_embs, send, recv, self.pg, self.placement.wire, step.local_only)
         )

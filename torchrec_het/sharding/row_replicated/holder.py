@@ -1,28 +1,25 @@
 """What both ``het_row_replicated`` lookups (bags and sequences) share.
 
-:class:`ReplicaHolder` is the collaborator each lookup owns (``lookup.replicas``): it keeps the
-id layout the dists route with, the hot-row replica blocks and their syncs, the online profile,
-the stats and the checkpoint hooks; :class:`HotRead` is what one batch of sequences read of a block,
-:class:`PooledHotRead` what one batch of bags pooled from it.
+:class:`ReplicaHolder` is the collaborator each lookup owns (``lookup.replicas``): the hot-row
+replica blocks and their syncs, the owners' deferred steps, the stats and the checkpoint hooks,
+built from the sharding's :class:`~torchrec_het.sharding.row_replicated.placement.ReplicaPlacement`;
+:class:`HotRead` is what one batch of sequences read of a block, :class:`PooledHotRead` what one
+batch of bags pooled from it.
 """
 
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het import _tbe
-from torchrec_het.plan_options import WIRE_DTYPES
-from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.replication.hot_rows import hottest_rows, replication_threshold
 from torchrec_het.sharding.common.groups import dedicated_group
-from torchrec_het.sharding.common.id_space import TableInfo
 from torchrec_het.sharding.row_replicated.batch import HotValues
 from torchrec_het.sharding.row_replicated.owner import DirectOwner
+from torchrec_het.sharding.row_replicated.placement import ReplicaPlacement
 from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock, owned_rows, read_rows
-from torchrec_het.sharding.row_replicated.routing import IdLayout, ReplicaGroup
+from torchrec_het.sharding.row_replicated.routing import ReplicaGroup
 from torchrec_het.sharding.row_replicated.sync import HostGroups, holder_group
 
 
@@ -73,146 +70,78 @@ def pool_values(rows: torch.Tensor, values: HotValues) -> torch.Tensor:
 
 
 class ReplicaHolder:
-    """Hot-row replicas of a ``het_row_replicated`` lookup's tables, their syncs, the online profile,
-    the stats and the checkpoint hooks (built once, a collective: it creates the groups it syncs on).
+    """Hot-row replicas of a ``het_row_replicated`` lookup's tables, their syncs, the owners' deferred
+    steps, the stats and the checkpoint hooks (built once, a collective: it creates the groups it
+    syncs on). Only the lookup and the backward it starts change it; the dists never see it.
 
     Args:
         kernels: the lookup's fused kernels (FBGEMM TBEs), one per grouped config.
-        grouped_configs: the lookup's grouped configs (TorchRec's row-wise grouping).
+        placement: the sharding's tables, tiers and layout (:class:`ReplicaPlacement`).
         pg: the sharding's process group.
-        config: replication settings for these tables.
-        shards_by_table: each table's shard metadata.
         device: where the lookup computes.
         pooled: the lookup pools bags (its owner may pool and step its rows itself).
 
     Attributes:
-        layout: the :class:`~torchrec_het.sharding.row_replicated.routing.IdLayout` the dists route with.
-        groups: one :class:`~torchrec_het.sharding.row_replicated.routing.ReplicaGroup` per width.
+        placement: the sharding's :class:`~torchrec_het.sharding.row_replicated.placement.ReplicaPlacement`.
         blocks: per group, the replicated rows' block; ``host_blocks``: the per-host rows this rank holds.
         hosts: the host subgroups the replicated rows' syncs run over.
-        exchange_pg: the group of the dists' exchanges.
-        rank, world_size, wire: this rank, the group's size, the cold traffic's dtype.
+        rank, world_size: this rank, the group's size.
         anchor: a tensor that requires grad: it puts replica reads in the autograd graph.
         owner: bags' :class:`~torchrec_het.sharding.row_replicated.owner.DirectOwner`, where the owner
             pools and steps its rows itself; None where its kernel's call serves.
+        owed: exchanges whose owners' backward is still to run (:meth:`settle`).
         stats: counters (steps, skipped steps, syncs; the lookups add theirs).
     """
 
-    def __init__(
-        self, kernels: list, grouped_configs, pg, config: ReplicationConfig, shards_by_table, device=None,
-        pooled: bool = False,
-    ) -> None:  # fmt: skip
-        self.kernels, self.config = kernels, config
-        self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
-        self.wire = WIRE_DTYPES[config.wire_dtype]
+    def __init__(self, kernels: list, placement: ReplicaPlacement, pg, device=None, pooled: bool = False) -> None:
+        self.kernels, self.placement, self.config = kernels, placement, placement.config
+        self.rank, self.world_size = placement.rank, placement.world_size
         self.device = device if device is not None else torch.device("cpu")
-        self._pg = pg
-        self.exchange_pg = dedicated_group(pg)  # the dists' exchanges
         self._sync_pg = dedicated_group(pg)  # the replica blocks' syncs
         # replicated rows' gradients sum within each host, then between host leaders (created once);
         # per-host rows' over their holders, this local rank on every host (None: one host)
-        self.hosts = HostGroups(self._sync_pg, config.ranks_per_host(self.world_size))
-        self._holder_pg = holder_group(self._sync_pg, config.ranks_per_host(self.world_size))
-        self._tables, tiers = self._table_infos(grouped_configs, config, shards_by_table)
-        if self._holder_pg is None:  # one host: per-host rows are read from their owners, as cold ones
-            tiers = {name: (replicated, per_host[:0]) for name, (replicated, per_host) in tiers.items()}
-        self.groups = self._replica_groups(tiers)
-        self.layout = self._id_layout().to(self.device)
+        self.hosts = HostGroups(self._sync_pg, placement.local_world_size)
+        self._holder_pg = holder_group(self._sync_pg, placement.local_world_size)
         # bags: the owner pools and steps its rows in its kernel where it can (owner.py), else the kernel's call
-        self.owner = self._direct_owner(grouped_configs) if pooled else None
+        self.owner = self._direct_owner() if pooled else None
         self._build_blocks()
-        online = config.tiers is None and config.online_profile_steps > 0
-        self._online_left = config.online_profile_steps if online else 0
-        self._online_counts = (
-            torch.zeros(self.layout.total_rows, dtype=torch.int64, device=self.device) if online else None
-        )
         self._needs_refresh = True
         self._refreshed_version = -1
         self.anchor = torch.zeros(1, device=self.device, requires_grad=True)
-        self.owed: list = []  # exchanges whose owners' backward is still to run (``settle``)
+        self.owed: list = []
         self.stats = {"steps": 0, "skipped_steps": 0, "sparse_syncs": 0, "dense_syncs": 0, "host_syncs": 0}
 
-    def _table_infos(self, grouped_configs, config: ReplicationConfig, shards_by_table):
-        """Per width: the tables (in the sharding's order) and their tiers; and (width, table) per position."""
-        by_dim: dict[int, list] = {}
-        self._positions: list[tuple[int, str]] = []  # (width, table name) per position
-        for module_index, group in enumerate(grouped_configs):
-            for table_index, table in enumerate(group.embedding_tables):
-                info = TableInfo.of(table, module_index, table_index, shards_by_table[table.name], self.world_size)
-                by_dim.setdefault(table.embedding_dim, []).append(info)
-                self._positions += [(table.embedding_dim, table.name)] * len(table.feature_names)
-        tiers = {t.name: config.table_tiers(t.name, t.num_rows) for infos in by_dim.values() for t in infos}
-        return by_dim, tiers
+    @property
+    def layout(self):
+        """The placement's id layout (read only here)."""
+        return self.placement.layout
 
-    def _direct_owner(self, grouped_configs) -> DirectOwner | None:
+    @property
+    def groups(self) -> list[ReplicaGroup]:
+        """The placement's groups (one per width) the blocks were built from."""
+        return self.placement.groups
+
+    def _direct_owner(self) -> DirectOwner | None:
         """Bags: the owner that pools and steps its rows in its kernels (None: the kernels' call serves)."""
-        dims, where = [], {}
-        for module_index, group in enumerate(grouped_configs):
-            for table_index, table in enumerate(group.embedding_tables):
-                dims.append(table.embedding_dim)
-                where[table.name] = (module_index, table_index)
-        at = torch.tensor([where[name] for _, name in self._positions], dtype=torch.int64).view(-1, 2)
+        tables = self.placement.tables
+        where = {t.name: (t.module_index, t.table_index) for infos in tables.values() for t in infos}
+        dims = [dim for dim, infos in tables.items() for _ in infos]
+        at = torch.tensor([where[name] for _, name in self.placement.positions], dtype=torch.int64).view(-1, 2)
         return DirectOwner.of(self.kernels, dims, at[:, 0], at[:, 1], self.device)
 
-    def _replica_groups(self, tiers: dict[str, tuple]) -> list[ReplicaGroup]:
-        local_ws = self.config.ranks_per_host(self.world_size)
-        return [
-            ReplicaGroup(infos, [tiers[t.name] for t in infos], dim, self.rank, self.world_size, local_ws)
-            for dim, infos in self._tables.items()
-        ]
-
-    def _id_layout(self) -> IdLayout:
-        table_pos = {t.name: (gi, ti) for gi, g in enumerate(self.groups) for ti, t in enumerate(g.tables)}
-        positions = [table_pos[name] for _, name in self._positions]
-        mean = [self.groups[g].tables[t].mean for g, t in positions]
-        local_ws = self.config.ranks_per_host(self.world_size)
-        dims = [d for d, _ in self._positions]
-        return IdLayout(self.groups, positions, dims, mean, self.world_size, self.rank, local_ws)
-
     def _build_blocks(self) -> None:
-        """Per group: the replicated rows' block (synced every ``replica_sync_every`` steps over all
-        ranks) and, on several hosts, the block of the per-host rows this rank holds (synced every
-        step over their holders)."""
-        self.blocks = [
-            self._block(g, g.hot, self.config.replica_sync_every, self._sync_pg, self.hosts) for g in self.groups
-        ]
+        """Per group of the placement: the replicated rows' block (synced every ``replica_sync_every``
+        steps over all ranks) and, on several hosts, the block of the per-host rows this rank holds
+        (synced every step over their holders)."""
+        groups = self.placement.groups
+        self._built_version = self.layout.hot_version
+        self.blocks = [self._block(g, g.hot, self.config.replica_sync_every, self._sync_pg, self.hosts) for g in groups]
         self.host_blocks = [] if self._holder_pg is None else [
-            self._block(g, g.host_block, 1, self._holder_pg, None) for g in self.groups
+            self._block(g, g.host_block, 1, self._holder_pg, None) for g in groups
         ]  # fmt: skip
 
     def _all_blocks(self) -> list[ReplicaBlock]:
         return self.blocks + self.host_blocks
-
-    def observe(self, ids: torch.Tensor, training: bool) -> None:
-        """From the input dist: moves started replica syncs on and, while the online profile runs,
-        counts training batches' ids; after the last counted batch the hot rows are chosen (one all-reduce)."""
-        for block in self._all_blocks():
-            block.advance()
-        if self._online_counts is None or not training:  # evaluation batches are not counted
-            return
-        if self._online_left > 0:
-            self._online_counts.index_add_(0, ids, torch.ones_like(ids))
-            self._online_left -= 1
-            return
-        counts, self._online_counts = self._online_counts, None
-        dist.all_reduce(counts, group=self._pg)
-        config, tiers = self.config, {}
-        steps = config.online_profile_steps
-        empty = torch.zeros(0, dtype=torch.int64)
-        threshold = replication_threshold(self.world_size, config.replica_sync_every)
-        for g, base in zip(self.groups, self.layout.group_base.tolist()):  # once, at the end of the profile
-            for i, t in enumerate(g.tables):
-                reads = counts[base + int(g.offsets[i]) : base + int(g.offsets[i + 1])].double().cpu() / steps
-                tiers[t.name] = (
-                    hottest_rows(reads, threshold, config.online_max_hot_fraction),
-                    empty,
-                )
-        self.groups = self._replica_groups(tiers)
-        self.layout.set_hot(self.groups)
-        self._build_blocks()
-        # replicas are copied from the owners at the first lookup of a batch routed with these rows:
-        # batches already in flight (pipelined) still update the owners' copies first
-        self.stats["online_hot_rows"] = self.stats.get("online_hot_rows", 0) + sum(g.hot.numel() for g in self.groups)
 
     def _block(self, g: ReplicaGroup, ids: torch.Tensor, sync_every: int, pg, hosts: HostGroups | None) -> ReplicaBlock:
         """The block of rows ``ids`` of group ``g`` (sorted fused ids), synced on ``pg`` (over ``hosts``)."""
@@ -235,7 +164,7 @@ class ReplicaHolder:
         )
 
     def replica_nbytes(self) -> int:
-        """Bytes this rank holds beyond its shards: the replica blocks and the route map."""
+        """Bytes this rank holds beyond its shards: the replica blocks and the placement's route map."""
         return sum(b.nbytes() for b in self._all_blocks()) + self.layout.nbytes
 
     def settle(self) -> None:
@@ -247,7 +176,15 @@ class ReplicaHolder:
             exchange.hand_over()
 
     def begin_read(self, hot_version: int) -> None:
-        """Before a batch's rows are read: replicas copied if due, the previous replica sync applied."""
+        """Before a batch's rows are read: replicas copied if due, the previous replica sync applied.
+
+        The first batch routed with newer hot rows (the online profile's end) gets blocks of them,
+        copied from the owners; batches routed before still update the owners' copies first."""
+        if hot_version > self._built_version and hot_version == self.layout.hot_version:
+            for block in self._all_blocks():
+                block.wait()  # what the old blocks started is applied (and written through) first
+            self._build_blocks()
+            self.stats["online_hot_rows"] = self.placement.online_hot_rows
         if self._needs_refresh or hot_version > self._refreshed_version:
             self.refresh()
             self._refreshed_version = hot_version

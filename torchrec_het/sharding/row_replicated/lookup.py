@@ -8,16 +8,19 @@ and a holder of per-host rows reads the ones its host's ranks sent it from its p
 its :class:`~torchrec_het.sharding.row_replicated.holder.ReplicaHolder` (``replicas``).
 """
 
+import functools
+
 import torch
 from torchrec.distributed.embedding_lookup import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
 from torchrec.distributed.types import ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het._compat import lookup_kernels
-from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.common.context import HetShardingContext
 from torchrec_het.sharding.row_replicated.batch import ReplicatedBagBatch, ReplicatedSequenceBatch
 from torchrec_het.sharding.row_replicated.holder import ReplicaHolder
+from torchrec_het.sharding.row_replicated.owner import kernel_features
+from torchrec_het.sharding.row_replicated.placement import ReplicaPlacement
 from torchrec_het.sharding.row_replicated.routing import ReplicaGroup
 
 
@@ -25,23 +28,23 @@ class ReplicaHooks:
     """What both lookups add to TorchRec's grouped lookup: their replicas' groups and checkpoint
     hooks, and TorchRec's prefetch with the plugin lookups' signature.
 
-    Both lookups take ``(grouped_configs, feature_names, pg, config, shards_by_table, device, env)``:
-    the local shards grouped as row-wise groups them, the sharding's features (unused), process
-    group, replication settings (tiers, sync interval, wire dtype), each table's shard metadata,
-    the compute device and the sharding environment.
+    Both lookups take ``(grouped_configs, feature_names, pg, placement, device, env)``: the local
+    shards grouped as row-wise groups them, the sharding's features (unused), process group, the
+    sharding's :class:`~torchrec_het.sharding.row_replicated.placement.ReplicaPlacement` (tables,
+    tiers, layout, settings), the compute device and the sharding environment.
     """
 
     replicas: ReplicaHolder
 
-    def _hold_replicas(self, grouped_configs, pg, config: ReplicationConfig, shards_by_table, device, pooled) -> None:
+    def _hold_replicas(self, placement: ReplicaPlacement, pg, device, pooled: bool) -> None:
         kernels = [m.emb_module for m in lookup_kernels(self)]
-        self.replicas = ReplicaHolder(kernels, grouped_configs, pg, config, shards_by_table, device, pooled)
+        self.replicas = ReplicaHolder(kernels, placement, pg, device, pooled)
 
     @property
     def groups(self) -> list[ReplicaGroup]:
         return self.replicas.groups
 
-    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream=None, sharding_ctx=None) -> None:  # noqa: ARG002
+    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream=None, sharding_ctx=None) -> None:
         """TorchRec's prefetch of the kernels (the batch's context unused)."""
         super().prefetch(sparse_features, forward_stream)
 
@@ -59,13 +62,12 @@ class ReplicaHooks:
 class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
     """The owner pools received ids with its fused kernels; the reader pools hot ids from replicas."""
 
-    def __init__(
-        self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None
-    ):  # noqa: ARG002
+    def __init__(self, grouped_configs, feature_names, pg, placement: ReplicaPlacement, device=None, env=None):
         super().__init__(
             grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
         )
-        self._hold_replicas(grouped_configs, pg, config, shards_by_table, device, pooled=True)
+        self._hold_replicas(placement, pg, device, pooled=True)
+        self._feature_names_of_kernels = feature_names
 
     def forward(
         self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]
@@ -74,19 +76,23 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
         replicas.settle()  # the owners' kernels take the steps they owe before they are read
         replicas.begin_read(step.hot_version)
         step.hot_read = replicas.pool_hot(step.hot)
-        if step.owner is not None:  # the owner pools its rows itself, in arrival order (owner.py)
+        step.owed, step.anchor = replicas.owed, replicas.anchor  # for the output dist's exchange and layout
+        if replicas.owner is not None:  # the owner pools its rows itself, in arrival order (owner.py)
+            step.owner = replicas.owner.plan(step.received)
+            step.owner_step = functools.partial(replicas.owner.step, step.owner)
             partials = replicas.owner.pool(step.owner).reshape(-1)
         else:
-            partials = self._kernel_partials(sparse_features, step)
+            partials = self._kernel_partials(step)
         if step.host_values is not None:  # a holder: per-host ids pooled from its blocks into the same partials
             partials = partials + self._held_partials(step.host_values, partials.numel())
         replicas.stats["skipped_steps"] += int(step.local_only)
         return partials
 
-    def _kernel_partials(self, sparse_features: KeyedJaggedTensor, step: ReplicatedBagBatch) -> torch.Tensor:
+    def _kernel_partials(self, step: ReplicatedBagBatch) -> torch.Tensor:
         """The partials, flat in arrival order, from the kernels' call on the owner's compact KJT."""
         layout = self.replicas.layout
-        pooled = super().forward(sparse_features)  # [compact bags, width]: the kernels' fused forward and backward
+        features, step.partial_at = kernel_features(step.received, self._feature_names_of_kernels, layout.num_positions)
+        pooled = super().forward(features)  # [compact bags, width]: the kernels' fused forward and backward
         rows, position, stride = step.partial_at
         if layout.uniform_dim is not None:  # the output dist pools hot rows as it finishes the bags
             partials = pooled.view(stride * layout.num_positions, layout.uniform_dim).index_select(
@@ -112,11 +118,9 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
 class ReplicatedSequenceLookup(ReplicaHooks, GroupedEmbeddingsLookup):
     """The owner's fused kernels read the asked rows (local compute); their backward steps them."""
 
-    def __init__(
-        self, grouped_configs, feature_names, pg, config: ReplicationConfig, shards_by_table, device=None, env=None
-    ):  # noqa: ARG002
+    def __init__(self, grouped_configs, feature_names, pg, placement: ReplicaPlacement, device=None, env=None):
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, env=env)
-        self._hold_replicas(grouped_configs, pg, config, shards_by_table, device, pooled=False)
+        self._hold_replicas(placement, pg, device, pooled=False)
         if self.replicas.layout.uniform_dim is None:
             raise ValueError("het_row_replicated sequences need one embedding dimension for all their tables")
         self.replicas.stats["rows_fetched"] = 0  # distinct rows this rank read from other ranks
@@ -127,6 +131,7 @@ class ReplicatedSequenceLookup(ReplicaHooks, GroupedEmbeddingsLookup):
         step, replicas = sharding_ctx.batch, self.replicas
         replicas.begin_read(step.hot_version)
         step.hot_read = replicas.read_hot([slots for slots, _ in step.hot])
+        step.anchor = replicas.anchor
         # the kernels' own forward and fused backward, the rows put back in arrival order
         by_position = super().forward(sparse_features).view(-1, replicas.layout.uniform_dim)
         step.rows = torch.empty_like(by_position).index_copy(0, step.kernel_order, by_position)

@@ -16,9 +16,56 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.sharding.common.output_layout import bag_offsets
 from torchrec_het.sharding.common.owned_rows import KernelRows, OwnedRows
+
+
+@dataclass
+class OwnerValues:
+    """The cold values an owner received for one batch (its kernels' rows; per-host ones set apart),
+    in arrival order: by source, each source's in bag order, so each entry's values are one run."""
+
+    rows: torch.Tensor  # int64: row in its table's shard of each value
+    entry_of: torch.Tensor  # int64: the entry (a reader's bag, one partial sum) each value belongs to
+    weights: torch.Tensor | None  # per-value weights (weighted tables)
+    entry_position: torch.Tensor  # int64 [entries]: the position (feature) of each entry
+
+    @property
+    def positions(self) -> torch.Tensor:
+        """The position of each value."""
+        return self.entry_position.index_select(0, self.entry_of)
+
+
+def kernel_features(values: OwnerValues, feature_names: list[str], num_positions: int):
+    """Where the kernels' call serves: the values as a compact KJT (per position, one bag per entry of
+    it, in arrival order, padded with empty bags to the position with the most; one call per group),
+    and where each entry's pooled bag lands in the kernels' ``[stride, width]`` output:
+    ``(slot, position, stride)``."""
+    entry_position, entry_of = values.entry_position, values.entry_of
+    entries, n, device = entry_position.numel(), entry_of.numel(), entry_of.device
+    _, by_position = torch.sort(entry_position, stable=True)  # a few keys: the KJT's bag order
+    per_position = torch.bincount(entry_position, minlength=num_positions)
+    first = torch.cumsum(per_position, 0) - per_position
+    slot = torch.empty_like(entry_position).index_copy_(
+        0, by_position,
+        torch.arange(entries, device=device) - first.index_select(0, entry_position.index_select(0, by_position)),
+    )  # fmt: skip
+    stride = max(int(per_position.max()), 1) if entries else 1  # the owner's one extra host sync
+    # the values, entry by entry in the KJT's order (each entry's values are one run)
+    counts = torch.bincount(entry_of, minlength=entries)
+    moved = counts.index_select(0, by_position)
+    shift = (torch.cumsum(counts, 0) - counts).index_select(0, by_position) - (torch.cumsum(moved, 0) - moved)
+    order = torch.repeat_interleave(shift, moved, output_size=n) + torch.arange(n, device=device)
+    weights = None if values.weights is None else values.weights.index_select(0, order)
+    lengths = torch.zeros(num_positions * stride, dtype=torch.int64, device=device)
+    lengths[entry_position * stride + slot] = counts
+    features = KeyedJaggedTensor(
+        keys=feature_names, values=values.rows.index_select(0, order), lengths=lengths.int(), weights=weights,
+        stride=stride,
+    )  # fmt: skip
+    return features, (slot, entry_position, stride)
 
 
 @dataclass
@@ -77,11 +124,10 @@ class DirectOwner:
             )
         return found
 
-    def plan(
-        self, positions: torch.Tensor, rows: torch.Tensor, entry_of: torch.Tensor, entries: int, weights
-    ) -> OwnerBatch:
-        """The batch of values (their positions, rows in their table's shard, entries, weights) this
-        owner pools from its kernels."""
+    def plan(self, values: OwnerValues) -> OwnerBatch:
+        """The batch of values this owner pools from its kernels."""
+        positions, rows, entry_of, weights = values.positions, values.rows, values.entry_of, values.weights
+        entries = values.entry_position.numel()
         tables = self.position_table.index_select(0, positions)
         if len(self.owned.kernels) == 1:
             return OwnerBatch(entries, [self._values(0, tables, rows, entry_of, entries, weights)])

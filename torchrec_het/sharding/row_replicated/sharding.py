@@ -14,18 +14,21 @@ Design (stages and collectives per step, per-host tier): docs/internals.md#row-r
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 
+from torchrec_het._compat import sharding_lookup_arguments
 from torchrec_het.plan_options import ReplicaOptions
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.common.row_wise import StagedSharding, row_wise_as
 from torchrec_het.sharding.row_replicated.dists import ColdIdsDist, PartialSumsDist, SequenceIdsDist, SequenceRowsDist
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, ReplicatedSequenceLookup
+from torchrec_het.sharding.row_replicated.placement import ReplicaPlacement
 from torchrec_het.types import HET_ROW_REPLICATED
 
 
 class RowReplicatedStages(StagedSharding):
-    """What both variants' shardings share: the dists are built on the sharding's one lookup
-    (``input_dist_class(lookup, feature_names)``, ``output_dist_class(lookup)``) and run on its
-    replicas' layout and exchange group.
+    """What both variants' shardings share: one :class:`ReplicaPlacement` (tables, tiers, layout,
+    exchange group), built before the stages and handed to each (``lookup_class(..., placement)``,
+    ``input_dist_class(placement, feature_names)``, ``output_dist_class(placement)``); per batch the
+    stages share only the batch in the sharding context.
 
     Args:
         sharding_infos: TorchRec's per-table sharding infos.
@@ -43,11 +46,28 @@ class RowReplicatedStages(StagedSharding):
         ids of these tables (``hot_rows.tables``)."""
         return replica_config(options_by_table, hot_rows)
 
+    _placement: ReplicaPlacement | None = None
+
+    def placement(self) -> ReplicaPlacement:
+        """The sharding's one placement (built at the first stage TorchRec asks for: a collective)."""
+        if self._placement is None:
+            arguments = sharding_lookup_arguments(self)
+            self._placement = ReplicaPlacement(
+                arguments["grouped_configs"], arguments["pg"], self._config, self.shards_by_table, arguments["device"]
+            )
+        return self._placement
+
+    def lookup_settings(self) -> dict:
+        return {"placement": self.placement()}
+
+    def set_training(self, training: bool) -> None:
+        self.placement().training = training  # the online profile counts training batches only
+
     def create_input_dist(self, device=None):
-        return self.input_dist_class(self.create_lookup(), self.feature_names())
+        return self.input_dist_class(self.placement(), self.feature_names())
 
     def create_output_dist(self, device=None):
-        return self.output_dist_class(self.create_lookup())
+        return self.output_dist_class(self.placement())
 
 
 class RowReplicatedPooledEmbeddingSharding(RowReplicatedStages, RwPooledEmbeddingSharding):
