@@ -9,7 +9,7 @@ PYTHON ?= python3
 STACK ?= 1.8
 STACKS := 1.8 1.9
 TESTS ?= tests
-BENCH_ARGS ?= --preset default --network auto --out bench_out
+BENCH_ARGS ?= --preset default --network auto --profile-steps 10 --out bench_out
 
 ifeq ($(filter $(STACK),$(STACKS)),)
 $(error STACK=$(STACK) is not a supported stack; choose one of: $(STACKS))

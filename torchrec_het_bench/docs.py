@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from torchrec_het_bench import docs_stacks, report, soak_results, versus
+from torchrec_het_bench import docs_ranges, docs_stacks, report, soak_results, versus
 from torchrec_het_bench.prediction import prediction_table
 
 HEADER = (
@@ -166,7 +166,13 @@ def render(paths: list[Path], command: str) -> str:
     runs = [json.loads(Path(path).read_text()) for path in paths]
     sections = [render_run(Path(path).stem, results) for path, results in zip(paths, runs)]
     stacks = docs_stacks.render_stacks(runs)
-    return HEADER.format(command=command) + ("\n" + stacks if stacks else "") + "".join("\n" + s for s in sections)
+    ranges = docs_ranges.render_ranges(runs)
+    return (
+        HEADER.format(command=command)
+        + ("\n" + ranges if ranges else "")
+        + ("\n" + stacks if stacks else "")
+        + "".join("\n" + s for s in sections)
+    )
 
 
 def command_line(paths: list[Path], out: Path) -> str:

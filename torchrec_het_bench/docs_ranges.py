@@ -1,0 +1,121 @@
+"""Claims as ranges (docs/benchmarks.md): every entry against stock table_wise over consecutive runs of
+one setting, beside the same runs on a busier machine and each entry trained alone.
+
+A *series* is the runs of one setting (preset, network, pipelines, entries) taken under the one CPU
+budget (``cpu_budget`` recorded): those with ``busy_share`` 0 give the range a user gets, those with
+``busy_share`` > 0 the slowed figure. Runs of a single entry on the same network are that entry
+*alone*; an alone run of an entry over the alone run of stock table_wise taken next to it is what a
+user running only that entry gets against stock, compared with the entry's ratio in company.
+"""
+
+from torchrec_het_bench import report
+
+STOCK = "stock_table_wise"
+
+
+def _setting(results: dict) -> tuple:
+    net = results.get("network") or {}
+    return (
+        results.get("preset"),
+        net.get("mode"),
+        net.get("hosts"),
+        net.get("gbit"),
+        tuple(results.get("pipelines") or []),
+    )
+
+
+def _ratio(results: dict, name: str) -> float | None:
+    """The entry's samples/s over stock table_wise's in the same run."""
+    entries = {c["name"]: c for c in results["configs"] if "samples_per_s" in c}
+    if name not in entries or STOCK not in entries:
+        return None
+    return entries[name]["samples_per_s"]["median"] / entries[STOCK]["samples_per_s"]["median"]
+
+
+def _speed(results: dict) -> float:
+    (entry,) = [c for c in results["configs"] if "samples_per_s" in c]
+    return entry["samples_per_s"]["median"]
+
+
+def _span(values: list[float]) -> str:
+    if not values:
+        return "-"
+    low, high = min(values), max(values)
+    return f"{low:.2f}×" if round(low, 2) == round(high, 2) else f"{low:.2f}–{high:.2f}×"
+
+
+def series(runs: list[dict]) -> list[list[dict]]:
+    """Groups of budgeted runs of one setting with two or more entries (page order)."""
+    groups: dict[tuple, list[dict]] = {}
+    for results in runs:
+        if results.get("mode") == "soak" or results.get("cpu_budget") is None or len(results["configs"]) < 2:
+            continue
+        key = (_setting(results), tuple(sorted(c["name"] for c in results["configs"])))
+        groups.setdefault(key, []).append(results)
+    return list(groups.values())
+
+
+def alone_pairs(runs: list[dict], setting: tuple) -> dict[str, list[float]]:
+    """Per entry: the ratio of each of its alone runs to the alone run of stock table_wise taken next
+    to it (the nearest in page order, the earlier on a tie; same setting, not slowed)."""
+    alone = [r for r in runs if r.get("cpu_budget") is not None and len(r["configs"]) == 1 and _setting(r) == setting
+             and not r.get("busy_share")]  # fmt: skip
+    stock = [i for i, r in enumerate(alone) if r["configs"][0]["name"] == STOCK]
+    out: dict[str, list[float]] = {}
+    for i, results in enumerate(alone):
+        if i in stock or not stock:
+            continue
+        nearest = min(stock, key=lambda j: (abs(j - i), j))
+        out.setdefault(results["configs"][0]["name"], []).append(_speed(results) / _speed(alone[nearest]))
+    return out
+
+
+def render_ranges(runs: list[dict]) -> str:
+    """The section (empty when no series has two or more normal runs)."""
+    sections = []
+    for group in series(runs):
+        normal = [r for r in group if not r.get("busy_share")]
+        slowed = [r for r in group if r.get("busy_share")]
+        if len(normal) < 2:
+            continue
+        names = [c["name"] for c in report.by_workload(normal[0]["configs"]) if c["name"] != STOCK]
+        alone = alone_pairs(runs, _setting(normal[0]))
+        budget = normal[0]["cpu_budget"]
+        busy = ", ".join(f"{r['busy_share']:.0%}" for r in slowed) or "-"
+        lines = [
+            f"### {report.pipeline_words(normal[0])}, {normal[0]['preset']} preset, "
+            + (
+                f"{normal[0]['network']['hosts']} emulated hosts at {normal[0]['network']['gbit']} Gbit/s"
+                if normal[0]["network"]["mode"] == "emulated"
+                else "loopback"
+            ),  # fmt: skip
+            "",
+            f"{len(normal)} consecutive runs ({', '.join(r.get('commit', '?') for r in normal)}), "
+            f"{report.cpu_line(budget, None)}; slowed: busy processes took {busy} of every core (`--busy`); "
+            "alone: the entry's run of its own over the alone run of stock table_wise taken next to it.",
+            "",
+            "| entry | "
+            + " | ".join(f"run {i + 1}" for i in range(len(normal)))
+            + " | range | slowed | alone | in company − alone |",
+            "|---|" + "---|" * (len(normal) + 4),
+        ]
+        for name in names:
+            ratios = [_ratio(r, name) for r in normal]
+            known = [x for x in ratios if x is not None]
+            slow = [x for x in (_ratio(r, name) for r in slowed) if x is not None]
+            solo = alone.get(name, [])
+            company = sum(known) / len(known) if known else None
+            gap = "-" if not solo or company is None else f"{(company / (sum(solo) / len(solo)) - 1):+.1%}"
+            cells = ["-" if x is None else f"{x:.2f}×" for x in ratios]
+            lines.append(
+                f"| {name} | " + " | ".join(cells) + f" | {_span(known)} | {_span(slow)} | {_span(solo)} | {gap} |"
+            )
+        sections.append("\n".join(lines))
+    if not sections:
+        return ""
+    return (
+        "## Claims as ranges\n\n"
+        "Every entry's samples/s over stock table_wise's, per run of one setting under the one CPU budget "
+        "([measuring.md](measuring.md#cpu-budget)); a claim holds over the whole range and on the slowed "
+        "machine.\n\n" + "\n\n".join(sections) + "\n"
+    )
