@@ -13,6 +13,7 @@ A new family of configurations adds its function to :func:`all_configs`.
 
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 from torchrec.distributed.model_parallel import get_default_sharders
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ShardingType
@@ -56,6 +57,12 @@ def _has_sequence(preset: BenchPreset) -> bool:
     return preset.sequence is not None
 
 
+def fp16_comms() -> dict:
+    """TorchRec's quantized comms as its users turn them on: fp16 forward, bf16 backward (one
+    ``QCommsConfig`` handed to the stock sharders)."""
+    return get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommType.BF16))
+
+
 def stock_configs() -> list[BenchConfig]:
     """Stock TorchRec's configurations: nothing of torchrec_het changes its behaviour."""
     return [
@@ -66,6 +73,14 @@ def stock_configs() -> list[BenchConfig]:
             make_sharders=lambda: [EmbeddingBagCollectionSharder()],
             make_constraints=_force(ShardingType.TABLE_WISE.value),
             params={"sharding": "table_wise"},
+        ),
+        BenchConfig(
+            name="stock_table_wise_fp16",
+            stock=True,
+            description="stock table_wise with TorchRec's quantized comms: fp16 forward, bf16 backward (QCommsConfig)",
+            make_sharders=lambda: [EmbeddingBagCollectionSharder(qcomm_codecs_registry=fp16_comms())],
+            make_constraints=_force(ShardingType.TABLE_WISE.value),
+            params={"sharding": "table_wise", "qcomms": "fp16/bf16"},
         ),
         BenchConfig(
             name="stock_row_wise",
@@ -129,9 +144,17 @@ def all_configs() -> dict[str, BenchConfig]:
 
 CONFIGS: dict[str, BenchConfig] = all_configs()
 
-# What a run without --configs (make bench) compares: the stock configurations that apply, the planner's
+# What a run without --configs (make bench) compares: the stock configurations that apply (table_wise also
+# with TorchRec's fp16/bf16 quantized comms, what a user who wants fewer bytes turns on first), the planner's
 # choice with the plugin's types (exact) and its bounded-staleness variant (replicas and caches 10 steps).
-DEFAULT_CONFIGS = ("stock_table_wise", "stock_row_wise", "stock_dp_small", "planned", "planned_s10")
+DEFAULT_CONFIGS = (
+    "stock_table_wise",
+    "stock_table_wise_fp16",
+    "stock_row_wise",
+    "stock_dp_small",
+    "planned",
+    "planned_s10",
+)
 
 
 def select(names: list[str] | None, preset: BenchPreset) -> list[BenchConfig]:

@@ -102,9 +102,11 @@ def difference_text(entry: dict, reference: dict | None) -> str:
     return f"{signed(entry['auc'] - reference['auc'])} (no interval recorded)"
 
 
-def verdict(entry: dict, reference: dict) -> str:
+def verdict(entry: dict, reference: dict, fastest: dict | None = None) -> str:
     """One line: ``planned: 1.31× stock_table_wise at 0.53× its bytes, AUC equal (−0.0003 ± 0.0008); tables:
-    het_row_replicated`` (the sharding types a plugin configuration's tables got, after the ``;``)."""
+    het_row_replicated`` (the sharding types a plugin configuration's tables got, after the ``;``). With
+    ``fastest`` (the run's fastest stock entry under the entry's pipeline, when not the reference) a
+    plugin entry's line also says ``1.12× the fastest stock, stock_table_wise_fp16 (1.03× its bytes)``."""
     speed = _ratio(entry["samples_per_s"]["median"], reference["samples_per_s"]["median"])
     emb = _ratio(entry["bytes_per_step"]["embedding_cross_rank"], reference["bytes_per_step"]["embedding_cross_rank"])
     diff = auc_difference(entry)
@@ -116,7 +118,26 @@ def verdict(entry: dict, reference: dict) -> str:
     line = f"{entry['name']}: {_times(speed)} {reference['name']} at {_times(emb)} {bytes_words}, {quality}"
     if entry.get("stock"):
         return line
+    if fastest is not None and fastest is not reference:
+        peer = _ratio(entry["samples_per_s"]["median"], fastest["samples_per_s"]["median"])
+        peer_bytes = _ratio(
+            entry["bytes_per_step"]["embedding_cross_rank"], fastest["bytes_per_step"]["embedding_cross_rank"]
+        )
+        line += f"; {_times(peer)} the fastest stock, {fastest['name']} ({_times(peer_bytes)} its bytes)"
     return line + f"; tables: {'+'.join(entry['sharding_types'])}"  # what the plugin's configuration chose
+
+
+def fastest_stock(results: dict, entry: dict) -> dict | None:
+    """The stock entry of the run with the most samples/s among those of ``entry``'s workload and
+    pipeline (quantized comms included), or None."""
+    same = [
+        c
+        for c in _ran_by_name(results).values()
+        if c.get("stock")
+        and c.get("workload", "dlrm") == entry.get("workload", "dlrm")
+        and c.get("pipeline") == entry.get("pipeline")
+    ]
+    return max(same, key=lambda c: c["samples_per_s"]["median"], default=None)
 
 
 def _ran_by_name(results: dict) -> dict[str, dict]:
@@ -165,7 +186,7 @@ def table(results: dict) -> list[str]:
 
 def verdicts(results: dict) -> list[str]:
     """One verdict line per entry that has a reference other than itself, then what the ± means."""
-    lines = [verdict(c, ref) for c, ref in rows(results) if ref is not None and ref is not c]
+    lines = [verdict(c, ref, fastest_stock(results, c)) for c, ref in rows(results) if ref is not None and ref is not c]
     if not lines:
         return []
     return ["verdicts against stock:", *(f"- {line}" for line in lines), "", interval_note(results)]

@@ -19,9 +19,16 @@ from torchrec_het_testing.bench_runs import run_smoke_bench
 
 PHASES = {"fwd_ids", "fwd_emb", "bwd_grad", "dense_allreduce", "other"}
 COLLECTIVES = {"all_to_all", "reduce_scatter", "all_gather", "all_reduce", "broadcast"}
-DLRM = ["stock_table_wise", "stock_row_wise", "stock_dp_small"]
+DLRM = ["stock_table_wise", "stock_table_wise_fp16", "stock_row_wise", "stock_dp_small"]
 SEQUENCE = ["seq_stock_table_wise", "seq_stock_row_wise"]
-RUN = ["stock_table_wise", "seq_stock_table_wise", "stock_row_wise", "seq_stock_row_wise", "stock_dp_small"]
+RUN = [
+    "stock_table_wise",
+    "seq_stock_table_wise",
+    "stock_table_wise_fp16",
+    "stock_row_wise",
+    "seq_stock_row_wise",
+    "stock_dp_small",
+]
 
 
 def _bench(out, configs: list[str], *extra: str) -> dict:
@@ -144,6 +151,17 @@ def test_sharding_types_show_in_bytes(results: dict) -> None:
     assert dp["embedding_cross_rank_by_collective"]["all_reduce"] == 2 * dp_bytes * (ws - 1)
 
 
+def test_torchrec_quantized_comms_halve_the_pooled_bytes_and_train_alike(results: dict) -> None:
+    by_name = {c["name"]: c for c in results["configs"]}
+    tw, fp16 = by_name["stock_table_wise"], by_name["stock_table_wise_fp16"]
+    assert fp16["stock"] and fp16["sharding_types"] == ["table_wise"] and fp16["params"]["qcomms"] == "fp16/bf16"
+    # fp16 forward, bf16 backward: 2 bytes an element where fp32 sends 4; the ids are not quantized.
+    assert 2 * fp16["bytes_per_step"]["fwd_emb"] == tw["bytes_per_step"]["fwd_emb"]
+    assert 2 * fp16["bytes_per_step"]["bwd_grad"] == tw["bytes_per_step"]["bwd_grad"]
+    assert fp16["bytes_per_step"]["fwd_ids"] == tw["bytes_per_step"]["fwd_ids"]
+    assert abs(fp16["auc"] - tw["auc"]) < 5e-3 and abs(fp16["loss"] - tw["loss"]) < 5e-3
+
+
 def _measured_ids(preset, world_size: int) -> list[tuple[int, str, torch.Tensor]]:
     """(rank, table, ids looked up) of every measured step of the sequence workload."""
     threads = torch.get_num_threads()
@@ -214,7 +232,7 @@ def test_markdown_rows_have_every_column(results: dict) -> None:
         assert {line.count("|") for line in rows} == {columns + 1}
         # Grouped by workload, in order of first appearance: the DLRM rows, then the sequence rows.
         assert [line.split("|")[2].strip() for line in rows[2:]] == DLRM + SEQUENCE
-        assert [line.split("|")[1].strip() for line in rows[2:]] == ["dlrm"] * 3 + ["sequence"] * 2
+        assert [line.split("|")[1].strip() for line in rows[2:]] == ["dlrm"] * len(DLRM) + ["sequence"] * len(SEQUENCE)
     assert "sequence workload: item table" in table
     assert "CPU: 2 ranks x 1 intra-op thread(s)" in main_table or "CPU: 2 ranks x " in main_table
     # Stock entries have neither a HET cache nor replicated rows: both cells blank.

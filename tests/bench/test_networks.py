@@ -27,11 +27,18 @@ def test_make_bench_runs_stock_and_the_planner_with_the_plugin_on_loopback_and_e
     args = bench_main.parse_args(make_bench_args())
     assert args.preset == "default" and args.network == "auto" and args.seeds == 1
     # stock_dp_small applies to presets with small tables only (the default preset has none)
-    assert [c.name for c in args.chosen] == ["stock_table_wise", "stock_row_wise", "planned", "planned_s10"]
+    assert [c.name for c in args.chosen] == [
+        "stock_table_wise",
+        "stock_table_wise_fp16",
+        "stock_row_wise",
+        "planned",
+        "planned_s10",
+    ]
     assert args.gbit == REFERENCE_GBIT and args.hosts == 2
     smoke = bench_main.parse_args(["--preset", "smoke"])
     assert [c.name for c in smoke.chosen] == [
         "stock_table_wise",
+        "stock_table_wise_fp16",
         "stock_row_wise",
         "stock_dp_small",
         "planned",
@@ -91,6 +98,7 @@ def test_auto_with_emulation_runs_both_networks(monkeypatch, capsys, launched, t
     assert emulated.out_dir == str(tmp_path / "emulated")
     assert [c for c in loopback.config_names] == [
         "stock_table_wise",
+        "stock_table_wise_fp16",
         "stock_row_wise",
         "stock_dp_small",
         "planned",

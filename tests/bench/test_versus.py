@@ -172,3 +172,17 @@ def test_the_convergence_table_shows_the_interval_where_recorded():
     rows = [line for line in report.convergence_table(results) if line.startswith("| dlrm")]
     assert "| -0.0003 ± 0.0008 |" in rows[1]
     assert "±" not in rows[2]  # none recorded for planned_s10's convergence here
+
+
+def test_a_plugin_verdict_also_meets_the_fastest_stock_entry_of_its_pipeline():
+    results = _results()
+    quantized = _entry("stock_table_wise_fp16", 1200.0, 0.5 * 2**20, 0.8001, stock=True)
+    hybrid_stock = _entry("stock_table_wise@hybrid_k2", 1400.0, 2**20, 0.8, stock=True, pipeline="hybrid_k2")
+    results["configs"] += [quantized, hybrid_stock]
+    stock, planned = results["configs"][:2]
+    assert versus.fastest_stock(results, planned) is quantized  # the hybrid stock entry runs another pipeline
+    line = versus.verdict(planned, stock, versus.fastest_stock(results, planned))
+    assert line.endswith("; 1.09× the fastest stock, stock_table_wise_fp16 (1.06× its bytes); tables: table_wise"), line
+    assert "fastest stock" not in versus.verdict(planned, stock, stock)  # the reference is the fastest
+    assert "fastest stock" not in versus.verdict(quantized, stock, quantized)  # stock entries: no peer clause
+    assert any("the fastest stock, stock_table_wise_fp16" in line for line in versus.verdicts(results))
