@@ -40,11 +40,8 @@ HEADER = (
 
 def _network(results: dict) -> str:
     net = results["network"]
-    if net["mode"] == "loopback":
-        return "loopback"
-    delay = net.get("delay_ms_effective")
-    latency = "" if delay is None else f", added latency {delay} ms"
-    return f"{net['hosts']} emulated hosts at {net['gbit']} Gbit/s{latency}"
+    delay = net.get("delay_ms_effective") if net["mode"] != "loopback" else None
+    return report.network_words(net) + ("" if delay is None else f", added latency {delay} ms")
 
 
 def command_of(results: dict) -> str:

@@ -26,14 +26,14 @@ def _setting(results: dict) -> tuple:
 
 def _ratio(results: dict, name: str) -> float | None:
     """The entry's samples/s over stock table_wise's in the same run."""
-    entries = {c["name"]: c for c in results["configs"] if "samples_per_s" in c}
+    entries = {c["name"]: c for c in report.ran(results["configs"])}
     if name not in entries or STOCK not in entries:
         return None
     return entries[name]["samples_per_s"]["median"] / entries[STOCK]["samples_per_s"]["median"]
 
 
 def _speed(results: dict) -> float:
-    (entry,) = [c for c in results["configs"] if "samples_per_s" in c]
+    (entry,) = report.ran(results["configs"])
     return entry["samples_per_s"]["median"]
 
 
@@ -84,11 +84,7 @@ def render_ranges(runs: list[dict]) -> str:
         busy = ", ".join(f"{r['busy_share']:.0%}" for r in slowed) or "-"
         lines = [
             f"### {report.pipeline_words(normal[0])}, {normal[0]['preset']} preset, "
-            + (
-                f"{normal[0]['network']['hosts']} emulated hosts at {normal[0]['network']['gbit']} Gbit/s"
-                if normal[0]["network"]["mode"] == "emulated"
-                else "loopback"
-            ),  # fmt: skip
+            f"{report.network_words(normal[0]['network'])}",
             "",
             f"{len(normal)} consecutive runs ({', '.join(r.get('commit', '?') for r in normal)}), "
             f"{report.cpu_line(budget, None)}; slowed: busy processes took {busy} of every core (`--busy`); "

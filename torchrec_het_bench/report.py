@@ -65,6 +65,11 @@ def ran(configs: list[dict]) -> list[dict]:
     return [c for c in configs if "not_run" not in c]
 
 
+def network_words(net: dict) -> str:
+    """``loopback`` or ``2 emulated hosts at 1.25 Gbit/s`` (a results.json ``network``)."""
+    return "loopback" if net["mode"] == "loopback" else f"{net['hosts']} emulated hosts at {net['gbit']} Gbit/s"
+
+
 def pipeline_words(results: dict) -> str:
     """``pipeline `sparse_dist``` for a run with one pipeline, else the list with k."""
     labels = results.get("pipelines") or [results.get("pipeline", "plain")]
@@ -96,7 +101,7 @@ def markdown_table(results: dict, curve_plot: str | None = "auc_curve.png") -> s
             where no plot goes with the table (docs/benchmarks.md shows the curves as a table instead).
     """
     net = results["network"]
-    where = "loopback" if net["mode"] == "loopback" else f"{net['hosts']} emulated hosts at {net['gbit']} Gbit/s"
+    where = network_words(net)
     lines = [
         f"preset `{results['preset']}`, {results['world_size']} ranks, {where}, {pipeline_words(results)}; "
         "bytes are MiB per step summed over ranks (cross-rank, without a rank's chunk to itself)",

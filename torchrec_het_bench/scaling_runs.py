@@ -13,6 +13,7 @@ from torchrec_het import whatif
 from torchrec_het.planner.step_model import Compute
 from torchrec_het.whatif import tables_from_configs
 from torchrec_het_bench.presets import get_preset
+from torchrec_het_bench.report import network_words
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
@@ -81,9 +82,7 @@ def _mib(n: float) -> str:
 
 
 def _run_label(run: dict) -> str:
-    net = run["network"]
-    where = f"{net['hosts']} emulated hosts at {net['gbit']} Gbit/s" if net["mode"] == "emulated" else "loopback"
-    return f"{run['preset']}, {run['world_size']} ranks, {where}"
+    return f"{run['preset']}, {run['world_size']} ranks, {network_words(run['network'])}"
 
 
 def bytes_table(entries: list[dict]) -> tuple[str, float]:

@@ -102,13 +102,20 @@ def difference_text(entry: dict, reference: dict | None) -> str:
     return f"{signed(entry['auc'] - reference['auc'])} (no interval recorded)"
 
 
+def _speed_and_bytes(entry: dict, other: dict) -> tuple[float | None, float | None]:
+    """The entry's samples/s and embedding bytes per step over ``other``'s."""
+    return (
+        _ratio(entry["samples_per_s"]["median"], other["samples_per_s"]["median"]),
+        _ratio(entry["bytes_per_step"]["embedding_cross_rank"], other["bytes_per_step"]["embedding_cross_rank"]),
+    )
+
+
 def verdict(entry: dict, reference: dict, fastest: dict | None = None) -> str:
     """One line: ``planned: 1.31× stock_table_wise at 0.53× its bytes, AUC equal (−0.0003 ± 0.0008); tables:
     het_row_replicated`` (the sharding types a plugin configuration's tables got, after the ``;``). With
     ``fastest`` (the run's fastest stock entry under the entry's pipeline, when not the reference) a
     plugin entry's line also says ``1.12× the fastest stock, stock_table_wise_fp16 (1.03× its bytes)``."""
-    speed = _ratio(entry["samples_per_s"]["median"], reference["samples_per_s"]["median"])
-    emb = _ratio(entry["bytes_per_step"]["embedding_cross_rank"], reference["bytes_per_step"]["embedding_cross_rank"])
+    speed, emb = _speed_and_bytes(entry, reference)
     diff = auc_difference(entry)
     if diff is None:
         quality = f"AUC {signed(entry['auc'] - reference['auc'])} (no interval recorded)"
@@ -119,10 +126,7 @@ def verdict(entry: dict, reference: dict, fastest: dict | None = None) -> str:
     if entry.get("stock"):
         return line
     if fastest is not None and fastest is not reference:
-        peer = _ratio(entry["samples_per_s"]["median"], fastest["samples_per_s"]["median"])
-        peer_bytes = _ratio(
-            entry["bytes_per_step"]["embedding_cross_rank"], fastest["bytes_per_step"]["embedding_cross_rank"]
-        )
+        peer, peer_bytes = _speed_and_bytes(entry, fastest)
         line += f"; {_times(peer)} the fastest stock, {fastest['name']} ({_times(peer_bytes)} its bytes)"
     return line + f"; tables: {'+'.join(entry['sharding_types'])}"  # what the plugin's configuration chose
 
