@@ -22,6 +22,7 @@ def get_het_sharders(
     stock=get_default_sharders,
     profile: AccessProfile | str | None = None,
     topology=None,
+    qcomm_codecs_registry: dict | None = None,
 ) -> list:
     """``stock()`` (TorchRec's ``get_default_sharders``), with its ``EmbeddingBagCollectionSharder``
     and ``EmbeddingCollectionSharder`` replaced by the plugin's, built with ``cache`` and ``replication``.
@@ -35,15 +36,22 @@ def get_het_sharders(
             per-host tier the planner priced (and ``replication`` its ranks per host, unless set).
             None: the rows are replicated on every rank; give the planner
             ``PluginPricing(per_host_tier=False)`` then, so it prices those.
+        qcomm_codecs_registry: TorchRec's quantized comms
+            (``get_qcomm_codecs_registry(QCommsConfig(...))``) for both plugin sharders: their stock
+            tables and their plugin tables alike.
     """
     if profile is not None:
         replication = with_profile_tiers(replication, profile, topology)
     out = []
     for sharder in stock():
         if type(sharder) is EmbeddingBagCollectionSharder:
-            sharder = HetEmbeddingBagCollectionSharder(cache=cache, replication=replication)
+            sharder = HetEmbeddingBagCollectionSharder(
+                cache=cache, replication=replication, qcomm_codecs_registry=qcomm_codecs_registry
+            )
         elif type(sharder) is EmbeddingCollectionSharder:
-            sharder = HetEmbeddingCollectionSharder(replication=replication)
+            sharder = HetEmbeddingCollectionSharder(
+                replication=replication, qcomm_codecs_registry=qcomm_codecs_registry
+            )
         out.append(sharder)
     return out
 

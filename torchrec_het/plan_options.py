@@ -2,7 +2,7 @@
 
 One frozen options object per table planned with a plugin type: :class:`~torchrec_het.config.CacheSettings`
 for ``het_cached_row_wise`` (bounds, capacity, policy, protocol), :class:`ReplicaOptions` for
-``het_row_replicated`` (sync interval, wire dtype, skip-all-hot, tier sizes and the profile the hot
+``het_row_replicated`` (sync interval, skip-all-hot, tier sizes and the profile the hot
 rows come from). The planner builds it from the sharder's settings, prices from it and emits it in a
 :class:`HetParameterSharding` (TorchRec's ``ParameterSharding`` plus ``options``, as TorchRec's own
 ``cache_params`` ride there); the sharded module builds each table from it. A hand-written plan
@@ -12,13 +12,10 @@ carries it through the generators of :mod:`torchrec_het.sharding`.
 import dataclasses
 from dataclasses import dataclass
 
-import torch
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
 from torchrec_het.config import CacheSettings
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
-
-WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -27,7 +24,6 @@ class ReplicaOptions:
 
     Attributes:
         replica_sync_every: replicated rows' gradients are combined every this many steps.
-        wire_dtype: dtype of cold traffic (``fp32``, ``bf16``, ``fp16``).
         skip_all_hot: skip the cold exchanges on steps where every rank reads only rows it holds.
         local_world_size: ranks per host (None: ``$LOCAL_WORLD_SIZE``, else one host).
         replicated_rows: rows replicated on every rank; None: not known when planning (counted online
@@ -41,7 +37,6 @@ class ReplicaOptions:
     """
 
     replica_sync_every: int = 1
-    wire_dtype: str = "fp32"
     skip_all_hot: bool = True
     local_world_size: int | None = None
     replicated_rows: int | None = None
@@ -53,8 +48,6 @@ class ReplicaOptions:
     def __post_init__(self) -> None:
         if self.replica_sync_every < 1:
             raise ValueError(f"replica_sync_every must be >= 1, got {self.replica_sync_every}")
-        if self.wire_dtype not in WIRE_DTYPES:
-            raise ValueError(f"wire_dtype must be one of {sorted(WIRE_DTYPES)}, got {self.wire_dtype!r}")
         for name in ("replicated_rows", "per_host_rows"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -71,8 +64,7 @@ class ReplicaOptions:
 
     def module_settings(self) -> tuple:
         """What every table of one sharding must share (they run one replica holder)."""
-        return (self.replica_sync_every, self.wire_dtype, self.skip_all_hot, self.local_world_size,
-                self.counted_online, self.online_profile_steps, self.online_max_hot_fraction)  # fmt: skip
+        return (self.replica_sync_every, self.skip_all_hot, self.local_world_size, self.counted_online, self.online_profile_steps, self.online_max_hot_fraction)  # fmt: skip
 
 
 PlanOptions = CacheSettings | ReplicaOptions
@@ -120,7 +112,7 @@ def describe(options: PlanOptions | None) -> str:
         tiers = "hot=online" if options.counted_online else "hot=unnamed"
     profile = f" profile={options.profile}" if options.profile else ""
     skip = " skip_all_hot" if options.skip_all_hot else ""
-    return f"sync_every={options.replica_sync_every} wire={options.wire_dtype}{skip} {tiers}{profile}"
+    return f"sync_every={options.replica_sync_every}{skip} {tiers}{profile}"
 
 
 class HetEmbeddingModuleShardingPlan(EmbeddingModuleShardingPlan):

@@ -13,12 +13,12 @@ A new family of configurations adds its function to :func:`all_configs`.
 
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 from torchrec.distributed.model_parallel import get_default_sharders
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ShardingType
 
 from torchrec_het.sharders import CpuRowWiseEmbeddingBagCollectionSharder
+from torchrec_het_bench import qcomms
 from torchrec_het_bench.config_types import BenchConfig, ConstraintsFn, by_name
 from torchrec_het_bench.het_configs import het_configs
 from torchrec_het_bench.planned_configs import planned_configs
@@ -57,10 +57,17 @@ def _has_sequence(preset: BenchPreset) -> bool:
     return preset.sequence is not None
 
 
-def fp16_comms() -> dict:
-    """TorchRec's quantized comms as its users turn them on: fp16 forward, bf16 backward (one
-    ``QCommsConfig`` handed to the stock sharders)."""
-    return get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommType.BF16))
+def _quantized_table_wise(pair: str) -> BenchConfig:
+    """Stock table_wise with TorchRec's quantized comms ``pair``: one ``QCommsConfig`` handed to the stock sharder."""
+    forward, backward = pair.split("/")
+    return BenchConfig(
+        name="stock_table_wise" + qcomms.suffix(pair),
+        stock=True,
+        description=f"stock table_wise with TorchRec's quantized comms: {forward} forward, {backward} backward",
+        make_sharders=lambda: [EmbeddingBagCollectionSharder(qcomm_codecs_registry=qcomms.registry(pair))],
+        make_constraints=_force(ShardingType.TABLE_WISE.value),
+        params={"sharding": "table_wise", "qcomms": pair},
+    )
 
 
 def stock_configs() -> list[BenchConfig]:
@@ -74,14 +81,7 @@ def stock_configs() -> list[BenchConfig]:
             make_constraints=_force(ShardingType.TABLE_WISE.value),
             params={"sharding": "table_wise"},
         ),
-        BenchConfig(
-            name="stock_table_wise_fp16",
-            stock=True,
-            description="stock table_wise with TorchRec's quantized comms: fp16 forward, bf16 backward (QCommsConfig)",
-            make_sharders=lambda: [EmbeddingBagCollectionSharder(qcomm_codecs_registry=fp16_comms())],
-            make_constraints=_force(ShardingType.TABLE_WISE.value),
-            params={"sharding": "table_wise", "qcomms": "fp16/bf16"},
-        ),
+        *(_quantized_table_wise(pair) for pair in qcomms.PAIRS),
         BenchConfig(
             name="stock_row_wise",
             stock=True,
@@ -150,10 +150,13 @@ CONFIGS: dict[str, BenchConfig] = all_configs()
 DEFAULT_CONFIGS = (
     "stock_table_wise",
     "stock_table_wise_fp16",
+    "stock_table_wise_int8",
+    "stock_table_wise_mx4",
     "stock_row_wise",
     "stock_dp_small",
     "planned",
     "planned_s10",
+    "planned_fp16",
 )
 
 

@@ -1,8 +1,9 @@
 """Benchmark configurations where the planner chooses every table's type, the plugin's included.
 
-``planned`` (exact: replicas synced every step, HET cache without staleness) and
-``planned_s10`` (replicas synced every 10 steps, cache bounds s_read = s_write = 10), and
-their ``seq_`` twins for the sequence workload. Each profiles a 5% sample of its
+``planned`` (exact: replicas synced every step, HET cache without staleness),
+``planned_s10`` (replicas synced every 10 steps, cache bounds s_read = s_write = 10),
+``planned_fp16`` (exact, with TorchRec's quantized comms fp16/bf16 on the plugin's sharders, as
+``stock_table_wise_fp16`` has them on the stock one), and their ``seq_`` twins for the sequence workload. Each profiles a 5% sample of its
 stream (as the row-replicated configurations do), prices the plugin's types from it with
 :class:`~torchrec_het.planner.HetEmbeddingShardingPlanner` on a topology whose bandwidth
 is the run's network, and shards with the plugin's sharders, whose hot rows come from
@@ -15,11 +16,13 @@ from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.planner import AccessModel, HetEmbeddingShardingPlanner, PluginPricing, ProfileTiers
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile
+from torchrec_het_bench import qcomms
 from torchrec_het_bench.config_types import BenchConfig, ShardingContext
 from torchrec_het_bench.replicated_configs import plugin_sharders, stream_profile
 from torchrec_het_bench.topology import cpu_topology
 
 PLANNED = {"planned": 1, "planned_s10": 10}  # name -> staleness (replica sync interval and cache bounds)
+QUANTIZED = {"planned_fp16": qcomms.FP16}  # exact, with TorchRec's quantized comms on the plugin's sharders
 
 
 def per_rank_profile(context: ShardingContext) -> AccessProfile:
@@ -43,7 +46,7 @@ def _planner_topology(context: ShardingContext, topology: Topology | None = None
     return topology if topology is not None else cpu_topology(context.world_size, context.local_world_size)
 
 
-def _make_sharders(staleness: int):
+def _make_sharders(staleness: int, pair: str | None = None):
     def build(context: ShardingContext):
         # the planner's topology: the per-host tier it priced is the one built
         tiers = ProfileTiers(
@@ -54,7 +57,7 @@ def _make_sharders(staleness: int):
             replica_sync_every=staleness,
             local_world_size=context.local_world_size,
         )
-        return plugin_sharders(context, replication, cache=_cache(staleness))
+        return plugin_sharders(context, replication, cache=_cache(staleness), pair=pair)
 
     return build
 
@@ -75,22 +78,29 @@ def planned_configs() -> list[BenchConfig]:
     configs = []
     for workload in ("dlrm", "sequence"):
         for base, staleness in PLANNED.items():
-            name = base if workload == "dlrm" else f"seq_{base}"
-            sync = "exact" if staleness == 1 else f"replicas synced and cache bounds of {staleness} steps"
-            configs.append(
-                BenchConfig(
-                    name=name,
-                    stock=False,
-                    description=f"{workload}: the planner chooses each table's type, the plugin's included ({sync})",
-                    make_sharders=lambda: [],
-                    make_constraints=lambda tables, preset: None,
-                    applies=(lambda preset: preset.sequence is not None)
-                    if workload == "sequence"
-                    else (lambda preset: True),
-                    workload=workload,
-                    params={"sharding": "planner+torchrec_het", "replica_sync_every": staleness},
-                    make_sharders_for=_make_sharders(staleness),
-                    make_planner_for=_make_planner(staleness),
-                )
-            )
+            configs.append(_planned(workload, base, staleness))
+        for base, pair in QUANTIZED.items():
+            configs.append(_planned(workload, base, 1, pair))
     return configs
+
+
+def _planned(workload: str, base: str, staleness: int, pair: str | None = None) -> BenchConfig:
+    name = base if workload == "dlrm" else f"seq_{base}"
+    sync = "exact" if staleness == 1 else f"replicas synced and cache bounds of {staleness} steps"
+    if pair is not None:
+        sync += f", TorchRec's quantized comms {pair} on every sharder"
+    params = {"sharding": "planner+torchrec_het", "replica_sync_every": staleness}
+    if pair is not None:
+        params["qcomms"] = pair
+    return BenchConfig(
+        name=name,
+        stock=False,
+        description=f"{workload}: the planner chooses each table's type, the plugin's included ({sync})",
+        make_sharders=lambda: [],
+        make_constraints=lambda tables, preset: None,
+        applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
+        workload=workload,
+        params=params,
+        make_sharders_for=_make_sharders(staleness, pair),
+        make_planner_for=_make_planner(staleness),
+    )

@@ -23,6 +23,7 @@ from torchrec_het.replication.tier_selection import select_tiers
 from torchrec_het.replication.tiers import TierPlan
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
 from torchrec_het.sharding import het_row_replicated
+from torchrec_het_bench import qcomms
 from torchrec_het_bench.config_types import BenchConfig, ShardingContext
 from torchrec_het_bench.het_configs import plan_every_table
 from torchrec_het_bench.topology import cpu_topology
@@ -88,22 +89,25 @@ def tier_plan(context: ShardingContext, ratio: float, sync_every: int, all_hot: 
     )
 
 
-def plugin_sharders(context: ShardingContext, replication: ReplicationConfig, cache=None) -> list:
-    """The plugin's sharder for the context's workload (EmbeddingCollection or EmbeddingBagCollection)."""
+def plugin_sharders(
+    context: ShardingContext, replication: ReplicationConfig, cache=None, pair: str | None = None
+) -> list:
+    """The plugin's sharder for the context's workload (EmbeddingCollection or EmbeddingBagCollection),
+    with TorchRec's quantized comms ``pair`` (:mod:`~torchrec_het_bench.qcomms`; None: none)."""
+    codecs = qcomms.registry(pair)
     if context.workload == "sequence":
-        return [HetEmbeddingCollectionSharder(replication=replication)]
-    return [HetEmbeddingBagCollectionSharder(cache=cache, replication=replication)]
+        return [HetEmbeddingCollectionSharder(replication=replication, qcomm_codecs_registry=codecs)]
+    return [HetEmbeddingBagCollectionSharder(cache=cache, replication=replication, qcomm_codecs_registry=codecs)]
 
 
-def _sharders(ratio: float, sync_every: int, wire_dtype: str = "fp32", all_hot: bool = False):
+def _sharders(ratio: float, sync_every: int, pair: str | None = None, all_hot: bool = False):
     def build(context: ShardingContext):
         replication = ReplicationConfig(
             tiers=tier_plan(context, ratio, sync_every, all_hot),
             replica_sync_every=sync_every,
             local_world_size=context.local_world_size,
-            wire_dtype=wire_dtype,
         )
-        return plugin_sharders(context, replication)
+        return plugin_sharders(context, replication, pair=pair)
 
     return build
 
@@ -135,7 +139,7 @@ FAE_RATIO = 1.0
 
 
 def replicated_configs() -> list[BenchConfig]:
-    """Every budget x sync interval per workload, with the FAE, bf16 and online variants, for
+    """Every budget x sync interval per workload, with the FAE, quantized-comms and online variants, for
     the registry (:func:`torchrec_het_bench.configs.all_configs`)."""
     configs = []
     for workload in ("dlrm", "sequence"):
@@ -144,7 +148,7 @@ def replicated_configs() -> list[BenchConfig]:
                 configs.append(_config(workload, ratio, sync_every, None))
         for sync_every in SYNC_EVERY:
             configs.append(_config(workload, FAE_RATIO, sync_every, FAE_WINDOW))
-            configs.append(_config(workload, FAE_RATIO, sync_every, None, wire_dtype="bf16"))
+            configs.append(_config(workload, FAE_RATIO, sync_every, None, pair=qcomms.FP16))
             configs.append(_online_config(workload, sync_every))
     return configs
 
@@ -180,7 +184,7 @@ def _online_config(workload: str, sync_every: int) -> BenchConfig:
 
 
 def _config(
-    workload: str, ratio: float, sync_every: int, all_hot_window: int | None, wire_dtype: str = "fp32"
+    workload: str, ratio: float, sync_every: int, all_hot_window: int | None, pair: str | None = None
 ) -> BenchConfig:
     name = replicated_config_name(workload, ratio, sync_every)
     sync = "exact sync" if sync_every == 1 else f"replicas synced every {sync_every} steps"
@@ -190,10 +194,10 @@ def _config(
         name += "_fae"
         description += f", batches regrouped so hot samples fill whole batches (window {all_hot_window})"
         params["all_hot_window"] = all_hot_window
-    if wire_dtype != "fp32":
-        name += f"_{wire_dtype}"
-        description += f", cold partials/rows and their gradients sent as {wire_dtype}"
-        params["wire_dtype"] = wire_dtype
+    if pair is not None:
+        name += qcomms.suffix(pair)
+        description += f", TorchRec's quantized comms {pair} on the cold partials/rows and their gradients"
+        params["qcomms"] = pair
     return BenchConfig(
         name=name,
         stock=False,
@@ -204,7 +208,7 @@ def _config(
         workload=workload,
         params=params,
         make_plan=_all_replicated,
-        make_sharders_for=_sharders(ratio, sync_every, wire_dtype, all_hot_window is not None),
+        make_sharders_for=_sharders(ratio, sync_every, pair, all_hot_window is not None),
     )
 
 

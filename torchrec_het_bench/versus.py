@@ -9,6 +9,7 @@ entry's ``auc_vs_stock`` (:mod:`torchrec_het_bench.auc_intervals`: DeLong on one
 held-out samples, or a paired t interval over seeds). "Equal" means the interval holds 0.
 """
 
+from torchrec_het_bench import qcomms
 from torchrec_het_bench.auc_intervals import AucDifference, paired_delong, verdict_word
 from torchrec_het_bench.report import by_workload, het_hit_rate, hot_row_share
 
@@ -110,11 +111,13 @@ def _speed_and_bytes(entry: dict, other: dict) -> tuple[float | None, float | No
     )
 
 
-def verdict(entry: dict, reference: dict, fastest: dict | None = None) -> str:
+def verdict(entry: dict, reference: dict, fastest: dict | None = None, same_codecs: dict | None = None) -> str:
     """One line: ``planned: 1.31× stock_table_wise at 0.53× its bytes, AUC equal (−0.0003 ± 0.0008); tables:
     het_row_replicated`` (the sharding types a plugin configuration's tables got, after the ``;``). With
     ``fastest`` (the run's fastest stock entry under the entry's pipeline, when not the reference) a
-    plugin entry's line also says ``1.12× the fastest stock, stock_table_wise_fp16 (1.03× its bytes)``."""
+    plugin entry's line also says ``1.12× the fastest stock, stock_table_wise_fp16 (1.03× its bytes)``;
+    with ``same_codecs`` (stock table_wise under the quantized comms the entry ran with, when not the
+    reference) ``1.35× stock under the same codecs fp16/bf16, stock_table_wise_fp16 (0.52× its bytes)``."""
     speed, emb = _speed_and_bytes(entry, reference)
     diff = auc_difference(entry)
     if diff is None:
@@ -128,6 +131,12 @@ def verdict(entry: dict, reference: dict, fastest: dict | None = None) -> str:
     if fastest is not None and fastest is not reference:
         peer, peer_bytes = _speed_and_bytes(entry, fastest)
         line += f"; {_times(peer)} the fastest stock, {fastest['name']} ({_times(peer_bytes)} its bytes)"
+    if same_codecs is not None and same_codecs is not reference:
+        peer, peer_bytes = _speed_and_bytes(entry, same_codecs)
+        line += (
+            f"; {_times(peer)} stock under the same codecs {qcomms.of(entry)}, "
+            f"{same_codecs['name']} ({_times(peer_bytes)} its bytes)"
+        )
     return line + f"; tables: {'+'.join(entry['sharding_types'])}"  # what the plugin's configuration chose
 
 
@@ -142,6 +151,24 @@ def fastest_stock(results: dict, entry: dict) -> dict | None:
         and c.get("pipeline") == entry.get("pipeline")
     ]
     return max(same, key=lambda c: c["samples_per_s"]["median"], default=None)
+
+
+def same_codecs_stock(results: dict, entry: dict) -> dict | None:
+    """Stock table_wise under the quantized comms ``entry`` ran with (its workload and pipeline), or
+    None: no codecs, or the run has no such entry."""
+    pair = qcomms.of(entry)
+    if pair is None:
+        return None
+    for c in _ran_by_name(results).values():
+        if (
+            c.get("stock")
+            and qcomms.of(c) == pair
+            and c["params"].get("sharding") == "table_wise"
+            and c.get("workload", "dlrm") == entry.get("workload", "dlrm")
+            and c.get("pipeline") == entry.get("pipeline")
+        ):
+            return c
+    return None
 
 
 def _ran_by_name(results: dict) -> dict[str, dict]:
@@ -190,7 +217,11 @@ def table(results: dict) -> list[str]:
 
 def verdicts(results: dict) -> list[str]:
     """One verdict line per entry that has a reference other than itself, then what the ± means."""
-    lines = [verdict(c, ref, fastest_stock(results, c)) for c, ref in rows(results) if ref is not None and ref is not c]
+    lines = [
+        verdict(c, ref, fastest_stock(results, c), same_codecs_stock(results, c))
+        for c, ref in rows(results)
+        if ref is not None and ref is not c
+    ]
     if not lines:
         return []
     return ["verdicts against stock:", *(f"- {line}" for line in lines), "", interval_note(results)]

@@ -12,7 +12,9 @@ differences of the predictions of every step, of every table (all shards gathere
 dense layer at the end, and of the predictions of one more batch, in evaluation, that reads
 every row (a replica or a cached copy that disagrees with its owner shows there). A case whose
 pipeline is stale by design (hybrid k >= 1) is compared with a model stale the same way: the
-same model planned stock ``row_wise`` under the same pipeline.
+same model planned stock ``row_wise`` under the same pipeline; so is a case with TorchRec's quantized
+comms (``qcomms``): exact under a codec means what stock ``row_wise`` gives under the same codec,
+within the codec's rounding (docs/internals.md#quantized-comms).
 
 Only public entry points are used (the planner, the sharders, ``DistributedModelParallel``, the
 pipelines, ``torchrec_het.stats_by_table``), so the body does not depend on how a type is built;
@@ -86,6 +88,8 @@ class EquivalenceCase:
         hot_only: every id is folded into rows ``[0, settings.hot)``: batches that read replicated rows only.
         stock_tables: tables planned stock ``row_wise`` in the same modules.
         tolerance: the relative difference the test accepts.
+        qcomms: TorchRec's quantized comms on every sharder, ``"<forward>/<backward>"``
+            (``"fp16/bf16"``); the reference is then stock ``row_wise`` under the same codecs.
     """
 
     tables: str
@@ -99,6 +103,7 @@ class EquivalenceCase:
     hot_only: bool = False
     stock_tables: tuple[str, ...] = field(default=())
     tolerance: float = 1e-5
+    qcomms: str | None = None
 
     def __post_init__(self) -> None:
         if self.tables not in TABLE_SETS:
@@ -112,8 +117,9 @@ class EquivalenceCase:
 
     @property
     def reference(self) -> str:
-        """``unsharded``, or ``row_wise`` (the stock twin under the same pipeline) for a stale pipeline."""
-        return "row_wise" if self.pipeline in STALE_PIPELINES else "unsharded"
+        """``unsharded``, or ``row_wise`` (the stock twin under the same pipeline) for a stale pipeline
+        or under quantized comms (then with the same codecs)."""
+        return "row_wise" if self.pipeline in STALE_PIPELINES or self.qcomms else "unsharded"
 
     @property
     def hosts(self) -> str:
@@ -124,8 +130,9 @@ class EquivalenceCase:
     @property
     def name(self) -> str:
         sharding = self.sharding_type + (f"+row_wise:{','.join(self.stock_tables)}" if self.stock_tables else "")
+        qcomms = f"qcomms_{self.qcomms.replace('/', '_')}" if self.qcomms else ""
         parts = [self.hosts, self.tables, sharding, describe(self.settings), self.optimizer, self.pipeline,
-                 "hot_only" * self.hot_only]  # fmt: skip
+                 "hot_only" * self.hot_only, qcomms]  # fmt: skip
         return "/".join(p for p in parts if p)
 
 
@@ -189,7 +196,9 @@ def shard(
     planner = HetEmbeddingShardingPlanner(
         topology=topology, constraints=constraints, pricing=plugin_pricing(settings, profile), link_probe=False
     )
-    sharders = het_sharders(settings, tables, case.world_size, topology.local_world_size, profile, topology)
+    sharders = het_sharders(
+        settings, tables, case.world_size, topology.local_world_size, profile, topology, qcomms=case.qcomms
+    )
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     sharded = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
     set_tables(sharded, seeded_tables(tables, SEED))  # the dense layer is seeded alike
@@ -277,7 +286,8 @@ def sharded_vs_unsharded(case: EquivalenceCase, device: torch.device,
         ``predictions`` (every step), ``tables`` and ``dense`` (at the end), ``every_row`` (the
         evaluation read after training), ``trained`` (the least any table of the reference
         moved, relative), ``stats`` (``torchrec_het.stats_by_table`` after training),
-        ``remote_rows`` (:func:`remote_rows_read`) and, for ``het_row_replicated``,
+        ``remote_rows`` (:func:`remote_rows_read`), ``codec_effect`` (with ``qcomms``: the largest
+        difference of its predictions from the unsharded model's, trained exactly) and, for ``het_row_replicated``,
         ``replica_disagreement`` (the largest difference of a replica from its owner's row at the end).
     """
     rank = dist.get_rank()
@@ -297,6 +307,13 @@ def sharded_vs_unsharded(case: EquivalenceCase, device: torch.device,
         reference = shard(case, "row_wise", device, profile)
         want = train(case, reference, mine, device)
         want_tables = full_tables(reference, tables.tables)
+    codec_effect = None
+    if case.qcomms:  # the codecs reached the plugin's payloads: its predictions are not the exact ones
+        exact = case_model(case, device, device)
+        exact_optimizer = optimizer_of(exact)
+        codec_effect = max(
+            relative_error(g, train_unsharded(exact, exact_optimizer, s, rank, device)) for g, s in zip(got, steps)
+        )
     got_tables = full_tables(model, tables.tables)  # state_dict(): what a type holds back is applied first
     dense = zip(get_unwrapped_module(model).over.parameters(), get_unwrapped_module(reference).over.parameters())
     result = {
@@ -308,6 +325,7 @@ def sharded_vs_unsharded(case: EquivalenceCase, device: torch.device,
         ),
         "stats": torchrec_het.stats_by_table(model),
         "remote_rows": remote_rows_read(model, case, mine),
+        "codec_effect": codec_effect,
     }
     if case.sharding_type == HET_ROW_REPLICATED:
         result["replica_disagreement"] = replica_disagreement(model)  # after state_dict()'s flush

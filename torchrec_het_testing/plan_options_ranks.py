@@ -25,6 +25,7 @@ from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
 from torchrec_het.sharders.defaults import with_profile_tiers
+from torchrec_het_testing.settings import qcomms_registry
 from torchrec_het_testing.spawn import gloo_rank, write_rank_result
 
 WORLD_SIZE = 2
@@ -34,7 +35,8 @@ TYPES = {"cached_a": "het_cached_row_wise", "cached_b": "het_cached_row_wise",
          "hot_a": "het_row_replicated", "hot_b": "het_row_replicated"}  # fmt: skip
 CACHED_A = CacheSettings(s_read=2, s_write=1, capacity=12, policy="lfu")
 CACHE = HetCacheConfig(default=CacheSettings(capacity=0.25), per_table={"cached_a": CACHED_A})
-REPLICATION = ReplicationConfig(replica_sync_every=2, wire_dtype="bf16", skip_all_hot=False)
+REPLICATION = ReplicationConfig(replica_sync_every=2, skip_all_hot=False)
+QCOMMS = "fp16/bf16"  # TorchRec's quantized comms on the sharder: the replicated tables' payloads take them
 
 
 def profile() -> AccessProfile:
@@ -68,7 +70,7 @@ def _runs_with(model: DistributedModelParallel) -> dict[str, dict]:
             for i, t in enumerate(g.tables):
                 lo, hi = int(g.offsets[i]), int(g.offsets[i + 1])
                 runs[t.name] = {
-                    "replica_sync_every": config.replica_sync_every, "wire_dtype": config.wire_dtype,
+                    "replica_sync_every": config.replica_sync_every, "codecs": replicas.placement.codecs.name,
                     "skip_all_hot": config.skip_all_hot, "replicated_rows": int(((g.hot >= lo) & (g.hot < hi)).sum()),
                 }  # fmt: skip
     return runs
@@ -85,7 +87,9 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
         apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": 0.1})
         topology = Topology(world_size=world_size, local_world_size=world_size, compute_device="cpu")
         sharder = HetEmbeddingBagCollectionSharder(
-            cache=CACHE, replication=with_profile_tiers(REPLICATION, profile(), topology)
+            cache=CACHE,
+            replication=with_profile_tiers(REPLICATION, profile(), topology),
+            qcomm_codecs_registry=qcomms_registry(QCOMMS),
         )
         constraints = {name: ParameterConstraints(sharding_types=[t]) for name, t in TYPES.items()}
         planner = HetEmbeddingShardingPlanner(

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import torch
 import torchrec.optim
+from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.planner import AccessModel, PluginPricing
@@ -37,7 +38,6 @@ class ReplicaSettings:
         stride: distance between hot rows.
         sync_every: ``replica_sync_every``.
         online_profile_steps: count reads this many steps, then replicate (no hot rows given).
-        wire_dtype: how cold traffic travels.
         skip_all_hot: skip the cold exchanges of steps no rank reads a cold row in.
         from_profile: the hot rows are the ones the access profile the planner priced names, by
             the planner's rule on its topology (``get_het_sharders(profile=..., topology=...)``);
@@ -49,13 +49,12 @@ class ReplicaSettings:
     stride: int = 1
     sync_every: int = 1
     online_profile_steps: int = 0
-    wire_dtype: str = "fp32"
     skip_all_hot: bool = True
     from_profile: bool = False
 
 
 def describe(settings: CacheSettings | ReplicaSettings | None) -> str:
-    """A short name of ``settings`` for test ids, e.g. ``s0_w0_c0.3``, ``hot8``, ``hot4_per_host3_bf16``."""
+    """A short name of ``settings`` for test ids, e.g. ``s0_w0_c0.3``, ``hot8``, ``hot4_per_host3_sync2``."""
     if isinstance(settings, CacheSettings):
         name = f"s{settings.s_read}_w{settings.s_write}_c{settings.capacity}"
         return name + ("" if settings.protocol == "het" else f"_{settings.protocol}")
@@ -69,8 +68,7 @@ def describe(settings: CacheSettings | ReplicaSettings | None) -> str:
         name = f"hot{settings.hot}" + (f"_per_host{settings.per_host}" if settings.per_host else "")
         name += f"_stride{settings.stride}" if settings.stride != 1 else ""
     name += f"_sync{settings.sync_every}" if settings.sync_every != 1 else ""
-    name += "" if settings.skip_all_hot else "_no_skip"
-    return name + (f"_{settings.wire_dtype}" if settings.wire_dtype != "fp32" else "")
+    return name + ("" if settings.skip_all_hot else "_no_skip")
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,24 +107,38 @@ def replication_config(
         tiers=hot_rows(tables, settings.hot, settings.per_host, settings.stride) if given else None,
         replica_sync_every=settings.sync_every,
         local_world_size=local_world_size or world_size,
-        wire_dtype=settings.wire_dtype,
         skip_all_hot=settings.skip_all_hot,
         online_profile_steps=settings.online_profile_steps,
     )
 
 
+def qcomms_registry(qcomms: str | None) -> dict | None:
+    """TorchRec's codecs registry of ``"<forward>/<backward>"`` (``"fp16/bf16"``), as a user builds
+    it (``get_qcomm_codecs_registry(QCommsConfig(...))``); None: no quantized comms."""
+    if qcomms is None:
+        return None
+    forward, backward = qcomms.split("/")
+    config = QCommsConfig(forward_precision=CommType(forward), backward_precision=CommType(backward))
+    return get_qcomm_codecs_registry(config)
+
+
 def het_sharders(settings: CacheSettings | ReplicaSettings | None, tables, world_size: int,
-                 local_world_size: int | None = None, profile: AccessProfile | None = None, topology=None) -> list:  # fmt: skip
+                 local_world_size: int | None = None, profile: AccessProfile | None = None, topology=None,
+                 qcomms: str | None = None) -> list:  # fmt: skip
     """``get_het_sharders()`` carrying ``settings`` (None: the defaults) for ``tables``; with
-    ``ReplicaSettings(from_profile=True)``, the hot rows of ``profile`` on the planner's ``topology``."""
+    ``ReplicaSettings(from_profile=True)``, the hot rows of ``profile`` on the planner's ``topology``;
+    ``qcomms``: TorchRec's quantized comms (:func:`qcomms_registry`) on every table they shard."""
+    registry = qcomms_registry(qcomms)
     if isinstance(settings, CacheSettings):
-        return get_het_sharders(cache=HetCacheConfig(default=settings))
+        return get_het_sharders(cache=HetCacheConfig(default=settings), qcomm_codecs_registry=registry)
     if isinstance(settings, ReplicaSettings):
         replication = replication_config(settings, tables, world_size, local_world_size)
         if settings.from_profile:
-            return get_het_sharders(replication=replication, profile=profile, topology=topology)
-        return get_het_sharders(replication=replication)
-    return get_het_sharders()
+            return get_het_sharders(
+                replication=replication, profile=profile, topology=topology, qcomm_codecs_registry=registry
+            )
+        return get_het_sharders(replication=replication, qcomm_codecs_registry=registry)
+    return get_het_sharders(qcomm_codecs_registry=registry)
 
 
 def profile_of(groups: list[tuple[list, list]]) -> AccessProfile:

@@ -10,6 +10,7 @@ from torchrec_het_testing.bench_runs import run_smoke_bench
 RUN = [
     "stock_table_wise",
     "rep_m100_s1",
+    "rep_m100_s1_fp16",
     "rep_m125_s10",
     "seq_stock_row_wise",
     "seq_rep_m125_s1",
@@ -109,3 +110,17 @@ def test_every_dlrm_entry_carries_the_step_models_prediction(results: dict) -> N
         loose = entry["params"].get("replica_sync_every", 1) > 1 or "het_cached_row_wise" in entry["sharding_types"]
         bound = 0.15 if loose else 0.05
         assert abs(error["embedding_cross_rank"]) < bound, (name, error, predicted["bytes_per_step"])
+
+
+def test_codecs_on_the_plugins_sharder_halve_its_partial_sums(results: dict) -> None:
+    """TorchRec's codecs handed to the plugin's sharder reach its tables (they were once ignored)."""
+    fp32, fp16 = results["rep_m100_s1"], results["rep_m100_s1_fp16"]
+    assert fp16["params"]["qcomms"] == "fp16/bf16" and fp16["sharding_types"] == ["het_row_replicated"]
+    # fp16 partial sums: half the forward embedding bytes; the ids are not quantized
+    assert 0 < fp16["bytes_per_step"]["fwd_emb"] <= 0.51 * fp32["bytes_per_step"]["fwd_emb"]
+    assert fp16["bytes_per_step"]["fwd_ids"] == fp32["bytes_per_step"]["fwd_ids"]
+    # bf16 gradients of the partials; the replica syncs (an all-reduce) stay fp32
+    assert fp16["bytes_per_step"]["bwd_grad"] < fp32["bytes_per_step"]["bwd_grad"]
+    syncs = [c["embedding_cross_rank_by_collective"]["all_reduce"] for c in (fp32, fp16)]
+    assert syncs[0] == syncs[1] > 0
+    assert abs(fp16["auc"] - fp32["auc"]) < 5e-3

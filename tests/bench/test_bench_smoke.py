@@ -19,12 +19,13 @@ from torchrec_het_testing.bench_runs import run_smoke_bench
 
 PHASES = {"fwd_ids", "fwd_emb", "bwd_grad", "dense_allreduce", "other"}
 COLLECTIVES = {"all_to_all", "reduce_scatter", "all_gather", "all_reduce", "broadcast"}
-DLRM = ["stock_table_wise", "stock_table_wise_fp16", "stock_row_wise", "stock_dp_small"]
+DLRM = ["stock_table_wise", "stock_table_wise_fp16", "stock_table_wise_int8", "stock_row_wise", "stock_dp_small"]
 SEQUENCE = ["seq_stock_table_wise", "seq_stock_row_wise"]
 RUN = [
     "stock_table_wise",
     "seq_stock_table_wise",
     "stock_table_wise_fp16",
+    "stock_table_wise_int8",
     "stock_row_wise",
     "seq_stock_row_wise",
     "stock_dp_small",
@@ -160,6 +161,15 @@ def test_torchrec_quantized_comms_halve_the_pooled_bytes_and_train_alike(results
     assert 2 * fp16["bytes_per_step"]["bwd_grad"] == tw["bytes_per_step"]["bwd_grad"]
     assert fp16["bytes_per_step"]["fwd_ids"] == tw["bytes_per_step"]["fwd_ids"]
     assert abs(fp16["auc"] - tw["auc"]) < 5e-3 and abs(fp16["loss"] - tw["loss"]) < 5e-3
+
+
+def test_int8_codecs_send_fewer_pooled_bytes_than_fp16(results: dict) -> None:
+    by_name = {c["name"]: c for c in results["configs"]}
+    fp16, int8 = by_name["stock_table_wise_fp16"], by_name["stock_table_wise_int8"]
+    assert int8["params"]["qcomms"] == "int8/int8"
+    # row-wise int8: 32 one-byte values and an 8-byte scale and bias a row, counted as embeddings (uint8)
+    assert 0 < int8["bytes_per_step"]["fwd_emb"] < 0.7 * fp16["bytes_per_step"]["fwd_emb"]
+    assert int8["bytes_per_step"]["fwd_ids"] == fp16["bytes_per_step"]["fwd_ids"]
 
 
 def _measured_ids(preset, world_size: int) -> list[tuple[int, str, torch.Tensor]]:

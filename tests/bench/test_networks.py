@@ -30,19 +30,25 @@ def test_make_bench_runs_stock_and_the_planner_with_the_plugin_on_loopback_and_e
     assert [c.name for c in args.chosen] == [
         "stock_table_wise",
         "stock_table_wise_fp16",
+        "stock_table_wise_int8",
+        "stock_table_wise_mx4",
         "stock_row_wise",
         "planned",
         "planned_s10",
+        "planned_fp16",
     ]
     assert args.gbit == REFERENCE_GBIT and args.hosts == 2
     smoke = bench_main.parse_args(["--preset", "smoke"])
     assert [c.name for c in smoke.chosen] == [
         "stock_table_wise",
         "stock_table_wise_fp16",
+        "stock_table_wise_int8",
+        "stock_table_wise_mx4",
         "stock_row_wise",
         "stock_dp_small",
         "planned",
         "planned_s10",
+        "planned_fp16",
     ]
 
 
@@ -99,10 +105,13 @@ def test_auto_with_emulation_runs_both_networks(monkeypatch, capsys, launched, t
     assert [c for c in loopback.config_names] == [
         "stock_table_wise",
         "stock_table_wise_fp16",
+        "stock_table_wise_int8",
+        "stock_table_wise_mx4",
         "stock_row_wise",
         "stock_dp_small",
         "planned",
         "planned_s10",
+        "planned_fp16",
     ]
     assert "skipped" not in capsys.readouterr().out
 

@@ -73,7 +73,7 @@ def _cases(world_size: int) -> list[EquivalenceCase]:
         for k in (0, 1, 2):
             out.append(EquivalenceCase("torchrec_mean", REP, ReplicaSettings(hot=6), optimizer, f"hybrid_k{k}", **ws))
     # hot rows from the profile the planner priced (get_het_sharders(profile=...)) or counted online,
-    # all-hot batches, a stock table beside plugin tables, bf16 on the wire
+    # all-hot batches, a stock table beside plugin tables (quantized comms: test_quantized_comms.py)
     out.append(EquivalenceCase("bags", REP, PROFILED, "rowwise_adagrad", **ws))
     out.append(EquivalenceCase("bags", REP, ONLINE, "rowwise_adagrad", steps=6, **ws))
     for tables in ("bags", "sequences"):
@@ -82,8 +82,6 @@ def _cases(world_size: int) -> list[EquivalenceCase]:
     out.append(EquivalenceCase("bags", REP, no_skip, "rowwise_adagrad", hot_only=True, **ws))
     out.append(EquivalenceCase("sequences", REP, ReplicaSettings(hot=6, per_host=2, stride=3), "rowwise_adagrad",
                                stock_tables=("s2",), **ws))  # fmt: skip
-    bf16 = ReplicaSettings(hot=4, wire_dtype="bf16")
-    out.append(EquivalenceCase("bags", REP, bf16, "rowwise_adagrad", tolerance=2e-2, **ws))
     return out
 
 

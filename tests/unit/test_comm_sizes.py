@@ -168,6 +168,7 @@ def input_dist() -> str:
 def test_classify_by_dtype_override_backward_and_input_dist() -> None:
     assert classify(torch.int64) == "fwd_ids"
     assert classify(torch.float16) == "fwd_emb"
+    assert classify(torch.uint8) == "fwd_emb"  # an int8 / mx4 codec's payload
     with phase("other"):
         assert classify(torch.float32) == "other"
         with phase("dense_allreduce"):

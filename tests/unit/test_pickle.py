@@ -89,7 +89,6 @@ CONFIGS: dict[str, Callable[[], object]] = {
         replica_sync_every=2,
         skip_all_hot=False,
         local_world_size=2,
-        wire_dtype="bf16",
         online_profile_steps=5,
         online_max_hot_fraction=0.25,
     ),
@@ -147,7 +146,7 @@ SHARDERS: dict[str, Callable[[], object]] = {
     "bag_default": HetEmbeddingBagCollectionSharder,
     "bag_cache_and_tier_plan": lambda: HetEmbeddingBagCollectionSharder(
         cache=HetCacheConfig(per_table={"t_cached": CacheSettings(s_write=3)}),
-        replication=ReplicationConfig(tiers=tier_plan(), wire_dtype="fp16"),
+        replication=ReplicationConfig(tiers=tier_plan(), replica_sync_every=2),
         fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05},
     ),
     "bag_profile_tiers": lambda: HetEmbeddingBagCollectionSharder(**_bag_settings()),

@@ -38,7 +38,7 @@ def _profile() -> AccessProfile:
 
 
 def _sharder() -> HetEmbeddingBagCollectionSharder:
-    replication = with_profile_tiers(ReplicationConfig(replica_sync_every=3, wire_dtype="fp16"), _profile())
+    replication = with_profile_tiers(ReplicationConfig(replica_sync_every=3), _profile())
     return HetEmbeddingBagCollectionSharder(cache=HetCacheConfig(per_table={"c": CACHED}), replication=replication)
 
 
@@ -60,11 +60,11 @@ def test_the_planner_emits_the_sharders_options_and_prices_them() -> None:
     assert options_of(entries["c"]) == CACHED
     replica = options_of(entries["r"])
     tiers = sharder._replication.tiers.tables_for(2)["r"]
-    assert replica == ReplicaOptions(3, "fp16", True, None, tiers.replicated.numel(), 0, _profile().fingerprint())
+    assert replica == ReplicaOptions(3, True, None, tiers.replicated.numel(), 0, _profile().fingerprint())
     assert replica.replicated_rows > 0
     for (_, name, sharding_type), options in planner.priced_options.items():
         assert options == options_of(entries[name]) or sharding_type != entries[name].sharding_type
-    assert "torchrec_het options" in str(entries) and "sync_every=3 wire=fp16" in str(entries)
+    assert "torchrec_het options" in str(entries) and "sync_every=3 skip_all_hot" in str(entries)
     restored = pickle.loads(pickle.dumps(plan))  # collective_plan broadcasts it pickled
     assert restored.plan[""] == entries and type(restored.plan[""]["r"]) is HetParameterSharding
 

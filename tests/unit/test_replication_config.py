@@ -13,7 +13,6 @@ from torchrec_het.replication.config import ReplicationConfig
     [
         ({"replica_sync_every": 0}, "replica_sync_every"),
         ({"local_world_size": 0}, "local_world_size"),
-        ({"wire_dtype": "int8"}, "wire_dtype"),
         ({"online_profile_steps": -1}, "online_profile_steps"),
         ({"online_max_hot_fraction": 1.5}, "online_max_hot_fraction"),
     ],
@@ -26,8 +25,8 @@ def test_bad_settings_raise_naming_the_setting(kwargs: dict, message: str) -> No
 def test_restricted_to_keeps_only_the_named_tables() -> None:
     empty = torch.zeros(0, dtype=torch.int64)
     tiers = SimpleNamespace(tables={n: SimpleNamespace(num_rows=4, replicated=empty, per_host=empty) for n in "abc"})
-    config = ReplicationConfig(tiers=tiers, replica_sync_every=3, wire_dtype="bf16")
+    config = ReplicationConfig(tiers=tiers, replica_sync_every=3, skip_all_hot=False)
     cut = config.restricted_to({"a", "c"})
     assert sorted(cut.tiers.tables) == ["a", "c"] and sorted(config.tiers.tables) == ["a", "b", "c"]
-    assert (cut.replica_sync_every, cut.wire_dtype) == (3, "bf16")
+    assert (cut.replica_sync_every, cut.skip_all_hot) == (3, False)
     assert ReplicationConfig().restricted_to({"a"}).tiers is None

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torchrec_het.plan_options import WIRE_DTYPES, ReplicaOptions
+from torchrec_het.plan_options import ReplicaOptions
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,6 @@ class ReplicationConfig:
             cold exchanges (agreed with the step's one small collective).
         local_world_size: ranks per host (ranks of a host are consecutive); None takes
             ``LOCAL_WORLD_SIZE`` from the environment, else one host.
-        wire_dtype: how cold traffic travels: partial sums and their gradients (bags), fetched
-            rows and their gradients (sequences): ``fp32`` (exact), ``bf16`` or ``fp16``
-            (half the bytes; values are rounded on the wire). Replica syncs stay fp32, so
-            every copy of a row still takes the same step.
         online_profile_steps: with no ``tiers``, count every row's reads during the first
             this many steps (as plain row-wise: no hot rows yet), then replicate the rows read
             at least once per ``replica_sync_every`` steps (at most ``online_max_hot_fraction``
@@ -40,7 +36,6 @@ class ReplicationConfig:
     replica_sync_every: int = 1
     skip_all_hot: bool = True
     local_world_size: int | None = None
-    wire_dtype: str = "fp32"
     online_profile_steps: int = 0
     online_max_hot_fraction: float = 0.5
 
@@ -49,8 +44,6 @@ class ReplicationConfig:
             raise ValueError(f"online_profile_steps must be >= 0, got {self.online_profile_steps}")
         if not 0.0 <= self.online_max_hot_fraction <= 1.0:
             raise ValueError(f"online_max_hot_fraction must lie in [0, 1], got {self.online_max_hot_fraction}")
-        if self.wire_dtype not in WIRE_DTYPES:
-            raise ValueError(f"wire_dtype must be one of {sorted(WIRE_DTYPES)}, got {self.wire_dtype!r}")
         if self.replica_sync_every < 1:
             raise ValueError(f"replica_sync_every must be >= 1, got {self.replica_sync_every}")
         if self.local_world_size is not None and self.local_world_size < 1:
@@ -107,7 +100,7 @@ class ReplicationConfig:
                 sizes = (int(tiers.replicated.numel()), int(tiers.per_host.numel()))
                 fingerprint = getattr(self.tiers, "fingerprint", None)
         return ReplicaOptions(
-            self.replica_sync_every, self.wire_dtype, self.skip_all_hot, self.local_world_size, sizes[0], sizes[1],
+            self.replica_sync_every, self.skip_all_hot, self.local_world_size, sizes[0], sizes[1],
             fingerprint, self.online_profile_steps, self.online_max_hot_fraction,
         )  # fmt: skip
 

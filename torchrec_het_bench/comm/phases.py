@@ -11,8 +11,9 @@ Rules, first match wins:
    ``KJT*`` / ``SplitsAllToAll*`` class of ``torchrec/distributed/dist_data.py``
    or ``FusedKJT*`` of ``embedding_sharding.py``, or any function named
    ``input_dist``) -> ``fwd_ids``, which puts per-id weights there too;
-4. otherwise by the dtype of what is sent: integers -> ``fwd_ids``, floating
-   point -> ``fwd_emb``.
+4. otherwise by the dtype of what is sent: floating point and ``uint8`` (the
+   payload of TorchRec's int8 and mx4 quantized-comms codecs; ids are never sent as
+   bytes) -> ``fwd_emb``, other integers -> ``fwd_ids``.
 
 Unpooled ``EmbeddingCollection`` lookups need nothing more: their ids go through the
 same KJT input dist (rule 3), the per-id embeddings come back through
@@ -111,7 +112,7 @@ def classify(dtype: torch.dtype) -> str:
         return "bwd_grad"
     if _in_input_dist(sys._getframe(1)):
         return "fwd_ids"
-    return "fwd_emb" if dtype.is_floating_point or dtype.is_complex else "fwd_ids"
+    return "fwd_emb" if dtype.is_floating_point or dtype.is_complex or dtype == torch.uint8 else "fwd_ids"
 
 
 @contextmanager

@@ -47,8 +47,11 @@ CASES = {
     "hierarchical": EquivalenceCase("bags", REP, ReplicaSettings(hot=12), **TWO_HOSTS),
     "flat": EquivalenceCase("bags", REP, ReplicaSettings(hot=12), world_size=4),
     "profiled": EquivalenceCase("bags", REP, ReplicaSettings(from_profile=True), **TWO_HOSTS),  # a per-host tier too
-    "wire_fp32": EquivalenceCase("bags", REP, ReplicaSettings(hot=4), world_size=4),
-    "wire_bf16": EquivalenceCase("bags", REP, ReplicaSettings(hot=4, wire_dtype="bf16"), world_size=4, tolerance=2e-2),
+    # TorchRec's quantized comms on the plugin's sharders (the reference: stock row_wise under them)
+    "wire_fp32": EquivalenceCase("torchrec", REP, ReplicaSettings(hot=4), world_size=4),
+    "wire_fp16_bf16": EquivalenceCase(
+        "torchrec", REP, ReplicaSettings(hot=4), world_size=4, qcomms="fp16/bf16", tolerance=2e-2
+    ),  # fmt: skip
 }
 
 

@@ -16,17 +16,27 @@ import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
 
+from torchrec_het.sharding.common.wire_codec import WireCodecs
+
+_AS_IS = WireCodecs()
+
 
 class Exchange:
-    """One started exchange (forward), and the state its backward needs."""
+    """One started exchange (forward), and the state its backward needs. ``codecs``
+    (:class:`~torchrec_het.sharding.common.wire_codec.WireCodecs`): a float payload's quantized-comms
+    codecs, forward for what is sent, backward for its gradient; None: sent as it is (ids)."""
 
     def __init__(
-        self, send_splits: list[int], recv_splits: list[int], pg, wire: torch.dtype, local_only: bool, rank: int
-    ):
-        self.send_splits, self.recv_splits, self.pg, self.wire = send_splits, recv_splits, pg, wire
+        self, send_splits: list[int], recv_splits: list[int], pg, local_only: bool, rank: int,
+        codecs: WireCodecs | None = None, grad_scale: float = 1.0,
+    ):  # fmt: skip
+        self.send_splits, self.recv_splits, self.pg = send_splits, recv_splits, pg
+        self.grad_scale = grad_scale
         self.local_only, self.rank = local_only, rank
+        self.codecs = codecs if codecs is not None else _AS_IS
         self.work = None
         self.received: torch.Tensor | None = None
+        self.contexts: list = [None, None]  # the codecs' contexts: forward, backward
         self.grad_work = None
         self.grad_sent: torch.Tensor | None = None
         self.dummy: torch.Tensor | None = None
@@ -35,16 +45,35 @@ class Exchange:
         self.owed: list | None = None  # where a backward on the main thread leaves it for its owner
 
     def start_gradient(self, grad: torch.Tensor) -> None:
-        """Sends the received tensor's gradient back the reverse way (its backward's exchange)."""
-        self.grad_work, self.grad_sent = self._start(grad.to(self.wire), self.recv_splits, self.send_splits)
+        """Sends the received tensor's gradient back the reverse way (its backward's exchange). Under a
+        backward codec the gradient travels unscaled and ``grad_scale`` (TorchRec's gradient division,
+        applied by the output dist) is applied on arrival, as TorchRec's all-to-all does: small
+        gradients would otherwise lose more to the codec."""
+        grad = grad.reshape(-1)
+        if self.codecs.backward.active and self.grad_scale != 1.0:
+            grad = grad / self.grad_scale
+        self.grad_work, self.grad_sent = self._start(grad, self.recv_splits, self.send_splits, 1)
 
-    def _start(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int]):
+    def _start(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int], direction: int):
+        codec = self.codecs.backward if direction else self.codecs.forward
+        if codec.active:
+            ctx = self.contexts[direction] = codec.context()
+            send = codec.encode(send, send_splits, ctx)
+            send_splits, recv_splits = codec.payload_splits(send_splits, ctx), codec.payload_splits(recv_splits, ctx)
         if self.local_only:
             start = sum(send_splits[: self.rank])
             return None, send[start : start + send_splits[self.rank]].clone()
         out = send.new_empty(sum(recv_splits))
         work = dist.all_to_all_single(out, send.contiguous(), recv_splits, send_splits, group=self.pg, async_op=True)
         return work, out
+
+    def _decoded(self, received: torch.Tensor, splits: list[int], direction: int) -> torch.Tensor:
+        codec = self.codecs.backward if direction else self.codecs.forward
+        if not codec.active:
+            return received
+        if self.local_only:
+            splits = splits[self.rank : self.rank + 1]
+        return codec.decode(received, splits, self.contexts[direction])
 
     def wait(self) -> torch.Tensor:
         """What arrived (call once). The link to the forward send is handed to autograd here and
@@ -60,6 +89,10 @@ class Exchange:
         if self.grad_work is not None:
             self.grad_work.wait()
         grad, self.grad_work, self.grad_sent = self.grad_sent, None, None
+        if self.codecs.backward.active:
+            grad = self._decoded(grad, self.send_splits, 1)
+            if self.grad_scale != 1.0:
+                grad = grad * self.grad_scale
         return grad.to(self.send_dtype).view(self.send_shape)
 
     def hand_over(self) -> None:
@@ -75,7 +108,7 @@ class _Send(torch.autograd.Function):
         ctx.exchange = exchange
         exchange.send_dtype, exchange.send_shape = send.dtype, send.shape
         exchange.work, exchange.received = exchange._start(
-            send.detach().reshape(-1).to(exchange.wire), exchange.send_splits, exchange.recv_splits
+            send.detach().reshape(-1), exchange.send_splits, exchange.recv_splits, 0
         )
         return torch.empty(0, device=send.device, dtype=send.dtype)
 
@@ -97,7 +130,7 @@ class _Receive(torch.autograd.Function):
         # which autograd makes this node's output; kept on the exchange, output -> node ->
         # ctx.exchange -> output would be a cycle gc cannot free.
         received, exchange.work, exchange.received = exchange.received, None, None
-        return received.to(dummy.dtype)
+        return exchange._decoded(received, exchange.recv_splits, 0).to(dummy.dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -134,18 +167,21 @@ def after_backward_pass(fn) -> None:
 
 
 def start_exchange(
-    send: torch.Tensor, send_splits: list[int], recv_splits: list[int], pg, wire: torch.dtype, local_only: bool,
-    defer_backward: list | None = None, on_gradient=None,
+    send: torch.Tensor, send_splits: list[int], recv_splits: list[int], pg, local_only: bool,
+    codecs: WireCodecs | None = None, defer_backward: list | None = None, on_gradient=None,
+    grad_scale: float = 1.0,
 ) -> Exchange:  # fmt: skip
     """Starts sending ``send`` (flattened: segments by destination); ``wait()`` returns a flat
-    tensor and is differentiable.
+    tensor and is differentiable. ``codecs``: a float payload's quantized-comms codecs (forward:
+    ``send``; backward: its gradient); None: sent as it is. ``grad_scale``: the factor the receiver
+    applied to the gradient (TorchRec's gradient division), moved past the backward codec.
 
     ``defer_backward``: ``send``'s own backward runs later, with its gradient once arrived: a
     backward pass on the main thread appends the exchange to this list, for the owner to call
     :meth:`Exchange.hand_over` when it next needs what that backward updates; one on a worker
     thread runs it at the end of its pass. ``on_gradient``: with ``defer_backward``, what that
     backward is (called with the gradient) for a ``send`` computed outside autograd."""
-    exchange = Exchange(send_splits, recv_splits, pg, wire, local_only, dist.get_rank(pg))
+    exchange = Exchange(send_splits, recv_splits, pg, local_only, dist.get_rank(pg), codecs, grad_scale)
     if defer_backward is not None and (on_gradient is not None or send.requires_grad):
         graph = send if send.requires_grad else None
         send = send.detach().requires_grad_()

@@ -100,7 +100,6 @@ class _RequestSplits(Awaitable[Awaitable[KeyedJaggedTensor]]):
             [2 * c for c in batch.send_splits],
             [2 * c for c in batch.recv_splits],
             self.dist.pg,
-            torch.int64,
             batch.local_only,
         )
         if self.dist._lookup[0].ahead:  # the owners answer now; the rows' all-to-all runs while the caller goes on
@@ -148,9 +147,7 @@ class HetRowsDist(BaseEmbeddingDist):
         lookup, batch, training = self._lookup[0], sharding_ctx.batch, sharding_ctx.training
         if lookup.ahead:  # fetched in the input dist: only local work is left
             return _Settled(lookup, batch, training)
-        exchange = start_exchange(
-            batch.current, batch.recv_splits, batch.send_splits, self.pg, torch.int64, batch.local_only
-        )
+        exchange = start_exchange(batch.current, batch.recv_splits, batch.send_splits, self.pg, batch.local_only)
         return _FetchedBags(self, batch, training, exchange)
 
 

@@ -25,6 +25,11 @@ from torchrec_het.sharding.row_replicated.placement import ReplicaPlacement
 from torchrec_het.sharding.row_replicated.routing import IdLayout
 
 
+def gradient_scale(world_size: int) -> float:
+    """The factor TorchRec's row-wise backward applies to the gradients of the outputs (its gradient division)."""
+    return 1.0 / world_size if get_gradient_division() else 1.0
+
+
 class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
     """First stage: every rank's send counts known; starts the ids' all-to-all. ``batch``: the batch planned."""
 
@@ -66,7 +71,6 @@ class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
             [c * self.width for c in step.send_splits],
             [c * self.width for c in step.recv_splits],
             self.dist.pg,
-            torch.int32,
             step.local_only,
         )
         return _Ids(self.dist, step, exchange, self.width)
@@ -180,7 +184,7 @@ class _Bags(Awaitable[torch.Tensor]):
 
 
 class _ReplicaOutputDist(BaseEmbeddingDist):
-    """What both output dists share: the placement (its layout, exchange group and wire dtype)."""
+    """What both output dists share: the placement (its layout, exchange group and codecs)."""
 
     def __init__(self, placement: ReplicaPlacement):
         super().__init__()
@@ -217,8 +221,9 @@ class PartialSumsDist(_ReplicaOutputDist):
         # the owners step when their rows are next read: the gradients fly under the optimizer step and
         # the next input dist (the lookup's ``owed``, ``owner_step``)
         exchange = start_exchange(
-            local_embs, send, recv, self.pg, self.placement.wire, step.local_only, step.owed, step.owner_step
-        )
+            local_embs, send, recv, self.pg, step.local_only, self.placement.codecs, step.owed, step.owner_step,
+            grad_scale=gradient_scale(self.world_size),
+        )  # fmt: skip
         return _Bags(self, step, exchange)
 
     def finish(self, step: ReplicatedBagBatch, received: torch.Tensor) -> torch.Tensor:
@@ -228,7 +233,7 @@ class PartialSumsDist(_ReplicaOutputDist):
         backward scales them."""
         layout, batch = self.layout, step.batch
         entries = step.sent_entries % (layout.num_positions * batch)  # position * batch + sample of each partial
-        scale = 1.0 / self.world_size if get_gradient_division() else 1.0
+        scale = gradient_scale(self.world_size)
         lengths = step.lengths.view(layout.num_positions, batch)
         one_width = layout.uniform_dim is not None
         if not one_width:  # the partials of every width, one after the other
@@ -303,7 +308,7 @@ class _SequenceOutput(Awaitable[torch.Tensor]):
         self.dist, self.step, self.exchange = dist_, step, exchange
 
     def _wait_impl(self) -> torch.Tensor:
-        scale = 1.0 / self.dist.world_size if get_gradient_division() else 1.0
+        scale = gradient_scale(self.dist.world_size)
         received = self.exchange.wait().float()
         step, dim = self.step, self.dist.layout.uniform_dim
         # every position's row: one gather from the blocks' rows read and the rows received
@@ -322,5 +327,15 @@ class SequenceRowsDist(_ReplicaOutputDist):
         step, dim = sharding_ctx.batch, self.layout.uniform_dim
         send, recv = [c * dim for c in step.recv_splits], [c * dim for c in step.send_splits]
         return _SequenceOutput(
-            self, step, start_exchange(local_embs, send, recv, self.pg, self.placement.wire, step.local_only)
+            self,
+            step,
+            start_exchange(
+                local_embs,
+                send,
+                recv,
+                self.pg,
+                step.local_only,
+                self.placement.codecs,
+                grad_scale=gradient_scale(self.world_size),
+            ),  # fmt: skip
         )

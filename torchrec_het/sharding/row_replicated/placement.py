@@ -13,11 +13,11 @@ Design: docs/internals.md#row-replicated-routing
 import torch
 import torch.distributed as dist
 
-from torchrec_het.plan_options import WIRE_DTYPES
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.hot_rows import hottest_rows, replication_threshold
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.common.id_space import TableInfo
+from torchrec_het.sharding.common.wire_codec import WireCodecs
 from torchrec_het.sharding.row_replicated.routing import IdLayout, ReplicaGroup
 
 
@@ -30,6 +30,8 @@ class ReplicaPlacement:
         config: replication settings for these tables.
         shards_by_table: each table's shard metadata.
         device: where the batches arrive.
+        codecs: the quantized-comms codecs of the partial sums or rows sent (TorchRec's, from the
+            sharder's ``qcomm_codecs_registry``; None: fp32).
 
     Attributes:
         rank, world_size, local_world_size: this rank, the group's size, ranks per host.
@@ -38,17 +40,20 @@ class ReplicaPlacement:
         tables: per width, its tables (``TableInfo``), in the sharding's order.
         positions: (width, table name) of each of the sharding's features, in order.
         exchange_pg: the group of the dists' exchanges.
-        wire: the cold traffic's dtype.
+        codecs: the cold traffic's codecs (:class:`~torchrec_het.sharding.common.wire_codec.WireCodecs`).
         online_hot_rows: hot rows the online profile chose (0 before its end, or without one).
         training: the sharded module's mode when its input dist last ran.
     """
 
-    def __init__(self, grouped_configs, pg, config: ReplicationConfig, shards_by_table, device=None) -> None:
+    def __init__(
+        self, grouped_configs, pg, config: ReplicationConfig, shards_by_table, device=None,
+        codecs: WireCodecs | None = None,
+    ) -> None:  # fmt: skip
         self.config, self._pg = config, pg
         self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
         self.local_world_size = config.ranks_per_host(self.world_size)
         self.device = device if device is not None else torch.device("cpu")
-        self.wire = WIRE_DTYPES[config.wire_dtype]
+        self.codecs = codecs if codecs is not None else WireCodecs()
         self.exchange_pg = dedicated_group(pg)  # the dists' exchanges
         self.tables: dict[int, list[TableInfo]] = {}  # per width: its tables, in the sharding's order
         self.positions: list[tuple[int, str]] = []

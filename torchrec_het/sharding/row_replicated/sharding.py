@@ -13,11 +13,13 @@ Design (stages and collectives per step, per-host tier): docs/internals.md#row-r
 
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
+from torchrec.distributed.types import CommOp
 
 from torchrec_het._compat import sharding_lookup_arguments
 from torchrec_het.plan_options import ReplicaOptions
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.common.row_wise import StagedSharding, row_wise_as
+from torchrec_het.sharding.common.wire_codec import BAGS, SEQUENCES, codecs_of
 from torchrec_het.sharding.row_replicated.dists import ColdIdsDist, PartialSumsDist, SequenceIdsDist, SequenceRowsDist
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, ReplicatedSequenceLookup
 from torchrec_het.sharding.row_replicated.placement import ReplicaPlacement
@@ -39,6 +41,7 @@ class RowReplicatedStages(StagedSharding):
 
     input_dist_class: type
     output_dist_class: type
+    comm_op: CommOp  # whose codecs of the sharder's ``qcomm_codecs_registry`` its payloads take
     sharding_type = HET_ROW_REPLICATED
 
     def lookup_config(self, options_by_table: dict, hot_rows) -> ReplicationConfig:
@@ -53,7 +56,12 @@ class RowReplicatedStages(StagedSharding):
         if self._placement is None:
             arguments = sharding_lookup_arguments(self)
             self._placement = ReplicaPlacement(
-                arguments["grouped_configs"], arguments["pg"], self._config, self.shards_by_table, arguments["device"]
+                arguments["grouped_configs"],
+                arguments["pg"],
+                self._config,
+                self.shards_by_table,
+                arguments["device"],
+                codecs_of(self.qcomm_codecs_registry, self.comm_op),
             )
         return self._placement
 
@@ -77,6 +85,7 @@ class RowReplicatedPooledEmbeddingSharding(RowReplicatedStages, RwPooledEmbeddin
     lookup_class = ReplicatedBagLookup
     input_dist_class = ColdIdsDist
     output_dist_class = PartialSumsDist
+    comm_op = BAGS
 
 
 class RowReplicatedSequenceEmbeddingSharding(RowReplicatedStages, RwSequenceEmbeddingSharding):
@@ -86,6 +95,7 @@ class RowReplicatedSequenceEmbeddingSharding(RowReplicatedStages, RwSequenceEmbe
     lookup_class = ReplicatedSequenceLookup
     input_dist_class = SequenceIdsDist
     output_dist_class = SequenceRowsDist
+    comm_op = SEQUENCES
 
 
 def het_row_replicated(options: ReplicaOptions | None = None):
@@ -106,7 +116,7 @@ def replica_config(options_by_table: dict[str, ReplicaOptions], hot_rows) -> Rep
     if len(distinct) > 1:
         raise ValueError(
             f"het_row_replicated tables {sorted(options_by_table)} of one module must share replica_sync_every, "
-            "wire_dtype, skip_all_hot, local_world_size and online counting; their options differ"
+            "skip_all_hot, local_world_size and online counting; their options differ"
         )
     first = next(iter(options_by_table.values()))
     tiers = None
@@ -115,7 +125,7 @@ def replica_config(options_by_table: dict[str, ReplicaOptions], hot_rows) -> Rep
         tiers = ChosenTiers({name: named[name] for name in options_by_table if name in named})
     return ReplicationConfig(
         tiers=tiers, replica_sync_every=first.replica_sync_every, skip_all_hot=first.skip_all_hot,
-        local_world_size=first.local_world_size, wire_dtype=first.wire_dtype,
+        local_world_size=first.local_world_size,
         online_profile_steps=first.online_profile_steps if first.counted_online else 0,
         online_max_hot_fraction=first.online_max_hot_fraction,
     )  # fmt: skip
