@@ -8,7 +8,7 @@ budget (``cpu_budget`` recorded): those with ``busy_share`` 0 give the range a u
 user running only that entry gets against stock, compared with the entry's ratio in company.
 """
 
-from torchrec_het_bench import report
+from torchrec_het_bench import report, versus
 
 STOCK = "stock_table_wise"
 
@@ -24,12 +24,22 @@ def _setting(results: dict) -> tuple:
     )
 
 
-def _ratio(results: dict, name: str) -> float | None:
-    """The entry's samples/s over stock table_wise's in the same run."""
+def _ratio(results: dict, name: str, base: str = STOCK) -> float | None:
+    """The entry's samples/s over ``base``'s (stock table_wise) in the same run."""
     entries = {c["name"]: c for c in report.ran(results["configs"])}
-    if name not in entries or STOCK not in entries:
+    if name not in entries or base not in entries:
         return None
-    return entries[name]["samples_per_s"]["median"] / entries[STOCK]["samples_per_s"]["median"]
+    return entries[name]["samples_per_s"]["median"] / entries[base]["samples_per_s"]["median"]
+
+
+def _same_codecs_rows(results: dict) -> list[tuple[str, str]]:
+    """(plugin entry, stock table_wise under the same quantized comms) of a run's entries run under codecs."""
+    out = []
+    for c in report.ran(results["configs"]):
+        peer = None if c.get("stock") else versus.same_codecs_stock(results, c)
+        if peer is not None:
+            out.append((c["name"], peer["name"]))
+    return out
 
 
 def _speed(results: dict) -> float:
@@ -78,7 +88,8 @@ def render_ranges(runs: list[dict]) -> str:
         slowed = [r for r in group if r.get("busy_share")]
         if len(normal) < 2:
             continue
-        names = [c["name"] for c in report.by_workload(normal[0]["configs"]) if c["name"] != STOCK]
+        names = [(c["name"], STOCK) for c in report.by_workload(normal[0]["configs"]) if c["name"] != STOCK]
+        names += _same_codecs_rows(normal[0])
         alone = alone_pairs(runs, _setting(normal[0]))
         budget = normal[0]["cpu_budget"]
         busy = ", ".join(f"{r['busy_share']:.0%}" for r in slowed) or "-"
@@ -95,23 +106,25 @@ def render_ranges(runs: list[dict]) -> str:
             + " | range | slowed | alone | in company − alone |",
             "|---|" + "---|" * (len(normal) + 4),
         ]
-        for name in names:
-            ratios = [_ratio(r, name) for r in normal]
+        for name, base in names:
+            ratios = [_ratio(r, name, base) for r in normal]
             known = [x for x in ratios if x is not None]
-            slow = [x for x in (_ratio(r, name) for r in slowed) if x is not None]
-            solo = alone.get(name, [])
+            slow = [x for x in (_ratio(r, name, base) for r in slowed) if x is not None]
+            solo = alone.get(name, []) if base == STOCK else []
             company = sum(known) / len(known) if known else None
             gap = "-" if not solo or company is None else f"{(company / (sum(solo) / len(solo)) - 1):+.1%}"
             cells = ["-" if x is None else f"{x:.2f}×" for x in ratios]
+            label = name if base == STOCK else f"{name} × {base} (same codecs)"
             lines.append(
-                f"| {name} | " + " | ".join(cells) + f" | {_span(known)} | {_span(slow)} | {_span(solo)} | {gap} |"
+                f"| {label} | " + " | ".join(cells) + f" | {_span(known)} | {_span(slow)} | {_span(solo)} | {gap} |"
             )
         sections.append("\n".join(lines))
     if not sections:
         return ""
     return (
         "## Claims as ranges\n\n"
-        "Every entry's samples/s over stock table_wise's, per run of one setting under the one CPU budget "
+        "Every entry's samples/s over stock table_wise's (an entry run under quantized comms also over stock "
+        "table_wise's under the same codecs), per run of one setting under the one CPU budget "
         "([measuring.md](measuring.md#cpu-budget)); a claim holds over the whole range and on the slowed "
         "machine.\n\n" + "\n\n".join(sections) + "\n"
     )

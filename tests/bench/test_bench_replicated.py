@@ -119,8 +119,8 @@ def test_codecs_on_the_plugins_sharder_halve_its_partial_sums(results: dict) -> 
     # fp16 partial sums: half the forward embedding bytes; the ids are not quantized
     assert 0 < fp16["bytes_per_step"]["fwd_emb"] <= 0.51 * fp32["bytes_per_step"]["fwd_emb"]
     assert fp16["bytes_per_step"]["fwd_ids"] == fp32["bytes_per_step"]["fwd_ids"]
-    # bf16 gradients of the partials; the replica syncs (an all-reduce) stay fp32
+    # bf16 gradients of the partials, and bf16 sums in the replica syncs (their touch counts stay fp32)
     assert fp16["bytes_per_step"]["bwd_grad"] < fp32["bytes_per_step"]["bwd_grad"]
     syncs = [c["embedding_cross_rank_by_collective"]["all_reduce"] for c in (fp32, fp16)]
-    assert syncs[0] == syncs[1] > 0
+    assert 0 < syncs[1] < 0.8 * syncs[0]
     assert abs(fp16["auc"] - fp32["auc"]) < 5e-3

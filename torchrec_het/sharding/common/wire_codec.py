@@ -13,8 +13,11 @@ float payload that crosses ranks:
 - ``het_cached_row_wise``: the rows fetched (forward) and the gradients pushed (backward), keyed
   ``POOLED_EMBEDDINGS_ALL_TO_ALL``.
 
-Ids, counts, versions and the replica syncs (a data-parallel all-reduce, which TorchRec does not
-quantize either) stay as they are.
+The replica syncs of ``het_row_replicated`` sum hot rows' gradients over ranks (an all-reduce): they
+take the backward codec of TorchRec's summing collective (``POOLED_EMBEDDINGS_REDUCE_SCATTER``) when it
+is fp16 or bf16, summing in that dtype as TorchRec's quantized reduce-scatter does (:func:`summing_dtype`;
+other codecs cannot be summed as sent, and those syncs stay fp32). Ids, counts, versions, optimizer
+state and the copies of weights stay as they are.
 
 The plugin's exchanges send variable segments (one per destination), so a codec that quantizes
 in blocks (INT8 and FP8 row-wise: ``row_dim``; MX4: its group) gets every segment padded to a
@@ -29,6 +32,7 @@ import torch.nn.functional as F
 from torchrec.distributed.types import CommOp, NoOpQuantizedCommCodec, QuantizedCommCodecs
 
 BAGS = CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL
+SUMS = CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER
 SEQUENCES = CommOp.SEQUENCE_EMBEDDINGS_ALL_TO_ALL
 
 _BLOCKED = {"int8": "row_dim", "fp8": "row_dim", "mx4": "mx_group_size"}  # quantized in blocks of ctx.<attr>
@@ -39,6 +43,13 @@ def codecs_of(registry: dict | None, comm_op: CommOp) -> "WireCodecs":
     """The codecs the sharder's ``qcomm_codecs_registry`` gives ``comm_op`` (none: fp32 both ways)."""
     codecs = registry.get(comm_op.name) if registry else None
     return WireCodecs(codecs)
+
+
+def summing_dtype(registry: dict | None) -> torch.dtype:
+    """The dtype gradients summed over ranks travel in: the backward codec of TorchRec's summing
+    collective (``POOLED_EMBEDDINGS_REDUCE_SCATTER``) when it is fp16 or bf16, else fp32."""
+    backward = codecs_of(registry, SUMS).backward
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(backward.name, torch.float32)
 
 
 class WireCodec:

@@ -160,8 +160,9 @@ class ReplicaHolder:
             rows = g.local_rows(ids[part], tables[part])
             owned.append(owned_rows(kernels[module_index], table_of[tables[part]], rows, part, g.dim))
         return ReplicaBlock(
-            ids, g.dim, names.pop(), kernels, module_of[tables], eps, owned, sync_every, pg, self.device, hosts=hosts
-        )
+            ids, g.dim, names.pop(), kernels, module_of[tables], eps, owned, sync_every, pg, self.device, hosts=hosts,
+            sync_dtype=self.placement.sync_dtype,
+        )  # fmt: skip
 
     def replica_nbytes(self) -> int:
         """Bytes this rank holds beyond its shards: the replica blocks and the placement's route map."""

@@ -32,6 +32,8 @@ class ReplicaPlacement:
         device: where the batches arrive.
         codecs: the quantized-comms codecs of the partial sums or rows sent (TorchRec's, from the
             sharder's ``qcomm_codecs_registry``; None: fp32).
+        sync_dtype: the dtype the replica syncs sum gradients in
+            (:func:`~torchrec_het.sharding.common.wire_codec.summing_dtype`).
 
     Attributes:
         rank, world_size, local_world_size: this rank, the group's size, ranks per host.
@@ -47,13 +49,14 @@ class ReplicaPlacement:
 
     def __init__(
         self, grouped_configs, pg, config: ReplicationConfig, shards_by_table, device=None,
-        codecs: WireCodecs | None = None,
+        codecs: WireCodecs | None = None, sync_dtype: torch.dtype = torch.float32,
     ) -> None:  # fmt: skip
         self.config, self._pg = config, pg
         self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
         self.local_world_size = config.ranks_per_host(self.world_size)
         self.device = device if device is not None else torch.device("cpu")
         self.codecs = codecs if codecs is not None else WireCodecs()
+        self.sync_dtype = sync_dtype
         self.exchange_pg = dedicated_group(pg)  # the dists' exchanges
         self.tables: dict[int, list[TableInfo]] = {}  # per width: its tables, in the sharding's order
         self.positions: list[tuple[int, str]] = []

@@ -53,15 +53,17 @@ class ReplicaBlock:
         hosts: ``pg``'s host subgroups: the sums run within each host, then between host
             leaders, then back within the host (:class:`~torchrec_het.sharding.row_replicated.sync.HostGroups`);
             None: flat all-reduces on ``pg``.
+        sync_dtype: the dtype the gradient syncs sum in (a quantized-comms codec's; every rank
+            still gets the same bits). Refreshes copy rows in fp32.
     """
 
     def __init__(
         self, hot_ids, dim, optimizer, kernels, kernel_of, eps, owned: list[OwnedRows], sync_every, pg, device,
-        hosts: HostGroups | None = None,
+        hosts: HostGroups | None = None, sync_dtype: torch.dtype = torch.float32,
     ) -> None:  # fmt: skip
         rows = hot_ids.numel()
         self.hot_ids, self.dim, self.optimizer, self.pg = hot_ids.to(device), dim, optimizer, pg
-        self.hosts = hosts
+        self.hosts, self.sync_dtype = hosts, sync_dtype
         self.weights = torch.zeros(rows, dim, device=device)
         self.state = torch.zeros(rows, square_width(optimizer, dim), device=device)
         self.kernels, self.kernel_of = kernels, kernel_of.to(device)
@@ -199,7 +201,7 @@ class ReplicaBlock:
     def _start(self) -> None:
         if self.dense_sync:  # one all-reduce of every row's gradient and touch count
             summed = torch.cat([self.pending, self.touches.unsqueeze(1)], 1)
-            self._dense = (self._all_reduce(summed, async_op=True), summed)
+            self._dense = (self._sum_gradients(summed), summed)
             return
         touches = self.touches.clone()
         self._touches = (self._all_reduce(touches, async_op=True), touches)
@@ -218,7 +220,15 @@ class ReplicaBlock:
         if self.holds_squares:  # and this rank's squares beyond its own sum's (see ``_apply``)
             beyond = self.squares.index_select(0, touched) - squares_of(self.optimizer, grads).float()
             grads = torch.cat([grads, beyond], 1)
-        self._grads = (self._all_reduce(grads, async_op=True), touched, grads, touches.index_select(0, touched))
+        self._grads = (self._sum_gradients(grads), touched, grads, touches.index_select(0, touched))
+
+    def _sum_gradients(self, tensor: torch.Tensor):
+        """Starts summing ``tensor`` (gradients) over the ranks in ``sync_dtype``; the handle's
+        ``wait()`` leaves the sum in ``tensor``."""
+        if self.sync_dtype == tensor.dtype:
+            return self._all_reduce(tensor, async_op=True)
+        sent = tensor.to(self.sync_dtype)
+        return _CopiedBack(self._all_reduce(sent, async_op=True), sent, tensor)
 
     def _all_reduce(self, tensor: torch.Tensor, async_op: bool = False):
         """Sums ``tensor`` over the ranks: flat on ``pg``, or hierarchically over ``hosts``."""
@@ -343,3 +353,15 @@ def read_rows(anchor: torch.Tensor, block: ReplicaBlock, slots: torch.Tensor) ->
     """``[len(slots), dim]``: the block's rows ``slots`` as they are now, differentiable: their
     gradients go to the block (``anchor``, a tensor that requires grad, puts them in the graph)."""
     return _BlockRows.apply(anchor, block, slots)
+
+
+class _CopiedBack:
+    """A started sum of ``sent`` (another dtype); ``wait()`` copies it into ``into``."""
+
+    def __init__(self, work, sent: torch.Tensor, into: torch.Tensor) -> None:
+        self.work, self.sent, self.into = work, sent, into
+
+    def wait(self) -> bool:
+        self.work.wait()
+        self.into.copy_(self.sent)
+        return True

@@ -19,7 +19,7 @@ from torchrec_het._compat import sharding_lookup_arguments
 from torchrec_het.plan_options import ReplicaOptions
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharding.common.row_wise import StagedSharding, row_wise_as
-from torchrec_het.sharding.common.wire_codec import BAGS, SEQUENCES, codecs_of
+from torchrec_het.sharding.common.wire_codec import BAGS, SEQUENCES, codecs_of, summing_dtype
 from torchrec_het.sharding.row_replicated.dists import ColdIdsDist, PartialSumsDist, SequenceIdsDist, SequenceRowsDist
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup, ReplicatedSequenceLookup
 from torchrec_het.sharding.row_replicated.placement import ReplicaPlacement
@@ -62,6 +62,7 @@ class RowReplicatedStages(StagedSharding):
                 self.shards_by_table,
                 arguments["device"],
                 codecs_of(self.qcomm_codecs_registry, self.comm_op),
+                summing_dtype(self.qcomm_codecs_registry),
             )
         return self._placement
 
