@@ -229,6 +229,18 @@ def uses_index_dedup(sharder: Any) -> bool:
     return sharder._use_index_dedup
 
 
+def codec_precision(codec: Any) -> str | None:
+    """FBGEMM's quantized-comms codec's precision (``fp16``, ``int8``, ...; TorchRec's comm_ops read the
+    same attribute), or None for another codec class."""
+    precision = getattr(codec, "_comm_precision", None)
+    return None if precision is None else str(precision)
+
+
+def codec_row_dim(codec: Any) -> int:
+    """The row dim an FBGEMM codec quantizes in (fp8 row-wise, mx4); -1: none."""
+    return int(getattr(codec, "_row_dim", -1))
+
+
 def lookup_kernels(lookup: nn.Module) -> list[nn.Module]:
     """``GroupedPooledEmbeddingsLookup._emb_modules`` / ``GroupedEmbeddingsLookup._emb_modules``: a kernel per group."""
     return lookup._emb_modules

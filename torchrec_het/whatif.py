@@ -5,7 +5,9 @@ the one the benchmark checks against every run. Each table takes the cheapest of
 (its bytes over the links plus its compute): stock's plan chooses among table_wise (tables
 placed on the least loaded rank) and row_wise; the plugin's among those and
 ``het_row_replicated`` (hot rows: :func:`~torchrec_het.replication.hot_rows.replication_threshold`)
-and ``het_cached_row_wise``, exact and at each staleness. Pure: no process group, no GPU.
+and ``het_cached_row_wise``, exact and at each staleness; every option under the quantized-comms
+codecs of the ``sharders`` given (their ``qcomm_codecs_registry``; none: fp32). Pure: no process
+group, no GPU.
 """
 
 import math
@@ -14,7 +16,15 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from torchrec_het.planner.access import zipf_shares
-from torchrec_het.planner.step_model import Cluster, Compute, Links, PlannedTable, StepPrediction, predict_step
+from torchrec_het.planner.step_model import (
+    Cluster,
+    Compute,
+    Links,
+    PlannedTable,
+    StepPrediction,
+    predict_step,
+    with_codecs,
+)
 from torchrec_het.replication.hot_rows import hot_row_count, replication_threshold
 from torchrec_het.replication.memory import bytes_per_row, replica_copies
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
@@ -104,7 +114,9 @@ def coarse_tail(reads: torch.Tensor, limit: int = 1 << 18, small: float = TAIL_R
     return torch.cat([reads[:head], summed])
 
 
-def _planned(shape: TableShape, kind: str, cluster: Cluster, staleness: int = 0) -> PlannedTable:
+def _planned(
+    shape: TableShape, kind: str, cluster: Cluster, staleness: int = 0, sharders: list | None = None
+) -> PlannedTable:
     reads = shape.reads_per_rank * cluster.world_size  # per step over all ranks
     settings: dict = {}
     if kind == HET_ROW_REPLICATED:
@@ -114,9 +126,10 @@ def _planned(shape: TableShape, kind: str, cluster: Cluster, staleness: int = 0)
     elif kind == HET_CACHED_ROW_WISE:
         capacity = shape.entries(math.ceil(CACHE_SHARE * shape.rows))
         settings = dict(hot=reads[:capacity], s_read=staleness, s_write=staleness)
-    return PlannedTable(
+    table = PlannedTable(
         shape.name, shape.rows, shape.dim, shape.features, shape.ids_per_sample, kind, reads=reads, **settings
     )
+    return with_codecs(table, sharders)
 
 
 def _memory(tables: list[PlannedTable], world_size: int, optimizer: str) -> float:
@@ -149,11 +162,13 @@ def _place(tables: list[PlannedTable], cluster: Cluster) -> list[PlannedTable]:
 def choose_plan(
     shapes: list[TableShape], cluster: Cluster, links: Links, compute: Compute, kinds: tuple, staleness: int = 0,
     pipeline: str = "sparse_dist", dense_params: int = 0, optimizer: str = "exact_row_wise_adagrad", label: str = "",
+    sharders: list | None = None,
 ) -> PlanChoice:  # fmt: skip
     """The cheapest plan by the whole-plan prediction among: each table's cheapest option among
-    ``kinds`` (its own bytes and its share of the lookups), and every table of one kind."""
-    candidates = [_per_table(shapes, cluster, links, compute, kinds, staleness, pipeline)]
-    candidates += [[_planned(s, kind, cluster, staleness) for s in shapes] for kind in kinds]
+    ``kinds`` (its own bytes and its share of the lookups), and every table of one kind; each
+    priced under the codecs of ``sharders``."""
+    candidates = [_per_table(shapes, cluster, links, compute, kinds, staleness, pipeline, sharders)]
+    candidates += [[_planned(s, kind, cluster, staleness, sharders) for s in shapes] for kind in kinds]
     best = None
     for tables in candidates:
         placed = _place(tables, cluster)
@@ -167,13 +182,13 @@ def choose_plan(
     return PlanChoice(label, placed, prediction, _memory(placed, cluster.world_size, optimizer), types)
 
 
-def _per_table(shapes, cluster, links, compute, kinds, staleness, pipeline) -> list[PlannedTable]:
+def _per_table(shapes, cluster, links, compute, kinds, staleness, pipeline, sharders=None) -> list[PlannedTable]:
     """Each table's cheapest option among ``kinds`` by its own bytes and its share of the lookups."""
     chosen, best = [], {}  # tables of one shape and skew choose alike: once per shape
     for shape in shapes:
         key = (shape.rows, shape.dim, shape.features, shape.ids_per_sample, float(shape.reads_per_rank.sum()))
         if key not in best:
-            options = [_planned(shape, kind, cluster, staleness) for kind in kinds]
+            options = [_planned(shape, kind, cluster, staleness, sharders) for kind in kinds]
             costs = [_table_cost(option, cluster, links, compute, pipeline, len(shapes)) for option in options]
             best[key] = options[min(range(len(options)), key=lambda i: costs[i])]
         chosen.append(replace(best[key], name=shape.name))
@@ -198,9 +213,10 @@ def _table_cost(
 def compare(
     shapes: list[TableShape], cluster: Cluster, links: Links, compute: Compute, staleness: tuple[int, ...] = (0, 10),
     pipeline: str = "sparse_dist", dense_params: int = 0, optimizer: str = "exact_row_wise_adagrad",
+    sharders: list | None = None,
 ) -> list[PlanChoice]:  # fmt: skip
-    """Stock's best plan, then the plugin's at each staleness (0: exact)."""
-    common = dict(pipeline=pipeline, dense_params=dense_params, optimizer=optimizer)
+    """Stock's best plan, then the plugin's at each staleness (0: exact); all under the codecs of ``sharders``."""
+    common = dict(pipeline=pipeline, dense_params=dense_params, optimizer=optimizer, sharders=sharders)
     plans = [choose_plan(shapes, cluster, links, compute, STOCK, 0, label="stock", **common)]
     for s in staleness:
         kinds = STOCK + (HET_ROW_REPLICATED, HET_CACHED_ROW_WISE)

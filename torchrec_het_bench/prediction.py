@@ -5,7 +5,8 @@ training stream (the profile the ``planned`` configurations plan with), and time
 on this machine: a TBE lookup of the preset's width (forward, backward and fused update, per
 id) and the DLRM's dense part (bottom MLP, interaction, top MLP, loss, backward and Adagrad
 step, per sample). The links are those the run measured (``network.links``). Per entry,
-rank 0 reads the plan the entry trained with (each table's type, placement and settings) and
+rank 0 reads the plan the entry trained with (each table's type, placement and settings) and the
+quantized-comms codecs of the sharders it was sharded with (their ``qcomm_codecs_registry``), and
 asks :func:`torchrec_het.planner.step_model.predict_step` for its bytes and step.
 
 Nothing here reads what an entry measured: the prediction is made before training, from the
@@ -23,7 +24,7 @@ from torch import nn
 
 from torchrec_het.plan_options import options_of
 from torchrec_het.planner.compute_costs import default_compute_costs
-from torchrec_het.planner.step_model import Cluster, Compute, Links, PlannedTable, predict_step
+from torchrec_het.planner.step_model import Cluster, Compute, Links, PlannedTable, predict_step, with_codecs
 from torchrec_het.replication.config import ReplicaOptions
 from torchrec_het.replication.profile import AccessProfile, count_accesses
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
@@ -245,6 +246,7 @@ def predict_entry(sharded, tables: list, inputs: ModelInputs, spec, pipeline: st
     ws, local = spec.world_size, spec.local_world_size
     cluster = Cluster(ws, local, batch)
     planned = planned_tables(module_plan(sharded), tables, inputs.profile, ws, batch, built_tiers(sharded))
+    planned = [with_codecs(table, sharded.model.sharders) for table in planned]  # the sharders' codecs
     model_pipeline = PIPELINE_MODEL.get(pipeline, "sparse_dist")
     try:
         step = predict_step(planned, cluster, inputs.links, inputs.compute, model_pipeline, inputs.dense_params)

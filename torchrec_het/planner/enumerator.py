@@ -20,7 +20,8 @@ from torchrec.distributed.types import ModuleSharder, ShardingType
 
 from torchrec_het import _compat
 from torchrec_het.planner.estimators import HetPerfEstimator, HetStorageEstimator
-from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing, attach_options
+from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing, attach_options, attach_wire
+from torchrec_het.planner.qcomms import wire_precision
 
 ROW_WISE = ShardingType.ROW_WISE.value
 
@@ -36,7 +37,10 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
 
     Each plugin option carries the plan options its sharder gives the table
     (``sharder.table_options``, :func:`~torchrec_het.planner.pricing.priced_options`): the
-    estimators price them and the planner puts them in the plan.
+    estimators price them and the planner puts them in the plan. It also carries the wire bytes of
+    the codecs its sharder's ``qcomm_codecs_registry`` gives its embeddings
+    (:func:`~torchrec_het.planner.pricing.priced_wire`); TorchRec's estimator prices the stock
+    options under the same registry.
     """
 
     def __init__(
@@ -85,6 +89,8 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
                     continue
                 twin = copy.deepcopy(option)
                 twin.sharding_type = sharding_type
+                registry = getattr(sharder, "qcomm_codecs_registry", None)
+                attach_wire(twin, wire_precision(registry, sharding_type, option.is_pooled))
                 table_options = getattr(sharder, "table_options", None)  # the plugin's sharders: their settings
                 if table_options is not None:
                     settings = table_options(option.module[1], option.name, sharding_type, self.world_size)

@@ -2,7 +2,8 @@
 
 A plugin option is first priced by TorchRec as the row_wise option it is built on (same
 shards); then its communication is replaced by the plugin's expected bytes
-(:mod:`torchrec_het.planner.traffic`) over the topology's bandwidth (on several hosts,
+(:mod:`torchrec_het.planner.traffic`; embeddings at the wire bytes of its sharder's quantized-comms
+codecs, :mod:`torchrec_het.planner.qcomms`) over the topology's bandwidth (on several hosts,
 the bytes that stay within a host, of the per-host tier and the hierarchical replica sync,
 over the intra-host bandwidth), its compute grows by
 the lookups' measured extra cost per id (:mod:`torchrec_het.planner.compute_costs`) times the

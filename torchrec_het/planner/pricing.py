@@ -1,7 +1,9 @@
 """What the planner assumes about the plugin's types: the reads behind them and their lookups'
 compute (:mod:`torchrec_het.planner.compute_costs`). Their settings are each option's plan options
 (:mod:`torchrec_het.plan_options`), which the enumerator takes from the sharders
-(:func:`attach_options`): the planner prices what the plan carries and the sharded module builds."""
+(:func:`attach_options`): the planner prices what the plan carries and the sharded module builds.
+Their embeddings and gradients are priced at the wire bytes of the codecs the sharder's
+``qcomm_codecs_registry`` gives them (:func:`attach_wire`, :mod:`torchrec_het.planner.qcomms`)."""
 
 import math
 from dataclasses import dataclass, field
@@ -12,7 +14,15 @@ from torchrec_het.config import CacheSettings
 from torchrec_het.plan_options import PlanOptions, ReplicaOptions, check_options
 from torchrec_het.planner.access import AccessModel
 from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs, setting_class
-from torchrec_het.planner.traffic import Bytes, TableLoad, cached_bytes, row_replicated_bytes, sequence_replicated_bytes
+from torchrec_het.planner.traffic import (
+    FP32,
+    Bytes,
+    TableLoad,
+    WirePrecision,
+    cached_bytes,
+    row_replicated_bytes,
+    sequence_replicated_bytes,
+)
 from torchrec_het.replication.hot_rows import host_row_count, hot_row_count, replication_threshold
 from torchrec_het.replication.memory import TierTopology, replica_copies
 from torchrec_het.types import HET_ROW_REPLICATED, HET_SHARDING_TYPES
@@ -20,12 +30,23 @@ from torchrec_het.types import HET_ROW_REPLICATED, HET_SHARDING_TYPES
 PLUGIN_TYPES = HET_SHARDING_TYPES  # the one tuple of torchrec_het.types, under the planner's name
 
 OPTIONS_ATTR = "het_options"  # where an enumerated ShardingOption keeps its plan options
+WIRE_ATTR = "het_wire"  # ... and the wire bytes per element of its embeddings (its sharder's codecs)
 
 
 def attach_options(option: ShardingOption, options: PlanOptions) -> None:
     """Gives a plugin-typed ``option`` its plan options (kept through the planner's deep copies)."""
     check_options(option.sharding_type, options, option.name)
     setattr(option, OPTIONS_ATTR, options)
+
+
+def attach_wire(option: ShardingOption, wire: WirePrecision) -> None:
+    """Gives a plugin-typed ``option`` the wire bytes per element its sharder's codecs send its embeddings at."""
+    setattr(option, WIRE_ATTR, wire)
+
+
+def priced_wire(option: ShardingOption) -> WirePrecision:
+    """The wire bytes per element ``option`` is priced with: those attached, else fp32."""
+    return getattr(option, WIRE_ATTR, FP32)
 
 
 def priced_options(option: ShardingOption) -> PlanOptions:
@@ -149,11 +170,12 @@ class PluginPricing:
         return options.capacity_rows(option.tensor.shape[0])
 
     def bytes(self, option: ShardingOption, load: TableLoad) -> Bytes:
-        options = priced_options(option)
+        """``option``'s bytes per step, under its plan options and its codecs (:func:`priced_wire`)."""
+        options, wire = priced_options(option), priced_wire(option)
         if option.sharding_type == HET_ROW_REPLICATED:
             hot, sync = self.hot_rows(load, options), options.replica_sync_every
             if not option.is_pooled:
-                return sequence_replicated_bytes(load, hot, sync)
-            return row_replicated_bytes(load, hot, sync, self.host_rows(load, options, option.name))
+                return sequence_replicated_bytes(load, hot, sync, wire)
+            return row_replicated_bytes(load, hot, sync, self.host_rows(load, options, option.name), wire)
         capacity = options.capacity_rows(option.tensor.shape[0])
-        return cached_bytes(load, capacity, options.s_read, options.s_write, options.protocol)
+        return cached_bytes(load, capacity, options.s_read, options.s_write, options.protocol, wire)

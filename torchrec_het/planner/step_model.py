@@ -14,7 +14,11 @@ int64 ids, fp32 weights; table_wise returns each pooled bag to its rank, row_wis
 reduce-scatters every rank's partial of every bag and all-gathers the gradients. The plugin's
 types send their own (:mod:`~torchrec_het.planner.traffic`). Phases: ``ids`` (the input dist),
 ``emb_fwd`` (pooled bags, partial sums or rows), ``emb_bwd`` (their gradients and the replica
-sync), as the benchmark's ``fwd_ids`` / ``fwd_emb`` / ``bwd_grad``.
+sync), as the benchmark's ``fwd_ids`` / ``fwd_emb`` / ``bwd_grad``. Under TorchRec's quantized
+comms, embeddings and their gradients travel at their codecs' wire bytes per element
+(``PlannedTable.wire``; :func:`with_codecs` takes them from the sharders' ``qcomm_codecs_registry``,
+:mod:`~torchrec_het.planner.qcomms`), and replica syncs sum gradients in their summing dtype; ids,
+touch counts and data_parallel's all-reduce stay as they are.
 
 **Time** (seconds per step on the slowest rank), the assumptions:
 
@@ -42,10 +46,13 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from torchrec_het.planner.compute_costs import setting_class
+from torchrec_het.planner.qcomms import sharder_registry, wire_precision
 from torchrec_het.planner.traffic import (
     FLOAT,
+    FP32,
     Bytes,
     TableLoad,
+    WirePrecision,
     cached_bytes,
     counts_bytes,
     other_hosts_share,
@@ -142,6 +149,8 @@ class PlannedTable:
         s_read, s_write: het_cached_row_wise's bounds.
         pooled: an EmbeddingBagCollection's table (False: sequences).
         weighted: its features carry per-id weights.
+        wire: wire bytes per element of its embeddings, their gradients and its synced gradients
+            (its sharder's codecs; :func:`with_codecs`).
     """
 
     name: str
@@ -160,10 +169,18 @@ class PlannedTable:
     s_write: int = 0
     pooled: bool = True
     weighted: bool = False
+    wire: WirePrecision = FP32
 
     @property
     def setting(self) -> str:
         return setting_class(self.sharding_type, self.sync_every, self.s_read, self.s_write)
+
+
+def with_codecs(table: PlannedTable, sharders: list | None) -> PlannedTable:
+    """``table`` priced under the codecs of its sharder among ``sharders`` (its module's kind: bags
+    or sequences; no sharder or no registry: fp32)."""
+    registry = sharder_registry(sharders, table.pooled)
+    return replace(table, wire=wire_precision(registry, table.sharding_type, table.pooled))
 
 
 @dataclass(frozen=True)
@@ -249,12 +266,13 @@ def table_bytes(table: PlannedTable, cluster: Cluster) -> PhaseBytes:
     if kind in ("table_wise", "column_wise", "table_column_wise", "row_wise"):
         ids = torch.tensor([float(batch * ws * table.ids_per_sample)], dtype=torch.float64)
         if kind == "row_wise":
-            phases = _as_phases(row_wise_bytes(TableLoad(ids, bags, table.dim, ws, weighted=table.weighted)))
+            load = TableLoad(ids, bags, table.dim, ws, weighted=table.weighted)
+            phases = _as_phases(row_wise_bytes(load, table.wire))
         else:  # each column shard is a table of its width: its lengths and ids go to its owner
             phases = PhaseBytes()
             for width in table.shard_dims or (table.dim,):
                 load = TableLoad(ids, bags, width, ws, weighted=table.weighted)
-                phases = phases.add(_as_phases(table_wise_bytes(load)))
+                phases = phases.add(_as_phases(table_wise_bytes(load, table.wire)))
     elif kind in (HET_ROW_REPLICATED, HET_CACHED_ROW_WISE):
         phases = _plugin_phases(table, cluster, bags)
     else:
@@ -275,14 +293,14 @@ def _plugin_phases(table: PlannedTable, cluster: Cluster, bags: float) -> PhaseB
     ordered = torch.cat([hot.double(), host.double(), torch.tensor([rest], dtype=torch.float64)])
     load = TableLoad(ordered, bags, table.dim, ws, topology, weighted=table.weighted)
     if table.sharding_type == HET_ROW_REPLICATED and table.pooled:
-        return _as_phases(row_replicated_bytes(load, hot.numel(), table.sync_every, host.numel()))
+        return _as_phases(row_replicated_bytes(load, hot.numel(), table.sync_every, host.numel(), table.wire))
     # the cache and the sequences' fetches count distinct rows: every row's reads, hottest first
     descending = bool((reads[:-1] >= reads[1:]).all()) if reads.numel() > 1 else True
     by_row = replace(load, reads=reads.double() if descending else torch.sort(reads.double(), descending=True).values)
     if table.sharding_type == HET_ROW_REPLICATED:
-        traffic = sequence_replicated_bytes(by_row, hot.numel(), table.sync_every)
+        traffic = sequence_replicated_bytes(by_row, hot.numel(), table.sync_every, table.wire)
     else:
-        traffic = cached_bytes(by_row, hot.numel(), table.s_read, table.s_write)
+        traffic = cached_bytes(by_row, hot.numel(), table.s_read, table.s_write, wire=table.wire)
     return _as_phases(traffic)
 
 

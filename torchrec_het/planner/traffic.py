@@ -3,7 +3,11 @@
 Every figure is bytes per training step summed over ranks (what the benchmark counts), for
 one table, from its rows' reads per step (:mod:`torchrec_het.planner.access`), for
 ``het_row_replicated`` (bags and sequences), ``het_cached_row_wise``, and ``row_wise`` /
-``table_wise`` for comparison.
+``table_wise`` for comparison. Embeddings (pooled bags, partial sums, rows) and their gradients
+travel at the wire bytes per element of the quantized-comms codecs they take
+(:class:`WirePrecision`, :mod:`torchrec_het.planner.qcomms`; fp32 by default), and replicated
+rows' gradients sum in the replica syncs' dtype; ids, lengths, versions and touch counts stay as
+they are.
 
 Model: docs/internals.md#planner-traffic
 """
@@ -16,6 +20,20 @@ import torch
 from torchrec_het.replication.memory import TierTopology
 
 FLOAT, ID, LENGTH = 4, 8, 4  # bytes of an fp32 value, an int64 id, an int32 length or id pair half
+
+
+@dataclass(frozen=True)
+class WirePrecision:
+    """Wire bytes per fp32 element of a collective's embeddings: ``forward`` (pooled bags, partial
+    sums, rows) and ``backward`` (their gradients), as their quantized-comms codecs send them;
+    ``sync``: of the gradients ``het_row_replicated``'s replica syncs sum (their summing dtype)."""
+
+    forward: float = float(FLOAT)
+    backward: float = float(FLOAT)
+    sync: float = float(FLOAT)
+
+
+FP32 = WirePrecision()  # no codec
 
 
 @dataclass(frozen=True)
@@ -83,9 +101,12 @@ class Bytes:
         return self.forward + self.backward + self.sync
 
 
-def row_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1, host_rows: int = 0) -> Bytes:
+def row_replicated_bytes(
+    load: TableLoad, hot_rows: int, sync_every: int = 1, host_rows: int = 0, wire: WirePrecision = FP32
+) -> Bytes:
     """``het_row_replicated`` with the ``hot_rows`` hottest rows on every rank and the next
-    ``host_rows`` once per host (several hosts)."""
+    ``host_rows`` once per host (several hosts); partial sums, their gradients and the synced
+    gradients at ``wire``."""
     ws, dim = load.world_size, load.dim
     hot = load.reads[:hot_rows]
     host = load.reads[hot_rows : hot_rows + host_rows]
@@ -94,21 +115,21 @@ def row_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1, ho
     partials = _distinct_servers(load, remote_cold)
     # a (bag, row) int32 pair per cold id (after the group's counts: :func:`counts_bytes`)
     ids = remote_cold * (2 * LENGTH + (FLOAT if load.weighted else 0))
-    forward = ids + partials * dim * FLOAT
-    backward = partials * dim * FLOAT
+    forward = ids + partials * dim * wire.forward
+    backward = partials * dim * wire.backward
     intra_forward = intra_backward = combine = 0.0
     if host_rows and load.hosts > 1:  # read within the host; each host's summed gradient to the others' holders
         local, hosts = ws // load.hosts, load.hosts
         reads_here = float(host.sum()) * (local - 1) / local
-        intra_forward = reads_here * (2 * LENGTH + dim * FLOAT)
-        intra_backward = reads_here * dim * FLOAT
+        intra_forward = reads_here * (2 * LENGTH + dim * wire.forward)
+        intra_backward = reads_here * dim * wire.backward
         touched = float((1.0 - torch.exp(-host / hosts)).sum())  # per host and step
-        combine = hosts * touched * (hosts - 1) * (dim * FLOAT + ID)
+        combine = hosts * touched * (hosts - 1) * (dim * wire.sync + ID)
         ids += reads_here * 2 * LENGTH
         forward += intra_forward
         backward += intra_backward + combine
     sync, sync_intra = (
-        (0.0, 0.0) if hot_rows == 0 or ws == 1 else replica_sync_bytes(hot, dim, ws, load.hosts, sync_every)
+        (0.0, 0.0) if hot_rows == 0 or ws == 1 else replica_sync_bytes(hot, dim, ws, load.hosts, sync_every, wire.sync)
     )
     # between hosts: the cold traffic's share to owners on other hosts, the per-host combine, the leaders' sync
     spread = forward - intra_forward + backward - intra_backward - combine
@@ -120,56 +141,61 @@ DENSE_SYNC_SHARE = 0.75  # a sync follows one that touched at least this share o
 
 
 def replica_sync_bytes(
-    hot: torch.Tensor, dim: int, ws: int, hosts: int = 1, sync_every: int = 1
+    hot: torch.Tensor, dim: int, ws: int, hosts: int = 1, sync_every: int = 1, grad_bytes: float = FLOAT
 ) -> tuple[float, float]:
     """(bytes per step over all ranks, of which within hosts) of summing replicated rows' gradients,
     ``hot``: reads per step of each replicated row.
 
     Once per ``sync_every`` steps. When most rows were touched since the last sync (at least
     ``DENSE_SYNC_SHARE``), one all-reduce of every row's gradient and touch count (``dim + 1``
-    floats a row); else an all-reduce of every row's touch count, then one of the touched rows'
-    gradients. An all-reduce of n bytes over k ranks moves ``2 (k - 1) n`` bytes in all. On several
-    hosts of several ranks it runs within each host, then the host leaders gather each other's
-    touched rows (a bit mask and the rows, padded to the most any leader has), then each leader
-    broadcasts the sum to its host."""
+    values a row, all in the summing dtype: ``grad_bytes`` each); else an all-reduce of every row's
+    touch count (fp32), then one of the touched rows' gradients. An all-reduce of n bytes over k
+    ranks moves ``2 (k - 1) n`` bytes in all. On several hosts of several ranks it runs within each
+    host, then the host leaders gather each other's touched rows (a bit mask and the rows, padded to
+    the most any leader has), then each leader broadcasts the sum to its host."""
     rows, window = hot.numel(), float(sync_every)
     touched = float((1.0 - torch.exp(-hot * window)).sum())  # rows some rank touched since the last sync
     if touched >= DENSE_SYNC_SHARE * rows:
-        reductions = [(rows, rows * (dim + 1))]  # (rows, floats) of each all-reduce
+        reductions = [(rows, rows * (dim + 1), grad_bytes)]  # (rows, values, bytes a value) of each all-reduce
     else:
-        reductions = [(rows, rows), (touched, touched * dim)]
+        reductions = [(rows, rows, FLOAT), (touched, touched * dim, grad_bytes)]
     if hosts == 1:
-        total = sum(2 * (ws - 1) * n * FLOAT for _, n in reductions)
+        total = sum(2 * (ws - 1) * n * size for _, n, size in reductions)
         return total / window, 0.0
     local = ws // hosts
     touched_by_host = float((1.0 - torch.exp(-hot * window / hosts)).sum())
     intra = inter = 0.0
-    for kept, n in reductions:
-        width = n / max(kept, 1.0)  # floats a row
-        intra += hosts * (2 * (local - 1) + (local - 1)) * n * FLOAT  # within each host, then the broadcast
+    for kept, n, size in reductions:
+        width = n / max(kept, 1.0)  # values a row
+        intra += hosts * (2 * (local - 1) + (local - 1)) * n * size  # within each host, then the broadcast
         host_rows = min(touched_by_host, kept)
-        inter += hosts * (hosts - 1) * (math.ceil(rows / 8) + host_rows * width * FLOAT + ID)
+        inter += hosts * (hosts - 1) * (math.ceil(rows / 8) + host_rows * width * size + ID)
     return (intra + inter) / window, intra / window
 
 
-def sequence_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1) -> Bytes:
-    """``het_row_replicated`` for an EmbeddingCollection: distinct cold rows fetched, not partials."""
+def sequence_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1, wire: WirePrecision = FP32) -> Bytes:
+    """``het_row_replicated`` for an EmbeddingCollection: distinct cold rows fetched, not partials
+    (rows, their gradients and the synced gradients at ``wire``)."""
     ws, dim = load.world_size, load.dim
     cold = load.reads[hot_rows:]
     fetched = float((1.0 - torch.exp(-cold / ws)).sum()) * ws * load.remote  # distinct rows per rank, summed
-    pooled = row_replicated_bytes(load, hot_rows, sync_every)  # for its sync term
+    pooled = row_replicated_bytes(load, hot_rows, sync_every, wire=wire)  # for its sync term
     ids = fetched * 2 * LENGTH  # a (position, row) int32 pair per distinct cold row
-    rows = fetched * dim * FLOAT
-    return Bytes(ids + rows, rows, pooled.sync, 0.0, pooled.intra_backward, ids)
+    return Bytes(
+        ids + fetched * dim * wire.forward, fetched * dim * wire.backward, pooled.sync, 0.0, pooled.intra_backward, ids
+    )
 
 
-def cached_bytes(load: TableLoad, capacity_rows: int, s_read: int, s_write: int, protocol: str = "het") -> Bytes:
+def cached_bytes(
+    load: TableLoad, capacity_rows: int, s_read: int, s_write: int, protocol: str = "het", wire: WirePrecision = FP32
+) -> Bytes:
     """``het_cached_row_wise`` with ``capacity_rows`` cached rows per rank (the hottest, in steady state).
 
     Each rank asks the owners about each distinct remote row it reads (``het``: all of them, an
     (id, held version) int64 pair; otherwise the ones not cached) and gets each one's version back
     (int64); rows come for those not cached (one row each); the rows a rank wrote go to their
-    owners every ``s_write + 1`` steps (a row and its id, once per row written in that window)."""
+    owners every ``s_write + 1`` steps (a row and its id, once per row written in that window).
+    Rows fetched and pushed at ``wire``, ids and versions as they are."""
     ws, dim = load.world_size, load.dim
     remote = load.remote * ws  # distinct rows read per step, summed over ranks, another rank owns: this share of
     distinct = (1.0 - torch.exp(-load.reads / ws)) * remote
@@ -179,23 +205,25 @@ def cached_bytes(load: TableLoad, capacity_rows: int, s_read: int, s_write: int,
     ids = (asked_all if protocol == "het" else misses) * 3 * ID
     window = s_write + 1
     written = float(((1.0 - torch.exp(-load.reads * window / ws)) * remote).sum())  # per window
-    backward = written * (dim * FLOAT + ID) / window
-    return Bytes(ids + misses * dim * FLOAT, backward, ids=ids)
+    backward = written * (dim * wire.backward + ID) / window
+    return Bytes(ids + misses * dim * wire.forward, backward, ids=ids)
 
 
-def row_wise_bytes(load: TableLoad) -> Bytes:
+def row_wise_bytes(load: TableLoad, wire: WirePrecision = FP32) -> Bytes:
     """Stock row_wise: every bag's length to every other rank and each id to its owner (TorchRec's
-    KJT all-to-all), every rank's partial of every bag reduce-scattered, gradients all-gathered."""
+    KJT all-to-all), every rank's partial of every bag reduce-scattered, gradients all-gathered
+    (both at ``wire``)."""
     ids = load.bags * LENGTH * (load.world_size - 1) + load.ids * load.remote * _id_bytes(load)
-    outputs = load.bags * load.dim * FLOAT * (load.world_size - 1)
-    return Bytes(ids + outputs, outputs, ids=ids)
+    outputs = load.bags * load.dim * (load.world_size - 1)
+    return Bytes(ids + outputs * wire.forward, outputs * wire.backward, ids=ids)
 
 
-def table_wise_bytes(load: TableLoad) -> Bytes:
-    """Stock table_wise: lengths and ids to the table's rank, pooled bags back, their gradients to it."""
+def table_wise_bytes(load: TableLoad, wire: WirePrecision = FP32) -> Bytes:
+    """Stock table_wise: lengths and ids to the table's rank, pooled bags back, their gradients to
+    it (both at ``wire``)."""
     ids = (load.bags * LENGTH + load.ids * _id_bytes(load)) * load.remote
-    outputs = load.bags * load.dim * FLOAT * load.remote
-    return Bytes(ids + outputs, outputs, ids=ids)
+    outputs = load.bags * load.dim * load.remote
+    return Bytes(ids + outputs * wire.forward, outputs * wire.backward, ids=ids)
 
 
 def _id_bytes(load: TableLoad) -> int:

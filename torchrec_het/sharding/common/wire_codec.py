@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torchrec.distributed.types import CommOp, NoOpQuantizedCommCodec, QuantizedCommCodecs
 
+from torchrec_het._compat import codec_precision, codec_row_dim
+
 BAGS = CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL
 SUMS = CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER
 SEQUENCES = CommOp.SEQUENCE_EMBEDDINGS_ALL_TO_ALL
@@ -62,9 +64,9 @@ class WireCodec:
 
     def __init__(self, codec=None) -> None:
         self.codec = None if codec is None or isinstance(codec, NoOpQuantizedCommCodec) else codec
-        precision = getattr(self.codec, "_comm_precision", None)  # FBGEMM's codec (TorchRec reads it too)
-        self.precision = str(precision) if precision is not None else ("fp32" if self.codec is None else "custom")
-        if self.precision == "fp8" and getattr(self.codec, "_row_dim", -1) <= 0:
+        precision = codec_precision(self.codec)  # FBGEMM's codec (TorchRec reads it too)
+        self.precision = precision if precision is not None else ("fp32" if self.codec is None else "custom")
+        if self.precision == "fp8" and codec_row_dim(self.codec) <= 0:
             self._block_attr = None  # FP8 without a row dim quantizes element by element
         else:
             self._block_attr = _BLOCKED.get(self.precision)

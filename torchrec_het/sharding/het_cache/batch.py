@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from torchrec_het.cache import PendingRows
+from torchrec_het.sharding.het_cache.coded_rows import CodedPayload, PayloadRows
 
 
 @dataclass
@@ -82,3 +83,5 @@ class CachedBatch:
     brings: torch.Tensor | None = None  # requester: which requests bring a row
     slot_plans: list[SlotPlan] | None = None  # requester: per group, between the versions and the rows
     rows_received: torch.Tensor | None = None  # fetched ahead: the rows, flat, by source
+    sent_rows: PayloadRows | None = None  # owner, under a forward codec: the rows it sends, per request
+    coded_rows: CodedPayload | None = None  # under a forward codec: the rows' exchange, both sides

@@ -5,6 +5,9 @@
 :class:`HetPushDist` (the backward's gradient pushes and the flush). The protocol is in
 :mod:`~torchrec_het.sharding.het_cache.lookup`; the lookup is local compute.
 
+Under the sharder's quantized comms, the rows' and the pushes' all-to-alls carry their values coded
+(:mod:`~torchrec_het.sharding.het_cache.coded_rows`): the same collectives, fewer bytes.
+
 Design (collectives and host syncs per step, fetching ahead): docs/internals.md#het-cache-dists
 """
 
@@ -20,6 +23,7 @@ from torchrec_het.sharding.common.context import HetShardingContext
 from torchrec_het.sharding.common.counts import gather_counts
 from torchrec_het.sharding.common.exchange import Exchange, exchange_counts, exchange_flat, start_exchange
 from torchrec_het.sharding.het_cache.batch import CachedBatch
+from torchrec_het.sharding.het_cache.coded_rows import CodedPayload
 
 
 class CacheSide(Protocol):
@@ -70,13 +74,12 @@ class HetRequestsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         else:
             replies = exchange_flat(batch.current, batch.recv_splits, batch.send_splits, self.pg)
         send, recv = lookup.expect_rows_ahead(batch, replies)
-        received = batch.payload.new_empty(sum(recv))
-        work = None
+        rows = None
         if any(send) or any(recv):
-            work = dist.all_to_all_single(received, batch.payload, recv, send, group=self.pg, async_op=True)
-        batch.rows_received = received
+            rows = _Payload(batch.payload, send, recv, self.pg, batch.coded_rows)
         batch.payload = batch.payload.new_empty(0)  # nothing left for the output dist to carry
-        return _RowsAhead(features, work)
+        batch.coded_rows = None
+        return _RowsAhead(features, batch, rows)
 
 
 class _RequestSplits(Awaitable[Awaitable[KeyedJaggedTensor]]):
@@ -109,15 +112,15 @@ class _RequestSplits(Awaitable[Awaitable[KeyedJaggedTensor]]):
 
 
 class _RowsAhead(Awaitable[KeyedJaggedTensor]):
-    """Second stage when fetching ahead: the rows arrived."""
+    """Second stage when fetching ahead: the rows arrived (``batch.rows_received``)."""
 
-    def __init__(self, features: KeyedJaggedTensor, work):
+    def __init__(self, features: KeyedJaggedTensor, batch: CachedBatch, rows: "_Payload | None"):
         super().__init__()
-        self.features, self.work = features, work
+        self.features, self.batch, self.rows = features, batch, rows
 
     def _wait_impl(self) -> KeyedJaggedTensor:
-        if self.work is not None:
-            self.work.wait()
+        rows, self.rows = self.rows, None
+        self.batch.rows_received = rows.wait() if rows is not None else self.batch.payload.new_empty(0)
         return self.features
 
 
@@ -161,7 +164,8 @@ class _FetchedBags(Awaitable[torch.Tensor]):
     def _wait_impl(self) -> torch.Tensor:
         lookup = self.dist._lookup[0]
         send, send_sizes, recv_sizes = lookup.rows_request(self.batch, self.exchange.wait(), self.training)
-        received = exchange_flat(send, send_sizes, recv_sizes, self.dist.pg)
+        coded, self.batch.coded_rows = self.batch.coded_rows, None
+        received = _Payload(send, send_sizes, recv_sizes, self.dist.pg, coded).wait()
         return lookup.settle_fetched(self.batch, received, self.training)
 
 
@@ -189,25 +193,39 @@ class HetPushDist:
         """Row d of ``counts`` (int64 ``[world_size, k]``) to rank d; returns what each rank sent here (blocking)."""
         return exchange_counts(counts, self.pg)
 
-    def start(self, flat: torch.Tensor, send: list[int], recv: list[int]) -> Awaitable[torch.Tensor]:
-        """Starts the backward's pushes (``send[d]`` floats to rank d); the awaitable returns what arrived."""
-        received = flat.new_empty(sum(recv))
-        work = dist.all_to_all_single(received, flat, recv, send, group=self.pg, async_op=True)
-        return _Pushes(work, received)
+    def start(
+        self, flat: torch.Tensor, send: list[int], recv: list[int], coded: CodedPayload | None = None
+    ) -> Awaitable[torch.Tensor]:
+        """Starts the backward's pushes (``send[d]`` floats to rank d; ``coded``: under the backward
+        codec); the awaitable returns what arrived."""
+        return _Payload(flat, send, recv, self.pg, coded)
 
-    def exchange(self, flat: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+    def exchange(
+        self, flat: torch.Tensor, send: list[int], recv: list[int], coded: CodedPayload | None = None
+    ) -> torch.Tensor:
         """A flush's pushes, at once (blocking)."""
-        return exchange_flat(flat, send, recv, self.pg)
+        return _Payload(flat, send, recv, self.pg, coded).wait()
 
 
-class _Pushes(Awaitable[torch.Tensor]):
-    """Pushes in flight; waited: what arrived, by source."""
+class _Payload(Awaitable[torch.Tensor]):
+    """A float payload's all-to-all in flight (the rows or the pushes: ``send[d]`` floats to rank d,
+    ``recv[s]`` from rank s); waited: what arrived, by source. ``coded``: its values travel under a
+    codec, the rest as it is (:mod:`~torchrec_het.sharding.het_cache.coded_rows`); what the wait
+    returns is laid out as without one."""
 
-    def __init__(self, work, received: torch.Tensor):
+    def __init__(self, flat: torch.Tensor, send: list[int], recv: list[int], pg, coded: CodedPayload | None = None):
         super().__init__()
-        self.work, self.received = work, received
+        self.coded, self.ctx = coded, None
+        if coded is not None:
+            self.ctx = coded.codec.context()
+            flat = coded.codec.pack(flat, coded.out, self.ctx)
+            send, recv = coded.codec.wire_splits(coded.out, self.ctx), coded.codec.wire_splits(coded.into, self.ctx)
+        self.received = flat.new_empty(sum(recv))
+        self.work = dist.all_to_all_single(self.received, flat.contiguous(), recv, send, group=pg, async_op=True)
 
     def _wait_impl(self) -> torch.Tensor:
         self.work.wait()
         received, self.received = self.received, None
-        return received
+        if self.coded is None:
+            return received
+        return self.coded.codec.unpack(received, self.coded.into, self.ctx)

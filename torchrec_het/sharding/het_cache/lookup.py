@@ -22,8 +22,10 @@ from torchrec_het.config import CacheSettings
 from torchrec_het.sharding.common.context import HetShardingContext
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.common.id_space import TableInfo
+from torchrec_het.sharding.common.wire_codec import WireCodecs
 from torchrec_het.sharding.het_cache import protocol
 from torchrec_het.sharding.het_cache.batch import CachedBatch
+from torchrec_het.sharding.het_cache.coded_rows import CodedPayload, PayloadRows, ValueCodec
 from torchrec_het.sharding.het_cache.dists import HetPushDist
 from torchrec_het.sharding.het_cache.groups import HetGroup
 from torchrec_het.sharding.het_cache.layout import GroupLayout
@@ -45,6 +47,8 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         shards_by_table: each table's shard metadata (row ranges per rank).
         device: compute device.
         env: sharding environment.
+        codecs: the quantized-comms codecs of the rows fetched (forward) and the gradients pushed
+            (backward), from the sharder's ``qcomm_codecs_registry``; None: fp32 both ways.
     """
 
     def __init__(
@@ -56,6 +60,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         shards_by_table,
         device=None,
         env=None,
+        codecs: WireCodecs | None = None,
     ) -> None:
         super().__init__(
             grouped_configs=grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
@@ -65,6 +70,8 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         self._compute_device = torch.device(device) if device is not None else torch.device("cpu")
         self.exchange_pg = dedicated_group(pg)  # the cache's exchanges and pushes (its dists')
         self._features = list(feature_names)
+        self.codecs = codecs if codecs is not None else WireCodecs()
+        self.row_codec = ValueCodec(self.codecs.forward)  # on the rows' values, not the state sent along
         self._step = 0
         self.prefetched_batches = 0  # batches ``prefetch`` prepared
         self._anchor = torch.zeros(
@@ -102,9 +109,16 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         for m in lookup_kernels(self):
             _tbe.optimizer_kind(m.emb_module)  # a clear error now for an optimizer the write path cannot step
         self.pushes = HetPushes(
-            self._groups, lookup_kernels(self), self._rank, self._ws, device, HetPushDist(self.exchange_pg)
+            self._groups,
+            lookup_kernels(self),
+            self._rank,
+            self._ws,
+            device,
+            HetPushDist(self.exchange_pg),
+            self.codecs.backward,
         )
         self._fetch_widths = torch.tensor([g.fetch_width for g in self._groups], dtype=torch.int64, device=device)
+        self._dims = torch.tensor([g.dim for g in self._groups], dtype=torch.int64, device=device)
 
     @property
     def groups(self) -> list[HetGroup]:
@@ -228,6 +242,8 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         widths = self._fetch_widths.index_select(0, group)
         batch.current = current
         batch.rows_out = torch.bincount(source[sends], widths[sends], minlength=self._ws).long()
+        if self.row_codec.active:  # where the values the codec takes sit among the rows sent
+            batch.sent_rows = self._payload_rows(source, group, sends)
         if len(self._groups) == 1:
             batch.payload = self.owned_rows.fetched(self._groups[0], parts[0][1][sends]).reshape(-1)
         else:  # rows of every group, read group by group, then placed in request order
@@ -261,7 +277,13 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         brings = protocol.sends(batch.held, replies, self._bounds_ahead.index_select(0, batch.group))
         rows_in = torch.bincount(batch.dest[brings], widths[brings], minlength=self._ws).long()
         batch.replies, batch.brings = replies, brings
-        send, recv = torch.stack([batch.rows_out, rows_in]).tolist()
+        per_rank = [batch.rows_out, rows_in]
+        if self.row_codec.active:
+            brought = self._payload_rows(batch.dest, batch.group, brings)
+            per_rank += [batch.sent_rows.values_per_rank(self._ws), brought.values_per_rank(self._ws)]
+        send, recv, *values = torch.stack(per_rank).tolist()
+        if self.row_codec.active:
+            self._code_rows(batch, brought, values, send, recv, heads=0)
         return send, recv
 
     def settle_ahead(self, batch: CachedBatch, training: bool) -> torch.Tensor:
@@ -295,11 +317,13 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         batch.rows_in = torch.bincount(batch.dest[brings], widths[brings], minlength=ws).long()
         batch.replies, batch.brings = replies, brings
         batch.writes = training and torch.is_grad_enabled()
-        rescans = self._plan_slots(
-            batch, brings, training, [batch.rows_out, batch.rows_in]
-        )  # the output dist's one host sync
+        read_along = [batch.rows_out, batch.rows_in]
+        if self.row_codec.active:
+            brought = self._payload_rows(batch.dest, batch.group, brings)
+            read_along += [batch.sent_rows.values_per_rank(ws), brought.values_per_rank(ws)]
+        rescans = self._plan_slots(batch, brings, training, read_along)  # the output dist's one host sync
         rows_out, rows_in = rescans[:ws], rescans[ws : 2 * ws]
-        push_counts = self._reserve(batch, rescans[2 * ws :], training)
+        push_counts = self._reserve(batch, rescans[len(read_along) * ws :], training)
         header = push_counts.to(torch.int32).view(torch.float32)  # [ws, heads]
         payload = batch.payload
         payload_rank = torch.repeat_interleave(
@@ -311,7 +335,34 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             heads, device=device
         )
         send.index_copy_(0, head_at.reshape(-1), header.reshape(-1))
-        return send, [heads + r for r in rows_out], [heads + r for r in rows_in]
+        send_sizes, recv_sizes = [heads + r for r in rows_out], [heads + r for r in rows_in]
+        if self.row_codec.active:
+            values = [rescans[2 * ws : 3 * ws], rescans[3 * ws : 4 * ws]]
+            self._code_rows(batch, brought, values, send_sizes, recv_sizes, heads)
+        return send, send_sizes, recv_sizes
+
+    # --- the forward codec: the rows' values ----------------------------------------------------
+
+    def _payload_rows(self, ranks: torch.Tensor, group: torch.Tensor, chosen: torch.Tensor) -> PayloadRows:
+        """The rows of the requests ``chosen`` (bool per request; ``ranks``: the other side of each,
+        ``group``: its group), as a payload carries them: the row's values, then its state."""
+        widths = torch.where(chosen, self._fetch_widths.index_select(0, group), 0)
+        return PayloadRows(widths, torch.where(chosen, self._dims.index_select(0, group), 0), ranks)
+
+    def _code_rows(
+        self,
+        batch: CachedBatch,
+        brought: PayloadRows,
+        values: list[list[int]],
+        send: list[int],
+        recv: list[int],
+        heads: int,
+    ) -> None:
+        """The rows' exchange under the forward codec (``batch.coded_rows``): ``values`` sent and received
+        per rank, of ``send`` and ``recv`` floats whose segments start with ``heads`` header words."""
+        out = batch.sent_rows.share(send, values[0], heads)
+        batch.coded_rows = CodedPayload(self.row_codec, out, brought.share(recv, values[1], heads))
+        batch.sent_rows = None
 
     def settle_fetched(self, batch: CachedBatch, received: torch.Tensor, training: bool) -> torch.Tensor:
         """Requester side, once the rows' exchange arrived: the push counts the other ranks sent,

@@ -16,7 +16,9 @@ from torchrec.distributed.types import Awaitable
 
 from torchrec_het import _tbe
 from torchrec_het.cache import PendingRows
+from torchrec_het.sharding.common.wire_codec import WireCodec
 from torchrec_het.sharding.het_cache.batch import CachedBatch, GroupRead
+from torchrec_het.sharding.het_cache.coded_rows import CodedPayload, PayloadRows, ValueCodec, ValueShare
 from torchrec_het.sharding.het_cache.groups import HetGroup
 
 PUSH_HEAD = 4  # a pushed row: id and update count as int64 bit patterns (two float32 words each), then the gradient
@@ -32,13 +34,23 @@ class HetPushes:
         world_size: ranks of the sharding.
         device: compute device.
         wire: the push dist that carries the exchanges (``counts``, ``start``, ``exchange``).
+        codec: the backward codec of the gradients pushed (the rest of a pushed row stays exact);
+            None: fp32.
     """
 
     def __init__(
-        self, groups: list[HetGroup], kernels: nn.ModuleList, rank: int, world_size: int, device: torch.device, wire
+        self,
+        groups: list[HetGroup],
+        kernels: nn.ModuleList,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        wire,
+        codec: WireCodec | None = None,
     ) -> None:
         self.groups, self.kernels, self.rank, self.world_size, self.device = groups, kernels, rank, world_size, device
         self.wire = wire
+        self.codec = codec if codec is not None else WireCodec()
         self.outbox: list[list[PendingRows]] = [[] for _ in groups]  # per group: evicted dirty rows not pushed yet
         self.awaiting: deque[CachedBatch] = deque()  # settled batches whose backward is due, oldest first
         self.in_flight: tuple[Awaitable[torch.Tensor], torch.Tensor] | None = (
@@ -52,6 +64,7 @@ class HetPushes:
                 eps = torch.tensor([_tbe.optimizer_eps(kernels[t.module_index].emb_module) for t in g.tables])
                 g.keep_optimizer_state(kind, eps)
         self.widths = torch.tensor([self.width(g) for g in groups], dtype=torch.int64, device=device)  # per group
+        self.dims = torch.tensor([g.dim for g in groups], dtype=torch.int64, device=device)
 
     @staticmethod
     def width(g: HetGroup) -> int:
@@ -119,7 +132,7 @@ class HetPushes:
             )
         self.awaiting.popleft()
         self.apply_arrived()  # a backward with no forward since the last (a pipeline's last batches): apply those first
-        scale = 1.0 / self.world_size if get_gradient_division() else 1.0  # as TorchRec's row-wise backward
+        scale = self.grad_scale()
         ws, groups = self.world_size, len(self.groups)
         packed, keys, widths = [], [], []
         for index, (g, read, grad) in enumerate(zip(self.groups, batch.reads, row_grads)):
@@ -168,8 +181,46 @@ class HetPushes:
         elif batch.pull_counts is None:  # fetched ahead: the push counts go out now
             batch.pull_counts = self.wire.counts(batch.push_counts[:, :groups])
         recv = (batch.pull_counts * self.widths).sum(1)
+        if self.codec.active:
+            ordered = key.index_select(0, order)
+            rows = PayloadRows(
+                width.index_select(0, order), self.dims.index_select(0, ordered % groups), ordered // groups
+            )
+            self.in_flight = (self.start_coded(flat, send, recv, rows, batch.pull_counts), batch.pull_counts)
+            return
         send_list, recv_list = torch.stack([send, recv]).tolist()  # the backward's one host sync
         self.in_flight = (self.wire.start(flat, send_list, recv_list), batch.pull_counts)
+
+    # --- the backward codec: the gradients' columns ---------------------------------------------
+
+    def start_coded(
+        self, flat: torch.Tensor, send: torch.Tensor, recv: torch.Tensor, rows: PayloadRows, pull_counts: torch.Tensor
+    ) -> Awaitable[torch.Tensor]:
+        """:meth:`write_back`'s pushes under the backward codec: ``flat`` holds ``rows``, ``send[d]``
+        floats of them to rank d; ``pull_counts[s, g]`` rows of group g come from rank s (``recv[s]`` floats)."""
+        values_in = (pull_counts * self.dims).sum(1)
+        sizes = [send, recv, rows.values_per_rank(self.world_size), values_in, pull_counts.sum(1)]
+        send, recv, values_out, values_in, rows_in = torch.stack(sizes).tolist()  # the backward's one host sync
+        groups = torch.arange(len(self.groups), device=self.device).repeat(self.world_size)
+        group = torch.repeat_interleave(groups, pull_counts.reshape(-1), output_size=sum(rows_in))  # as rows arrive
+        arriving = PayloadRows(self.widths.index_select(0, group), self.dims.index_select(0, group))
+        out = rows.share(send, values_out, first=PUSH_HEAD)
+        return self.wire.start(flat, send, recv, self.coded(out, arriving.share(recv, values_in, first=PUSH_HEAD)))
+
+    def grad_scale(self) -> float:
+        """The factor of the gradients pushed: TorchRec's gradient division, as its row-wise backward."""
+        return 1.0 / self.world_size if get_gradient_division() else 1.0
+
+    def coded(self, out: ValueShare, into: ValueShare) -> CodedPayload:
+        """The pushes' exchange under the backward codec: the gradient columns take it, without the
+        gradient division (applied on arrival, as TorchRec's all-to-all applies it after decoding)."""
+        return CodedPayload(ValueCodec(self.codec, self.grad_scale()), out, into)
+
+    def group_share(self, g: HetGroup, counts: list[int]) -> ValueShare:
+        """Where the gradients sit among ``counts[r]`` pushed rows of group ``g`` for (or from) each rank r."""
+        widths = torch.full((sum(counts),), self.width(g), dtype=torch.int64, device=self.device)
+        floats, values = [c * self.width(g) for c in counts], [c * g.dim for c in counts]
+        return PayloadRows(widths, torch.full_like(widths, g.dim)).share(floats, values, first=PUSH_HEAD)
 
     def local_step(self, g: HetGroup, slots: torch.Tensor, grad: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
         """The update a cached copy takes now for its gradient ``grad``: the table's optimizer step
@@ -274,7 +325,8 @@ class HetPushes:
             recv_counts = self.wire.counts(counts.view(ws, 1)).view(ws)
             send, recv = torch.stack([counts, recv_counts]).tolist()
             packed = pack_push(pending, g.held_kind).index_select(0, order)
-            received = self.wire.exchange(packed.view(-1), [c * width for c in send], [c * width for c in recv])
+            coded = self.coded(self.group_share(g, send), self.group_share(g, recv)) if self.codec.active else None
+            received = self.wire.exchange(packed.view(-1), [c * width for c in send], [c * width for c in recv], coded)
             g.stats.add("rows_pushed", g.table_of(pending.ids[dest != self.rank]))
             self.apply_packed(g, received.view(-1, width))
 

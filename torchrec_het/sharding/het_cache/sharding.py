@@ -4,13 +4,16 @@ In TorchRec's grammar: the input dist sends requests, the lookup
 (:class:`HetCachedEmbeddingLookup`) is local compute, the output dist brings rows back,
 settles the cache and pools (:mod:`~torchrec_het.sharding.het_cache.dists`). Shards, grouping,
 state dict and fused optimizer are row-wise's own; each table's ``CacheSettings`` come from
-its plan entry (:class:`~torchrec_het.plan_options.HetParameterSharding` ``options``).
+its plan entry (:class:`~torchrec_het.plan_options.HetParameterSharding` ``options``). The
+sharder's quantized comms (``qcomm_codecs_registry``, the pooled all-to-all's codecs) code the
+rows fetched and the gradients pushed (:mod:`~torchrec_het.sharding.het_cache.coded_rows`).
 """
 
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 
 from torchrec_het.config import CacheSettings
 from torchrec_het.sharding.common.row_wise import StagedSharding, row_wise_as
+from torchrec_het.sharding.common.wire_codec import BAGS, codecs_of
 from torchrec_het.sharding.het_cache.dists import HetRequestsDist, HetRowsDist
 from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
 from torchrec_het.types import HET_CACHED_ROW_WISE
@@ -32,6 +35,10 @@ class HetCachedRwPooledEmbeddingSharding(StagedSharding, RwPooledEmbeddingShardi
     def lookup_config(self, options_by_table: dict, hot_rows) -> dict:
         """The lookup runs with each table's ``CacheSettings`` from the plan."""
         return dict(options_by_table)
+
+    def lookup_settings(self) -> dict:
+        """Row-wise's settings, and the codecs of the rows fetched and the gradients pushed."""
+        return {**super().lookup_settings(), "codecs": codecs_of(self.qcomm_codecs_registry, BAGS)}
 
     def create_input_dist(self, device=None) -> HetRequestsDist:
         return HetRequestsDist(self.create_lookup())
