@@ -14,7 +14,7 @@ from torchrec_het.sharding.common.exchange import start_exchange
 @pytest.mark.parametrize("local_only", [False, True])
 def test_a_finished_exchange_and_its_graph_are_freed(one_rank_env, local_only: bool) -> None:  # noqa: ARG001
     send = torch.arange(6.0).requires_grad_()
-    exchange = start_exchange(send * 2, [6], [6], dist.group.WORLD, torch.float32, local_only)
+    exchange = start_exchange(send * 2, [6], [6], dist.group.WORLD, local_only)
     received = exchange.wait()
     assert torch.equal(received, torch.arange(6.0) * 2)
     (received * torch.arange(6.0)).sum().backward()
@@ -37,7 +37,7 @@ def _deferred_case(local_only: bool, owed: list):
     send = torch.arange(6.0).requires_grad_()
     produced = send * 2
     produced.register_hook(lambda grad: order.append("producer"))
-    exchange = start_exchange(produced, [6], [6], dist.group.WORLD, torch.float32, local_only, defer_backward=owed)
+    exchange = start_exchange(produced, [6], [6], dist.group.WORLD, local_only, defer_backward=owed)
     received = exchange.wait()
     loss = (received * torch.arange(6.0)).sum() + early.sum()
     return order, send, exchange, loss
@@ -60,7 +60,7 @@ def test_a_deferred_backward_waits_for_its_owner_and_is_freed(one_rank_env, loca
     gc.collect()
     assert freed() is None
 
-    unused = start_exchange(send * 2, [6], [6], dist.group.WORLD, torch.float32, local_only, defer_backward=owed)
+    unused = start_exchange(send * 2, [6], [6], dist.group.WORLD, local_only, defer_backward=owed)
     unused.wait()
     freed = weakref.ref(unused)
     del unused
