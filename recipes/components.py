@@ -68,6 +68,8 @@ def train(
     eval_batches: int = 4,
     print_plan: bool = False,
     save_weights: str = "",
+    fwd_comm_precision: str = "fp32",
+    bwd_comm_precision: str = "fp32",
     j: str = "1x2",
     cpu: int = 2,
     memMB: int = 8192,
@@ -88,6 +90,8 @@ def train(
         eval_batches: held-out batches per rank for the final AUC
         print_plan: print the sharding plan and the planner's statistics
         save_weights: file that rank 0 writes the unsharded weights to at the end; empty for none
+        fwd_comm_precision: TorchRec's quantized comms, forward: fp32 (none), fp16, bf16, int8 or mx4
+        bwd_comm_precision: TorchRec's quantized comms, backward (gradients); on CPU bf16 runs as fp16
         j: {nnodes}x{nproc_per_node}, e.g. 1x2 for two ranks on one host
         cpu: CPUs per replica
         memMB: memory per replica, MiB
@@ -116,6 +120,10 @@ def train(
         str(eval_batches),
         "--save-weights",
         save_weights,
+        "--fwd-comm-precision",
+        fwd_comm_precision,
+        "--bwd-comm-precision",
+        bwd_comm_precision,
         *_flag("--resume", resume),
         *_flag("--print-plan", print_plan),
         m=LAUNCHER,

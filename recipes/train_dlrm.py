@@ -14,6 +14,12 @@ and shards with the plugin:
     torchrun --nproc-per-node 2 recipes/train_dlrm.py --steps 100
     python -m torchrec_het.launch --nproc-per-node 2 recipes/train_dlrm.py --steps 100
 
+Quantized comms (TorchRec's): ``--fwd-comm-precision fp16 --bwd-comm-precision bf16`` builds the
+``EmbeddingBagCollectionSharder`` with ``get_qcomm_codecs_registry(QCommsConfig(...), device=cpu)``
+(the device the trainer runs on, as TorchRec's examples pass it; for cpu TorchRec's registry runs
+bf16 as fp16, with a warning). The planner and ``DistributedModelParallel`` get that sharder; under
+the launcher the plugin's sharder that replaces it keeps its registry.
+
 Checkpoints (``--checkpoint-path``) are ``torch.distributed.checkpoint`` directories
 ``<path>/step_<n>/`` holding the model's and optimizer's state dicts and the step; the
 data is a function of the step, so the step is the data position. A checkpoint counts
@@ -22,7 +28,8 @@ once its ``COMPLETE`` marker exists (written last, by rank 0, after every rank s
 Output lines (rank 0): ``step <n> loss <x>``, ``checkpoint step <n> saved <dir>``,
 ``loaded checkpoint step <n> <dir>``, ``final step <n> auc <x>``; every rank prints
 ``worker rank <r> pid <p> attempt <a>`` first, and rank 0 prints
-``trained <n> steps in <s> s (<x> it/s)`` when training ends.
+``trained <n> steps in <s> s (<x> it/s)`` when training ends; with quantized comms rank 0 first
+prints ``qcomms <fwd>/<bwd> runs <collective> <fwd>/<bwd>, ...`` (the codecs the registry holds).
 """
 
 import argparse
@@ -43,6 +50,8 @@ import torch.distributed.checkpoint as dcp
 import torchrec.optim
 from iopath.common.file_io import NativePathHandler, PathManager
 from torch.distributed.tensor import DTensor
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -58,6 +67,9 @@ from torchrec_het_bench.data import DataConfig, binary_auc, open_source, preset_
 from torchrec_het_bench.table_init import init_tables_by_row  # plan-independent starting weights
 
 COMPLETE = "COMPLETE"  # marker file of a finished checkpoint
+DEVICE = torch.device("cpu")  # where the trainer runs, and its collectives (gloo)
+PRECISIONS = tuple(kind.value for kind in CommType)  # fp32 fp16 bf16 fp8 int8 mx4
+ON_CPU = tuple(name for name in PRECISIONS if name != CommType.FP8.value)  # FBGEMM's CPU codecs fail on fp8
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="process group timeout: a collective that waits longer for its peers fails (default: torch's, "
         "30 min for gloo; under python -m torchrec_het.launch, $TORCHREC_HET_PG_TIMEOUT when set)",
     )  # fmt: skip
+    for flag, way in (("--fwd-comm-precision", "embeddings"), ("--bwd-comm-precision", "their gradients")):
+        parser.add_argument(
+            flag, type=comm_type, default=CommType.FP32, metavar="|".join(ON_CPU),
+            help=f"TorchRec's quantized comms: the precision {way} travel in between ranks (default fp32: "
+            "none); on CPU TorchRec runs bf16 as fp16",
+        )  # fmt: skip
     parser.add_argument(
         "--pipeline", default="sparse_dist", choices=("sparse_dist", "plain"),
         help="sparse_dist: TorchRec's TrainPipelineSparseDist (the next batch's input dist overlaps this step); "
@@ -128,6 +146,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--log-every must be >= 1, got {args.log_every}")
     if args.pg_timeout is not None and not 0 < args.pg_timeout < float("inf"):
         parser.error(f"--pg-timeout must be a number of seconds > 0, got {args.pg_timeout}")
+    for flag in ("--fwd-comm-precision", "--bwd-comm-precision"):
+        if getattr(args, flag[2:].replace("-", "_")) is CommType.FP8 and DEVICE.type == "cpu":
+            parser.error(f"{flag} fp8 does not run on CPU, where this trainer runs (FBGEMM's CPU codecs "
+                         "fail on TorchRec's all-to-all); use fp16, bf16, int8 or mx4")  # fmt: skip
     for flag, given in (("--resume", args.resume), ("--evaluate-only", args.evaluate_only),
                         ("--checkpoint-every", args.checkpoint_every > 0)):  # fmt: skip
         if given and args.checkpoint_path is None:
@@ -177,6 +199,45 @@ def local_dir(path: str) -> Path:
     return Path(local)
 
 
+# ---- quantized comms -------------------------------------------------------------------------
+
+
+def comm_type(name: str) -> CommType:
+    """TorchRec's ``CommType`` named ``name`` (``fp16``, ``bf16``, ...); the flags' type."""
+    if name.lower() not in PRECISIONS:
+        raise argparse.ArgumentTypeError(f"unknown precision {name!r}; expected one of {', '.join(PRECISIONS)}")
+    return CommType(name.lower())
+
+
+def codecs_registry(forward: CommType, backward: CommType, device: torch.device) -> dict | None:
+    """TorchRec's ``qcomm_codecs_registry`` for ``device`` (None: fp32 both ways, no codecs)."""
+    return get_qcomm_codecs_registry(
+        QCommsConfig(forward_precision=forward, backward_precision=backward), device=device
+    )
+
+
+def describe_codecs(registry: dict) -> str:
+    """``<collective> <forward>/<backward>`` for each collective of ``registry``, as its codecs encode."""
+
+    def precision(codec) -> str:
+        return _compat.codec_precision(codec) or type(codec).__name__  # FBGEMM's codec
+
+    return ", ".join(f"{op} {precision(c.forward)}/{precision(c.backward)}" for op, c in registry.items())
+
+
+def build_sharders(registry: dict | None) -> list:
+    """``get_default_sharders()``; with a codecs registry, its EmbeddingBagCollection sharder is one built with it."""
+    sharders = get_default_sharders()
+    if registry is None:
+        return sharders
+    return [
+        EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)
+        if isinstance(sharder, EmbeddingBagCollectionSharder)
+        else sharder
+        for sharder in sharders
+    ]
+
+
 # ---- model -----------------------------------------------------------------------------------
 
 
@@ -199,8 +260,16 @@ def build_model(preset: Preset, feature_names: list[str], num_dense: int) -> DLR
     )
 
 
-def shard(train_model: DLRMTrain, batch_size: int, learning_rate: float, print_plan: bool, seed: int = 0):
-    """Plans with the stock planner and default sharders; returns (DMP model, combined optimizer).
+def shard(
+    train_model: DLRMTrain,
+    batch_size: int,
+    learning_rate: float,
+    print_plan: bool,
+    seed: int = 0,
+    registry: dict | None = None,
+):
+    """Plans with the stock planner and default sharders (:func:`build_sharders`: ``registry`` on
+    the EmbeddingBagCollection's); returns (DMP model, combined optimizer).
 
     Every table starts from weights that depend on (seed, table, row) only, whatever the plan,
     so runs with different plans (stock or the plugin's) start alike and compare."""
@@ -223,12 +292,12 @@ def shard(train_model: DLRMTrain, batch_size: int, learning_rate: float, print_p
         batch_size=batch_size,
         constraints=None,
     )
-    sharders = get_default_sharders()
+    sharders = build_sharders(registry)
     plan = planner.collective_plan(train_model, sharders, dist.GroupMember.WORLD)
     if print_plan and dist.get_rank() == 0:
         say(str(plan))
     tables = train_model.model.sparse_arch.embedding_bag_collection.embedding_bag_configs()
-    model = DistributedModelParallel(module=train_model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    model = DistributedModelParallel(module=train_model, device=DEVICE, plan=plan, sharders=sharders)
     init_tables_by_row(model, tables, seed)
     dense_optimizer = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(model.named_parameters())),
@@ -405,7 +474,10 @@ def main(argv: list[str] | None = None) -> None:
     source = open_source(args.data, config, world_size)
     torch.manual_seed(args.seed)
     train_model = build_model(preset, source.feature_names, source.num_dense)
-    model, optimizer = shard(train_model, batch_size, args.learning_rate, args.print_plan, args.seed)
+    registry = codecs_registry(args.fwd_comm_precision, args.bwd_comm_precision, DEVICE)
+    if registry is not None and rank == 0:
+        say(f"qcomms {args.fwd_comm_precision}/{args.bwd_comm_precision} runs {describe_codecs(registry)}")
+    model, optimizer = shard(train_model, batch_size, args.learning_rate, args.print_plan, args.seed, registry)
 
     step = restore(args, model, optimizer) if args.resume or args.evaluate_only else 0
     if not args.evaluate_only:

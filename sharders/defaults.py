@@ -8,6 +8,7 @@ from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.sharding_plan import get_default_sharders
 
+from torchrec_het._compat import uses_index_dedup
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.planner.access import ProfileTiers, check_not_empty
 from torchrec_het.replication.config import ReplicationConfig
@@ -38,19 +39,26 @@ def get_het_sharders(
             ``PluginPricing(per_host_tier=False)`` then, so it prices those.
         qcomm_codecs_registry: TorchRec's quantized comms
             (``get_qcomm_codecs_registry(QCommsConfig(...))``) for both plugin sharders: their stock
-            tables and their plugin tables alike.
+            tables and their plugin tables alike. None: each plugin sharder takes the registry of
+            the stock sharder it replaces (it always takes that sharder's ``fused_params``).
     """
     if profile is not None:
         replication = with_profile_tiers(replication, profile, topology)
     out = []
     for sharder in stock():
+        registry = qcomm_codecs_registry
+        if registry is None:
+            registry = getattr(sharder, "qcomm_codecs_registry", None)
         if type(sharder) is EmbeddingBagCollectionSharder:
             sharder = HetEmbeddingBagCollectionSharder(
-                cache=cache, replication=replication, qcomm_codecs_registry=qcomm_codecs_registry
+                cache=cache, replication=replication, fused_params=sharder.fused_params, qcomm_codecs_registry=registry
             )
         elif type(sharder) is EmbeddingCollectionSharder:
             sharder = HetEmbeddingCollectionSharder(
-                replication=replication, qcomm_codecs_registry=qcomm_codecs_registry
+                replication=replication,
+                fused_params=sharder.fused_params,
+                qcomm_codecs_registry=registry,
+                use_index_dedup=uses_index_dedup(sharder),
             )
         out.append(sharder)
     return out

@@ -2,7 +2,10 @@
 
 Nothing runs on import. :func:`install` makes TorchRec's ``get_default_sharders()`` return the
 plugin's EBC / EC sharders and a stock ``EmbeddingShardingPlanner`` built without its own
-enumerator, performance model, partitioner or stats use the plugin's; with a process group
+enumerator, performance model, partitioner or stats use the plugin's; stock EBC / EC sharders a
+script builds itself (e.g. with a ``qcomm_codecs_registry``) become the plugin's, with that
+registry and their ``fused_params``, where the planner and ``DistributedModelParallel`` get them
+(:func:`swap_stock_sharders`); with a process group
 timeout set, ``init_process_group`` calls without ``timeout`` get it. :func:`uninstall` puts
 every replaced attribute back. Install before importing a script that binds
 ``get_default_sharders`` by name (``python -m torchrec_het.launch`` does).
@@ -16,6 +19,8 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+
+from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from torchrec_het import _compat
 from torchrec_het.config import HetCacheConfig
@@ -164,6 +169,8 @@ def install(
     )  # its link settings; rank 0 prints the figures
     for home in _compat.planner_homes():
         _replace(state, home, "EmbeddingShardingPlanner", HetEmbeddingShardingPlanner)
+    _swap_sharders_given(state, HetEmbeddingShardingPlanner, "plan")  # the sharders a script gives it
+    _swap_sharders_given(state, DistributedModelParallel, "__init__")
     if embedding_staleness is not None:
         hybrid = _hybrid_sparse_dist(embedding_staleness)
         for home in _compat.train_pipeline_homes():
@@ -289,6 +296,37 @@ def _plugin_default_sharders(stock: Callable[[], list], state: _Installed) -> Ca
         return get_het_sharders(state.cache, state.replication, stock=stock)
 
     return get_default_sharders
+
+
+def swap_stock_sharders(sharders: list | None) -> list | None:
+    """``sharders`` with each stock ``EmbeddingBagCollectionSharder`` / ``EmbeddingCollectionSharder``
+    replaced by the plugin's, built with the installed settings and that sharder's
+    ``qcomm_codecs_registry`` and ``fused_params``; other sharders (the plugin's too) as given.
+    Unchanged when not installed, or for None."""
+    if _state is None or sharders is None:
+        return sharders
+    return _swapped(list(sharders), _state)
+
+
+def _swapped(sharders: list, state: _Installed) -> list:
+    from torchrec_het.sharders import get_het_sharders
+
+    return get_het_sharders(state.cache, state.replication, stock=lambda: sharders)
+
+
+def _swap_sharders_given(state: _Installed, owner: type, method: str) -> None:
+    """``owner.method`` (whose parameter ``sharders`` takes a list) gets :func:`swap_stock_sharders`'s list."""
+    stock = getattr(owner, method)
+    signature = inspect.signature(stock)
+
+    @functools.wraps(stock)
+    def with_plugin_sharders(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        if bound.arguments.get("sharders") is not None:
+            bound.arguments["sharders"] = _swapped(list(bound.arguments["sharders"]), state)
+        return stock(*bound.args, **bound.kwargs)
+
+    _replace(state, owner, method, with_plugin_sharders)
 
 
 def _hybrid_sparse_dist(k: int) -> type:

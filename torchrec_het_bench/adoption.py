@@ -15,6 +15,11 @@ rendezvous at host 0 (:mod:`torchrec_het_bench.adoption_hosts`). Cases:
 - ``uniform``: ids uniform (``--alpha 0`` of the trainer); the launcher has no profile.
 - ``zipf``: Zipf(``--alpha``, 1.1) ids; the launcher gets ``TORCHREC_HET_PROFILE``, a profile
   of the same batches made first with ``python -m torchrec_het_bench.profile``.
+- ``uniform_fp16``, ``zipf_fp16`` (``_int8``, ``_mx4``): the same with TorchRec's quantized comms,
+  the codec pairs of :mod:`torchrec_het_bench.qcomms` (``fp16/bf16``, ...): both arms run the
+  trainer with ``--fwd-comm-precision fp16 --bwd-comm-precision bf16``, so the launcher's run is
+  compared with stock under the same codecs; the report shows the codecs the trainer says it ran
+  (on CPU TorchRec runs bf16 as fp16).
 
 Repeats interleave (uniform stock, uniform launcher, zipf stock, zipf launcher, again...).
 On loopback every run is a fresh process tree in a network namespace of its own (one emulated
@@ -43,7 +48,8 @@ import sys
 from pathlib import Path
 
 from torchrec_het.cpu_budget import budget_for
-from torchrec_het_bench.adoption_runs import TRAINER, Case, trainer_args, watch
+from torchrec_het_bench import qcomms
+from torchrec_het_bench.adoption_runs import TRAINER, Case, codec_flags, trainer_args, watch
 from torchrec_het_bench.flags import float_above, int_at_least
 from torchrec_het_bench.networks import emulation_unavailable
 from torchrec_het_bench.report import cpu_line
@@ -55,6 +61,7 @@ NETNS_PREFIX = "trhadopt"
 # "no more bytes" allows 0.2%.
 BYTES_TOLERANCE = 0.002
 QUICK = {"steps": 20, "repeats": 1, "eval_batches": 1}
+CASES = tuple(base + suffix for base in ("uniform", "zipf") for suffix in ("", *map(qcomms.suffix, qcomms.PAIRS)))
 FULL = {"steps": 200, "repeats": 3, "eval_batches": 4}
 
 
@@ -70,7 +77,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--eval-batches", type=int_at_least(1), default=None, help="held-out batches per rank for the AUC"
     )
     parser.add_argument("--profile-every", type=int_at_least(1), default=4, help="the profile counts every N-th batch")
-    parser.add_argument("--cases", nargs="+", choices=("uniform", "zipf"), default=["uniform", "zipf"])
+    parser.add_argument(
+        "--cases", nargs="+", choices=CASES, default=["uniform", "zipf"], metavar="CASE",
+        help=f"cases to run, of {', '.join(CASES)} (_fp16 etc.: both arms with those quantized comms; "
+        "default: uniform zipf)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help=f"a smoke check: {QUICK} unless given")
     parser.add_argument(
         "--network",
@@ -119,6 +130,13 @@ def namespace_loopback_bytes(netns: str) -> int:
 
 
 # ---- one run ------------------------------------------------------------------------------------
+
+
+def case_named(name: str, alpha: float) -> Case:
+    """The case ``name`` of :data:`CASES`: ``uniform`` or ``zipf`` (Zipf ``alpha``), with the codec pair its suffix names."""
+    base, _, codec = name.partition("_")
+    pair = next(p for p in qcomms.PAIRS if qcomms.suffix(p) == f"_{codec}") if codec else None
+    return Case(name, alpha if base == "zipf" else 0.0, base == "zipf", pair)
 
 
 def world_size(args: argparse.Namespace) -> int:
@@ -209,6 +227,7 @@ def summarize_arm(runs: list[dict]) -> dict:
     keys = ("it_per_s", "steady_it_per_s", "wire_bytes_run", "wire_bytes_per_step", "auc")
     return {
         **{f"median_{key}": _median([run[key] for run in runs]) for key in keys},
+        "qcomms_ran": sorted({run["qcomms"] for run in runs if run.get("qcomms")}),  # the trainer's own line
         "plan_types": types,
         "plugin_types_planned": any(kind.startswith(PLUGIN_PREFIX) for kind in types),
         "plan_same_every_run": all(plan == plans[0] for plan in plans),
@@ -233,8 +252,8 @@ def summarize_case(case: Case, arms: dict[str, list[dict]]) -> dict:
     else:  # within 5% of stock's speed, no more bytes (than identical plans differ by)
         targets = {"within_5pct_of_stock_speed": _at_least(ratios["it_per_s"], 0.95),
                    "no_more_wire_bytes": _at_most(ratios["wire_bytes_run"], 1.0 + BYTES_TOLERANCE)}  # fmt: skip
-    return {"alpha": case.alpha, "launcher_profile": case.with_profile, "stock": stock, "launcher": launcher,
-            "launcher_over_stock": ratios, "targets": targets}  # fmt: skip
+    return {"alpha": case.alpha, "launcher_profile": case.with_profile, "qcomms": case.qcomms, "stock": stock,
+            "launcher": launcher, "launcher_over_stock": ratios, "targets": targets}  # fmt: skip
 
 
 def _at_most(value: float | None, bound: float) -> bool | None:
@@ -258,6 +277,23 @@ def _where(results: dict) -> str:
     )
 
 
+def _case_words(case: dict) -> str:
+    """``alpha 1.1`` and, under quantized comms, ``qcomms fp16/bf16``."""
+    return f"alpha {case['alpha']:g}" + (f", qcomms {case['qcomms']}" if case.get("qcomms") else "")
+
+
+def _codec_lines(results: dict) -> list[str]:
+    """What each case with quantized comms asked for and what each arm's trainer said it ran."""
+    lines = []
+    for name, case in results["cases"].items():
+        if case.get("qcomms"):
+            flags = " ".join(codec_flags(case["qcomms"]))
+            ran = "; ".join(f"{arm}: {', '.join(case[arm]['qcomms_ran']) or 'n/a'}" for arm in ("stock", "launcher"))
+            lines.append(f"- {name}: both arms `{flags}`; ran ({ran})")
+    return ["", "Quantized comms (the trainer's flags, the codecs it printed per collective, forward/backward):", "",
+            *lines] if lines else []  # fmt: skip
+
+
 def markdown(results: dict) -> str:
     lines = [
         "# An unchanged trainer through the launcher vs. without it",
@@ -272,7 +308,7 @@ def markdown(results: dict) -> str:
         f"Wire bytes: {results['wire_bytes']}",
         "",
         *([f"Link: {results['network']['link']}", ""] if results.get("network", {}).get("link") else []),
-        f"Launcher settings: {', '.join(results['launcher_env']) or 'none'} (+ TORCHREC_HET_PROFILE on zipf).",
+        f"Launcher settings: {', '.join(results['launcher_env']) or 'none'} (+ TORCHREC_HET_PROFILE on zipf cases).",
         "",
         "| case | arm | it/s (trainer) | it/s (steady) | wire MB (run) | wire KB/step | AUC | planned types |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -283,7 +319,7 @@ def markdown(results: dict) -> str:
             run_mb = None if s["median_wire_bytes_run"] is None else s["median_wire_bytes_run"] / 1e6
             step_kb = None if s["median_wire_bytes_per_step"] is None else s["median_wire_bytes_per_step"] / 1e3
             plan = ", ".join(f"{kind} {n}" for kind, n in s["runs"][0]["plan"].items())
-            lines.append(f"| {name} (alpha {case['alpha']:g}) | {arm} | {_fmt(s['median_it_per_s'], '.2f')} "
+            lines.append(f"| {name} ({_case_words(case)}) | {arm} | {_fmt(s['median_it_per_s'], '.2f')} "
                          f"| {_fmt(s['median_steady_it_per_s'], '.2f')} | {_fmt(run_mb, '.1f')} | {_fmt(step_kb, '.1f')} "
                          f"| {_fmt(s['median_auc'], '.4f')} | {plan}{'' if s['plan_same_every_run'] else ' (varied)'} |")  # fmt: skip
     lines += ["", "Medians over the repeats. Launcher / stock (paired: the median of each repeat's own ratio):", "",
@@ -298,6 +334,7 @@ def markdown(results: dict) -> str:
                      f"| {_fmt(r['steady_it_per_s'], '.3f')} "
                      f"| {_fmt(r['wire_bytes_run'], '.4f')} | {_fmt(r['wire_bytes_per_step'], '.4f')} "
                      f"| {_fmt(r['auc_difference'], '+.4f')} | {targets} |")  # fmt: skip
+    lines += _codec_lines(results)
     notes = sorted(
         {note for case in results["cases"].values() for run in case["launcher"]["runs"] for note in run["notes"]}
     )
@@ -326,9 +363,7 @@ def main(argv: list[str] | None = None) -> int:
 
         network.update(hosts=args.hosts, gbit=args.gbit, tcp=measure_link(args, NETNS_PREFIX))
         network["link"] = describe_link(network)
-    cases = [
-        Case("uniform", 0.0, False) if name == "uniform" else Case("zipf", args.alpha, True) for name in args.cases
-    ]
+    cases = [case_named(name, args.alpha) for name in args.cases]
     profiles = {case.name: make_profile(case, args, out) for case in cases if case.with_profile}
     loadavg_start = os.getloadavg()[0]
     runs: dict[str, dict[str, list[dict]]] = {case.name: {"stock": [], "launcher": []} for case in cases}

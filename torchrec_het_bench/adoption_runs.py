@@ -25,21 +25,33 @@ _STEP = re.compile(r"^step (\d+) loss ")
 _TRAINED = re.compile(r"^trained (\d+) steps in ([\d.]+) s \(([\d.]+) it/s\)$", re.M)
 _FINAL = re.compile(r"^final step (\d+) auc (0\.\d+|1\.0+)$", re.M)
 _PLAN_ROW = re.compile(r"^(t_\w+?)\s+\|\s+(\w+)\s+\|\s+(\w+)\s+\|", re.M)  # param | sharding type | kernel |
+_QCOMMS = re.compile(r"^qcomms \S+ runs (.+)$", re.M)  # the trainer's codecs, as its registry holds them
 
 
 @dataclass(frozen=True)
 class Case:
-    """One data set and what the launcher is told about it."""
+    """One data set, what the launcher is told about it, and the trainer's quantized comms
+    (``qcomms``: a ``"<forward>/<backward>"`` pair of :mod:`torchrec_het_bench.qcomms`, both arms; None: fp32)."""
 
     name: str
     alpha: float
     with_profile: bool
+    qcomms: str | None = None
 
 
 def trainer_args(case: Case, steps: int, eval_batches: int) -> list[str]:
-    """The unchanged trainer and its arguments (``-m MODULE ...``): smoke sizes, the case's ids, the plan printed."""
+    """The unchanged trainer and its arguments (``-m MODULE ...``): smoke sizes, the case's ids and
+    codecs, the plan printed."""
     return ["-m", TRAINER, "--preset", "smoke", "--steps", str(steps), "--alpha", f"{case.alpha:g}",
-            "--eval-batches", str(eval_batches), "--print-plan"]  # fmt: skip
+            "--eval-batches", str(eval_batches), "--print-plan", *codec_flags(case.qcomms)]  # fmt: skip
+
+
+def codec_flags(pair: str | None) -> list[str]:
+    """The trainer's flags of the codec pair ``pair`` (``fp16/bf16``); none for None."""
+    if pair is None:
+        return []
+    forward, backward = pair.split("/")
+    return ["--fwd-comm-precision", forward, "--bwd-comm-precision", backward]
 
 
 def watch(
@@ -104,6 +116,7 @@ def _record(stdout: str, log: Path, codes: list[int], argv: list[str], steps: in
         "steady_it_per_s": None,
         "auc": float(final.group(2)),
         "plan": dict(sorted(plan.items())),
+        "qcomms": qcomms.group(1) if (qcomms := _QCOMMS.search(stdout)) else None,
         "wire_bytes_run": run_bytes,
         "wire_bytes_per_step": None,
         "notes": sorted({line.strip() for line in open(log.with_suffix(".stderr")) if "torchrec_het:" in line}),

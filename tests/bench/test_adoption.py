@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from torchrec_het_bench.adoption import namespace_unavailable, parse_args
+from torchrec_het_bench.adoption import (
+    case_named,
+    command,
+    markdown,
+    namespace_unavailable,
+    parse_args,
+    run_env,
+    summarize_case,
+)
+from torchrec_het_bench.adoption_hosts import host_command
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,6 +29,60 @@ def test_bad_flags_fail_in_the_parent_naming_the_flag(capsys) -> None:
         with pytest.raises(SystemExit):
             parse_args(["--out", "x", *argv])
         assert argv[0] in capsys.readouterr().err
+
+
+def test_bad_cases_are_refused_naming_the_flag(capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", "--cases", "zipf_fp8"])
+    assert "--cases" in capsys.readouterr().err
+
+
+FP16_FLAGS = ["--fwd-comm-precision", "fp16", "--bwd-comm-precision", "bf16"]
+
+
+def _has(argv: list[str], flags: list[str]) -> bool:
+    return any(argv[i : i + len(flags)] == flags for i in range(len(argv)))
+
+
+def test_a_codec_case_runs_both_arms_with_the_same_codec_flags() -> None:
+    """``zipf_fp16``: stock (torchrun) and the launcher run the unchanged trainer with the same
+    flags, on loopback and on emulated hosts; only the launcher gets the profile."""
+    args = parse_args(["--out", "x", "--cases", "zipf_fp16", "zipf", "--quick"])
+    case, plain = (case_named(name, args.alpha) for name in args.cases)
+    assert (case.alpha, case.with_profile, case.qcomms) == (1.1, True, "fp16/bf16") and plain.qcomms is None
+    for arm in ("stock", "launcher"):
+        argv = command(arm, case, args)
+        assert _has(argv, FP16_FLAGS), argv
+        assert _has(argv, ["-m", "torchrec_het_bench.recipes.train_dlrm"]), argv
+        assert _has(host_command(arm, case, args, 1, "10.0.0.1"), FP16_FLAGS)
+        assert not _has(command(arm, plain, args), ["--fwd-comm-precision"])
+    assert command("stock", case, args)[1:3] == ["-m", "torch.distributed.run"]
+    assert command("launcher", case, args)[1:3] == ["-m", "torchrec_het.launch"]
+    envs = {arm: run_env(arm, case, Path("p.pt"), False, [], 2) for arm in ("stock", "launcher")}
+    assert "TORCHREC_HET_PROFILE" not in envs["stock"] and envs["launcher"]["TORCHREC_HET_PROFILE"] == "p.pt"
+
+
+def _record(qcomms: str | None, kind: str) -> dict:
+    return {"it_per_s": 10.0, "train_s": 2.0, "steady_it_per_s": None, "auc": 0.6, "plan": {kind: 26},
+            "wire_bytes_run": None, "wire_bytes_per_step": None, "qcomms": qcomms, "notes": []}  # fmt: skip
+
+
+def test_the_report_shows_a_cases_codecs() -> None:
+    ran = "POOLED_EMBEDDINGS_ALL_TO_ALL fp16/fp16, POOLED_EMBEDDINGS_REDUCE_SCATTER fp16/fp16"
+    case = summarize_case(
+        case_named("zipf_fp16", 1.1),
+        {"stock": [_record(ran, "table_wise")], "launcher": [_record(ran, "het_cached_row_wise")]},
+    )
+    assert case["qcomms"] == "fp16/bf16" and case["launcher"]["qcomms_ran"] == [ran]
+    results = {
+        "command": "python -m torchrec_het_bench.adoption --cases zipf_fp16", "steps": 20, "repeats": 1,
+        "provenance": {"commit": "abc", "date": "today"}, "world_size": 2, "cpu_budget": None,
+        "loadavg_start": 1.0, "loadavg_end": 1.0, "wire_bytes": "not measured", "launcher_env": [],
+        "cases": {"zipf_fp16": case},
+    }  # fmt: skip
+    text = markdown(results)
+    assert "| zipf_fp16 (alpha 1.1, qcomms fp16/bf16) | stock |" in text, text
+    assert f"- zipf_fp16: both arms `{' '.join(FP16_FLAGS)}`; ran (stock: {ran}; launcher: {ran})" in text, text
 
 
 def test_quick_uniform_run_reports_speed_bytes_plans_and_auc(tmp_path: Path) -> None:

@@ -61,7 +61,7 @@ class RecipeComponentsTest(ComponentTestCase):
         app = components.train(
             steps=7, preset="default", data="/data/criteo", batch_size=64, learning_rate=0.1, seed=3,
             checkpoint_path="file:///tmp/ckpt", checkpoint_every=2, resume=True, eval_batches=5,
-            print_plan=True, save_weights="/tmp/w.pt", j="1x3",
+            print_plan=True, save_weights="/tmp/w.pt", fwd_comm_precision="fp16", bwd_comm_precision="bf16", j="1x3",
         )  # fmt: skip
         argv = _torchrun_argv(app)
         self.assertEqual(argv[argv.index("--nproc_per_node") + 1], "3")
@@ -73,6 +73,7 @@ class RecipeComponentsTest(ComponentTestCase):
         self.assertEqual((args.checkpoint_path, args.checkpoint_every, args.eval_batches), ("file:///tmp/ckpt", 2, 5))
         self.assertTrue(args.resume and args.print_plan and not args.evaluate_only)
         self.assertEqual(args.save_weights, "/tmp/w.pt")
+        self.assertEqual((str(args.fwd_comm_precision), str(args.bwd_comm_precision)), ("fp16", "bf16"))
         self.assertEqual(train_dlrm.parse_args(_recipe_args(app)).checkpoint_dir, Path("/tmp/ckpt"))
 
     def test_defaults_are_accepted_by_the_recipe(self) -> None:

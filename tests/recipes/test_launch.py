@@ -210,3 +210,87 @@ def test_a_worker_ends_on_a_configuration_error_without_a_fault(tmp_path: Path) 
     )  # fmt: skip
     assert launched.returncode == 0, launched.stderr
     assert report.read_text() == "python -m torchrec_het.launch: a profile of other tables"
+
+
+def _fp16_registry() -> dict:
+    import torch
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+
+    return get_qcomm_codecs_registry(QCommsConfig(CommType.FP16, CommType.BF16), device=torch.device("cpu"))
+
+
+def test_the_swap_keeps_a_stock_sharders_codecs_and_fused_params() -> None:
+    """The sharders a trainer builds itself become the plugin's with their own registry and fused
+    params; other sharders stay; without install() nothing changes."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
+
+    import torchrec_het
+    from torchrec_het.registration import swap_stock_sharders
+    from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
+
+    registry, fused = _fp16_registry(), {"learning_rate": 0.1}
+    other = FusedEmbeddingBagCollectionSharder()
+    given = [
+        EmbeddingBagCollectionSharder(fused_params=fused, qcomm_codecs_registry=registry),
+        EmbeddingCollectionSharder(qcomm_codecs_registry=registry, use_index_dedup=True),
+        other,
+    ]
+    assert swap_stock_sharders(given) == given  # not installed
+    torchrec_het.install(link_probe=False)
+    try:
+        bag, seq, kept = swap_stock_sharders(given)
+    finally:
+        torchrec_het.uninstall()
+    assert type(bag) is HetEmbeddingBagCollectionSharder and type(seq) is HetEmbeddingCollectionSharder
+    assert bag.qcomm_codecs_registry is registry and seq.qcomm_codecs_registry is registry
+    assert bag.fused_params == fused and seq._use_index_dedup and kept is other
+
+
+CODEC_TRAINER = """
+import os, socket, torch, torch.distributed as dist
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(probe.getsockname()[1]))
+dist.init_process_group("gloo", rank=0, world_size=1)
+registry = get_qcomm_codecs_registry(QCommsConfig(CommType.FP16, CommType.BF16), device=torch.device("cpu"))
+sharders = [EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry)]
+tables = [EmbeddingBagConfig(name="t", feature_names=["f"], embedding_dim=8, num_embeddings=100)]
+ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+planner = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"), batch_size=8)
+seen = []
+torchrec_planner = type(planner).__mro__[1]  # TorchRec's, which the plugin's planner extends: what it plans with
+torchrec_plan = torchrec_planner.plan
+torchrec_planner.plan = lambda self, module, given: seen.extend(given) or torchrec_plan(self, module, given)
+plan = planner.collective_plan(ebc, sharders, dist.GroupMember.WORLD)
+model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan, sharders=sharders)
+sharder = model._sharder_map[EmbeddingBagCollection]
+print("planner got", type(seen[0]).__name__, seen[0].qcomm_codecs_registry is registry)
+print("model got", type(sharder).__name__, sharder.qcomm_codecs_registry is registry)
+print("sharded module", model.module._qcomm_codecs_registry is registry)
+dist.destroy_process_group()
+"""
+
+
+def test_the_launcher_gives_a_trainers_codecs_to_the_plugin_sharders_it_plans_and_shards_with(tmp_path: Path) -> None:
+    """An unchanged trainer that builds ``EmbeddingBagCollectionSharder(qcomm_codecs_registry=...)``:
+    under the launcher its planner and ``DistributedModelParallel`` get the plugin's sharder, with that registry."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(CODEC_TRAINER))
+    done = subprocess.run(
+        [sys.executable, "-m", "torchrec_het.launch", str(script)], cwd=tmp_path, capture_output=True, text=True,
+        timeout=180, env=dict(os.environ, TORCHREC_HET_LINK_PROBE="0", PYTHONWARNINGS="ignore"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-3:] == [
+        "planner got HetEmbeddingBagCollectionSharder True",
+        "model got HetEmbeddingBagCollectionSharder True",
+        "sharded module True",
+    ], done.stdout

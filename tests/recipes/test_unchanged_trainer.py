@@ -118,6 +118,47 @@ def test_exact_plugin_plans_train_like_the_stock_plan() -> None:
     assert AUCS["online"] == pytest.approx(AUCS["stock"], abs=1e-3), AUCS  # hot rows chosen after step 1
 
 
+QCOMMS = ["--fwd-comm-precision", "fp16", "--bwd-comm-precision", "bf16"]
+
+
+def test_the_codec_flags_build_torchrecs_registry_and_name_a_bad_value(capsys) -> None:
+    """The stock path: the EmbeddingBagCollection sharder carries ``get_qcomm_codecs_registry`` for
+    the CPU (bf16 runs as fp16 there); other values are refused, naming the flag."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.fbgemm_qcomm_codec import CommType
+
+    from torchrec_het_bench.recipes import train_dlrm
+
+    args = train_dlrm.parse_args(QCOMMS)
+    assert (args.fwd_comm_precision, args.bwd_comm_precision) == (CommType.FP16, CommType.BF16)
+    registry = train_dlrm.codecs_registry(args.fwd_comm_precision, args.bwd_comm_precision, train_dlrm.DEVICE)
+    assert "POOLED_EMBEDDINGS_ALL_TO_ALL fp16/fp16" in train_dlrm.describe_codecs(registry)
+    (bag,) = [s for s in train_dlrm.build_sharders(registry) if isinstance(s, EmbeddingBagCollectionSharder)]
+    assert type(bag) is EmbeddingBagCollectionSharder and bag.qcomm_codecs_registry is registry
+    assert train_dlrm.codecs_registry(CommType.FP32, CommType.FP32, train_dlrm.DEVICE) is None
+    with pytest.raises(SystemExit):
+        train_dlrm.parse_args(["--bwd-comm-precision", "fp12"])
+    error = capsys.readouterr().err
+    assert "--bwd-comm-precision" in error and "'fp12'" in error and "fp16, bf16" in error, error
+    with pytest.raises(SystemExit):  # a CommType FBGEMM's CPU codecs fail on, mid-step, on every rank
+        train_dlrm.parse_args(["--fwd-comm-precision", "fp8"])
+    assert "--fwd-comm-precision fp8 does not run on CPU" in capsys.readouterr().err
+
+
+def test_through_the_launcher_the_trainer_keeps_its_quantized_comms(on_par: str) -> None:
+    """``--fwd-comm-precision fp16 --bwd-comm-precision bf16`` under the launcher with a stated skew:
+    the plugin's cache is planned and trained with the trainer's codecs (fp16 both ways on CPU)."""
+    stdout = _run(
+        [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", *RECIPE, *QCOMMS],
+        "cache_fp16",
+        TORCHREC_HET_ALPHA="1.05",
+        TORCHREC_HET_COMPUTE_COSTS=on_par,
+    )
+    assert _planned_types(stdout) == {"het_cached_row_wise"}, _planned_types(stdout)
+    line = re.search(r"^qcomms fp16/bf16 runs (.+)$", stdout, re.M)
+    assert line and "POOLED_EMBEDDINGS_ALL_TO_ALL fp16/fp16" in line.group(1), stdout[-2000:]
+
+
 def test_through_the_launcher_embedding_staleness_makes_the_trainer_hybrid(on_par: str) -> None:
     """``TORCHREC_HET_EMBEDDING_STALENESS=1``: the trainer's own ``TrainPipelineSparseDist(...)`` is the
     hybrid pipeline (the log says so) and trains its het_cached_row_wise plan (stated skew) to the end."""
