@@ -75,3 +75,19 @@ def one_rank_group(device: torch.device, store_dir: str | Path | None = None) ->
 def write_rank_result(out_dir: str | Path, rank: int, result: object) -> None:
     """What :func:`spawn_world` reads back for ``rank``."""
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def results_by_world(tmp_path_factory, target, cases: list, prefix: str):
+    """A pytest fixture body: ``results(world_size)`` runs ``target`` over the ``cases`` of that world
+    size in one process group, the first time it is asked for, and returns ``{name: [result per rank]}``
+    (every name the ranks recorded)."""
+    done: dict[int, dict[str, list[dict]]] = {}
+
+    def results(world_size: int) -> dict[str, list[dict]]:
+        if world_size not in done:
+            mine = [c for c in cases if c.world_size == world_size]
+            ranks = spawn_world(target, world_size, tmp_path_factory.mktemp(f"{prefix}_ws{world_size}"), mine)
+            done[world_size] = {name: [r[name] for r in ranks] for name in ranks[0]}
+        return done[world_size]
+
+    return results

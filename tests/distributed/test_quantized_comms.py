@@ -19,7 +19,7 @@ import pytest
 from torchrec_het_testing.equivalence import EquivalenceCase, run_world
 from torchrec_het_testing.expectations import case_problems
 from torchrec_het_testing.settings import ReplicaSettings
-from torchrec_het_testing.spawn import spawn_world
+from torchrec_het_testing.spawn import results_by_world
 
 REP = "het_row_replicated"
 # the codecs' rounding: fp16 values (11 bits) forward, bf16 gradients (8 bits) backward, over 5 steps
@@ -44,16 +44,7 @@ CASES = _cases(2) + _cases(3)
 
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory):
-    done: dict[int, dict[str, list[dict]]] = {}
-
-    def results(world_size: int) -> dict[str, list[dict]]:
-        if world_size not in done:
-            cases = [c for c in CASES if c.world_size == world_size]
-            ranks = spawn_world(run_world, world_size, tmp_path_factory.mktemp(f"qcomms_ws{world_size}"), cases)
-            done[world_size] = {case.name: [r[case.name] for r in ranks] for case in cases}
-        return done[world_size]
-
-    return results
+    return results_by_world(tmp_path_factory, run_world, CASES, "qcomms")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

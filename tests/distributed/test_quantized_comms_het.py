@@ -46,7 +46,7 @@ from torchrec_het_testing.equivalence import (
 )
 from torchrec_het_testing.expectations import case_problems
 from torchrec_het_testing.settings import qcomms_registry
-from torchrec_het_testing.spawn import gloo_rank, spawn_world, write_rank_result
+from torchrec_het_testing.spawn import gloo_rank, results_by_world, write_rank_result
 from torchrec_het_testing.weights import relative_error
 
 HET = "het_cached_row_wise"
@@ -171,16 +171,7 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str, cases: list[E
 
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory):
-    done: dict[int, dict[str, list[dict]]] = {}
-
-    def results(world_size: int) -> dict[str, list[dict]]:
-        if world_size not in done:
-            cases = [c for c in CASES if c.world_size == world_size]
-            ranks = spawn_world(run_world, world_size, tmp_path_factory.mktemp(f"qcomms_het_ws{world_size}"), cases)
-            done[world_size] = {name: [r[name] for r in ranks] for name in ranks[0]}
-        return done[world_size]
-
-    return results
+    return results_by_world(tmp_path_factory, run_world, CASES, "qcomms_het")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -18,7 +18,7 @@ from torchrec_het.config import CacheSettings
 from torchrec_het_testing.equivalence import EquivalenceCase, run_world
 from torchrec_het_testing.expectations import case_problems
 from torchrec_het_testing.settings import ReplicaSettings
-from torchrec_het_testing.spawn import spawn_world
+from torchrec_het_testing.spawn import results_by_world
 
 HET, REP = "het_cached_row_wise", "het_row_replicated"
 EXACT_CACHE = CacheSettings(s_read=0, s_write=0, capacity=0.3)
@@ -92,16 +92,7 @@ CASES = _cases(2) + _cases(3)
 def worlds(tmp_path_factory):
     """``results(world_size)``: every case of that world size, run in one process group the first
     time it is asked for, as ``{case name: [result per rank]}``."""
-    done: dict[int, dict[str, list[dict]]] = {}
-
-    def results(world_size: int) -> dict[str, list[dict]]:
-        if world_size not in done:
-            cases = [c for c in CASES if c.world_size == world_size]
-            ranks = spawn_world(run_world, world_size, tmp_path_factory.mktemp(f"equivalence_ws{world_size}"), cases)
-            done[world_size] = {case.name: [r[case.name] for r in ranks] for case in cases}
-        return done[world_size]
-
-    return results
+    return results_by_world(tmp_path_factory, run_world, CASES, "equivalence")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
