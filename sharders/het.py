@@ -19,7 +19,7 @@ from torchrec_het._compat import sharded_lookups, sharded_table_configs
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders.plugin_contexts import PluginContexts
-from torchrec_het.sharders.plugin_sharder import PluginSharder, plan_tiers
+from torchrec_het.sharders.plugin_sharder import PluginSharder, plan_hot_rows
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features
 from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
@@ -70,7 +70,7 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, Sharded
         plan = kwargs.get("table_name_to_parameter_sharding", args[1] if len(args) > 1 else {})
         module = kwargs.get("module", args[0] if args else None)
         rows = {t.name: t.num_embeddings for t in module.embedding_bag_configs()}
-        self._het_tiers = plan_tiers(hot_rows, plan, rows)  # read by create_embedding_bag_sharding
+        self._het_hot_rows = plan_hot_rows(hot_rows, plan, rows)  # read by create_embedding_bag_sharding
         super().__init__(*args, **kwargs)
         self.het_plan = dict(plan)  # each table's sharding as built, plugin options included
         self._rows_of_feature = {
@@ -88,7 +88,7 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, Sharded
         sharding_type = sharding_infos[0].param_sharding.sharding_type
         if sharding_type == HET_ROW_REPLICATED:
             return RowReplicatedPooledEmbeddingSharding(
-                sharding_infos, env, self._het_tiers, device, qcomm_codecs_registry=qcomm_codecs_registry
+                sharding_infos, env, self._het_hot_rows, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         if sharding_type == HET_CACHED_ROW_WISE:
             return HetCachedRwPooledEmbeddingSharding(
@@ -178,7 +178,9 @@ class HetEmbeddingBagCollectionSharder(PluginSharder, EmbeddingBagCollectionShar
             return super().shard(module, params, env, device, module_fqn)
         cache, replication = self.settings_for(module)
         cache.check_tables([n for n, p in params.items() if p.sharding_type == HET_CACHED_ROW_WISE])
-        replication.check_tables({t.name: t.num_embeddings for t in module.embedding_bag_configs()})
+        from_sharder = getattr(module, "het_replication_config", None) is None
+        whole_model = from_sharder and getattr(replication.tiers, "spans_modules", False)  # e.g. a model's profile
+        replication.check_tables({t.name: t.num_embeddings for t in module.embedding_bag_configs()}, whole_model)
         params = self.with_table_options(module, params, env.world_size)
         return HetShardedEmbeddingBagCollection(
             module=module,
@@ -192,10 +194,8 @@ class HetEmbeddingBagCollectionSharder(PluginSharder, EmbeddingBagCollectionShar
         )
 
     def settings_for(self, module: EmbeddingBagCollection) -> tuple[HetCacheConfig, ReplicationConfig]:
+        """The module's cache and replication settings, else the sharder's (whose hot-row source may
+        name a whole model's tables, ``spans_modules``: each module takes its own)."""
         cache = getattr(module, "het_cache_config", None) or self._cache
         replication = getattr(module, "het_replication_config", None)
-        if replication is None:
-            replication = self._replication
-            if getattr(replication.tiers, "spans_modules", False):  # e.g. a whole-model profile: this module's tables
-                replication = replication.restricted_to({t.name for t in module.embedding_bag_configs()})
-        return cache, replication
+        return cache, replication if replication is not None else self._replication

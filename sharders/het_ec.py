@@ -20,7 +20,7 @@ from torchrec_het._compat import sharded_lookups, sharded_table_configs, uses_in
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.sharders.plugin_contexts import PluginContexts
-from torchrec_het.sharders.plugin_sharder import PluginSharder, plan_tiers
+from torchrec_het.sharders.plugin_sharder import PluginSharder, plan_hot_rows
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedSequenceLookup
@@ -70,7 +70,7 @@ class HetShardedEmbeddingCollection(ReplicatedModule, PluginContexts, ShardedEmb
             if sharding.sharding_type == HET_ROW_REPLICATED and kernel != EmbeddingComputeKernel.FUSED.value:
                 raise ValueError(f"table {name!r}: het_row_replicated needs the fused kernel, planned {kernel!r}")
         rows = {t.name: t.num_embeddings for t in module.embedding_configs()}
-        self._het_tiers = plan_tiers(hot_rows, plan, rows)  # read by create_embedding_sharding
+        self._het_hot_rows = plan_hot_rows(hot_rows, plan, rows)  # read by create_embedding_sharding
         super().__init__(*args, **kwargs)
         self._rows_of_feature = {
             feature: config.num_embeddings for config in sharded_table_configs(self) for feature in config.feature_names
@@ -84,7 +84,7 @@ class HetShardedEmbeddingCollection(ReplicatedModule, PluginContexts, ShardedEmb
         """``het_row_replicated``'s sharding (built from the plan's options), TorchRec's for the others."""
         if sharding_type == HET_ROW_REPLICATED:
             return RowReplicatedSequenceEmbeddingSharding(
-                sharding_infos, env, self._het_tiers, device, qcomm_codecs_registry=qcomm_codecs_registry
+                sharding_infos, env, self._het_hot_rows, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         return super().create_embedding_sharding(
             sharding_type, sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
@@ -150,7 +150,8 @@ class HetEmbeddingCollectionSharder(PluginSharder, EmbeddingCollectionSharder):
         if not any(p.sharding_type in SEQUENCE_PLUGIN_TYPES for p in params.values()):
             return super().shard(module, params, env, device, module_fqn)
         _, replication = self.settings_for(module)
-        replication.check_tables({t.name: t.num_embeddings for t in module.embedding_configs()})
+        shared = getattr(module, "het_replication_config", None) is None  # the sharder's, shared by every EC
+        replication.check_tables({t.name: t.num_embeddings for t in module.embedding_configs()}, shared)
         return HetShardedEmbeddingCollection(
             module=module,
             table_name_to_parameter_sharding=self.with_table_options(module, params, env.world_size),
@@ -166,6 +167,4 @@ class HetEmbeddingCollectionSharder(PluginSharder, EmbeddingCollectionSharder):
     def settings_for(self, module: EmbeddingCollection) -> tuple[HetCacheConfig, ReplicationConfig]:
         """No cache (sequences have no ``het_cached_row_wise``); the module's replication, else the sharder's."""
         replication = getattr(module, "het_replication_config", None)
-        if replication is None:  # the sharder's, shared by every EC it shards: this module's tables
-            replication = self._replication.restricted_to({t.name for t in module.embedding_configs()})
-        return HetCacheConfig(), replication
+        return HetCacheConfig(), replication if replication is not None else self._replication

@@ -4,28 +4,30 @@ plan (:mod:`torchrec_het.plan_options`): the planner asks the sharder for them
 (:meth:`PluginSharder.table_options`), and ``shard()`` fills them into a hand-written plan that
 carries none, so the sharded module reads every table's settings from its plan entry."""
 
-from types import SimpleNamespace
 from typing import Any
 
+import torch
 from torch import nn
 from torchrec.distributed.types import ParameterSharding, ShardingType
 
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.plan_options import PlanOptions, check_options, options_of, with_options
-from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.replication.config import ReplicationConfig, table_tiers
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 
-def plan_tiers(source: object | None, plan: dict[str, ParameterSharding], rows_of: dict[str, int]) -> SimpleNamespace:
-    """The hot row ids of each ``het_row_replicated`` table of ``plan`` (``.tables``: name -> tiers), from
-    ``source`` (this rank's hot-row source, e.g. ``ProfileTiers`` of the profile the plan names).
+def plan_hot_rows(
+    source: object | None, plan: dict[str, ParameterSharding], rows_of: dict[str, int]
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The hot row ids, name -> (replicated, per_host), of each ``het_row_replicated`` table of ``plan``
+    that is not counted online, from ``source`` (this rank's hot-row source, e.g. ``ProfileTiers`` of
+    the profile the plan names).
 
     Raises:
         ValueError: naming the table, when the source gives no hot rows for a table the plan does not
             count online, or other tier sizes or another profile than the plan's options.
     """
-    tables, config = {}, ReplicationConfig(tiers=source)
-    missing = []
+    tables, missing = {}, []
     for name, sharding in plan.items():
         options = options_of(sharding)
         if sharding.sharding_type != HET_ROW_REPLICATED or options.counted_online:
@@ -33,7 +35,7 @@ def plan_tiers(source: object | None, plan: dict[str, ParameterSharding], rows_o
         if source is None or name not in source.tables:
             missing.append(name)
             continue
-        replicated, per_host = config.table_tiers(name, rows_of[name])
+        replicated, per_host = table_tiers(source, name, rows_of[name])
         sizes = (int(replicated.numel()), int(per_host.numel()))
         if options.replicated_rows is not None and sizes != (options.replicated_rows, options.per_host_rows):
             raise ValueError(
@@ -45,7 +47,7 @@ def plan_tiers(source: object | None, plan: dict[str, ParameterSharding], rows_o
             raise ValueError(
                 f"table {name!r}: the plan names profile {options.profile}, the sharder's hot rows come from {fingerprint}"
             )
-        tables[name] = source.tables[name]
+        tables[name] = (replicated, per_host)
     if missing:
         raise ValueError(
             f"table(s) {sorted(missing)} are planned het_row_replicated, but the sharder has no hot rows for them "
@@ -54,7 +56,7 @@ def plan_tiers(source: object | None, plan: dict[str, ParameterSharding], rows_o
             "get_het_sharders(profile=profile) or ReplicationConfig(tiers=ProfileTiers(profile)), "
             "or set ReplicationConfig(online_profile_steps=N)"
         )
-    return SimpleNamespace(tables=tables)
+    return tables
 
 
 class PluginSharder:

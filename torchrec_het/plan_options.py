@@ -10,6 +10,7 @@ carries it through the generators of :mod:`torchrec_het.sharding`.
 """
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
@@ -56,6 +57,10 @@ class ReplicaOptions:
             raise ValueError("replicated_rows and per_host_rows are both known or both None")
         if self.online_profile_steps < 0:
             raise ValueError(f"online_profile_steps must be >= 0, got {self.online_profile_steps}")
+        if not 0.0 <= self.online_max_hot_fraction <= 1.0:
+            raise ValueError(f"online_max_hot_fraction must lie in [0, 1], got {self.online_max_hot_fraction}")
+        if self.local_world_size is not None and self.local_world_size < 1:
+            raise ValueError(f"local_world_size must be >= 1, got {self.local_world_size}")
 
     @property
     def counted_online(self) -> bool:
@@ -65,6 +70,28 @@ class ReplicaOptions:
     def module_settings(self) -> tuple:
         """What every table of one sharding must share (they run one replica holder)."""
         return (self.replica_sync_every, self.skip_all_hot, self.local_world_size, self.counted_online, self.online_profile_steps, self.online_max_hot_fraction)  # fmt: skip
+
+    def ranks_per_host(self, world_size: int) -> int:
+        """Ranks per host on ``world_size`` ranks (``local_world_size``, else ``$LOCAL_WORLD_SIZE``, else one host)."""
+        local = self.local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if world_size % local:
+            raise ValueError(f"world size {world_size} is not a multiple of {local} ranks per host")
+        return local
+
+
+def shared_options(options_by_table: dict[str, ReplicaOptions]) -> ReplicaOptions:
+    """What the ``het_row_replicated`` tables of one sharding share (they run one replica holder): one
+    table's options, whose :meth:`ReplicaOptions.module_settings` are every table's (read only those).
+
+    Raises:
+        ValueError: naming the tables, when their module-wide settings differ.
+    """
+    if len({o.module_settings() for o in options_by_table.values()}) > 1:
+        raise ValueError(
+            f"het_row_replicated tables {sorted(options_by_table)} of one module must share replica_sync_every, "
+            "skip_all_hot, local_world_size and online counting; their options differ"
+        )
+    return next(iter(options_by_table.values()))
 
 
 PlanOptions = CacheSettings | ReplicaOptions

@@ -65,7 +65,7 @@ def _runs_with(model: DistributedModelParallel) -> dict[str, dict]:
                 runs[t.name] = dataclasses.asdict(g.settings)
     for lookup in model.module.replicated_lookups():
         replicas = lookup.replicas
-        config = replicas.config
+        config = replicas.placement.settings
         for g in replicas.groups:
             for i, t in enumerate(g.tables):
                 lo, hi = int(g.offsets[i]), int(g.offsets[i + 1])

@@ -25,7 +25,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.planner import AccessModel, HetEmbeddingShardingPlanner, PluginPricing, ProfileTiers
-from torchrec_het.replication.config import ReplicationConfig, SomeTables
+from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.memory import TableMemory, TierTopology
 from torchrec_het.sharders import (
     HetEmbeddingBagCollection,
@@ -61,7 +61,7 @@ def assert_same(a, b, where: str = "") -> None:
     elif dataclasses.is_dataclass(a):
         for f in dataclasses.fields(a):
             assert_same(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
-    elif isinstance(a, (ProfileTiers, SimpleNamespace, SomeTables)):
+    elif isinstance(a, (ProfileTiers, SimpleNamespace)):
         assert_same(vars(a), vars(b), where)
     else:
         assert a == b, (where, a, b)
@@ -94,7 +94,6 @@ CONFIGS: dict[str, Callable[[], object]] = {
     ),
     "replication_tier_plan": lambda: ReplicationConfig(tiers=tier_plan()),
     "replication_profile_tiers": lambda: ReplicationConfig(tiers=profile_tiers(read=False)),
-    "replication_restricted": lambda: ReplicationConfig(tiers=profile_tiers(read=True)).restricted_to({"hot"}),
     "access_profile": pickle_ranks.profile,
     "tier_plan": tier_plan,
     "profile_tiers_unread": lambda: profile_tiers(read=False),

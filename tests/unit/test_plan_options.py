@@ -18,7 +18,7 @@ from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.replication.tiers import TableTiers
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
 from torchrec_het.sharders.defaults import with_profile_tiers
-from torchrec_het.sharders.plugin_sharder import plan_tiers
+from torchrec_het.sharders.plugin_sharder import plan_hot_rows
 from torchrec_het.sharding import het_cached_row_wise, het_row_replicated
 
 ROWS = {"c": 64, "r": 80}
@@ -88,13 +88,14 @@ def test_hot_rows_that_are_not_the_planned_sizes_raise_naming_the_table() -> Non
     _, plan = _planned(sharder)
     entries = plan.plan[""]
     rows = dict(ROWS)
-    assert set(plan_tiers(sharder._replication.tiers, entries, rows).tables) == {"r"}
+    hot = plan_hot_rows(sharder._replication.tiers, entries, rows)
+    assert set(hot) == {"r"} and torch.equal(hot["r"][0], sharder._replication.tiers.tables["r"].replicated)
     empty = torch.zeros(0, dtype=torch.int64)
     other = SimpleNamespace(tables={"r": TableTiers("r", ROWS["r"], torch.tensor([0, 1]), empty)})
     with pytest.raises(ValueError, match="table 'r': the plan prices"):
-        plan_tiers(other, entries, rows)
+        plan_hot_rows(other, entries, rows)
     with pytest.raises(ValueError, match=r"\['r'\] are planned het_row_replicated"):
-        plan_tiers(None, entries, rows)
+        plan_hot_rows(None, entries, rows)
 
 
 def test_pricing_without_attached_options_uses_the_types_defaults() -> None:

@@ -1,7 +1,11 @@
-"""Settings of the row-replicated sharding type (``het_row_replicated``)."""
+"""Settings of the row-replicated sharding type (``het_row_replicated``), as the user gives them.
 
-import dataclasses
-import os
+:class:`ReplicationConfig` is the builder a sharder (or a module) holds: it gives each table's
+:class:`~torchrec_het.plan_options.ReplicaOptions` for the plan (:meth:`ReplicationConfig.table_options`)
+and holds the hot-row source (``tiers``). The sharded module builds from the plan's options and the
+hot row ids of its tables (:func:`table_tiers`), never from this object.
+"""
+
 from dataclasses import dataclass
 
 import torch
@@ -9,15 +13,37 @@ import torch
 from torchrec_het.plan_options import ReplicaOptions
 
 
+def table_tiers(source: object | None, name: str, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(replicated, per_host) row ids of table ``name`` in the hot-row source ``source`` (empty when it
+    does not name it); ValueError naming the table if they do not fit it."""
+    empty = torch.zeros(0, dtype=torch.int64)
+    tiers = None if source is None else source.tables.get(name)
+    if tiers is None:
+        return empty, empty
+    if tiers.num_rows != num_rows:
+        raise ValueError(f"table {name!r}: the tier plan was made for {tiers.num_rows} rows, the table has {num_rows}")
+    out = []
+    for kind in ("replicated", "per_host"):
+        ids = getattr(tiers, kind).to(torch.int64)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_rows):
+            raise ValueError(f"table {name!r}: {kind} row ids must lie in [0, {num_rows})")
+        if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+            raise ValueError(f"table {name!r}: {kind} row ids must be sorted and distinct")
+        out.append(ids)
+    if out[0].numel() and out[1].numel() and bool(torch.isin(out[0], out[1]).any()):
+        raise ValueError(f"table {name!r}: a row is in both the replicated and the per-host tier")
+    return out[0], out[1]
+
+
 @dataclass(frozen=True)
 class ReplicationConfig:
-    """How a row-replicated module keeps its hot rows.
+    """How a row-replicated module keeps its hot rows (the user's builder of each table's plan options).
 
     Attributes:
-        tiers: hot rows per table (a :class:`torchrec_het.replication.tiers.TierPlan`, or any
-            object with a ``tables`` dict of name -> tiers with ``num_rows``, ``replicated`` and
-            ``per_host`` sorted int64 row ids). None, or a table it does not name: no hot rows,
-            the table behaves as stock row-wise.
+        tiers: the hot-row source (a :class:`torchrec_het.replication.tiers.TierPlan`, a
+            ``ProfileTiers``, or any object with a ``tables`` dict of name -> tiers with ``num_rows``,
+            ``replicated`` and ``per_host`` sorted int64 row ids). None, or a table it does not
+            name: no hot rows, the table behaves as stock row-wise.
         replica_sync_every: combine gradients of replicated rows every this many steps
             (1 = exactly synchronous; s > 1 lets replicas lag up to s - 1 steps, HET's write
             bound applied to replicas). Rows of the per-host tier always sync every step.
@@ -49,43 +75,17 @@ class ReplicationConfig:
         if self.local_world_size is not None and self.local_world_size < 1:
             raise ValueError(f"local_world_size must be >= 1, got {self.local_world_size}")
 
-    def ranks_per_host(self, world_size: int) -> int:
-        local = self.local_world_size or int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        if world_size % local:
-            raise ValueError(f"world size {world_size} is not a multiple of {local} ranks per host")
-        return local
-
-    def table_tiers(self, name: str, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(replicated, per_host) row ids of a table; ValueError naming it if they do not fit it."""
-        empty = torch.zeros(0, dtype=torch.int64)
-        tiers = None if self.tiers is None else self.tiers.tables.get(name)
-        if tiers is None:
-            return empty, empty
-        if tiers.num_rows != num_rows:
-            raise ValueError(
-                f"table {name!r}: the tier plan was made for {tiers.num_rows} rows, the table has {num_rows}"
-            )
-        out = []
-        for kind in ("replicated", "per_host"):
-            ids = getattr(tiers, kind).to(torch.int64)
-            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_rows):
-                raise ValueError(f"table {name!r}: {kind} row ids must lie in [0, {num_rows})")
-            if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
-                raise ValueError(f"table {name!r}: {kind} row ids must be sorted and distinct")
-            out.append(ids)
-        if out[0].numel() and out[1].numel() and bool(torch.isin(out[0], out[1]).any()):
-            raise ValueError(f"table {name!r}: a row is in both the replicated and the per-host tier")
-        return out[0], out[1]
-
-    def check_tables(self, num_rows_of: dict[str, int]) -> None:
-        """ValueError naming the table for a tier plan that does not match the module's tables."""
+    def check_tables(self, num_rows_of: dict[str, int], shared: bool = False) -> None:
+        """ValueError naming the table for tiers that do not fit a module's tables (``num_rows_of``:
+        name -> rows). ``shared``: these settings serve several modules (a sharder's, or a whole
+        model's profile), so the tiers of tables this module does not have are left to the others."""
         if self.tiers is None:
             return
-        unknown = sorted(set(self.tiers.tables) - set(num_rows_of))
+        unknown = [] if shared else sorted(set(self.tiers.tables) - set(num_rows_of))
         if unknown:
             raise ValueError(f"the tier plan names table(s) {unknown} that this module does not have")
         for name, rows in num_rows_of.items():
-            self.table_tiers(name, rows)
+            table_tiers(self.tiers, name, rows)
 
     def table_options(self, table: str, world_size: int) -> ReplicaOptions:
         """The plan options of ``table``: these settings, and the sizes of the tiers ``tiers`` gives the
@@ -103,39 +103,3 @@ class ReplicationConfig:
             self.replica_sync_every, self.skip_all_hot, self.local_world_size, sizes[0], sizes[1],
             fingerprint, self.online_profile_steps, self.online_max_hot_fraction,
         )  # fmt: skip
-
-    def restricted_to(self, tables: set[str]) -> "ReplicationConfig":
-        """This config with the tiers of ``tables`` only.
-
-        A sharder's config is shared by every module it shards (a model with several
-        EmbeddingCollections, or a profile of the whole model); each module takes, and
-        strictly checks, the tiers of its own tables.
-        """
-        if self.tiers is None:
-            return self
-        return dataclasses.replace(self, tiers=SomeTables(self.tiers, frozenset(tables)))
-
-
-class SomeTables:
-    """A hot-row source's tiers of some tables only (its ``fingerprint`` and ``tables_for`` kept).
-
-    Args:
-        source: the whole source (``tables``: name -> tiers).
-        names: the tables kept.
-    """
-
-    def __init__(self, source: object, names: frozenset) -> None:
-        self.source, self.names = source, names
-
-    @property
-    def fingerprint(self) -> str | None:
-        return getattr(self.source, "fingerprint", None)
-
-    @property
-    def tables(self) -> dict:
-        return {name: t for name, t in self.source.tables.items() if name in self.names}
-
-    def tables_for(self, world_size: int) -> dict:
-        sized = getattr(self.source, "tables_for", None)
-        tables = sized(world_size) if sized is not None else self.source.tables
-        return {name: t for name, t in tables.items() if name in self.names}

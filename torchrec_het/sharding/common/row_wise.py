@@ -16,8 +16,8 @@ from torchrec_het.plan_options import check_options, options_of, with_options
 class StagedSharding:
     """Mixin for a TorchRec row-wise sharding whose dists share its one lookup (``lookup_class``).
 
-    Args (before the row-wise sharding's own): sharding_infos, env, then ``hot_rows`` (the hot row
-    ids of ``het_row_replicated`` tables on this rank; None for other types), and device. Every
+    Args (before the row-wise sharding's own): sharding_infos, env, then ``hot_rows`` (this rank's hot
+    row ids of ``het_row_replicated`` tables, name -> (replicated, per_host); None for other types), and device. Every
     table's settings come from its plan entry's options
     (:class:`~torchrec_het.plan_options.HetParameterSharding`): :meth:`lookup_config` turns them into
     what the lookup runs with.

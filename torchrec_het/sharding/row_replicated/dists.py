@@ -63,7 +63,7 @@ class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
         step.send_splits = [table[rank][d] for d in range(ws)]
         step.recv_splits = [table[s][rank] for s in range(ws)]
         # FAE's all-hot step (skip_all_hot): no rank sends to another, nothing is exchanged
-        step.local_only = self.dist.placement.config.skip_all_hot and all(
+        step.local_only = self.dist.placement.settings.skip_all_hot and all(
             table[s][d] == 0 for s in range(ws) for d in range(ws) if s != d
         )
         exchange = start_exchange(

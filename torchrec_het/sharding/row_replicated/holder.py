@@ -94,7 +94,7 @@ class ReplicaHolder:
     """
 
     def __init__(self, kernels: list, placement: ReplicaPlacement, pg, device=None, pooled: bool = False) -> None:
-        self.kernels, self.placement, self.config = kernels, placement, placement.config
+        self.kernels, self.placement = kernels, placement
         self.rank, self.world_size = placement.rank, placement.world_size
         self.device = device if device is not None else torch.device("cpu")
         self._sync_pg = dedicated_group(pg)  # the replica blocks' syncs
@@ -135,7 +135,9 @@ class ReplicaHolder:
         (synced every step over their holders)."""
         groups = self.placement.groups
         self._built_version = self.layout.hot_version
-        self.blocks = [self._block(g, g.hot, self.config.replica_sync_every, self._sync_pg, self.hosts) for g in groups]
+        self.blocks = [
+            self._block(g, g.hot, self.placement.settings.replica_sync_every, self._sync_pg, self.hosts) for g in groups
+        ]
         self.host_blocks = [] if self._holder_pg is None else [
             self._block(g, g.host_block, 1, self._holder_pg, None) for g in groups
         ]  # fmt: skip

@@ -13,7 +13,7 @@ Design: docs/internals.md#row-replicated-routing
 import torch
 import torch.distributed as dist
 
-from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.plan_options import ReplicaOptions
 from torchrec_het.replication.hot_rows import hottest_rows, replication_threshold
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.common.id_space import TableInfo
@@ -27,7 +27,10 @@ class ReplicaPlacement:
     Args:
         grouped_configs: the lookup's grouped configs (TorchRec's row-wise grouping).
         pg: the sharding's process group.
-        config: replication settings for these tables.
+        settings: the plan options these tables share (:func:`~torchrec_het.plan_options.shared_options`:
+            sync interval, skip-all-hot, ranks per host, online counting).
+        hot_rows: name -> (replicated, per_host) sorted int64 row ids of the tables with hot rows
+            (the others have none, or choose them online).
         shards_by_table: each table's shard metadata.
         device: where the batches arrive.
         codecs: the quantized-comms codecs of the partial sums or rows sent (TorchRec's, from the
@@ -36,6 +39,7 @@ class ReplicaPlacement:
             (:func:`~torchrec_het.sharding.common.wire_codec.summing_dtype`).
 
     Attributes:
+        settings: the plan options the tables share.
         rank, world_size, local_world_size: this rank, the group's size, ranks per host.
         groups: one :class:`~torchrec_het.sharding.row_replicated.routing.ReplicaGroup` per width.
         layout: the :class:`~torchrec_het.sharding.row_replicated.routing.IdLayout` the dists route with.
@@ -48,12 +52,12 @@ class ReplicaPlacement:
     """
 
     def __init__(
-        self, grouped_configs, pg, config: ReplicationConfig, shards_by_table, device=None,
-        codecs: WireCodecs | None = None, sync_dtype: torch.dtype = torch.float32,
+        self, grouped_configs, pg, settings: ReplicaOptions, hot_rows: dict[str, tuple], shards_by_table,
+        device=None, codecs: WireCodecs | None = None, sync_dtype: torch.dtype = torch.float32,
     ) -> None:  # fmt: skip
-        self.config, self._pg = config, pg
+        self.settings, self._pg = settings, pg
         self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
-        self.local_world_size = config.ranks_per_host(self.world_size)
+        self.local_world_size = settings.ranks_per_host(self.world_size)
         self.device = device if device is not None else torch.device("cpu")
         self.codecs = codecs if codecs is not None else WireCodecs()
         self.sync_dtype = sync_dtype
@@ -65,11 +69,12 @@ class ReplicaPlacement:
                 info = TableInfo.of(table, module_index, table_index, shards_by_table[table.name], self.world_size)
                 self.tables.setdefault(table.embedding_dim, []).append(info)
                 self.positions += [(table.embedding_dim, table.name)] * len(table.feature_names)
-        tiers = {t.name: config.table_tiers(t.name, t.num_rows) for infos in self.tables.values() for t in infos}
+        empty = (torch.zeros(0, dtype=torch.int64),) * 2
+        tiers = {t.name: hot_rows.get(t.name, empty) for infos in self.tables.values() for t in infos}
         self.groups = self._replica_groups(tiers)
         self.layout = self._id_layout().to(self.device)
-        online = config.tiers is None and config.online_profile_steps > 0
-        self._online_left = config.online_profile_steps if online else 0
+        online = settings.counted_online
+        self._online_left = settings.online_profile_steps if online else 0
         self._online_counts = (
             torch.zeros(self.layout.total_rows, dtype=torch.int64, device=self.device) if online else None
         )
@@ -107,14 +112,14 @@ class ReplicaPlacement:
             return
         counts, self._online_counts = self._online_counts, None
         dist.all_reduce(counts, group=self._pg)
-        config, tiers = self.config, {}
-        steps = config.online_profile_steps
+        settings, tiers = self.settings, {}
+        steps = settings.online_profile_steps
         empty = torch.zeros(0, dtype=torch.int64)
-        threshold = replication_threshold(self.world_size, config.replica_sync_every)
+        threshold = replication_threshold(self.world_size, settings.replica_sync_every)
         for g, base in zip(self.groups, self.layout.group_base.tolist()):  # once, at the end of the profile
             for i, t in enumerate(g.tables):
                 reads = counts[base + int(g.offsets[i]) : base + int(g.offsets[i + 1])].double().cpu() / steps
-                tiers[t.name] = (hottest_rows(reads, threshold, config.online_max_hot_fraction), empty)
+                tiers[t.name] = (hottest_rows(reads, threshold, settings.online_max_hot_fraction), empty)
         self.groups = self._replica_groups(tiers)
         self.layout.set_hot(self.groups)
         self.online_hot_rows += sum(g.hot.numel() for g in self.groups)

@@ -6,7 +6,9 @@ on several hosts (:mod:`~torchrec_het.sharding.row_replicated.replicas`), in Tor
 stages (:mod:`~torchrec_het.sharding.row_replicated.dists`,
 :mod:`~torchrec_het.sharding.row_replicated.lookup`). Bags: :class:`RowReplicatedPooledEmbeddingSharding`;
 sequences: :class:`RowReplicatedSequenceEmbeddingSharding`. With no hot rows each trains
-exactly as stock row-wise does.
+exactly as stock row-wise does. Each table's settings are the ``ReplicaOptions`` of its plan entry
+(:class:`~torchrec_het.plan_options.HetParameterSharding` ``options``); its hot row ids come from
+the sharder's hot-row source, checked against them by the sharded module.
 
 Design (stages and collectives per step, per-host tier): docs/internals.md#row-replicated-sharding
 """
@@ -16,8 +18,7 @@ from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import CommOp
 
 from torchrec_het._compat import sharding_lookup_arguments
-from torchrec_het.plan_options import ReplicaOptions
-from torchrec_het.replication.config import ReplicationConfig
+from torchrec_het.plan_options import ReplicaOptions, shared_options
 from torchrec_het.sharding.common.row_wise import StagedSharding, row_wise_as
 from torchrec_het.sharding.common.wire_codec import BAGS, SEQUENCES, codecs_of, summing_dtype
 from torchrec_het.sharding.row_replicated.dists import ColdIdsDist, PartialSumsDist, SequenceIdsDist, SequenceRowsDist
@@ -28,14 +29,15 @@ from torchrec_het.types import HET_ROW_REPLICATED
 
 class RowReplicatedStages(StagedSharding):
     """What both variants' shardings share: one :class:`ReplicaPlacement` (tables, tiers, layout,
-    exchange group), built before the stages and handed to each (``lookup_class(..., placement)``,
-    ``input_dist_class(placement, feature_names)``, ``output_dist_class(placement)``); per batch the
-    stages share only the batch in the sharding context.
+    exchange group), built before the stages from the tables' plan options and handed to each
+    (``lookup_class(..., placement)``, ``input_dist_class(placement, feature_names)``,
+    ``output_dist_class(placement)``); per batch the stages share only the batch in the sharding context.
 
     Args:
-        sharding_infos: TorchRec's per-table sharding infos.
+        sharding_infos: TorchRec's per-table sharding infos (each plan entry carries its ``ReplicaOptions``).
         env: sharding environment.
-        hot_rows: this rank's hot row ids (``.tables``: name -> tiers) of the tables the plan does not count online.
+        hot_rows: this rank's hot row ids, name -> (replicated, per_host) sorted int64 ids, of the tables
+            the plan does not count online (checked against the plan by the sharded module).
         device: compute device.
     """
 
@@ -44,10 +46,12 @@ class RowReplicatedStages(StagedSharding):
     comm_op: CommOp  # whose codecs of the sharder's ``qcomm_codecs_registry`` its payloads take
     sharding_type = HET_ROW_REPLICATED
 
-    def lookup_config(self, options_by_table: dict, hot_rows) -> ReplicationConfig:
-        """The replica holder's settings: those every table's options share, and this rank's hot row
-        ids of these tables (``hot_rows.tables``)."""
-        return replica_config(options_by_table, hot_rows)
+    def lookup_config(self, options_by_table: dict[str, ReplicaOptions], hot_rows) -> dict:
+        """The placement's settings: the options the tables share (:func:`shared_options`, a ValueError
+        naming them when they differ) and the hot row ids of those tables (none when counted online)."""
+        settings = shared_options(options_by_table)
+        named = {} if settings.counted_online or hot_rows is None else hot_rows
+        return {"settings": settings, "hot_rows": {name: named[name] for name in options_by_table if name in named}}
 
     _placement: ReplicaPlacement | None = None
 
@@ -58,7 +62,8 @@ class RowReplicatedStages(StagedSharding):
             self._placement = ReplicaPlacement(
                 arguments["grouped_configs"],
                 arguments["pg"],
-                self._config,
+                self._config["settings"],
+                self._config["hot_rows"],
                 self.shards_by_table,
                 arguments["device"],
                 codecs_of(self.qcomm_codecs_registry, self.comm_op),
@@ -108,32 +113,3 @@ def het_row_replicated(options: ReplicaOptions | None = None):
     ids come from the sharder's hot-row source and must have the options' tier sizes.
     """
     return row_wise_as(HET_ROW_REPLICATED, compute_kernel="fused", options=options)
-
-
-def replica_config(options_by_table: dict[str, ReplicaOptions], hot_rows) -> ReplicationConfig:
-    """One sharding's :class:`ReplicationConfig` from its tables' options (ValueError naming the
-    tables when their sharding-wide settings differ) and the hot row ids ``hot_rows``."""
-    distinct = {o.module_settings() for o in options_by_table.values()}
-    if len(distinct) > 1:
-        raise ValueError(
-            f"het_row_replicated tables {sorted(options_by_table)} of one module must share replica_sync_every, "
-            "skip_all_hot, local_world_size and online counting; their options differ"
-        )
-    first = next(iter(options_by_table.values()))
-    tiers = None
-    if not first.counted_online:
-        named = dict(hot_rows.tables) if hot_rows is not None else {}
-        tiers = ChosenTiers({name: named[name] for name in options_by_table if name in named})
-    return ReplicationConfig(
-        tiers=tiers, replica_sync_every=first.replica_sync_every, skip_all_hot=first.skip_all_hot,
-        local_world_size=first.local_world_size,
-        online_profile_steps=first.online_profile_steps if first.counted_online else 0,
-        online_max_hot_fraction=first.online_max_hot_fraction,
-    )  # fmt: skip
-
-
-class ChosenTiers:
-    """Hot row ids per table (``tables``), as a :class:`ReplicationConfig` reads them."""
-
-    def __init__(self, tables: dict) -> None:
-        self.tables = tables
