@@ -1,5 +1,8 @@
 """Rank bodies for the link probe on a gloo group (tests/distributed/test_link_probe.py)."""
 
+import dataclasses
+import time
+
 import torch
 import torch.distributed as dist
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
@@ -46,3 +49,38 @@ def probe_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
         probe = probe_links(dist.GroupMember.WORLD, local, torch.device("cpu"), TIGHT)
         topology = Topology(world_size=world_size, local_world_size=local, compute_device="cpu")
         write_rank_result(out_dir, rank, link_figures(topology, LinkSettings(), probe).as_dict())
+
+
+def budgets_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """One host per rank, the link between hosts probed three times on the tight budget: as is, with
+    a low ``enough_bytes_per_ms``, and with rank 1 sleeping in every other round of the largest size
+    (a dispersed series); writes each probe's figures."""
+    with gloo_rank(rank, world_size, port):
+        group, cpu = dist.GroupMember.WORLD, torch.device("cpu")
+        plain = probe_links(group, 1, cpu, TIGHT, kinds=["inter"])
+        enough = probe_links(group, 1, cpu, dataclasses.replace(TIGHT, enough_bytes_per_ms=100.0), kinds=["inter"])
+        exchange, calls = dist.all_to_all_single, [0]
+
+        def sometimes_slow(output, tensor, *args, **kwargs):
+            if tensor.numel() * 4 >= TIGHT.max_bytes:
+                calls[0] += 1
+                if rank == 1 and calls[0] % 2:
+                    time.sleep(0.03)
+            return exchange(output, tensor, *args, **kwargs)
+
+        dist.all_to_all_single = sometimes_slow
+        try:
+            dispersed = probe_links(group, 1, cpu, TIGHT, kinds=["inter"])
+        finally:
+            dist.all_to_all_single = exchange
+        topology = Topology(world_size=world_size, local_world_size=1, compute_device="cpu")
+        figures = {name: link_figures(topology, LinkSettings(), probe) for name, probe in
+                   (("plain", plain), ("enough", enough), ("dispersed", dispersed))}  # fmt: skip
+        write_rank_result(
+            out_dir,
+            rank,
+            {
+                name: {**f.as_dict(), "steady": f.probe.steady, "why": f.probe.why, "describe": f.describe()}
+                for name, f in figures.items()
+            },
+        )

@@ -140,8 +140,8 @@ def test_a_short_budget_ends_the_probe_early_with_a_figure() -> None:
 def test_budget_bounds_and_validation() -> None:
     budget = ProbeBudget(first_bytes=1 << 16, max_bytes=1 << 20, repeats=2)
     assert budget.escalation_sizes == 5  # 64 KiB ... 1 MiB
-    assert budget.max_rounds == 1 + TINY_ROUNDS + 10 + 2
-    assert budget.max_bytes_per_kind(peers=3) == FLOAT * 3 * (1 + TINY_ROUNDS) + 6 * (1 << 20)
+    assert budget.max_rounds == 1 + TINY_ROUNDS + 10 + 2 * 2  # the repeats, and as many to re-measure
+    assert budget.max_bytes_per_kind(peers=3) == FLOAT * 3 * (1 + TINY_ROUNDS) + (4 + 2 * 2) * (1 << 20)
     for bad in ({"seconds": 0}, {"first_bytes": 0}, {"first_bytes": 2, "max_bytes": 1}, {"repeats": -1}):
         with pytest.raises(ValueError, match="ProbeBudget"):
             ProbeBudget(**bad)

@@ -3,12 +3,15 @@
 Times all-to-all rounds in which every rank sends at once and reports the rate at which
 one rank's bytes leave it (TorchRec's ``intra_host_bw`` / ``inter_host_bw`` unit, bytes
 per ms): ``intra`` within hosts, ``inter`` between hosts, and on request ``inter_one_way``.
-Latency is fitted out with a tiny and a large round; every rank ends with the same figures;
-rounds, bytes and time are bounded by :class:`ProbeBudget`.
+Latency is fitted out with the medians of tiny and of large rounds; a large size whose rounds
+spread is re-measured, and reported not steady if they still spread; on a link faster than
+``ProbeBudget.enough_bytes_per_ms`` the escalation stops early with a lower bound. Every rank
+ends with the same figures; rounds, bytes and time are bounded by :class:`ProbeBudget`.
 
 Design: docs/internals.md#link-probe
 """
 
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 FLOAT = 4  # the probe sends float32 elements
-TINY_ROUNDS = 3  # rounds of one element per peer that time a round's fixed cost
+TINY_ROUNDS = 5  # rounds of one element per peer that time a round's fixed cost (their median)
 KINDS = ("intra", "inter", "inter_one_way")
 
 
@@ -31,7 +34,14 @@ class ProbeBudget:
         first_bytes: bytes one rank sends in the first escalating round of a kind.
         max_bytes: at most this many bytes one rank sends in a round.
         target_s: escalation stops at the first size whose round takes this long twice.
-        repeats: at most this many more rounds of the final size, while the time allows.
+        repeats: at most this many more rounds of the final size, while the time allows; as many
+            again when the final size's rounds spread more than ``max_spread`` (a re-measure).
+        max_spread: the final size's rounds are steady when their slowest over their fastest is at
+            most this (:func:`unsteady`).
+        enough_bytes_per_ms: a rate (TorchRec's unit, bytes per ms one rank sends) above which the
+            figure matters to nothing: once an escalating round's bytes over its time (latency
+            included, a lower bound) reach it, the kind stops there, ``enough`` (:func:`is_enough`).
+            None: escalate to ``target_s`` / ``max_bytes`` whatever the rate.
     """
 
     seconds: float = 2.0
@@ -39,12 +49,18 @@ class ProbeBudget:
     max_bytes: int = 1 << 26
     target_s: float = 0.05
     repeats: int = 5
+    max_spread: float = 1.5
+    enough_bytes_per_ms: float | None = None
 
     def __post_init__(self) -> None:
         if not self.seconds > 0 or not self.target_s > 0:
             raise ValueError(f"ProbeBudget: seconds and target_s must be > 0, got {self.seconds}, {self.target_s}")
         if not 0 < self.first_bytes <= self.max_bytes or self.repeats < 0:
             raise ValueError(f"ProbeBudget: need 0 < first_bytes <= max_bytes and repeats >= 0, got {self}")
+        if not self.max_spread >= 1:
+            raise ValueError(f"ProbeBudget: max_spread must be >= 1, got {self.max_spread}")
+        if self.enough_bytes_per_ms is not None and not self.enough_bytes_per_ms > 0:
+            raise ValueError(f"ProbeBudget: enough_bytes_per_ms must be > 0 or None, got {self.enough_bytes_per_ms}")
 
     @property
     def escalation_sizes(self) -> int:
@@ -54,14 +70,14 @@ class ProbeBudget:
     @property
     def max_rounds(self) -> int:
         """At most this many all-to-all rounds per kind: a warm-up, the tiny rounds, two per size
-        (a round that reaches ``target_s`` is confirmed once), the repeats."""
-        return 1 + TINY_ROUNDS + 2 * self.escalation_sizes + self.repeats
+        (a round that reaches ``target_s`` is confirmed once), the repeats and their re-measure."""
+        return 1 + TINY_ROUNDS + 2 * self.escalation_sizes + 2 * self.repeats
 
     def max_bytes_per_kind(self, peers: int = 1) -> int:
         """At most this many bytes one rank sends to ``peers`` peers for one kind (when
         ``first_bytes`` holds an element per peer): an element per peer in each tiny round, two
-        rounds per size (under four times ``max_bytes`` in all), and the repeats."""
-        return FLOAT * peers * (1 + TINY_ROUNDS) + (4 + self.repeats) * self.max_bytes
+        rounds per size (under four times ``max_bytes`` in all), the repeats and their re-measure."""
+        return FLOAT * peers * (1 + TINY_ROUNDS) + (4 + 2 * self.repeats) * self.max_bytes
 
 
 @dataclass(frozen=True)
@@ -70,11 +86,17 @@ class LinkMeasurement:
 
     Attributes:
         bytes_per_ms: the rate at which one sending rank's bytes left it (TorchRec's unit).
-        latency_ms: the fixed cost of one round (the fit's intercept, >= 0).
+        latency_ms: the fixed cost of one round (the fit's intercept, >= 0; when ``enough``, the
+            tiny rounds' median).
         rounds: all-to-all rounds it took.
         bytes_sent: bytes the busiest rank sent in them.
-        fitted: False when the large round was not slower than the tiny one (noise): the figure
-            is then the large round's bytes over its time, latency included (a lower bound).
+        fitted: False when the figure is a large round's bytes over its time, latency included (a
+            lower bound): the large rounds were not slower than the tiny ones (noise), or ``enough``.
+        steady: False when the final size's rounds spread more than ``ProbeBudget.max_spread``,
+            re-measured too (or when too few ran to tell): the figure is their median, not to be priced.
+        why: what was not steady ("" when steady).
+        enough: the escalation stopped at a round faster than ``ProbeBudget.enough_bytes_per_ms``:
+            ``bytes_per_ms`` is that round's rate, a lower bound of the link's.
     """
 
     bytes_per_ms: float
@@ -82,6 +104,9 @@ class LinkMeasurement:
     rounds: int
     bytes_sent: int
     fitted: bool = True
+    steady: bool = True
+    why: str = ""
+    enough: bool = False
 
     @property
     def gbit_per_s(self) -> float:
@@ -117,6 +142,16 @@ class ProbeResult:
     @property
     def bytes_sent(self) -> int:
         return sum(m.bytes_sent for m in self.measurements().values())
+
+    @property
+    def steady(self) -> bool:
+        """Every kind measured was steady (a planner prices none of the figures otherwise)."""
+        return all(m.steady for m in self.measurements().values())
+
+    @property
+    def why(self) -> str:
+        """The kinds that were not steady and why ("" when all were)."""
+        return "; ".join(f"{kind}: {m.why}" for kind, m in self.measurements().items() if not m.steady)
 
 
 @dataclass(frozen=True)
@@ -177,6 +212,43 @@ def fit_link(small_bytes: int, small_s: float, large_bytes: int, large_s: float)
     return 1.0 / (seconds_per_byte * 1e3), latency_s * 1e3, True
 
 
+def spread(times: Sequence[float]) -> float:
+    """The slowest of ``times`` over the fastest (inf when the fastest took no time)."""
+    fastest = min(times)
+    return max(times) / fastest if fastest > 0 else float("inf")
+
+
+def unsteady(times: Sequence[float], max_spread: float) -> str:
+    """Why the rounds of one size that took ``times`` are not steady, or "" when they are: at least
+    two rounds, the slowest at most ``max_spread`` times the fastest."""
+    if len(times) < 2:
+        return f"{len(times)} round of the final size, nothing to compare"
+    if spread(times) > max_spread:
+        return f"{len(times)} rounds of the final size spread {spread(times):.2f}x (> {max_spread:g}x)"
+    return ""
+
+
+def settle(first: Sequence[float], again: Sequence[float] | None, max_spread: float) -> tuple[float, bool, str]:
+    """(seconds, steady, why) of the final size from its rounds ``first`` and, when those were not
+    steady, the re-measure ``again`` (None or empty: none ran). Steady rounds give their median; a
+    steady re-measure replaces the first rounds; otherwise the median of all, not steady."""
+    why = unsteady(first, max_spread)
+    if not why:
+        return statistics.median(first), True, ""
+    if not again:
+        return statistics.median(first), False, f"{why}; no time to re-measure"
+    why_again = unsteady(again, max_spread)
+    if not why_again:
+        return statistics.median(again), True, ""
+    return statistics.median([*first, *again]), False, f"{why}; re-measured, {why_again}"
+
+
+def is_enough(nbytes: int, seconds: float, enough_bytes_per_ms: float | None) -> bool:
+    """Whether a round that sent ``nbytes`` in ``seconds`` shows a rate (latency included, a lower
+    bound of the link's) of at least ``enough_bytes_per_ms``; never when that is None."""
+    return enough_bytes_per_ms is not None and nbytes >= enough_bytes_per_ms * seconds * 1e3
+
+
 def probe_device(group: dist.ProcessGroup, compute_device: str) -> torch.device:
     """Where the probe's tensors live: CPU for gloo (or a CPU topology), else the current accelerator."""
     if compute_device == "cpu" or str(dist.get_backend(group)) == "gloo":
@@ -232,31 +304,46 @@ class _Rounds:
 
 
 def measure_kind(rounds: _Rounds, budget: ProbeBudget) -> LinkMeasurement:
-    """Measures one kind: warm-up, latency from tiny rounds, doubling rounds up to ``target_s``, repeats, fit."""
+    """Measures one kind: warm-up, latency from tiny rounds, doubling rounds up to ``target_s`` (or
+    ``enough``), repeats (re-measured when they spread), fit through the medians."""
     rounds.run(1)
     rounds.restart_clock()  # every rank has arrived: a rank that came late does not eat the budget
-    tiny_s = min(rounds.run(1) for _ in range(TINY_ROUNDS))
-    size, confirmed = budget.first_bytes, False
-    seconds = rounds.run(size)
+    tiny, tiny_s = rounds.pattern.sender_bytes(1), statistics.median([rounds.run(1) for _ in range(TINY_ROUNDS)])
+    size = budget.first_bytes
+    times = [rounds.run(size)]  # the rounds of the current size
     while True:
-        if seconds >= budget.target_s:
-            if confirmed:
+        large = rounds.pattern.sender_bytes(size)
+        if is_enough(large, times[-1], budget.enough_bytes_per_ms):
+            rate = large / (times[-1] * 1e3)
+            return LinkMeasurement(rate, tiny_s * 1e3, rounds.rounds, rounds.bytes_sent, False, enough=True)
+        if min(times) >= budget.target_s:
+            if len(times) > 1:  # confirmed: a single noisy round does not stop the escalation
                 break
-            seconds, confirmed = min(seconds, rounds.run(size)), True
+            times.append(rounds.run(size))
             continue
-        if 2 * size > budget.max_bytes or rounds.time_left() < 5 * seconds:  # next round ~2x, and a repeat
+        if 2 * size > budget.max_bytes or rounds.time_left() < 5 * min(times):  # next round ~2x, and a repeat
             break
-        size, confirmed = 2 * size, False
-        seconds = rounds.run(size)
-    for _ in range(budget.repeats):
-        if rounds.time_left() < 1.5 * seconds:
-            break
-        seconds = min(seconds, rounds.run(size))
-    tiny, large = rounds.pattern.sender_bytes(1), rounds.pattern.sender_bytes(size)
+        size *= 2
+        times = [rounds.run(size)]
+    times += _repeat(rounds, size, budget.repeats, statistics.median(times))
+    again = None
+    if unsteady(times, budget.max_spread):
+        again = _repeat(rounds, size, budget.repeats, statistics.median(times))
+    seconds, steady, why = settle(times, again, budget.max_spread)
     if large <= tiny:  # nothing to separate: a lower bound
-        return LinkMeasurement(large / (seconds * 1e3), 0.0, rounds.rounds, rounds.bytes_sent, False)
+        return LinkMeasurement(large / (seconds * 1e3), 0.0, rounds.rounds, rounds.bytes_sent, False, steady, why)
     bytes_per_ms, latency_ms, fitted = fit_link(tiny, tiny_s, large, seconds)
-    return LinkMeasurement(bytes_per_ms, latency_ms, rounds.rounds, rounds.bytes_sent, fitted)
+    return LinkMeasurement(bytes_per_ms, latency_ms, rounds.rounds, rounds.bytes_sent, fitted, steady, why)
+
+
+def _repeat(rounds: _Rounds, size: int, count: int, estimate_s: float) -> list[float]:
+    """Up to ``count`` rounds of ``size``, each while the time left allows one of ``estimate_s``."""
+    times: list[float] = []
+    for _ in range(count):
+        if rounds.time_left() < 1.5 * estimate_s:
+            break
+        times.append(rounds.run(size))
+    return times
 
 
 def probe_links(

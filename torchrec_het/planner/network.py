@@ -123,8 +123,10 @@ class LinkFigures:
         line = "links (per rank, all ranks sending at once): " + ", ".join(parts)
         if self.probe is not None:
             one_way = self.probe.inter_one_way
-            extra = f"; one way between hosts {_gbit(one_way.bytes_per_ms)}" if one_way is not None else ""
+            extra = f"; one way between hosts {_gbit(one_way.bytes_per_ms)}{_flags(one_way)}" if one_way else ""
             line += f"; probe {self.probe.seconds:.2f} s, {self.probe.rounds} rounds{extra}"
+            if not self.probe.steady:
+                line += " (not steady)"
         return line
 
     def as_dict(self) -> dict:
@@ -227,13 +229,24 @@ def cpu_network(topology: Topology) -> Topology:
 
 
 def _measured_note(measured: LinkMeasurement) -> str:
-    fit = f"latency {measured.latency_ms:.2f} ms removed" if measured.fitted else "latency not separable: a lower bound"
-    return f"probe, {measured.rounds} rounds, {fit}"
+    if measured.enough:
+        fit = "enough: a lower bound"
+    elif measured.fitted:
+        fit = f"latency {measured.latency_ms:.2f} ms removed"
+    else:
+        fit = "latency not separable: a lower bound"
+    steady = "" if measured.steady else f", not steady: {measured.why}"
+    return f"probe, {measured.rounds} rounds, {fit}{steady}"
+
+
+def _flags(measured: LinkMeasurement) -> str:
+    flags = [name for name, on in (("enough", measured.enough), ("not steady", not measured.steady)) if on]
+    return f" ({', '.join(flags)})" if flags else ""
 
 
 def _measurement_dict(m: LinkMeasurement) -> dict:
     return {"gbit": m.gbit_per_s, "latency_ms": m.latency_ms, "rounds": m.rounds, "bytes_sent": m.bytes_sent,
-            "fitted": m.fitted}  # fmt: skip
+            "fitted": m.fitted, "steady": m.steady, "why": m.why, "enough": m.enough}  # fmt: skip
 
 
 def _gbit(bytes_per_ms: float) -> str:
