@@ -3,7 +3,9 @@
 Importing this package changes nothing in TorchRec; ``torchrec_het.install()`` registers
 the plugin's sharders and planner components (``torchrec_het.registration``) and
 ``torchrec_het.uninstall()`` takes them out again; ``torchrec_het.stats_by_table(model)``
-gives the plugin's counters (cache hits, replica syncs) of every plugin-sharded table.
+gives the plugin's counters (cache hits, replica syncs) of every plugin-sharded table;
+``torchrec_het.watch_plan(model, plan)`` checks the measured step time against the plan's prediction
+(``install()`` does it for every ``DistributedModelParallel``).
 """
 
 __version__ = "0.1.0"
@@ -30,4 +32,12 @@ def stats_by_table(model) -> dict[str, dict]:
     return _stats_by_table(model)
 
 
-__all__ = ["__version__", "install", "stats_by_table", "uninstall"]
+def watch_plan(model, plan_or_prediction, warmup: int = 20, window: int = 50):
+    """See :func:`torchrec_het.plan_check.watch_plan`: after ``warmup`` steps, ``model``'s median step over
+    ``window`` steps against the plan's prediction; rank 0 logs one line when they differ by more than 25%."""
+    from torchrec_het.plan_check import watch_plan as _watch_plan
+
+    return _watch_plan(model, plan_or_prediction, warmup=warmup, window=window)
+
+
+__all__ = ["__version__", "install", "stats_by_table", "uninstall", "watch_plan"]

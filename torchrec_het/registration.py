@@ -5,7 +5,8 @@ plugin's EBC / EC sharders and a stock ``EmbeddingShardingPlanner`` built withou
 enumerator, performance model, partitioner or stats use the plugin's; stock EBC / EC sharders a
 script builds itself (e.g. with a ``qcomm_codecs_registry``) become the plugin's, with that
 registry and their ``fused_params``, where the planner and ``DistributedModelParallel`` get them
-(:func:`swap_stock_sharders`); with a process group
+(:func:`swap_stock_sharders`); a ``DistributedModelParallel`` whose plan carries the planner's
+prediction checks its step time against it (:mod:`torchrec_het.plan_check`); with a process group
 timeout set, ``init_process_group`` calls without ``timeout`` get it. :func:`uninstall` puts
 every replaced attribute back. Install before importing a script that binds
 ``get_default_sharders`` by name (``python -m torchrec_het.launch`` does).
@@ -171,6 +172,7 @@ def install(
         _replace(state, home, "EmbeddingShardingPlanner", HetEmbeddingShardingPlanner)
     _swap_sharders_given(state, HetEmbeddingShardingPlanner, "plan")  # the sharders a script gives it
     _swap_sharders_given(state, DistributedModelParallel, "__init__")
+    _watch_predicted_plans(state, DistributedModelParallel)
     if embedding_staleness is not None:
         hybrid = _hybrid_sparse_dist(embedding_staleness)
         for home in _compat.train_pipeline_homes():
@@ -327,6 +329,27 @@ def _swap_sharders_given(state: _Installed, owner: type, method: str) -> None:
         return stock(*bound.args, **bound.kwargs)
 
     _replace(state, owner, method, with_plugin_sharders)
+
+
+def _watch_predicted_plans(state: _Installed, owner: type) -> None:
+    """``owner.__init__`` (``DistributedModelParallel``'s) then watches the model's steps against the
+    prediction its plan carries (given or planned; :func:`torchrec_het.plan_check.watch_plan`), kept
+    as ``self._het_step_watch``."""
+    from torchrec_het.plan_check import prediction_of, watch_plan
+
+    stock = owner.__init__
+    signature = inspect.signature(stock)
+
+    @functools.wraps(stock)
+    def watching_init(self, *args, **kwargs):
+        stock(self, *args, **kwargs)
+        plan = getattr(self, "plan", None)  # DistributedModelParallel.plan: given or planned
+        if plan is None:
+            plan = signature.bind(self, *args, **kwargs).arguments.get("plan")
+        if prediction_of(plan) is not None:
+            watch_plan(self, plan)
+
+    _replace(state, owner, "__init__", watching_init)
 
 
 def _hybrid_sparse_dist(k: int) -> type:

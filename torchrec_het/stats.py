@@ -3,6 +3,7 @@
 import torch
 from torchrec.distributed.model_parallel import get_unwrapped_module
 
+from torchrec_het.plan_check import watch_of
 from torchrec_het.sharders import HetShardedEmbeddingBagCollection, HetShardedEmbeddingCollection
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
@@ -18,6 +19,14 @@ def stats_by_table(model: torch.nn.Module) -> dict[str, dict]:
     dimension) or ``replication`` (het_row_replicated: steps, all-hot steps that skipped the cold
     exchange, sparse and dense replica syncs; these count the module's steps, so every
     replicated table of one module shows the same).
+
+    A model with a plan check (:func:`torchrec_het.watch_plan`, which ``install()`` sets up for a
+    ``DistributedModelParallel`` whose plan carries the planner's prediction) adds ``plan_check`` to
+    every table: ``predicted_step_ms`` (the plan's whole step), ``measured_step_ms`` (this rank's median
+    step after warm-up; None until measured), ``steps`` (training steps the check saw) and, for tables
+    the prediction prices, ``predicted_share_ms``, ``runner_up`` and ``runner_up_share_ms``; the
+    plan's tables of TorchRec's types then appear too, with ``module`` (None where the plan is not
+    known), ``sharding_type`` and ``plan_check``.
     """
     out: dict[str, dict] = {}
     for name, module in get_unwrapped_module(model).named_modules():
@@ -31,7 +40,28 @@ def stats_by_table(model: torch.nn.Module) -> dict[str, dict]:
                 out[table] = {"module": name, "sharding_type": kind, "cache": cache[table]}
             elif kind == HET_ROW_REPLICATED:
                 out[table] = {"module": name, "sharding_type": kind, "replication": dict(replication)}
+    watch = watch_of(model)
+    if watch is not None:
+        step = watch.as_dict()
+        for table, predicted in watch.prediction.tables.items():
+            out.setdefault(
+                table,
+                {"module": watch.table_modules.get(table), "sharding_type": predicted.get("sharding_type")},
+            )
+        for table, entry in out.items():
+            predicted = watch.prediction.tables.get(table, {})
+            entry["plan_check"] = dict(step)
+            if predicted:
+                entry["plan_check"].update(
+                    predicted_share_ms=_number(predicted.get("share_ms")),
+                    runner_up=predicted.get("runner_up"),
+                    runner_up_share_ms=_number(predicted.get("runner_up_share_ms")),
+                )
     return out
+
+
+def _number(value) -> float | None:
+    return None if value is None else float(value)
 
 
 __all__ = ["stats_by_table"]
