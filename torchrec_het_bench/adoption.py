@@ -2,11 +2,21 @@
 
     python -m torchrec_het_bench.adoption --out adoption/            # ~200 steps, 3 repeats
     python -m torchrec_het_bench.adoption --out /tmp/a --quick       # a smoke check
+    python -m torchrec_het_bench.adoption --out /tmp/d --sizes smoke default   # also at the default preset's sizes
     python -m torchrec_het_bench.adoption --out /tmp/e --network emulated --hosts 2 --gbit 1.25
 
 The trainer is the recipe ``torchrec_het_bench.recipes.train_dlrm`` (stock planner,
-``get_default_sharders()``, ``TrainPipelineSparseDist``), smoke sizes, as a user would start
-it. On loopback (default): 2 ranks, ``torchrun --nproc-per-node 2 -m ...`` (arm ``stock``) or
+``get_default_sharders()``, ``TrainPipelineSparseDist``), as a user would start it, at the
+``--sizes`` asked for (the trainer's own ``--preset``, the benchmark's presets' sizes):
+
+- ``smoke`` (default): 26 tables of 1k..20k rows, dim 16, 256 samples per rank, MLPs 64-16 / 64-1.
+- ``default``: the benchmark's ``default`` preset, where bytes matter: 26 tables of 100k..1M rows
+  (7.3M rows, 1.9 GB of fp32 weights), dim 64, 1024 samples per rank, MLPs 256-64 / 256-128-1. A
+  step takes ~0.1-0.4 s on 2 ranks of a 2-core machine (0.1-0.2 s idle, ~0.3 s under load), so
+  the 200 steps of a run take 20-80 s of training, plus start-up and planning (~1 min).
+
+Every case runs at every size, with the same ``--steps``. On loopback (default): 2 ranks,
+``torchrun --nproc-per-node 2 -m ...`` (arm ``stock``) or
 ``python -m torchrec_het.launch --nproc-per-node 2 -m ...`` (arm ``launcher``). With
 ``--network emulated``: one rank on each of ``--hosts`` emulated hosts joined at ``--gbit``,
 each started by its own torchrun (or launcher) in its host's namespace, with a multi-node
@@ -14,14 +24,16 @@ rendezvous at host 0 (:mod:`torchrec_het_bench.adoption_hosts`). Cases:
 
 - ``uniform``: ids uniform (``--alpha 0`` of the trainer); the launcher has no profile.
 - ``zipf``: Zipf(``--alpha``, 1.1) ids; the launcher gets ``TORCHREC_HET_PROFILE``, a profile
-  of the same batches made first with ``python -m torchrec_het_bench.profile``.
+  of the same batches (same sizes: ``--preset`` of the run's sizes) made first with
+  ``python -m torchrec_het_bench.profile``.
 - ``uniform_fp16``, ``zipf_fp16`` (``_int8``, ``_mx4``): the same with TorchRec's quantized comms,
   the codec pairs of :mod:`torchrec_het_bench.qcomms` (``fp16/bf16``, ...): both arms run the
   trainer with ``--fwd-comm-precision fp16 --bwd-comm-precision bf16``, so the launcher's run is
   compared with stock under the same codecs; the report shows the codecs the trainer says it ran
   (on CPU TorchRec runs bf16 as fp16).
 
-Repeats interleave (uniform stock, uniform launcher, zipf stock, zipf launcher, again...).
+Repeats interleave (uniform stock, uniform launcher, zipf stock, zipf launcher, each size in
+turn, again...).
 On loopback every run is a fresh process tree in a network namespace of its own (one emulated
 host of :mod:`torchrec_het_bench.netem`), so its loopback carries this run's traffic and nothing
 else: the kernel's ``lo`` counters there are the bytes the ranks, their rendezvous store and
@@ -34,7 +46,8 @@ Per run: the trainer's own ``trained N steps in S s (X it/s)`` (training loop on
 steady rate from the times its step lines arrive (from step N/10 to the last), the bytes of
 the whole run and of that steady window, the sharding types of the printed plan, and the
 final held-out AUC. ``results.json`` and ``results.md`` in ``--out`` hold the runs, medians
-and launcher/stock ratios; ``logs/`` holds every run's stdout and stderr.
+and launcher/stock ratios per case and sizes (``cases`` keyed ``<case>/<sizes>``, e.g.
+``zipf/default``; ``sizes`` says what each size is); ``logs/`` holds every run's stdout and stderr.
 """
 
 from __future__ import annotations
@@ -63,6 +76,7 @@ BYTES_TOLERANCE = 0.002
 QUICK = {"steps": 20, "repeats": 1, "eval_batches": 1}
 CASES = tuple(base + suffix for base in ("uniform", "zipf") for suffix in ("", *map(qcomms.suffix, qcomms.PAIRS)))
 FULL = {"steps": 200, "repeats": 3, "eval_batches": 4}
+SIZES = ("smoke", "default")  # the trainer's --preset; the benchmark's presets of the same names (same sizes)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,6 +95,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--cases", nargs="+", choices=CASES, default=["uniform", "zipf"], metavar="CASE",
         help=f"cases to run, of {', '.join(CASES)} (_fp16 etc.: both arms with those quantized comms; "
         "default: uniform zipf)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sizes", nargs="+", choices=SIZES, default=["smoke"], metavar="SIZES",
+        help="model and batch sizes to run every case at (the trainer's --preset): smoke (26 tables of 1k..20k rows, "
+        "dim 16, batch 256) or default (the benchmark's default preset: 100k..1M rows, dim 64, batch 1024, "
+        "~0.1-0.4 s a step); several run interleaved (default: smoke)",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help=f"a smoke check: {QUICK} unless given")
     parser.add_argument(
@@ -103,6 +123,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         unavailable = namespace_unavailable()
         if unavailable is not None:
             parser.error(f"--network emulated is not possible here: {unavailable}")
+    if len(set(args.sizes)) < len(args.sizes):
+        parser.error(f"--sizes: each at most once, got {' '.join(args.sizes)}")
     for setting in args.launcher_env:
         key, eq, _value = setting.partition("=")
         if not eq or not key.startswith("TORCHREC_HET_"):
@@ -132,11 +154,33 @@ def namespace_loopback_bytes(netns: str) -> int:
 # ---- one run ------------------------------------------------------------------------------------
 
 
-def case_named(name: str, alpha: float) -> Case:
-    """The case ``name`` of :data:`CASES`: ``uniform`` or ``zipf`` (Zipf ``alpha``), with the codec pair its suffix names."""
+def case_named(name: str, alpha: float, sizes: str = "smoke") -> Case:
+    """The case ``name`` of :data:`CASES`: ``uniform`` or ``zipf`` (Zipf ``alpha``), with the codec pair its
+    suffix names, at ``sizes`` (of :data:`SIZES`)."""
     base, _, codec = name.partition("_")
     pair = next(p for p in qcomms.PAIRS if qcomms.suffix(p) == f"_{codec}") if codec else None
-    return Case(name, alpha if base == "zipf" else 0.0, base == "zipf", pair)
+    return Case(name, alpha if base == "zipf" else 0.0, base == "zipf", pair, sizes)
+
+
+def sizes_of(name: str) -> dict:
+    """What the sizes ``name`` are: the benchmark preset's tables, dim, MLPs and batch per rank (the trainer's
+    ``--preset`` of that name has the same; tests/bench/test_adoption.py checks)."""
+    from torchrec_het_bench.presets import get_preset
+
+    preset = get_preset(name)
+    rows = preset.table_sizes
+    return {"tables": len(rows), "rows_min": min(rows), "rows_max": max(rows), "rows_total": sum(rows),
+            "embedding_dim": preset.embedding_dim, "batch_size": preset.batch_size,
+            "dense_arch": list(preset.dense_arch), "over_arch": list(preset.over_arch)}  # fmt: skip
+
+
+def describe_sizes(name: str, sizes: dict) -> str:
+    """``smoke: 26 tables of 1000..20000 rows (...), dim 16, batch 256 per rank, MLPs 64-16 / 64-1``."""
+    weights_mb = sizes["rows_total"] * sizes["embedding_dim"] * 4 / 1e6
+    return (f"{name}: {sizes['tables']} tables of {sizes['rows_min']}..{sizes['rows_max']} rows "
+            f"({sizes['rows_total']} rows, {weights_mb:,.0f} MB fp32), dim {sizes['embedding_dim']}, "
+            f"batch {sizes['batch_size']} per rank, MLPs {'-'.join(map(str, sizes['dense_arch']))} / "
+            f"{'-'.join(map(str, sizes['over_arch']))}")  # fmt: skip
 
 
 def world_size(args: argparse.Namespace) -> int:
@@ -198,8 +242,8 @@ def run_once(arm: str, case: Case, args: argparse.Namespace, profile: Path | Non
 
 def make_profile(case: Case, args: argparse.Namespace, out: Path) -> Path:
     """Profiles rank 0's training batches of the case's data with the profile CLI."""
-    path = out / f"profile_{case.name}.pt"
-    argv = [sys.executable, "-m", "torchrec_het_bench.profile", "--preset", "smoke", "--alpha", f"{case.alpha:g}",
+    path = out / f"profile_{case.name}_{case.sizes}.pt"
+    argv = [sys.executable, "-m", "torchrec_het_bench.profile", "--preset", case.sizes, "--alpha", f"{case.alpha:g}",
             "--steps", str(args.steps), "--every", str(args.profile_every), "--world-size", str(world_size(args)),
             "--out", str(path)]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
@@ -252,8 +296,9 @@ def summarize_case(case: Case, arms: dict[str, list[dict]]) -> dict:
     else:  # within 5% of stock's speed, no more bytes (than identical plans differ by)
         targets = {"within_5pct_of_stock_speed": _at_least(ratios["it_per_s"], 0.95),
                    "no_more_wire_bytes": _at_most(ratios["wire_bytes_run"], 1.0 + BYTES_TOLERANCE)}  # fmt: skip
-    return {"alpha": case.alpha, "launcher_profile": case.with_profile, "qcomms": case.qcomms, "stock": stock,
-            "launcher": launcher, "launcher_over_stock": ratios, "targets": targets}  # fmt: skip
+    return {"case": case.name, "sizes": case.sizes, "alpha": case.alpha, "launcher_profile": case.with_profile,
+            "qcomms": case.qcomms, "stock": stock, "launcher": launcher, "launcher_over_stock": ratios,
+            "targets": targets}  # fmt: skip
 
 
 def _at_most(value: float | None, bound: float) -> bool | None:
@@ -285,13 +330,19 @@ def _case_words(case: dict) -> str:
 def _codec_lines(results: dict) -> list[str]:
     """What each case with quantized comms asked for and what each arm's trainer said it ran."""
     lines = []
-    for name, case in results["cases"].items():
+    for key, case in results["cases"].items():
         if case.get("qcomms"):
             flags = " ".join(codec_flags(case["qcomms"]))
             ran = "; ".join(f"{arm}: {', '.join(case[arm]['qcomms_ran']) or 'n/a'}" for arm in ("stock", "launcher"))
-            lines.append(f"- {name}: both arms `{flags}`; ran ({ran})")
+            lines.append(f"- {key}: both arms `{flags}`; ran ({ran})")
     return ["", "Quantized comms (the trainer's flags, the codecs it printed per collective, forward/backward):", "",
             *lines] if lines else []  # fmt: skip
+
+
+def _sizes_lines(results: dict) -> list[str]:
+    """One line per sizes run: what each means (the trainer's --preset)."""
+    return ["Sizes (the trainer's `--preset`):", "",
+            *[f"- {describe_sizes(name, sizes)}" for name, sizes in results["sizes"].items()], ""]  # fmt: skip
 
 
 def markdown(results: dict) -> str:
@@ -299,38 +350,43 @@ def markdown(results: dict) -> str:
         "# An unchanged trainer through the launcher vs. without it",
         "",
         f"`{results['command']}` at {results['provenance']['commit']}, {results['provenance']['date']}; "
-        f"{results['steps']} steps, {results['repeats']} repeat(s) per arm, {_where(results)}, smoke sizes. "
+        f"{results['steps']} steps, {results['repeats']} repeat(s) per arm, {_where(results)}, "
+        f"sizes {', '.join(results['sizes'])}. "
         f"Load average {results['loadavg_start']:.1f} before, {results['loadavg_end']:.1f} after, "
         f"on {os.cpu_count()} cores: speeds are noisy on a shared machine. Both arms: "
         + cpu_line(results.get("cpu_budget"), None)
         + ".",
         "",
+        *_sizes_lines(results),
         f"Wire bytes: {results['wire_bytes']}",
         "",
         *([f"Link: {results['network']['link']}", ""] if results.get("network", {}).get("link") else []),
         f"Launcher settings: {', '.join(results['launcher_env']) or 'none'} (+ TORCHREC_HET_PROFILE on zipf cases).",
         "",
-        "| case | arm | it/s (trainer) | it/s (steady) | wire MB (run) | wire KB/step | AUC | planned types |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| case | sizes | arm | it/s (trainer) | it/s (steady) | wire MB (run) | wire KB/step | AUC | planned types |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for name, case in results["cases"].items():
+    for case in results["cases"].values():
+        name, sizes = case["case"], case["sizes"]
         for arm in ("stock", "launcher"):
             s = case[arm]
             run_mb = None if s["median_wire_bytes_run"] is None else s["median_wire_bytes_run"] / 1e6
             step_kb = None if s["median_wire_bytes_per_step"] is None else s["median_wire_bytes_per_step"] / 1e3
             plan = ", ".join(f"{kind} {n}" for kind, n in s["runs"][0]["plan"].items())
-            lines.append(f"| {name} ({_case_words(case)}) | {arm} | {_fmt(s['median_it_per_s'], '.2f')} "
+            lines.append(f"| {name} ({_case_words(case)}) | {sizes} | {arm} | {_fmt(s['median_it_per_s'], '.2f')} "
                          f"| {_fmt(s['median_steady_it_per_s'], '.2f')} | {_fmt(run_mb, '.1f')} | {_fmt(step_kb, '.1f')} "
                          f"| {_fmt(s['median_auc'], '.4f')} | {plan}{'' if s['plan_same_every_run'] else ' (varied)'} |")  # fmt: skip
     lines += ["", "Medians over the repeats. Launcher / stock (paired: the median of each repeat's own ratio):", "",
-              "| case | it/s | it/s paired | steady it/s | wire bytes (run) | wire bytes/step | AUC diff | targets (issue 12) |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    for name, case in results["cases"].items():
+              "| case | sizes | it/s | it/s paired | steady it/s | wire bytes (run) | wire bytes/step | AUC diff "
+              "| targets (issue 12) |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for case in results["cases"].values():
+        name, sizes = case["case"], case["sizes"]
         r = case["launcher_over_stock"]
         targets = ", ".join(
             f"{key}: {'n/a' if ok is None else ('met' if ok else 'MISSED')}" for key, ok in case["targets"].items()
         )
-        lines.append(f"| {name} | {_fmt(r['it_per_s'], '.3f')} | {_fmt(r['it_per_s_paired'], '.3f')} "
+        lines.append(f"| {name} | {sizes} | {_fmt(r['it_per_s'], '.3f')} | {_fmt(r['it_per_s_paired'], '.3f')} "
                      f"| {_fmt(r['steady_it_per_s'], '.3f')} "
                      f"| {_fmt(r['wire_bytes_run'], '.4f')} | {_fmt(r['wire_bytes_per_step'], '.4f')} "
                      f"| {_fmt(r['auc_difference'], '+.4f')} | {targets} |")  # fmt: skip
@@ -363,23 +419,24 @@ def main(argv: list[str] | None = None) -> int:
 
         network.update(hosts=args.hosts, gbit=args.gbit, tcp=measure_link(args, NETNS_PREFIX))
         network["link"] = describe_link(network)
-    cases = [case_named(name, args.alpha) for name in args.cases]
-    profiles = {case.name: make_profile(case, args, out) for case in cases if case.with_profile}
+    cases = [case_named(name, args.alpha, sizes) for sizes in args.sizes for name in args.cases]
+    profiles = {case.key: make_profile(case, args, out) for case in cases if case.with_profile}
     loadavg_start = os.getloadavg()[0]
-    runs: dict[str, dict[str, list[dict]]] = {case.name: {"stock": [], "launcher": []} for case in cases}
+    runs: dict[str, dict[str, list[dict]]] = {case.key: {"stock": [], "launcher": []} for case in cases}
     for repeat in range(args.repeats):
         for case in cases:
             for arm in ("stock", "launcher"):  # interleaved: A, B, A, B, ...
-                log = out / "logs" / f"{case.name}_{arm}_{repeat}"
-                record = run_once(arm, case, args, profiles.get(case.name), log, unavailable is None)
-                runs[case.name][arm].append(record)
-                print(f"[{repeat + 1}/{args.repeats}] {case.name} {arm}: {record['it_per_s']:.2f} it/s, "
+                log = out / "logs" / f"{case.name}_{case.sizes}_{arm}_{repeat}"
+                record = run_once(arm, case, args, profiles.get(case.key), log, unavailable is None)
+                runs[case.key][arm].append(record)
+                print(f"[{repeat + 1}/{args.repeats}] {case.key} {arm}: {record['it_per_s']:.2f} it/s, "
                       f"auc {record['auc']:.4f}, wire {record['wire_bytes_run']} B, plan {record['plan']}", flush=True)  # fmt: skip
     results = {
         "command": "python -m torchrec_het_bench.adoption " + " ".join(sys.argv[1:] if argv is None else argv),
         "provenance": provenance(),
         "steps": args.steps,
         "repeats": args.repeats,
+        "sizes": {name: sizes_of(name) for name in args.sizes},  # the trainer's --preset of each
         "world_size": world_size(args),
         "cpu_budget": budget_for(world_size(args)).as_dict(),  # both arms' (run_env)
         "network": network,
@@ -399,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "loadavg_start": loadavg_start,
         "loadavg_end": os.getloadavg()[0],
-        "cases": {case.name: summarize_case(case, runs[case.name]) for case in cases},
+        "cases": {case.key: summarize_case(case, runs[case.key]) for case in cases},  # "<case>/<sizes>"
     }
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "results.md").write_text(markdown(results))

@@ -31,18 +31,25 @@ _QCOMMS = re.compile(r"^qcomms \S+ runs (.+)$", re.M)  # the trainer's codecs, a
 @dataclass(frozen=True)
 class Case:
     """One data set, what the launcher is told about it, and the trainer's quantized comms
-    (``qcomms``: a ``"<forward>/<backward>"`` pair of :mod:`torchrec_het_bench.qcomms`, both arms; None: fp32)."""
+    (``qcomms``: a ``"<forward>/<backward>"`` pair of :mod:`torchrec_het_bench.qcomms`, both arms; None: fp32),
+    at the trainer's ``sizes`` (its ``--preset``: ``smoke`` or ``default``, the benchmark's presets' sizes)."""
 
     name: str
     alpha: float
     with_profile: bool
     qcomms: str | None = None
+    sizes: str = "smoke"
+
+    @property
+    def key(self) -> str:
+        """The case at its sizes, as the report keys it: ``zipf/default``."""
+        return f"{self.name}/{self.sizes}"
 
 
 def trainer_args(case: Case, steps: int, eval_batches: int) -> list[str]:
-    """The unchanged trainer and its arguments (``-m MODULE ...``): smoke sizes, the case's ids and
-    codecs, the plan printed."""
-    return ["-m", TRAINER, "--preset", "smoke", "--steps", str(steps), "--alpha", f"{case.alpha:g}",
+    """The unchanged trainer and its arguments (``-m MODULE ...``): the case's sizes (the trainer's own
+    ``--preset``: tables, embedding dim, MLPs, batch per rank), ids and codecs, the plan printed."""
+    return ["-m", TRAINER, "--preset", case.sizes, "--steps", str(steps), "--alpha", f"{case.alpha:g}",
             "--eval-batches", str(eval_batches), "--print-plan", *codec_flags(case.qcomms)]  # fmt: skip
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from torchrec_het_bench import adoption
 from torchrec_het_bench.adoption import (
+    SIZES,
     case_named,
     command,
     markdown,
@@ -25,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_bad_flags_fail_in_the_parent_naming_the_flag(capsys) -> None:
-    for argv in (["--steps", "1"], ["--alpha", "0"], ["--launcher-env", "PATH=/x"], ["--hosts", "1"], ["--gbit", "0"]):
+    for argv in (["--steps", "1"], ["--alpha", "0"], ["--launcher-env", "PATH=/x"], ["--hosts", "1"], ["--gbit", "0"],
+                 ["--sizes", "full"], ["--sizes", "default", "default"]):  # fmt: skip
         with pytest.raises(SystemExit):
             parse_args(["--out", "x", *argv])
         assert argv[0] in capsys.readouterr().err
@@ -78,11 +81,90 @@ def test_the_report_shows_a_cases_codecs() -> None:
         "command": "python -m torchrec_het_bench.adoption --cases zipf_fp16", "steps": 20, "repeats": 1,
         "provenance": {"commit": "abc", "date": "today"}, "world_size": 2, "cpu_budget": None,
         "loadavg_start": 1.0, "loadavg_end": 1.0, "wire_bytes": "not measured", "launcher_env": [],
-        "cases": {"zipf_fp16": case},
+        "sizes": {"smoke": adoption.sizes_of("smoke")}, "cases": {"zipf_fp16/smoke": case},
     }  # fmt: skip
     text = markdown(results)
-    assert "| zipf_fp16 (alpha 1.1, qcomms fp16/bf16) | stock |" in text, text
-    assert f"- zipf_fp16: both arms `{' '.join(FP16_FLAGS)}`; ran (stock: {ran}; launcher: {ran})" in text, text
+    assert "| zipf_fp16 (alpha 1.1, qcomms fp16/bf16) | smoke | stock |" in text, text
+    assert f"- zipf_fp16/smoke: both arms `{' '.join(FP16_FLAGS)}`; ran (stock: {ran}; launcher: {ran})" in text, text
+
+
+def test_the_trainers_sizes_are_the_benchmark_presets_of_the_same_name() -> None:
+    """``--sizes default`` runs the trainer's ``--preset default`` and profiles the benchmark's ``default``
+    preset: both must be the same tables, dim, MLPs and batch, or the profile would not fit the model."""
+    from torchrec_het_bench.presets import get_preset
+    from torchrec_het_bench.recipes.train_dlrm import PRESETS
+
+    assert SIZES == ("smoke", "default")
+    for name in SIZES:
+        trainer, bench = PRESETS[name](), get_preset(name)
+        for field in ("table_sizes", "embedding_dim", "dense_arch", "over_arch", "batch_size"):
+            assert getattr(trainer, field) == getattr(bench, field), (name, field)
+    default = adoption.sizes_of("default")
+    assert (default["tables"], default["rows_min"], default["rows_max"]) == (26, 100_000, 1_000_000), default
+    assert (default["embedding_dim"], default["batch_size"], default["over_arch"]) == (64, 1024, [256, 128, 1])
+
+
+def _preset(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, flag in enumerate(argv) if flag == "--preset"]
+
+
+def test_the_default_sizes_reach_the_trainer_of_both_arms_on_loopback_and_hosts() -> None:
+    assert parse_args(["--out", "x"]).sizes == ["smoke"]  # the tool's default is unchanged
+    args = parse_args(["--out", "x", "--sizes", "default", "--cases", "zipf"])
+    assert args.sizes == ["default"] and args.steps <= 200  # ~100-200 ms a step at these sizes
+    for sizes in SIZES:
+        case = case_named("zipf", args.alpha, sizes)
+        assert case.key == f"zipf/{sizes}"
+        for arm in ("stock", "launcher"):
+            assert _preset(command(arm, case, args)) == [sizes], command(arm, case, args)
+            assert _preset(host_command(arm, case, args, 1, "10.0.0.1")) == [sizes]
+
+
+def test_main_runs_every_case_at_every_size_interleaved_and_keys_the_report_by_sizes(tmp_path, monkeypatch) -> None:
+    """``--sizes smoke default``: each zipf case's profile is made at its sizes and reaches its launcher runs;
+    runs interleave over cases and sizes; medians and ratios are per (case, sizes)."""
+    profiled, ran, real_run = [], [], subprocess.run
+
+    def fake_subprocess(argv, **kwargs):
+        if "torchrec_het_bench.profile" not in argv:
+            return real_run(argv, **kwargs)  # provenance's git
+        profiled.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "profiled", "")
+
+    def fake_run_once(arm, case, args, profile, log, in_netns):
+        given = run_env(arm, case, profile, in_netns, args.launcher_env, 2).get("TORCHREC_HET_PROFILE")
+        ran.append((case.key, arm, _preset(command(arm, case, args)), given))
+        speed = {"smoke": 10.0, "default": 2.0}[case.sizes] * (
+            1.5 if arm == "launcher" and case.sizes == "default" else 1
+        )
+        return dict(_record(None, "table_wise"), it_per_s=speed)
+
+    monkeypatch.setattr(adoption, "namespace_unavailable", lambda: "not in this test")
+    monkeypatch.setattr(adoption.subprocess, "run", fake_subprocess)
+    monkeypatch.setattr(adoption, "run_once", fake_run_once)
+    assert adoption.main(["--out", str(tmp_path), "--quick", "--repeats", "2", "--cases", "zipf", "uniform",
+                          "--sizes", "smoke", "default"]) == 0  # fmt: skip
+    assert [_preset(argv) for argv in profiled] == [["smoke"], ["default"]]
+    paths = [argv[argv.index("--out") + 1] for argv in profiled]
+    keys = ["zipf/smoke", "uniform/smoke", "zipf/default", "uniform/default"]
+    assert [(key, arm) for key, arm, _, _ in ran] == [(k, a) for k in keys for a in ("stock", "launcher")] * 2
+    for key, arm, preset, profile in ran:
+        assert preset == [key.split("/")[1]], (key, preset)
+        if key.startswith("zipf") and arm == "launcher":
+            assert profile == paths[key.endswith("default")], (key, profile)
+        else:
+            assert profile is None, (key, arm, profile)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert list(results["cases"]) == keys and list(results["sizes"]) == ["smoke", "default"]
+    assert results["sizes"]["default"]["rows_max"] == 1_000_000 and results["sizes"]["smoke"]["rows_max"] == 20_000
+    for key in keys:
+        case = results["cases"][key]
+        assert (case["case"], case["sizes"]) == tuple(key.split("/")) and len(case["stock"]["runs"]) == 2
+        assert case["launcher_over_stock"]["it_per_s"] == (1.5 if key.endswith("default") else 1.0), key
+    text = (tmp_path / "results.md").read_text()
+    assert "| zipf (alpha 1.1) | default | launcher | 3.00 |" in text, text
+    assert "| uniform | default | 1.500 |" in text and "| uniform | smoke | 1.000 |" in text, text
+    assert "- default: 26 tables of 100000..1000000 rows" in text, text
 
 
 def test_quick_uniform_run_reports_speed_bytes_plans_and_auc(tmp_path: Path) -> None:
@@ -98,8 +180,8 @@ def test_quick_uniform_run_reports_speed_bytes_plans_and_auc(tmp_path: Path) -> 
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert "launcher / stock" in (tmp_path / "results.md").read_text().lower()
-    assert list(results["cases"]) == ["uniform"] and results["repeats"] == 1
-    case = results["cases"]["uniform"]
+    assert list(results["cases"]) == ["uniform/smoke"] and results["repeats"] == 1
+    case = results["cases"]["uniform/smoke"]
     for arm in ("stock", "launcher"):
         summary = case[arm]
         (record,) = summary["runs"]
@@ -129,7 +211,7 @@ def test_quick_zipf_run_on_two_emulated_hosts_plans_the_plugin_from_the_measured
     network = results["network"]
     assert (network["mode"], network["hosts"], network["gbit"], results["world_size"]) == ("emulated", 2, 0.5, 2)
     assert 0 < network["tcp"]["one_way_gbit"] <= 0.55 and "bulk TCP" in (tmp_path / "results.md").read_text()
-    case = results["cases"]["zipf"]
+    case = results["cases"]["zipf/smoke"]
     for arm in ("stock", "launcher"):
         (record,) = case[arm]["runs"]
         assert sum(record["plan"].values()) == 26 and 0 < record["auc"] < 1
