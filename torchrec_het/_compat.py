@@ -92,6 +92,27 @@ def set_planner_parts(
             _set(planner, name, value)
 
 
+def planner_storage_reservation(planner: Any) -> Any:
+    """``EmbeddingPlannerBase._storage_reservation``."""
+    return planner._storage_reservation
+
+
+@contextmanager
+def planner_callback_first(planner: Any, callback: Callable) -> Iterator[None]:
+    """Runs ``callback`` on the best plan before ``EmbeddingPlannerBase._callbacks`` for the block (restored after)."""
+    saved = planner._callbacks
+    _set(planner, "_callbacks", [callback, *saved])
+    try:
+        yield
+    finally:
+        planner._callbacks = saved
+
+
+def planner_best_plan(planner: Any) -> list | None:
+    """``EmbeddingShardingPlanner._best_plan``: the sharding options of its last plan."""
+    return planner._best_plan
+
+
 def enumerator_settings(enumerator: Any) -> tuple[str, int, dict | None]:
     """``EmbeddingEnumerator._compute_device``, ``._batch_size`` and ``._constraints``."""
     return enumerator._compute_device, enumerator._batch_size, enumerator._constraints

@@ -423,3 +423,15 @@ def apply_row_grads(tbe: TBE, tables: torch.Tensor, rows: torch.Tensor, grads: t
     with torch.enable_grad():
         pooled = tbe(rows.long(), offsets)
     pooled.backward(out_grad.to(pooled.dtype))
+
+
+def cpu_probe_kernel(tables: int, rows: int, dim: int) -> TBE:
+    """A CPU training TBE of ``tables`` tables of ``rows`` x ``dim`` with the fused row-wise Adagrad
+    update (the planner's compute probe times its steps)."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import ComputeDevice
+
+    return SplitTableBatchedEmbeddingBagsCodegen(
+        [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=0.01,
+    )

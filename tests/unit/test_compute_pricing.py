@@ -23,15 +23,16 @@ from torchrec_het.planner import (
     zipf_shares,
 )
 from torchrec_het.planner.compute_costs import COSTS_PATH, VERSION, ComputeCosts, load_compute_costs
-from torchrec_het.planner.estimators import with_extra_compute
 from torchrec_het.planner.planner import cpu_network
 from torchrec_het.planner.pricing import priced_options
+from torchrec_het.planner.step_model import Compute
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
 from torchrec_het_bench.calibrate import costs_from_micro
 
 BATCH = 512
+CPU_LIKE = Compute(lookup_s_per_id=2e-7, dense_s_per_sample=0.0)  # stated lookups, no dense part: bytes against lookups
 STORED = json.loads(COSTS_PATH.read_text())  # read here independently of the loader
 PER_ID = STORED["extra_seconds_per_id"]
 
@@ -60,7 +61,9 @@ def _plan(
     ebc, pricing: PluginPricing, world_size: int = 2, local_world_size: int = 2, constraints=None, **bandwidths
 ) -> dict:
     topology = Topology(world_size=world_size, local_world_size=local_world_size, compute_device="cpu", **bandwidths)
-    planner = HetEmbeddingShardingPlanner(topology=topology, batch_size=BATCH, pricing=pricing, constraints=constraints)
+    planner = HetEmbeddingShardingPlanner(
+        topology=topology, batch_size=BATCH, pricing=pricing, constraints=constraints, compute=CPU_LIKE
+    )
     plan = planner.plan(ebc, [HetEmbeddingBagCollectionSharder()]).plan[""]
     return {n: (p.sharding_type, p.ranks if len(p.ranks) < world_size else "all") for n, p in plan.items()}
 
@@ -80,13 +83,9 @@ def _compute(option) -> float:
 
 
 def test_a_uniform_profile_is_planned_row_wise_not_row_replicated_with_no_hot_rows() -> None:
-    """A profiled table whose reads are uniform has no hot row. By bytes alone its
-    het_row_replicated option (partials only for bags with ids on a rank) undercuts row_wise;
-    with the stored compute (1 id per sample, 512 per rank, times the exact replicated figure)
+    """A profiled table whose reads are uniform has no hot row. With the stored compute (1 id per sample, 512 per rank, times the exact replicated figure)
     it costs more than row_wise's, so the plan is row_wise."""
     ebc, profile = _ebc({"u": 100_000}), _uniform_profile()
-    bytes_only = PluginPricing(AccessModel(profile), compute=ComputeCosts.bytes_only())
-    assert _plan(ebc, bytes_only) == {"u": ("het_row_replicated", "all")}  # what it was before compute was priced
     priced = PluginPricing(AccessModel(profile))
     options = _options(ebc, priced)
     replicated, row_wise = options[("u", "het_row_replicated")], options[("u", "row_wise")]
@@ -100,13 +99,14 @@ def test_a_uniform_profile_is_planned_row_wise_not_row_replicated_with_no_hot_ro
 SIZES = {"tiny": 40, "small": 2000, "mid": 100_000, "big": 1_000_000, "cold": 300_000}
 HR_ALL, DP_ALL = ("het_row_replicated", "all"), ("data_parallel", "all")
 
-# every table profiled (Zipf 1.1), priced with the stored compute: at 2 GB/s the plugin's
-# lookups cost more than the bytes they save on one host; across hosts at 2 GB/s / 250 MB/s,
+# every table profiled (Zipf 1.1), priced with the stored compute and stated lookups: at 2 GB/s the
+# plugin's lookups cost about what the bytes they save do on one host (TorchRec's own plan kept:
+# not faster by more than the model's error); across hosts at 2 GB/s / 250 MB/s,
 # or on one host at 200 MB/s, the bytes win
 GOLDEN_COMPUTE_PRICED = {
     (2, 2, 2e6): {"tiny": DP_ALL, "small": ("table_wise", [1]), "mid": ("table_wise", [0]),
                   "big": ("table_wise", [0]), "cold": ("table_wise", [1])},
-    (8, 8, 2e6): {"tiny": DP_ALL, "small": ("table_wise", [3]), "mid": ("table_wise", [2]),
+    (8, 8, 2e6): {"tiny": ("table_wise", [4]), "small": ("table_wise", [3]), "mid": ("table_wise", [2]),
                   "big": ("table_wise", [0]), "cold": ("table_wise", [1])},
     (8, 4, 2e6): {"tiny": DP_ALL, "small": HR_ALL, "mid": HR_ALL, "big": HR_ALL, "cold": HR_ALL},
     (2, 2, 2e5): {"tiny": DP_ALL, "small": HR_ALL, "mid": HR_ALL, "big": HR_ALL, "cold": HR_ALL},
@@ -145,7 +145,6 @@ def test_plugin_perf_includes_the_stored_cost_per_id_times_the_ids_per_rank(sync
         for sharding_type in ("het_cached_row_wise", "het_row_replicated"):
             option = options[(name, sharding_type)]
             extra_ms = PER_ID[sharding_type][cls] * ids_per_rank * 1e3
-            assert pricing.extra_compute_seconds(option) * 1e3 == pytest.approx(extra_ms)
             for shard, base in zip(option.shards, twin.shards):
                 base_total = base.perf.fwd_compute + base.perf.bwd_compute
                 total = shard.perf.fwd_compute + shard.perf.bwd_compute
@@ -165,9 +164,6 @@ def test_the_stored_figures_are_what_the_estimate_adds() -> None:
 
 
 def test_a_cheaper_lookup_lowers_compute_but_never_below_zero() -> None:
-    assert with_extra_compute(1.0, 2.0, -0.6) == pytest.approx((0.8, 1.6))
-    assert with_extra_compute(1.0, 2.0, -5.0) == (0.0, 0.0)
-    assert with_extra_compute(0.0, 0.0, 3.0) == pytest.approx((1.0, 2.0))  # TorchRec's 1:2 where the twin has none
     cheap = ComputeCosts({t: {"exact": -1.0, "stale": -1.0} for t in ("het_cached_row_wise", "het_row_replicated")})
     options = _options(_ebc({"u": 100_000}), PluginPricing(AccessModel(_uniform_profile()), compute=cheap))
     for sharding_type in ("het_cached_row_wise", "het_row_replicated"):
@@ -175,11 +171,14 @@ def test_a_cheaper_lookup_lowers_compute_but_never_below_zero() -> None:
 
 
 def test_a_device_the_table_was_not_measured_on_gets_no_extra() -> None:
-    pricing = PluginPricing(AccessModel(_uniform_profile()))
-    option = _options(_ebc({"u": 100_000}), pricing)[("u", "het_row_replicated")]
-    assert pricing.extra_compute_seconds(option, "cpu") > 0
-    assert pricing.extra_compute_seconds(option, "cuda") == 0.0
-    assert PluginPricing(compute=ComputeCosts.bytes_only()).extra_compute_seconds(option, "cpu") == 0.0
+    def extra(pricing: PluginPricing, device: str) -> float:
+        options = _options(_ebc({"u": 100_000}), pricing, compute_device=device)
+        return _compute(options[("u", "het_row_replicated")]) - _compute(options[("u", "row_wise")])
+
+    measured = PluginPricing(AccessModel(_uniform_profile()))
+    assert extra(measured, "cpu") > 0
+    assert extra(measured, "cuda") == 0.0
+    assert extra(PluginPricing(AccessModel(_uniform_profile()), compute=ComputeCosts.bytes_only()), "cpu") == 0.0
 
 
 # --- the stored table -----------------------------------------------------------------------

@@ -60,11 +60,18 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
                 HetPerfEstimator(topology, constraints, self.pricing),
                 HetStorageEstimator(topology, constraints, self.pricing),
             ]
+        estimators = estimator if isinstance(estimator, list) else [estimator]
+        # the one cost model prices through it: the planner gives it its measured links and compute
+        self.perf_estimator = next((e for e in estimators if isinstance(e, HetPerfEstimator)), None)
         super().__init__(topology, batch_size, constraints, estimator, use_exact_enumerate_order)
 
     def enumerate(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> list[ShardingOption]:
         device, _, constraints = _compat.enumerator_settings(self)
         offered = {sharder_name(s.module_type): _plugin_types(s, device) for s in sharders}
+        if self.perf_estimator is not None:  # every option is priced under its sharder's codecs
+            self.perf_estimator.registries = {
+                sharder_name(s.module_type): getattr(s, "qcomm_codecs_registry", None) for s in sharders
+            }
         if not any(offered.values()):
             return super().enumerate(module, sharders)
         self.pricing.access.check_matches(table_rows(module))
@@ -208,3 +215,13 @@ def _with_row_wise_for_plugin(constraints: dict[str, ParameterConstraints] | Non
             c = dataclasses.replace(c, sharding_types=kept + ([ROW_WISE] if ROW_WISE not in kept else []))
         out[name] = c
     return out
+
+
+def stock_only(sharder: ModuleSharder, device: str) -> ModuleSharder:
+    """A shallow copy of ``sharder`` that offers its stock types only (TorchRec's own plan with it)."""
+    types = [t for t in sharder.sharding_types(device) if t not in PLUGIN_TYPES]
+    if len(types) == len(sharder.sharding_types(device)):
+        return sharder
+    stock = copy.copy(sharder)
+    stock.sharding_types = lambda compute_device_type: list(types)  # instance attribute shadows the method
+    return stock

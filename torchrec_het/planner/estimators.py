@@ -1,24 +1,19 @@
-"""Perf and storage estimators that price the plugin's types and hand every other type to TorchRec.
-
-A plugin option is first priced by TorchRec as the row_wise option it is built on (same
-shards); then its communication is replaced by the plugin's expected bytes
-(:mod:`torchrec_het.planner.traffic`; embeddings at the wire bytes of its sharder's quantized-comms
-codecs, :mod:`torchrec_het.planner.qcomms`) over the topology's bandwidth (on several hosts,
-the bytes that stay within a host, of the per-host tier and the hierarchical replica sync,
-over the intra-host bandwidth), its compute grows by
-the lookups' measured extra cost per id (:mod:`torchrec_het.planner.compute_costs`) times the
-table's ids per rank, and its storage grows by the rows each rank keeps beyond its shard
-(replicas or cache slots).
+"""The planner's estimators: perf from the step model for every option (the one cost model,
+:mod:`torchrec_het.planner.cost_model`); storage from TorchRec's estimator, a plugin option's as its
+row_wise twin's plus the rows each rank keeps beyond its shard (replicas or cache slots).
 """
 
 import copy
 
 from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
-from torchrec.distributed.planner.types import CollectiveType, Perf, ShardingOption, Storage, Topology
+from torchrec.distributed.planner.types import CollectiveType, ShardingOption, Storage, Topology
 from torchrec.distributed.types import ShardingType
 
 from torchrec_het import _compat
+from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
+from torchrec_het.planner.cost_model import CostInputs, option_perf, option_table
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
+from torchrec_het.planner.step_model import Cluster, Compute, Links
 from torchrec_het.replication.memory import ROUTE_MAP_BYTES_PER_ROW, TierTopology, bytes_per_row
 from torchrec_het.types import HET_ROW_REPLICATED
 
@@ -51,57 +46,64 @@ def estimate_with_twins(stock_estimate, options: list[ShardingOption], sharder_d
 
 
 class HetPerfEstimator(EmbeddingPerfEstimator):
-    """TorchRec's perf estimator, plus the plugin's types.
+    """Prices every option, TorchRec's types and the plugin's alike, with the step model
+    (:mod:`~torchrec_het.planner.cost_model`): the planner's one cost model.
 
     Args:
         topology: the planner's topology.
         constraints: per-table constraints.
         pricing: the plugin's settings and reads per row.
+        costs: the links, compute and pipeline to price with (the planner sets them from its probes;
+            None: the topology's bandwidths, no latency, the calibration's stock lookup per id).
+
+    ``registries`` (set by the enumerator) gives each sharder's quantized-comms codecs, which price its
+    options' embeddings. ``shares`` holds, per table and sharding type, the cheapest predicted share of the step (seconds)
+    of the options estimated: the planner's stats show the chosen type's and the runner-up's.
     """
 
     def __init__(
-        self, topology: Topology, constraints=None, pricing: PluginPricing | None = None, is_inference: bool = False
+        self,
+        topology: Topology,
+        constraints=None,
+        pricing: PluginPricing | None = None,
+        is_inference: bool = False,
+        costs: CostInputs | None = None,
     ):
         super().__init__(topology, constraints, is_inference=is_inference)
         self.pricing = pricing or PluginPricing()
+        self.costs = costs
+        self.shares: dict[str, dict[str, float]] = {}
+        self.registries: dict[str, dict | None] = {}  # sharder key -> its qcomm_codecs_registry (the enumerator's)
 
     def estimate(self, sharding_options: list[ShardingOption], sharder_data_map=None) -> None:
-        pairs = estimate_with_twins(super().estimate, sharding_options, sharder_data_map)
         topology = _compat.estimator_topology(self)
+        inputs = self.costs or topology_inputs(topology, self.pricing.compute)
         ws, local = topology.world_size, topology.local_world_size
-        bandwidth = topology.comms_bandwidths.get_bw(local, ws, CollectiveType.ALL_TO_ALL)
-        intra_bandwidth = topology.comms_bandwidths.get_bw(local, min(local, ws), CollectiveType.ALL_TO_ALL)
         tiers = TierTopology.from_torchrec(topology) if ws > local > 1 else None
-        for option, twin in pairs:
-            traffic = self.pricing.bytes(option, self.pricing.load(option, ws, tiers))
-            # bytes that stay within a host (several hosts: the per-host tier, the hierarchical sync) at its bandwidth
-            fwd_comms = (traffic.forward - traffic.intra_forward) / (ws * bandwidth) + traffic.intra_forward / (
-                ws * intra_bandwidth
-            )
-            bwd = traffic.backward + traffic.sync
-            bwd_comms = (bwd - traffic.intra_backward) / (ws * bandwidth) + traffic.intra_backward / (
-                ws * intra_bandwidth
-            )
-            extra_ms = self.pricing.extra_compute_seconds(option, topology.compute_device) * 1e3  # perf is in ms
-            for shard, base in zip(option.shards, twin.shards):
-                fwd_compute, bwd_compute = with_extra_compute(base.perf.fwd_compute, base.perf.bwd_compute, extra_ms)
-                shard.perf = Perf(
-                    fwd_compute=fwd_compute,
-                    fwd_comms=fwd_comms,
-                    bwd_compute=bwd_compute,
-                    bwd_comms=bwd_comms,
-                    prefetch_compute=base.perf.prefetch_compute,
-                )
+        for option in sharding_options:
+            registry = self.registries.get(option.module_type_key)
+            table = option_table(option, self.pricing, ws, tiers, registry)
+            seconds = option_perf(option, table, Cluster(ws, local, option.batch_size), inputs)
+            kinds = self.shares.setdefault(option.name, {})
+            kinds[option.sharding_type] = min(seconds, kinds.get(option.sharding_type, float("inf")))
 
 
-def with_extra_compute(fwd: float, bwd: float, extra: float) -> tuple[float, float]:
-    """(fwd, bwd) compute plus ``extra`` (may be negative), split as the row_wise twin splits its
-    own (1:2, TorchRec's backward multiplier, if the twin has none); the total stays >= 0."""
-    base = fwd + bwd
-    if base + extra <= 0:
-        return 0.0, 0.0
-    fwd_share = fwd / base if base > 0 else 1.0 / 3.0
-    return fwd + extra * fwd_share, bwd + extra * (1.0 - fwd_share)
+def topology_inputs(topology: Topology, costs: ComputeCosts | None = None) -> CostInputs:
+    """Cost inputs from a topology alone: its bandwidths, no latency, the calibration's stock lookup
+    per id and the plugin types' extras (what an estimator prices with when no planner measured)."""
+    ws, local = topology.world_size, topology.local_world_size
+    bandwidths = topology.comms_bandwidths
+    inter = bandwidths.get_bw(local, ws, CollectiveType.ALL_TO_ALL) * 1e3  # bytes/ms -> bytes/s
+    intra = bandwidths.get_bw(local, min(local, ws), CollectiveType.ALL_TO_ALL) * 1e3
+    costs = costs or default_compute_costs()
+    on_device = costs.applies_to(topology.compute_device)
+    compute = Compute(
+        lookup_s_per_id=(costs.reference_seconds_per_id or 0.0) if on_device else 0.0,
+        dense_s_per_sample=0.0,
+        extra_s_per_id=costs.extra_seconds_per_id if on_device else {},
+        source="the calibration's stock lookup per id (compute_costs.json), not measured",
+    )
+    return CostInputs(Links(intra, inter, 0.0, "the topology's bandwidths"), compute, source="the topology alone")
 
 
 class HetStorageEstimator(EmbeddingStorageEstimator):

@@ -10,11 +10,25 @@ from typing import ClassVar
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.stats import logger as stats_logger
+from torchrec.distributed.planner.types import PlannerError, ShardingOption
+from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.types import ShardingPlan
 
 from torchrec_het import _compat
+from torchrec_het.plan_check import PlanPrediction, attach_prediction
 from torchrec_het.plan_options import with_plan_options
-from torchrec_het.planner.enumerator import HetEmbeddingEnumerator, table_rows
+from torchrec_het.planner.compute_probe import ComputeProbe, agree, dense_parameters, measure_compute
+from torchrec_het.planner.cost_model import (
+    DEFAULT_MARGIN,
+    CostInputs,
+    Decision,
+    compute_from_probe,
+    decide,
+    option_table,
+    plan_step,
+)
+from torchrec_het.planner.enumerator import HetEmbeddingEnumerator, stock_only, table_rows
 from torchrec_het.planner.link_probe import ProbeBudget, ProbeResult, probe_device, probe_links
 from torchrec_het.planner.network import (  # noqa: F401 (CPU_* and cpu_network re-exported)
     CPU_INTER_HOST_BW,
@@ -26,13 +40,20 @@ from torchrec_het.planner.network import (  # noqa: F401 (CPU_* and cpu_network 
     link_figures,
     with_links,
 )
-from torchrec_het.planner.pricing import PluginPricing
+from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
 from torchrec_het.planner.stats import HetEmbeddingStats
+from torchrec_het.planner.step_model import Cluster, Compute, Links, StepPrediction
+from torchrec_het.replication.memory import TierTopology
+
+NONE_OFFERED = "no table may take a plugin type (no profile or stated skew names one, no constraint names one)"
+ENOUGH_SHARE = 0.01  # links faster than what makes TorchRec's plan's bytes this share of its compute decide nothing
 
 
 class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
-    """TorchRec's planner; unless given their own, it enumerates and prices the plugin's types
-    (:class:`HetEmbeddingEnumerator`) and prints them (:class:`HetEmbeddingStats`).
+    """TorchRec's planner; unless given their own, it enumerates the plugin's types
+    (:class:`HetEmbeddingEnumerator`), prices every option with the step model
+    (:mod:`~torchrec_het.planner.cost_model`), keeps its plan only where it beats TorchRec's own by more
+    than ``margin`` and prints the types (:class:`HetEmbeddingStats`).
 
     Links: ``collective_plan(module, sharders, pg)`` first measures, on ``pg``, the bandwidth
     within a host and between hosts that nothing states (:mod:`~torchrec_het.planner.link_probe`:
@@ -51,6 +72,10 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         link_probe: measure the links in ``collective_plan`` (default True, or what ``install()`` was
             given); not with an ``enumerator`` of your own (its estimators price with its own topology).
         link_budget: what the probe may spend (default ``ProbeBudget()``).
+        pipeline: the trainer's pipeline the plan is priced for (``sparse_dist``, ``plain``, ``hybrid``).
+        margin: the plugin's plan must be predicted faster than TorchRec's own by more than this share.
+        compute: the lookups' and dense part's compute to price with (default: measured at plan time,
+            :mod:`~torchrec_het.planner.compute_probe`).
         *args, **kwargs: as ``EmbeddingShardingPlanner``.
     """
 
@@ -68,12 +93,16 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         link_gbit: tuple[float | None, float | None] | None = None,
         link_probe: bool | None = None,
         link_budget: ProbeBudget | None = None,
+        pipeline: str = "sparse_dist",
+        margin: float = DEFAULT_MARGIN,
+        compute: Compute | None = None,
         **kwargs,
     ) -> None:
         super().__init__(*args, **kwargs)
         given = inspect.signature(EmbeddingShardingPlanner.__init__).bind(self, *args, **kwargs).arguments
         topology, _, _ = _compat.planner_settings(self)
         self.link_settings = link_settings(link_gbit, link_probe, self.installed_links)
+        self.pipeline, self.margin, self.stated_compute = pipeline, margin, compute
         self._het_topology = topology  # as given: the figures replace its bandwidths
         self._het_cpu_bandwidths = cpu_bandwidths
         self._het_pricing = pricing or default_pricing()
@@ -87,7 +116,10 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         )
         self._het_budget = link_budget or ProbeBudget()
         self._het_probed: tuple[dist.ProcessGroup, ProbeResult] | None = None
+        self._het_compute: tuple[int, ComputeProbe] | None = None  # (batch it was measured at, the probe)
         self._het_announced = False
+        self.decision: Decision | None = None  # the last plan's: the plugin's plan or TorchRec's, and why
+        self.cost_inputs: CostInputs | None = None  # what the last plan was priced with
         if given.get("stats") is None:
             _compat.set_planner_parts(self, stats=[HetEmbeddingStats()])
         why = "plan() has no process group" if self.link_settings.probe else "probe off"
@@ -110,24 +142,44 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     def collective_plan(
         self, module: nn.Module, sharders: list | None = None, pg: dist.ProcessGroup | None = None
     ) -> ShardingPlan:
-        """Measures the links on ``pg`` (default: the world), then TorchRec's ``collective_plan``:
-        rank 0 plans and broadcasts the plan. Every rank of ``pg`` must call it.
+        """Measures the compute and the links on ``pg`` (default: the world), then TorchRec's
+        ``collective_plan``: rank 0 plans and broadcasts the plan. Every rank of ``pg`` must call it.
 
         First every rank checks that the access profile fits the model: a profile of other tables
         (or other row counts) raises :class:`~torchrec_het.errors.ConfigurationError` on every rank
-        at once, before any collective, rather than on rank 0 only while the others wait."""
+        at once, before any collective, rather than on rank 0 only while the others wait. The links
+        are probed only where a decision depends on them: where a table may take a plugin type."""
         if self.het_pricing is not None:
             self.het_pricing.access.check_matches(table_rows(module))
         if pg is None and dist.is_initialized():
             pg = dist.GroupMember.WORLD
-        if pg is not None:
-            self.measure_links(pg)
+        if pg is not None and self._het_own_enumerator and not self._types_fixed(module):
+            if self.stated_compute is None:
+                self.measure_compute(module, pg)
+            if self._plugin_may_decide(module):
+                self.measure_links(pg, module)
+            else:
+                why = f"not measured: {NONE_OFFERED}"
+                self._use_links(
+                    link_figures(self._het_topology, self.link_settings, None, self._het_cpu_bandwidths, why)
+                )
         return super().collective_plan(module, sharders, pg)
 
-    def measure_links(self, pg: dist.ProcessGroup) -> LinkFigures:
+    def measure_compute(self, module: nn.Module, pg: dist.ProcessGroup | None = None) -> ComputeProbe:
+        """Measures the lookups' and the dense part's compute for ``module`` (on ``pg``: every rank,
+        the slowest rank's figures; a collective) and prices with it."""
+        _, batch, _ = _compat.planner_settings(self)
+        probe = measure_compute(module, batch)
+        if pg is not None:
+            probe = agree(probe, pg)
+        self._het_compute = (batch, probe)
+        return probe
+
+    def measure_links(self, pg: dist.ProcessGroup, module: nn.Module | None = None) -> LinkFigures:
         """Probes on ``pg`` the figures nothing states (a collective: every rank of ``pg`` calls it;
         once per group) and prices with them; returns the figures. Only what it prices: the
-        exchanges within and between hosts (not ``inter_one_way``)."""
+        exchanges within and between hosts (not ``inter_one_way``). With ``module`` (and the compute
+        measured), the probe stops at a speed above which no choice depends on it."""
         topology = self._het_topology
         kinds = kinds_to_probe(topology, self.link_settings)
         if not kinds or not self._het_own_enumerator:  # a given enumerator would not price what it measured
@@ -138,17 +190,202 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             return self.links
         if self._het_probed is None or self._het_probed[0] is not pg:
             device = probe_device(pg, topology.compute_device)
-            self._het_probed = pg, probe_links(pg, topology.local_world_size, device, self._het_budget, kinds)
+            budget = self._het_budget
+            enough = self._enough_bytes_per_ms(module) if module is not None else None
+            if enough is not None and budget.enough_bytes_per_ms is None:
+                budget = dataclasses.replace(budget, enough_bytes_per_ms=enough)
+            self._het_probed = pg, probe_links(pg, topology.local_world_size, device, budget, kinds)
         self._use_links(link_figures(topology, self.link_settings, self._het_probed[1], self._het_cpu_bandwidths))
         return self.links
 
     def plan(self, module: nn.Module, sharders: list) -> ShardingPlan:
+        """TorchRec's search over every type, each option priced by the step model; then the plugin's
+        plan is kept only where the step model predicts it faster than TorchRec's own plan (what the
+        same planner gives without the plugin's types) by more than ``margin``. The plan carries the
+        prediction (:mod:`torchrec_het.plan_check`) and each plugin table's options."""
         if self.installed_links is not None and not self._het_announced and _rank() == 0:
             print(f"torchrec_het: {self.links.describe()}", file=sys.stderr, flush=True)
             self._het_announced = True
-        plan = super().plan(module, sharders)
+        estimator = getattr(self._het_enumerator, "perf_estimator", None)
+        if not self._het_own_enumerator or estimator is None or self._types_fixed(module):
+            # nothing to decide (or not the plugin's enumerator): no probes, no comparison, no prediction
+            plan = super().plan(module, sharders)
+            options = self.priced_options
+            return with_plan_options(plan, options) if options else plan
+        inputs = self.cost_inputs = self._cost_inputs(module)
+        estimator.costs, estimator.shares = inputs, {}
+        stock = self._torchrec_plan(module, sharders)
+        none_offered = "" if self._plugin_may_decide(module) else NONE_OFFERED
+        by_key = {sharder_name(s.module_type): s for s in sharders}
+        if stock is not None:
+            estimator.estimate(stock, by_key)  # its shards priced by the same model, for the stats
+
+        def choose(best: list[ShardingOption]) -> list[ShardingOption]:
+            plugin_step = self._plan_step(best, by_key, inputs)
+            stock_step = self._plan_step(stock, by_key, inputs) if stock is not None else None
+            uses_plugin = any(o.sharding_type in PLUGIN_TYPES for o in best)
+            self.decision = decide(plugin_step, stock_step, inputs, uses_plugin, none_offered)
+            return best if self.decision.chosen == "plugin" else stock
+
+        with _compat.planner_callback_first(self, choose):
+            plan = super().plan(module, sharders)
         options = self.priced_options
-        return with_plan_options(plan, options) if options else plan
+        plan = with_plan_options(plan, options) if options else plan
+        prediction = self._prediction(estimator.shares)
+        self._log_decision(prediction)
+        return attach_prediction(plan, prediction) if prediction is not None else plan
+
+    def _cost_inputs(self, module: nn.Module) -> CostInputs:
+        """The links and compute the plan is priced with (the compute measured now when no group measured it)."""
+        topology, batch, _ = _compat.planner_settings(self)
+        if self.stated_compute is not None:
+            probe = ComputeProbe(
+                self.stated_compute.lookup_s_per_id,
+                self.stated_compute.dense_s_per_sample,
+                dense_parameters(module),
+                0.0,
+            )
+        elif self._het_compute is None or self._het_compute[0] != batch:
+            probe = self.measure_compute(module)  # plan() without a group: this rank's figures
+        else:
+            probe = self._het_compute[1]
+        figures = self.links
+        latencies = [m.latency_ms for m in figures.probe.measurements().values()] if figures.probe else []
+        links = Links(
+            figures.intra_host_bw * 1e3, figures.inter_host_bw * 1e3, max(latencies, default=0.0) / 1e3,
+            f"within a host {figures.intra_source}, between hosts {figures.inter_source}",
+        )  # fmt: skip
+        refused = [] if probe.steady else [probe.why]
+        if figures.probe is not None and not getattr(figures.probe, "steady", True):
+            refused.append("the link probe's rounds spread (a disturbed link or machine)")
+        compute = compute_from_probe(probe, topology.compute_device, self._het_pricing.compute)
+        if self.stated_compute is not None:
+            compute = dataclasses.replace(self.stated_compute, extra_s_per_id=compute.extra_s_per_id)
+        elif topology.compute_device != "cpu":  # the probe runs on CPU: it says nothing of a GPU's kernels
+            compute = dataclasses.replace(
+                compute,
+                lookup_s_per_id=0.0,
+                dense_s_per_sample=0.0,
+                source=f"not measured on {topology.compute_device}",
+            )
+        return CostInputs(
+            links, compute, self.pipeline, probe.dense_params, self.margin, "; ".join(refused),
+            f"{figures.describe()}; {probe.describe()}",
+        )  # fmt: skip
+
+    def _plan_step(self, options: list[ShardingOption], by_key: dict, inputs: CostInputs) -> StepPrediction:
+        topology, batch, _ = _compat.planner_settings(self)
+        ws, local = topology.world_size, topology.local_world_size
+        tiers = TierTopology.from_torchrec(topology) if ws > local > 1 else None
+        tables = [
+            option_table(o, self._het_pricing, ws, tiers, getattr(by_key.get(o.module_type_key), "qcomm_codecs_registry", None))
+            for o in options
+        ]  # fmt: skip
+        return plan_step(tables, Cluster(ws, local, batch), inputs)
+
+    def _torchrec_plan(self, module: nn.Module, sharders: list) -> list[ShardingOption] | None:
+        """The options of the plan TorchRec's own planner makes with the stock types of ``sharders``
+        (the topology as given, TorchRec's estimators); None where TorchRec finds none, or where
+        constraints allow a table plugin types only (the user chose them: nothing to compare)."""
+        _, batch, constraints = _compat.planner_settings(self)
+        stock_constraints = {}
+        for name, c in (constraints or {}).items():
+            types = c.sharding_types
+            if types and all(t in PLUGIN_TYPES for t in types):
+                return None
+            if types:
+                c = dataclasses.replace(c, sharding_types=[t for t in types if t not in PLUGIN_TYPES])
+            stock_constraints[name] = c
+        device = self._het_topology.compute_device
+        planner = EmbeddingShardingPlanner(
+            topology=self._het_topology, batch_size=batch, constraints=stock_constraints or None,
+            storage_reservation=_compat.planner_storage_reservation(self), stats=[], debug=False,
+        )  # fmt: skip
+        try:
+            planner.plan(module, [stock_only(s, device) for s in sharders])
+        except PlannerError:
+            return None
+        return _compat.planner_best_plan(planner)
+
+    def _prediction(self, shares: dict[str, dict[str, float]]) -> PlanPrediction | None:
+        decision = self.decision
+        best = _compat.planner_best_plan(self) or []
+        if decision is None or decision.prediction is None:
+            return None
+        tables = {}
+        for option in best:
+            kinds = shares.get(option.name, {})
+            others = {k: v for k, v in kinds.items() if k != option.sharding_type}
+            runner = min(others, key=others.get) if others else None
+            chosen_share = kinds.get(option.sharding_type)
+            tables[option.name] = {
+                "sharding_type": option.sharding_type,
+                "share_ms": None if chosen_share is None else round(chosen_share * 1e3, 3),
+                "runner_up": runner,
+                "runner_up_share_ms": None if runner is None else round(others[runner] * 1e3, 3),
+            }
+        step = decision.prediction
+        return PlanPrediction(
+            step_ms=step.total * 1e3,
+            pipeline=step.pipeline,
+            parts_ms={k: round(v, 3) for k, v in step.step_ms().items() if k != "total"},
+            tables=tables,
+            source=self.cost_inputs.source if self.cost_inputs else "",
+            stock_step_ms=None if decision.stock is None else decision.stock.total * 1e3,
+            chosen=decision.chosen,
+        )
+
+    def _log_decision(self, prediction: PlanPrediction | None) -> None:
+        """The decision and each table's predicted share (chosen type, runner-up) in the planner's log;
+        under ``install()`` rank 0 also prints the decision on stderr."""
+        if self.decision is None:
+            return
+        stats_logger.info("torchrec_het plan: %s", self.decision.why)
+        for name, t in (prediction.tables if prediction else {}).items():
+            runner = f"; runner-up {t['runner_up']} {t['runner_up_share_ms']} ms" if t["runner_up"] else ""
+            stats_logger.info(
+                "torchrec_het step share: %s: %s %s ms%s", name, t["sharding_type"], t["share_ms"], runner
+            )
+        if self.installed_links is not None and _rank() == 0:
+            print(f"torchrec_het: plan: {self.decision.why}", file=sys.stderr, flush=True)
+
+    def _types_fixed(self, module: nn.Module) -> bool:
+        """Whether constraints give every table of ``module`` exactly one sharding type (nothing to decide)."""
+        _, _, constraints = _compat.planner_settings(self)
+        return all(
+            constraints and name in constraints and len(constraints[name].sharding_types or ()) == 1
+            for name in table_rows(module)
+        )
+
+    def _plugin_may_decide(self, module: nn.Module) -> bool:
+        """Whether a table may take a plugin type (its reads are known, or constraints name one)."""
+        _, _, constraints = _compat.planner_settings(self)
+        for name in table_rows(module):
+            named = (
+                constraints
+                and name in constraints
+                and any(t in PLUGIN_TYPES for t in constraints[name].sharding_types or ())
+            )
+            if named or self._het_pricing.access.has_evidence(name):
+                return True
+        return False
+
+    def _enough_bytes_per_ms(self, module: nn.Module) -> float | None:
+        """A link speed (bytes/ms per rank) above which TorchRec's table_wise bytes cost under
+        :data:`ENOUGH_SHARE` of the measured compute: faster links change no choice."""
+        if self._het_compute is None:
+            return None
+        _, batch, _ = _compat.planner_settings(self)
+        probe = self._het_compute[1]
+        shapes = _table_shapes(module).values()
+        ids = batch * sum(features for features, _ in shapes)
+        per_rank = sum(
+            batch * features * (12 + 2 * 4 * dim) for features, dim in shapes
+        )  # ids, lengths; bags both ways
+        compute_s = ids * probe.lookup_s_per_id + batch * probe.dense_s_per_sample
+        if compute_s <= 0 or per_rank <= 0:
+            return None
+        return per_rank / (ENOUGH_SHARE * compute_s) / 1e3
 
     def _use_links(self, figures: LinkFigures) -> None:
         topology = with_links(self._het_topology, figures, self.link_settings)
@@ -188,3 +425,13 @@ def default_pricing() -> PluginPricing:
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+
+
+def _table_shapes(module: nn.Module) -> dict[str, tuple[int, int]]:
+    """Every embedding table of ``module``: name -> (features that read it, width)."""
+    out = {}
+    for m in module.modules():
+        for getter in ("embedding_bag_configs", "embedding_configs"):
+            if hasattr(m, getter):
+                out.update({t.name: (len(t.feature_names), t.embedding_dim) for t in getattr(m, getter)()})
+    return out

@@ -13,15 +13,11 @@ from torchrec.distributed.planner.types import ShardingOption
 from torchrec_het.config import CacheSettings
 from torchrec_het.plan_options import PlanOptions, ReplicaOptions, check_options
 from torchrec_het.planner.access import AccessModel
-from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs, setting_class
+from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
 from torchrec_het.planner.traffic import (
     FP32,
-    Bytes,
     TableLoad,
     WirePrecision,
-    cached_bytes,
-    row_replicated_bytes,
-    sequence_replicated_bytes,
 )
 from torchrec_het.replication.hot_rows import host_row_count, hot_row_count, replication_threshold
 from torchrec_het.replication.memory import TierTopology, replica_copies
@@ -117,25 +113,6 @@ class PluginPricing:
         reads = self.access.reads(option.name, rows, reads_per_step, world_size)
         return TableLoad(reads.reads, float(bags), int(dim), world_size, topology)
 
-    def ids_per_rank(self, option: ShardingOption) -> float:
-        """Ids of the table one rank's batch holds per step (``load``'s reads over the ranks)."""
-        return option.batch_size * float(sum(option.input_lengths))
-
-    def setting_class(self, option: ShardingOption) -> str:
-        """ "exact" (cache bounds 0, replicas synced every step) or "stale", as the compute table keys it."""
-        options = priced_options(option)
-        if option.sharding_type == HET_ROW_REPLICATED:
-            return setting_class(HET_ROW_REPLICATED, sync_every=options.replica_sync_every)
-        return setting_class(option.sharding_type, s_read=options.s_read, s_write=options.s_write)
-
-    def extra_compute_seconds(self, option: ShardingOption, compute_device: str = "cpu") -> float:
-        """Compute per step one rank spends on ``option``'s lookups beyond its row_wise twin's (a stock TBE lookup):
-        the stored seconds per id times the ids per rank (negative where the lookup is cheaper);
-        0 on a device the table was not measured on (the twin's compute alone, as before)."""
-        if not self.compute.applies_to(compute_device):
-            return 0.0
-        return self.compute.per_id(option.sharding_type, self.setting_class(option)) * self.ids_per_rank(option)
-
     def hot_rows(self, load: TableLoad, options: ReplicaOptions) -> int:
         """Rows replicated on every rank: the options' tier size, else those whose replica sync moves
         fewer bytes than their reads would sharded (the planner's estimate, :func:`replication_threshold`)."""
@@ -168,14 +145,3 @@ class PluginPricing:
             per_host = self.host_rows(load, options, option.name) * (load.hosts - 1) / load.world_size
             return replica_copies(options.replica_sync_every) * self.hot_rows(load, options) + math.ceil(per_host)
         return options.capacity_rows(option.tensor.shape[0])
-
-    def bytes(self, option: ShardingOption, load: TableLoad) -> Bytes:
-        """``option``'s bytes per step, under its plan options and its codecs (:func:`priced_wire`)."""
-        options, wire = priced_options(option), priced_wire(option)
-        if option.sharding_type == HET_ROW_REPLICATED:
-            hot, sync = self.hot_rows(load, options), options.replica_sync_every
-            if not option.is_pooled:
-                return sequence_replicated_bytes(load, hot, sync, wire)
-            return row_replicated_bytes(load, hot, sync, self.host_rows(load, options, option.name), wire)
-        capacity = options.capacity_rows(option.tensor.shape[0])
-        return cached_bytes(load, capacity, options.s_read, options.s_write, options.protocol, wire)

@@ -337,13 +337,14 @@ def _lookup_ids(tables: list[PlannedTable], cluster: Cluster) -> list[float]:
     return [even + p for p in placed]
 
 
-def _seconds(phase_bytes: float, collectives: int, cluster: Cluster, links: Links) -> float:
-    """One phase's time on a rank: its bytes per rank over the links they cross, plus latency."""
+def _seconds(phase_bytes: float, collectives: int, cluster: Cluster, links: Links, inter: float | None = None) -> float:
+    """One phase's time on a rank: its bytes per rank over the links they cross (``inter``: the share
+    between hosts; default the even spread over peers), plus latency."""
     ws = cluster.world_size
     if ws == 1 or phase_bytes <= 0:
         return 0.0
     per_rank = phase_bytes / ws
-    inter = _inter_share(cluster)
+    inter = _inter_share(cluster) if inter is None else inter
     return per_rank * (inter / links.inter + (1 - inter) / links.intra) + collectives * links.latency
 
 
@@ -378,9 +379,10 @@ def predict_step(
         allreduce = _seconds(2 * (ws - 1) * dense_params * FLOAT, 1, cluster, links)
     dense = dense_compute + max(0.0, allreduce - dense_compute * BACKWARD_SHARE)
     calls = traffic.collectives
-    t_ids = _seconds(traffic.ids, calls[0], cluster, links)
-    t_fwd = _seconds(traffic.emb_fwd, calls[1], cluster, links)
-    t_bwd = _seconds(traffic.emb_bwd, calls[2], cluster, links)
+    inter = traffic.inter_host / traffic.total if traffic.total > 0 else None  # the per-host tier keeps bytes in a host
+    t_ids = _seconds(traffic.ids, calls[0], cluster, links, inter)
+    t_fwd = _seconds(traffic.emb_fwd, calls[1], cluster, links, inter)
+    t_bwd = _seconds(traffic.emb_bwd, calls[2], cluster, links, inter)
     if pipeline == "plain":
         wait = t_ids + t_fwd + t_bwd
     elif pipeline == "sparse_dist":

@@ -1,0 +1,153 @@
+"""The compute the planner prices, measured at plan time on the ranks that will train.
+
+Two short probes, each repeated in rounds whose median is used: a FBGEMM TBE lookup (forward,
+backward and fused row-wise Adagrad update) of the model's width, per id; and the dense part's
+arithmetic rate (a matrix product, forward and backward), turned into seconds per sample from
+the model's dense parameters (about 6 flops per parameter and sample: forward, and the backward's
+two products). A probe whose rounds spread more than :data:`SPREAD` is measured once more; if it
+still spreads, it is refused (``steady`` False) and the planner keeps TorchRec's plan: a figure
+taken on a disturbed machine must not decide.
+"""
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+SPREAD = 2.0  # a probe's slowest round over its fastest, at most
+DENSE_FLOPS_PER_PARAM = 6.0  # per sample: forward 2, backward 4
+MAX_PROBE_ROWS = 100_000
+PROBE_TABLES = 2
+MATMUL_WIDTH = 256
+
+
+@dataclass(frozen=True)
+class ComputeProbe:
+    """What the compute probe measured (identical on every rank after :func:`agree`).
+
+    Attributes:
+        lookup_s_per_id: a TBE lookup's forward, backward and fused update, seconds per id.
+        dense_s_per_sample: the dense part's forward and backward, seconds per sample.
+        dense_params: the model's parameters outside its embedding modules.
+        seconds: what the probe took (the slowest rank's).
+        steady: both probes' rounds agreed within :data:`SPREAD` (else the figures are not priced).
+        why: when not steady, which probe spread and how much.
+    """
+
+    lookup_s_per_id: float
+    dense_s_per_sample: float
+    dense_params: int
+    seconds: float
+    steady: bool = True
+    why: str = ""
+
+    def describe(self) -> str:
+        line = (
+            f"compute (measured at plan time, {self.seconds:.2f} s): lookup {self.lookup_s_per_id * 1e9:.0f} ns/id, "
+            f"dense {self.dense_s_per_sample * 1e6:.1f} us/sample ({self.dense_params} parameters)"
+        )
+        return line if self.steady else f"{line}; NOT STEADY: {self.why}"
+
+
+def dense_parameters(module: nn.Module) -> int:
+    """Parameters of ``module`` outside its EmbeddingBagCollections / EmbeddingCollections."""
+    embedding = {id(p) for m in module.modules() if _is_embedding_module(m) for p in m.parameters()}
+    return sum(p.numel() for p in module.parameters() if id(p) not in embedding)
+
+
+def embedding_shape(module: nn.Module) -> tuple[int, int]:
+    """(the median width, rounded to a multiple of 4; the most rows) of ``module``'s embedding tables ((16, 1000) without any)."""
+    dims, rows = [], []
+    for m in module.modules():
+        for getter in ("embedding_bag_configs", "embedding_configs"):
+            if _is_embedding_module(m) and hasattr(m, getter):
+                for config in getattr(m, getter)():
+                    dims.append(config.embedding_dim)
+                    rows.append(config.num_embeddings)
+    if not dims:
+        return 16, 1000
+    return max(4, 4 * round(statistics.median(dims) / 4)), max(rows)  # FBGEMM's widths: multiples of 4
+
+
+def measure_compute(module: nn.Module, batch: int, rounds: int = 5) -> ComputeProbe:
+    """Measures the lookup's and the dense part's compute for ``module`` at ``batch`` samples per rank."""
+    start = time.perf_counter()
+    dim, rows = embedding_shape(module)
+    params = dense_parameters(module)
+    lookup, lookup_why = _steady(lambda: _lookup_rounds(dim, min(rows, MAX_PROBE_ROWS), batch, rounds), "lookup")
+    rate, rate_why = _steady(lambda: _matmul_rounds(batch, rounds), "dense matmul")
+    why = "; ".join(w for w in (lookup_why, rate_why) if w)
+    dense = DENSE_FLOPS_PER_PARAM * params / rate if rate > 0 else 0.0
+    return ComputeProbe(lookup, dense, params, time.perf_counter() - start, not why, why)
+
+
+def agree(probe: ComputeProbe, group: dist.ProcessGroup) -> ComputeProbe:
+    """Every rank's probe made one: the slowest rank's figures (it sets the step), steady only where
+    every rank's was. A collective: every rank of ``group`` calls it."""
+    figures = torch.tensor(
+        [probe.lookup_s_per_id, probe.dense_s_per_sample, probe.seconds, 0.0 if probe.steady else 1.0],
+        dtype=torch.float64,
+    )
+    dist.all_reduce(figures, op=dist.ReduceOp.MAX, group=group)
+    lookup, dense, seconds, unsteady = (float(v) for v in figures)
+    why = probe.why or ("another rank's probe was not steady" if unsteady else "")
+    return ComputeProbe(lookup, dense, probe.dense_params, seconds, not unsteady, why)
+
+
+def _steady(measure, name: str) -> tuple[float, str]:
+    """The median of ``measure()``'s rounds, measured again once when they spread; (figure, why not steady)."""
+    spread = 0.0
+    for _ in range(2):
+        rounds = measure()
+        spread = max(rounds) / min(rounds) if min(rounds) > 0 else float("inf")
+        if spread <= SPREAD:
+            return statistics.median(rounds), ""
+    return statistics.median(rounds), f"the {name} probe's rounds spread {spread:.1f}x twice (at most {SPREAD:g}x)"
+
+
+def _lookup_rounds(dim: int, rows: int, batch: int, rounds: int) -> list[float]:
+    """Seconds per id of a CPU TBE step (forward, backward, fused row-wise Adagrad), one per round."""
+    from torchrec_het._tbe import cpu_probe_kernel
+
+    tbe = cpu_probe_kernel(PROBE_TABLES, rows, dim)
+    ids = PROBE_TABLES * batch
+    indices = torch.randint(0, rows, (ids,), generator=torch.Generator().manual_seed(0))
+    offsets = torch.arange(0, ids + 1)
+    tbe(indices, offsets).sum().backward()  # warm-up
+    out = []
+    for _ in range(rounds):
+        times = []
+        for _ in range(3):
+            began = time.perf_counter()
+            tbe(indices, offsets).sum().backward()
+            times.append(time.perf_counter() - began)
+        out.append(statistics.median(times) / ids)
+    return out
+
+
+def _matmul_rounds(batch: int, rounds: int) -> list[float]:
+    """Flops per second of a dense layer's forward and backward at ``batch`` rows, one per round."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, MATMUL_WIDTH, generator=generator)
+    w = torch.randn(MATMUL_WIDTH, MATMUL_WIDTH, generator=generator, requires_grad=True)
+    flops = 3 * 2.0 * batch * MATMUL_WIDTH * MATMUL_WIDTH  # y = x w; its gradients for x and w
+    (x @ w).sum().backward()  # warm-up
+    out = []
+    for _ in range(rounds):
+        times = []
+        for _ in range(3):
+            x.requires_grad_(True)
+            began = time.perf_counter()
+            (x @ w).sum().backward()
+            times.append(time.perf_counter() - began)
+        out.append(flops / statistics.median(times))
+    return out
+
+
+def _is_embedding_module(module: nn.Module) -> bool:
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    return isinstance(module, EmbeddingBagCollection | EmbeddingCollection)

@@ -1,0 +1,223 @@
+"""The planner's one cost model: the step model (:mod:`~torchrec_het.planner.step_model`) prices
+every option TorchRec's search compares and every whole plan the planner chooses between.
+
+- An option (one table, one sharding type) is priced as the step model prices that table alone:
+  its bytes per phase under its sharder's codecs over the measured links, its lookups on the rank
+  that pools them (table_wise: the owner pools every rank's ids), the plugin types' calibrated extra
+  compute per id, and what the pipeline hides (:func:`option_perf`). TorchRec's search balances
+  these per-shard figures over the ranks, as it balances its own estimator's.
+- A whole plan is priced by :func:`~torchrec_het.planner.step_model.predict_step`: the collectives
+  of each type's group and their latency, the dense part and the pipeline's overlap
+  (:func:`plan_step`). The planner keeps the plugin's plan only where it is predicted faster than
+  TorchRec's own plan by more than the model's error (:attr:`CostInputs.margin`).
+
+Types the step model has no bytes for (``table_row_wise``, ``grid_shard``) are priced as
+``row_wise`` (their traffic within a host is not modelled).
+"""
+
+import dataclasses
+from dataclasses import dataclass, replace
+
+from torchrec.distributed.planner.types import Perf, ShardingOption
+
+from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
+from torchrec_het.planner.compute_probe import ComputeProbe
+from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing, priced_options, priced_wire
+from torchrec_het.planner.qcomms import wire_precision
+from torchrec_het.planner.step_model import (
+    Cluster,
+    Compute,
+    Links,
+    PlannedTable,
+    StepPrediction,
+    predict_step,
+)
+from torchrec_het.replication.memory import TierTopology
+from torchrec_het.types import HET_ROW_REPLICATED
+
+MODELLED = ("table_wise", "column_wise", "table_column_wise", "row_wise", "data_parallel", *PLUGIN_TYPES)
+PLACED = ("table_wise", "column_wise", "table_column_wise")  # a shard on one rank pools every rank's ids
+DEFAULT_MARGIN = 0.10  # the step model's error the plugin's plan must beat TorchRec's by (its median target)
+
+
+@dataclass(frozen=True)
+class CostInputs:
+    """What the cost model prices with.
+
+    Attributes:
+        links: the links (bytes/s per rank within and between hosts, latency per collective).
+        compute: the lookups' and the dense part's compute.
+        pipeline: the trainer's pipeline the plan is for (``plain``, ``sparse_dist``, ``hybrid``).
+        dense_params: parameters the dense all-reduce sums.
+        margin: the plugin's plan must be predicted faster than TorchRec's by more than this share.
+        refused: why the figures must not decide (a probe was not steady); empty when they may.
+        source: where the figures came from (one line).
+    """
+
+    links: Links
+    compute: Compute
+    pipeline: str = "sparse_dist"
+    dense_params: int = 0
+    margin: float = DEFAULT_MARGIN
+    refused: str = ""
+    source: str = ""
+
+
+def compute_from_probe(probe: ComputeProbe, compute_device: str = "cpu", costs: ComputeCosts | None = None) -> Compute:
+    """The step model's compute from the plan-time probe, with the plugin types' calibrated extras
+    (``costs``, default ``compute_costs.json``, on the device they were measured on)."""
+    costs = costs or default_compute_costs()
+    extras = costs.extra_seconds_per_id if costs.applies_to(compute_device) else {}
+    return Compute(
+        lookup_s_per_id=probe.lookup_s_per_id,
+        dense_s_per_sample=probe.dense_s_per_sample,
+        extra_s_per_id=extras,
+        source="measured at plan time; plugin extras from compute_costs.json",
+    )
+
+
+def option_table(
+    option: ShardingOption, pricing: PluginPricing, world_size: int, topology: TierTopology | None, registry
+) -> PlannedTable:
+    """``option``'s table as the step model sees it: its type, settings, reads and codecs;
+    placed shards on the ranks the partitioner gave them (rank 0 before it has)."""
+    rows, dim = (int(s) for s in option.tensor.shape)
+    kind = option.sharding_type if option.sharding_type in MODELLED else "row_wise"
+    pooled = bool(option.is_pooled)
+    owners, widths = (), ()
+    if kind in PLACED:
+        owners = tuple(s.rank if s.rank is not None else 0 for s in option.shards)
+        widths = tuple(int(s.size[1]) for s in option.shards) if kind != "table_wise" else ()
+    settings: dict = {}
+    if kind in PLUGIN_TYPES:
+        load = pricing.load(option, world_size, topology)
+        options = priced_options(option)
+        reads = load.reads
+        if kind == HET_ROW_REPLICATED:
+            hot = pricing.hot_rows(load, options)
+            host = pricing.host_rows(load, options, option.name)
+            settings = dict(hot=reads[:hot], per_host=reads[hot : hot + host], sync_every=options.replica_sync_every)
+        else:
+            capacity = options.capacity_rows(rows)
+            settings = dict(hot=reads[:capacity], s_read=options.s_read, s_write=options.s_write)
+        settings["reads"] = reads
+        wire = priced_wire(option)
+    else:
+        wire = wire_precision(registry, kind, pooled)
+    return PlannedTable(
+        option.name,
+        rows,
+        dim,
+        max(len(option.input_lengths), 1),
+        float(sum(option.input_lengths)),
+        kind,
+        owners=owners,
+        shard_dims=widths,
+        pooled=pooled,
+        wire=wire,
+        **settings,
+    )
+
+
+def option_seconds(table: PlannedTable, cluster: Cluster, inputs: CostInputs) -> StepPrediction:
+    """``table`` alone as a plan: its compute and what its traffic makes a rank wait, under the
+    pipeline, with the dense part's compute there to hide behind (and not counted); no collective
+    latency (a group's, counted once per plan) and no module cost (likewise)."""
+    links = replace(inputs.links, latency=0.0)
+    compute = replace(inputs.compute, module_s_per_step=0.0)
+    step = predict_step([table], cluster, links, compute, inputs.pipeline, 0)
+    return replace(step, dense=0.0)
+
+
+def option_perf(option: ShardingOption, table: PlannedTable, cluster: Cluster, inputs: CostInputs) -> float:
+    """Sets every shard's perf (ms) of ``option`` from the step model; returns the table's share of
+    the step (seconds).
+
+    TorchRec's search sums each rank's shards and minimises the busiest rank. A sharded type's every
+    shard costs its rank the table's per-rank time. A placed shard (table_wise, column_wise) costs
+    its owner its width's share of the table's lookups (the owner pools every rank's ids) and of its
+    traffic times the ranks: every rank waits for that collective, and placements spread over the
+    ranks, so a balanced plan's busiest rank sums what each rank waits for."""
+    step = option_seconds(table, cluster, inputs)
+    traffic = step.bytes
+    fwd_share = (traffic.ids + traffic.emb_fwd) / traffic.total if traffic.total > 0 else 0.5
+    fwd_comms, bwd_comms = step.comm_wait * fwd_share, step.comm_wait * (1 - fwd_share)
+    placed = table.sharding_type in PLACED
+    waited = cluster.world_size if placed else 1
+    for shard in option.shards:
+        share = int(shard.size[1]) / table.dim if placed and table.sharding_type != "table_wise" else 1.0
+        shard.perf = Perf(
+            fwd_compute=1e3 * share * step.emb_fwd,
+            fwd_comms=1e3 * share * waited * fwd_comms,
+            bwd_compute=1e3 * share * step.emb_bwd,
+            bwd_comms=1e3 * share * waited * bwd_comms,
+        )
+    return step.total
+
+
+def plan_step(tables: list[PlannedTable], cluster: Cluster, inputs: CostInputs) -> StepPrediction:
+    """A whole plan's predicted step (its groups' collectives and latency, the dense part, the overlap)."""
+    return predict_step(tables, cluster, inputs.links, inputs.compute, inputs.pipeline, inputs.dense_params)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The planner's choice between the plugin's plan and TorchRec's.
+
+    Attributes:
+        chosen: "plugin" or "stock".
+        plugin: the plugin plan's predicted step (None: it was not priced).
+        stock: TorchRec's plan's predicted step (None: TorchRec found no plan, or it was not asked).
+        why: one line: the figures and the rule.
+    """
+
+    chosen: str
+    plugin: StepPrediction | None
+    stock: StepPrediction | None
+    why: str
+
+    @property
+    def prediction(self) -> StepPrediction | None:
+        return self.plugin if self.chosen == "plugin" else self.stock
+
+
+def decide(
+    plugin: StepPrediction,
+    stock: StepPrediction | None,
+    inputs: CostInputs,
+    uses_plugin: bool,
+    none_offered: str = "",
+) -> Decision:
+    """The plugin's plan where it holds plugin types and is predicted faster than TorchRec's by more
+    than the margin; else TorchRec's (also when the figures were refused). ``none_offered``: why no
+    table could take a plugin type, if none could."""
+    if stock is None:
+        return Decision("plugin", plugin, None, "TorchRec's planner found no plan to compare with")
+    if not uses_plugin:
+        why = none_offered or "no table is predicted faster with a plugin type"
+        return Decision("stock", plugin, stock, f"TorchRec's plan: {why}")
+    if inputs.refused:
+        return Decision("stock", plugin, stock, f"TorchRec's plan kept: {inputs.refused}")
+    ratio = stock.total / plugin.total if plugin.total > 0 else float("inf")
+    figures = f"predicted {plugin.total * 1e3:.1f} ms/step against TorchRec's plan's {stock.total * 1e3:.1f} ms"
+    if ratio > 1.0 + inputs.margin:
+        return Decision("plugin", plugin, stock, f"plugin types {figures} ({ratio:.2f}x)")
+    return Decision(
+        "stock",
+        plugin,
+        stock,
+        f"TorchRec's plan kept: the plugin's {figures} ({ratio:.2f}x), not faster by more than the model's error "
+        f"({inputs.margin:.0%})",
+    )
+
+
+def as_dict(inputs: CostInputs) -> dict:
+    """The inputs as plain numbers (for logs and results files)."""
+    return {
+        "links": dataclasses.asdict(inputs.links),
+        "compute": {k: v for k, v in dataclasses.asdict(inputs.compute).items() if k != "extra_s_per_id"},
+        "pipeline": inputs.pipeline,
+        "dense_params": inputs.dense_params,
+        "margin": inputs.margin,
+        "refused": inputs.refused,
+    }
