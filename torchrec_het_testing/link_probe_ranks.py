@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.distributed.planner import Topology
 
-from torchrec_het.planner import HetEmbeddingShardingPlanner
+from torchrec_het.planner import AccessModel, HetEmbeddingShardingPlanner, PluginPricing
 from torchrec_het.planner.link_probe import ProbeBudget, probe_links
 from torchrec_het.planner.network import LinkSettings, link_figures
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
@@ -27,17 +27,22 @@ def _ebc() -> EmbeddingBagCollection:
 
 def planner_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """One host per rank: the planner's ``collective_plan`` probes between hosts once (a second call
-    reuses it), and a probe of every kind on a tight budget; writes what each rank got."""
+    reuses it) where a table may take a plugin type (a stated skew), and not at all where none may
+    (no evidence); writes what each rank got."""
     with gloo_rank(rank, world_size, port):
         topology = Topology(world_size=world_size, local_world_size=1, compute_device="cpu")
-        planner = HetEmbeddingShardingPlanner(topology=topology, batch_size=64, link_budget=TIGHT)
+        skewed = PluginPricing(AccessModel(alpha=1.05))
+        planner = HetEmbeddingShardingPlanner(topology=topology, batch_size=64, link_budget=TIGHT, pricing=skewed)
         plan = planner.collective_plan(_ebc(), [HetEmbeddingBagCollectionSharder()], dist.GroupMember.WORLD)
         first = planner.links
         planner.collective_plan(_ebc(), [HetEmbeddingBagCollectionSharder()], dist.GroupMember.WORLD)
+        unskewed = HetEmbeddingShardingPlanner(topology=topology, batch_size=64, link_budget=TIGHT)
+        unskewed.collective_plan(_ebc(), [HetEmbeddingBagCollectionSharder()], dist.GroupMember.WORLD)
         result = {
             "planner": first.as_dict(),
             "probed_once": planner.links.probe is first.probe,
             "tables": sorted(plan.plan[""]),
+            "without_evidence": unskewed.links.as_dict(),
         }
         write_rank_result(out_dir, rank, result)
 

@@ -29,6 +29,9 @@ def test_collective_plan_measures_between_hosts_once_and_every_rank_agrees(tmp_p
     assert set(planner["probe"]) - {"seconds", "rounds", "bytes_sent"} == {"inter"}  # what it prices, no more
     _within_budget(planner["probe"], {"inter": 1})
     assert ranks[0]["probed_once"] and ranks[0]["tables"] == ["t0", "t1"]
+    unprobed = ranks[0]["without_evidence"]  # no table may take a plugin type: no choice depends on the link
+    assert "probe" not in unprobed and unprobed["inter_source"] == "assumed"
+    assert "no table may take a plugin type" in unprobed["inter_note"]
 
 
 def test_two_hosts_of_two_ranks_measure_every_kind_alike(tmp_path) -> None:
