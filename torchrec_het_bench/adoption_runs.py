@@ -25,7 +25,10 @@ _STEP = re.compile(r"^step (\d+) loss ")
 _TRAINED = re.compile(r"^trained (\d+) steps in ([\d.]+) s \(([\d.]+) it/s\)$", re.M)
 _FINAL = re.compile(r"^final step (\d+) auc (0\.\d+|1\.0+)$", re.M)
 _PLAN_ROW = re.compile(r"^(t_\w+?)\s+\|\s+(\w+)\s+\|\s+(\w+)\s+\|", re.M)  # param | sharding type | kernel |
-_QCOMMS = re.compile(r"^qcomms \S+ runs (.+)$", re.M)  # the trainer's codecs, as its registry holds them
+_QCOMMS = re.compile(r"^qcomms \S+ runs (.+)$", re.M)
+_PREDICTED = re.compile(
+    r"the plan's predicted step: ([\d.]+) ms"
+)  # the installed planner's line (launcher arm)  # the trainer's codecs, as its registry holds them
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,11 @@ def _record(stdout: str, log: Path, codes: list[int], argv: list[str], steps: in
         record["steady_it_per_s"] = (steps - warm_step) / (t1 - t0)
         if b0 is not None and b1 is not None:
             record["wire_bytes_per_step"] = (b1 - b0) / (steps - warm_step)
+    predicted = [float(m.group(1)) for note in record["notes"] if (m := _PREDICTED.search(note))]
+    record["predicted_step_ms"] = predicted[0] if predicted else None
+    record["prediction_error"] = None
+    if predicted and record["steady_it_per_s"]:  # the plan's prediction over the steady step measured
+        record["prediction_error"] = predicted[0] * record["steady_it_per_s"] / 1e3 - 1
     return record
 
 

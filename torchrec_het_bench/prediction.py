@@ -253,6 +253,7 @@ def predict_entry(sharded, tables: list, inputs: ModelInputs, spec, pipeline: st
     except ValueError as unmodelled:  # a type the model has no bytes for (e.g. table_row_wise): said, not guessed
         return {"not_modelled": str(unmodelled)}
     return {
+        **planner_prediction(sharded),
         "bytes_per_step": step.bytes.as_dict(),
         "dense_allreduce": round(2 * (ws - 1) * inputs.dense_params * 4) if ws > 1 else 0,
         "step_ms": {k: round(v, 3) for k, v in step.step_ms().items()},
@@ -270,6 +271,24 @@ def predict_entry(sharded, tables: list, inputs: ModelInputs, spec, pipeline: st
             "dense_ms_per_step": inputs.compute.dense_s_per_step * 1e3,
             "source": inputs.compute.source,
         },  # fmt: skip
+    }
+
+
+def planner_prediction(sharded) -> dict:
+    """The plugin planner's own plan-time prediction and choice, where the entry's plan carries one
+    (``{"planner": {...}}``; else empty)."""
+    from torchrec_het.plan_check import prediction_of
+
+    carried = prediction_of(getattr(sharded, "plan", None))
+    if carried is None:
+        return {}
+    return {
+        "planner": {
+            "chosen": carried.chosen,
+            "step_ms": round(carried.step_ms, 3),
+            "stock_step_ms": None if carried.stock_step_ms is None else round(carried.stock_step_ms, 3),
+            "source": carried.source,
+        }
     }
 
 

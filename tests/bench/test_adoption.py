@@ -222,3 +222,20 @@ def test_quick_zipf_run_on_two_emulated_hosts_plans_the_plugin_from_the_measured
     assert case["launcher_over_stock"]["wire_bytes_per_step"] < 1.0  # fewer bytes cross the link each step
     notes = case["launcher"]["runs"][0]["notes"]
     assert any("between hosts" in note and "(measured: probe" in note for note in notes), notes
+
+
+def test_a_launcher_run_records_the_plans_predicted_step_and_its_error(tmp_path) -> None:
+    from torchrec_het_bench.adoption_runs import _record
+
+    log = tmp_path / "run"
+    log.with_suffix(".stderr").write_text(
+        "torchrec_het: plan: plugin types predicted 40.0 ms/step against TorchRec's plan's 60.0 ms (1.50x); "
+        "the plan's predicted step: 40.0 ms (sparse_dist)\n"
+    )
+    stdout = "trained 20 steps in 1.0 s (20.00 it/s)\nfinal step 20 auc 0.7000\n"
+    marks = {2: (0.0, None), 20: (0.9, None)}  # 18 steps in 0.9 s: 50 ms a step
+    record = _record(stdout, log, [0], ["trainer"], 20, 2, marks, None)
+    assert record["predicted_step_ms"] == 40.0
+    assert record["prediction_error"] == pytest.approx(40.0 / 50.0 - 1)
+    log.with_suffix(".stderr").write_text("")  # a stock run: no planner line
+    assert _record(stdout, log, [0], ["trainer"], 20, 2, marks, None)["prediction_error"] is None

@@ -340,14 +340,17 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         under ``install()`` rank 0 also prints the decision on stderr."""
         if self.decision is None:
             return
-        stats_logger.info("torchrec_het plan: %s", self.decision.why)
+        line = self.decision.why
+        if prediction is not None:
+            line += f"; the plan's predicted step: {prediction.step_ms:.1f} ms ({prediction.pipeline})"
+        stats_logger.info("torchrec_het plan: %s", line)
         for name, t in (prediction.tables if prediction else {}).items():
             runner = f"; runner-up {t['runner_up']} {t['runner_up_share_ms']} ms" if t["runner_up"] else ""
             stats_logger.info(
                 "torchrec_het step share: %s: %s %s ms%s", name, t["sharding_type"], t["share_ms"], runner
             )
         if self.installed_links is not None and _rank() == 0:
-            print(f"torchrec_het: plan: {self.decision.why}", file=sys.stderr, flush=True)
+            print(f"torchrec_het: plan: {line}", file=sys.stderr, flush=True)
 
     def _types_fixed(self, module: nn.Module) -> bool:
         """Whether constraints give every table of ``module`` exactly one sharding type (nothing to decide)."""
