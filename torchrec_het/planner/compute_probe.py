@@ -1,10 +1,10 @@
 """The compute the planner prices, measured at plan time on the ranks that will train.
 
 Two short probes, each repeated in rounds whose median is used: a FBGEMM TBE lookup (forward,
-backward and fused row-wise Adagrad update) of the model's width, per id; and the dense part's
-arithmetic rate (a matrix product, forward and backward), turned into seconds per sample from
-the model's dense parameters (about 6 flops per parameter and sample: forward, and the backward's
-two products). A probe whose rounds spread more than :data:`SPREAD` is measured once more; if it
+backward and fused row-wise Adagrad update) of the model's width, per id; and the dense part: every
+``nn.Linear`` of the model outside its embedding modules, rebuilt at its shape, run forward and
+backward with an Adagrad step on random rows at the batch size (a model without one: a square
+layer of 256, and 6 flops per dense parameter and sample). A probe whose rounds spread more than :data:`SPREAD` is measured once more; if it
 still spreads, it is refused (``steady`` False) and the planner keeps TorchRec's plan: a figure
 taken on a disturbed machine must not decide.
 """
@@ -78,9 +78,14 @@ def measure_compute(module: nn.Module, batch: int, rounds: int = 5) -> ComputePr
     dim, rows = embedding_shape(module)
     params = dense_parameters(module)
     lookup, lookup_why = _steady(lambda: _lookup_rounds(dim, min(rows, MAX_PROBE_ROWS), batch, rounds), "lookup")
-    rate, rate_why = _steady(lambda: _matmul_rounds(batch, rounds), "dense matmul")
+    shapes = linear_shapes(module)
+    if shapes:
+        step, rate_why = _steady(lambda: _linear_rounds(shapes, batch, rounds), "dense layers")
+        dense = step / batch
+    else:
+        rate, rate_why = _steady(lambda: _matmul_rounds(batch, rounds), "dense matmul")
+        dense = DENSE_FLOPS_PER_PARAM * params / rate if rate > 0 else 0.0
     why = "; ".join(w for w in (lookup_why, rate_why) if w)
-    dense = DENSE_FLOPS_PER_PARAM * params / rate if rate > 0 else 0.0
     return ComputeProbe(lookup, dense, params, time.perf_counter() - start, not why, why)
 
 
@@ -125,6 +130,39 @@ def _lookup_rounds(dim: int, rows: int, batch: int, rounds: int) -> list[float]:
             tbe(indices, offsets).sum().backward()
             times.append(time.perf_counter() - began)
         out.append(statistics.median(times) / ids)
+    return out
+
+
+def linear_shapes(module: nn.Module) -> list[tuple[int, int]]:
+    """(in, out) features of every ``nn.Linear`` of ``module`` outside its embedding modules."""
+    embedding = {id(m) for e in module.modules() if _is_embedding_module(e) for m in e.modules()}
+    return [
+        (m.in_features, m.out_features) for m in module.modules() if isinstance(m, nn.Linear) and id(m) not in embedding
+    ]
+
+
+def _linear_rounds(shapes: list[tuple[int, int]], batch: int, rounds: int) -> list[float]:
+    """Seconds of the layers' forward, backward and Adagrad step at ``batch`` rows, one per round."""
+    generator = torch.Generator().manual_seed(0)
+    layers = nn.ModuleList(nn.Linear(i, o) for i, o in shapes)
+    inputs = [torch.randn(batch, i, generator=generator) for i, _ in shapes]
+    optimizer = torch.optim.Adagrad(layers.parameters(), lr=0.01)
+
+    def step() -> None:
+        loss = sum(torch.relu(layer(x)).sum() for layer, x in zip(layers, inputs))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step()  # warm-up
+    out = []
+    for _ in range(rounds):
+        times = []
+        for _ in range(3):
+            began = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - began)
+        out.append(statistics.median(times))
     return out
 
 
