@@ -218,9 +218,15 @@ def _with_row_wise_for_plugin(constraints: dict[str, ParameterConstraints] | Non
 
 
 def stock_only(sharder: ModuleSharder, device: str) -> ModuleSharder:
-    """A shallow copy of ``sharder`` that offers its stock types only (TorchRec's own plan with it)."""
+    """A shallow copy of ``sharder`` that offers only the types TorchRec's own sharder it derives from
+    offers (what a user gets without the plugin: e.g. no ``row_wise`` for bags on CPU, which the
+    plugin's sharder adds), less any its own sharder leaves out."""
     types = [t for t in sharder.sharding_types(device) if t not in PLUGIN_TYPES]
-    if len(types) == len(sharder.sharding_types(device)):
+    base = next((c for c in type(sharder).__mro__ if c.__module__.startswith("torchrec.")), None)
+    if base is not None and base is not type(sharder) and hasattr(base, "sharding_types"):
+        stock = base.sharding_types(sharder, device)
+        types = [t for t in types if t in stock]
+    if types == list(sharder.sharding_types(device)):
         return sharder
     stock = copy.copy(sharder)
     stock.sharding_types = lambda compute_device_type: list(types)  # instance attribute shadows the method

@@ -1,0 +1,122 @@
+"""The planner's one cost model: options priced by the step model, and the rule that keeps TorchRec's
+plan unless the plugin's is predicted faster by more than the model's error."""
+
+import logging
+
+import pytest
+import torch
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.distributed.planner import Topology
+
+from torchrec_het.plan_check import prediction_of
+from torchrec_het.planner import AccessModel, HetEmbeddingEnumerator, HetEmbeddingShardingPlanner, PluginPricing
+from torchrec_het.planner.access import zipf_shares
+from torchrec_het.planner.cost_model import CostInputs, decide
+from torchrec_het.planner.step_model import Compute, Links, PhaseBytes, StepPrediction
+from torchrec_het.replication.profile import AccessProfile
+from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
+
+SIZES = {"a": 100_000, "b": 50_000}
+BATCH = 512
+COMPUTE = Compute(lookup_s_per_id=2e-7, dense_s_per_sample=2e-5)
+
+
+@pytest.fixture(autouse=True)
+def _quiet(caplog):
+    caplog.set_level(logging.ERROR)
+
+
+def _ebc() -> EmbeddingBagCollection:
+    tables = [
+        EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=128, num_embeddings=r)
+        for n, r in SIZES.items()
+    ]
+    return EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+
+
+def _pricing() -> PluginPricing:
+    counts = tuple((zipf_shares(r, 1.1) * BATCH * 4).floor().long() for r in SIZES.values())
+    return PluginPricing(AccessModel(AccessProfile(tuple(SIZES), tuple(SIZES.values()), counts, 4)))
+
+
+def _step(total_ms: float) -> StepPrediction:
+    return StepPrediction(PhaseBytes(), 0.0, 0.0, total_ms / 1e3, 0.0, "sparse_dist")
+
+
+INPUTS = CostInputs(Links(1e9, 1e9), COMPUTE)
+
+
+def test_the_plugins_plan_is_kept_only_where_it_beats_torchrecs_by_more_than_the_margin() -> None:
+    assert decide(_step(80), _step(100), INPUTS, uses_plugin=True).chosen == "plugin"  # 1.25x
+    kept = decide(_step(95), _step(100), INPUTS, uses_plugin=True)  # 1.05x: within the model's error
+    assert kept.chosen == "stock" and "not faster by more than the model's error (10%)" in kept.why
+    assert decide(_step(95), _step(100), CostInputs(Links(1e9, 1e9), COMPUTE, margin=0.0), True).chosen == "plugin"
+    refused = CostInputs(Links(1e9, 1e9), COMPUTE, refused="the lookup probe's rounds spread")
+    assert decide(_step(50), _step(100), refused, uses_plugin=True).chosen == "stock"
+    assert decide(_step(50), _step(100), INPUTS, uses_plugin=False).chosen == "stock"
+    assert decide(_step(50), None, INPUTS, uses_plugin=True).chosen == "plugin"  # nothing to compare with
+
+
+def _planner(link_gbit: float) -> HetEmbeddingShardingPlanner:
+    topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
+    return HetEmbeddingShardingPlanner(
+        topology=topology, batch_size=BATCH, pricing=_pricing(), link_gbit=(link_gbit, None), compute=COMPUTE
+    )
+
+
+def test_a_slow_link_plans_plugin_types_and_a_fast_one_keeps_torchrecs_plan() -> None:
+    slow = _planner(0.5)
+    plan = slow.plan(_ebc(), [HetEmbeddingBagCollectionSharder()])
+    assert slow.decision.chosen == "plugin" and slow.decision.plugin.total < slow.decision.stock.total / 1.1
+    assert {p.sharding_type for p in plan.plan[""].values()} <= {"het_row_replicated", "het_cached_row_wise"}
+    fast = _planner(1000.0)
+    plan = fast.plan(_ebc(), [HetEmbeddingBagCollectionSharder()])
+    assert fast.decision.chosen == "stock"
+    assert not {p.sharding_type for p in plan.plan[""].values()} & {"het_row_replicated", "het_cached_row_wise"}
+
+
+def test_the_plan_carries_its_prediction_with_each_tables_chosen_type_and_runner_up() -> None:
+    planner = _planner(0.5)
+    plan = planner.plan(_ebc(), [HetEmbeddingBagCollectionSharder()])
+    prediction = prediction_of(plan)
+    assert prediction is not None and prediction.chosen == "plugin"
+    assert prediction.step_ms == pytest.approx(planner.decision.plugin.total * 1e3)
+    assert prediction.stock_step_ms == pytest.approx(planner.decision.stock.total * 1e3)
+    for name, table in prediction.tables.items():
+        assert table["sharding_type"] == plan.plan[""][name].sharding_type
+        assert table["runner_up"] not in (None, table["sharding_type"])
+        assert table["share_ms"] <= table["runner_up_share_ms"]  # the chosen type is the cheaper one
+
+
+def test_a_placed_shard_is_charged_its_traffic_times_the_ranks() -> None:
+    topology = Topology(world_size=4, local_world_size=4, compute_device="cpu")
+    enumerator = HetEmbeddingEnumerator(topology, BATCH, pricing=_pricing())
+    enumerator.perf_estimator.costs = CostInputs(Links(1e8, 1e8), Compute(0.0, 0.0), pipeline="plain")
+    options = {(o.name, o.sharding_type): o for o in enumerator.enumerate(_ebc(), [HetEmbeddingBagCollectionSharder()])}
+    table_wise = options[("a", "table_wise")].shards[0].perf
+    share = enumerator.perf_estimator.shares["a"]["table_wise"] * 1e3  # what one rank waits for
+    assert table_wise.fwd_comms + table_wise.bwd_comms == pytest.approx(4 * share)
+    row_wise = options[("a", "row_wise")]
+    assert all(
+        s.perf.total == pytest.approx(enumerator.perf_estimator.shares["a"]["row_wise"] * 1e3) for s in row_wise.shards
+    )
+
+
+def test_without_evidence_the_plan_is_torchrecs_own_plan_with_its_own_sharder() -> None:
+    """TorchRec's bag sharder offers no row_wise on CPU and the plugin's does: the plan the plugin's
+    planner falls back to is the one TorchRec makes with its own sharder's types."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    tables = [
+        EmbeddingBagConfig(name=f"t{i}", feature_names=[f"f{i}"], embedding_dim=16, num_embeddings=1000 + 760 * i)
+        for i in range(8)
+    ]
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
+    stock = EmbeddingShardingPlanner(topology=topology, batch_size=256).plan(ebc, [EmbeddingBagCollectionSharder()])
+    planner = HetEmbeddingShardingPlanner(topology=topology, batch_size=256, compute=COMPUTE)
+    plan = planner.plan(ebc, [HetEmbeddingBagCollectionSharder()])
+    assert planner.decision.chosen == "stock"
+    got = {n: (p.sharding_type, p.ranks) for n, p in plan.plan[""].items()}
+    assert got == {n: (p.sharding_type, p.ranks) for n, p in stock.plan[""].items()}
