@@ -2,7 +2,7 @@
 ``ShardingPlan``) against the step time measured after warm-up (:class:`StepWatch`).
 
 Each rank measures its own step (the median interval between training forwards; no host syncs, no
-collectives); rank 0 logs one line (logger ``torchrec_het``, WARNING, and stderr) when the two
+collectives); rank 0 logs one line (logger ``torchrec_het``, WARNING; on stderr where no logging handler shows it) when the two
 differ by more than 25%, saying what to do. ``stats_by_table(model)`` carries both figures.
 """
 
@@ -192,7 +192,18 @@ class StepWatch:
             )
         elif _rank() == 0:
             logger.warning(line)
-            print(line, file=sys.stderr, flush=True)
+            if not _handled(logger):  # no handler shows it: say it on stderr, once
+                print(line, file=sys.stderr, flush=True)
+
+
+def _handled(log: logging.Logger) -> bool:
+    """Whether a handler other than a NullHandler would emit ``log``'s WARNING records."""
+    current: logging.Logger | None = log
+    while current is not None:
+        if any(not isinstance(h, logging.NullHandler) and h.level <= logging.WARNING for h in current.handlers):
+            return True
+        current = current.parent if current.propagate else None
+    return False
 
 
 def check_line(measured_ms: float, prediction: PlanPrediction) -> str | None:

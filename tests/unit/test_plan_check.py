@@ -72,7 +72,19 @@ def test_forty_percent_slower_logs_one_line_with_both_figures_and_advice(caplog,
     ), lines[0]
     for advice in ("OMP_NUM_THREADS", "TORCHREC_HET_LINK_GBIT", "TORCHREC_HET_COMPUTE_COSTS", "re-plan"):
         assert advice in lines[0]
-    assert capsys.readouterr().err.count("torchrec_het: plan check:") == 1
+    # a handler shows the record (here caplog's): no second copy on stderr
+    assert capsys.readouterr().err.count("torchrec_het: plan check:") == 0
+
+
+def test_the_line_goes_to_stderr_only_where_no_handler_shows_it() -> None:
+    from torchrec_het.plan_check import _handled
+
+    lonely = logging.Logger("lonely")  # no parent, no handler: the check prints the line itself
+    assert not _handled(lonely)
+    lonely.addHandler(logging.NullHandler())
+    assert not _handled(lonely)
+    lonely.addHandler(logging.StreamHandler())
+    assert _handled(lonely)
 
 
 def test_forty_percent_faster_says_the_plan_was_priced_pessimistically(caplog) -> None:

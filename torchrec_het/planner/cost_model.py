@@ -18,8 +18,10 @@ Types the step model has no bytes for (``table_row_wise``, ``grid_shard``) are p
 import dataclasses
 from dataclasses import dataclass, replace
 
+from torch import nn
 from torchrec.distributed.planner.types import Perf, ShardingOption
 
+from torchrec_het.plan_check import PlanPrediction
 from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
 from torchrec_het.planner.compute_probe import ComputeProbe
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing, priced_options, priced_wire
@@ -221,3 +223,51 @@ def as_dict(inputs: CostInputs) -> dict:
         "margin": inputs.margin,
         "refused": inputs.refused,
     }
+
+
+def plan_prediction(
+    decision: Decision | None, best: list[ShardingOption], shares: dict[str, dict[str, float]], source: str
+) -> PlanPrediction | None:
+    """What the plan carries: the chosen plan's predicted step and parts, and per table the chosen
+    type's share of the step and the cheapest other type's (``shares``: table -> type -> seconds)."""
+    if decision is None or decision.prediction is None:
+        return None
+    tables = {}
+    for option in best:
+        kinds = shares.get(option.name, {})
+        others = {k: v for k, v in kinds.items() if k != option.sharding_type}
+        runner = min(others, key=others.get) if others else None
+        chosen = kinds.get(option.sharding_type)
+        tables[option.name] = {
+            "sharding_type": option.sharding_type,
+            "share_ms": None if chosen is None else round(chosen * 1e3, 3),
+            "runner_up": runner,
+            "runner_up_share_ms": None if runner is None else round(others[runner] * 1e3, 3),
+        }
+    step = decision.prediction
+    return PlanPrediction(
+        step_ms=step.total * 1e3,
+        pipeline=step.pipeline,
+        parts_ms={k: round(v, 3) for k, v in step.step_ms().items() if k != "total"},
+        tables=tables,
+        source=source,
+        stock_step_ms=None if decision.stock is None else decision.stock.total * 1e3,
+        chosen=decision.chosen,
+    )
+
+
+def enough_link_speed(module: nn.Module, batch: int, probe: ComputeProbe, share: float) -> float | None:
+    """A link speed (bytes/ms per rank) above which TorchRec's table_wise bytes of ``module``'s tables
+    (ids and lengths; pooled bags both ways) cost under ``share`` of the measured compute: faster
+    links change no choice."""
+    shapes = []
+    for m in module.modules():
+        for getter in ("embedding_bag_configs", "embedding_configs"):
+            if hasattr(m, getter):
+                shapes += [(len(t.feature_names), t.embedding_dim) for t in getattr(m, getter)()]
+    ids = batch * sum(features for features, _ in shapes)
+    per_rank = sum(batch * features * (12 + 2 * 4 * dim) for features, dim in shapes)
+    compute_s = ids * probe.lookup_s_per_id + batch * probe.dense_s_per_sample
+    if compute_s <= 0 or per_rank <= 0:
+        return None
+    return per_rank / (share * compute_s) / 1e3

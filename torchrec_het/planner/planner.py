@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.stats import logger as stats_logger
-from torchrec.distributed.planner.types import PlannerError, ShardingOption
+from torchrec.distributed.planner.types import ShardingOption
 from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.types import ShardingPlan
 
@@ -25,10 +25,12 @@ from torchrec_het.planner.cost_model import (
     Decision,
     compute_from_probe,
     decide,
+    enough_link_speed,
     option_table,
+    plan_prediction,
     plan_step,
 )
-from torchrec_het.planner.enumerator import HetEmbeddingEnumerator, stock_only, table_rows
+from torchrec_het.planner.enumerator import HetEmbeddingEnumerator, table_rows
 from torchrec_het.planner.link_probe import ProbeBudget, ProbeResult, probe_device, probe_links
 from torchrec_het.planner.network import (  # noqa: F401 (CPU_* and cpu_network re-exported)
     CPU_INTER_HOST_BW,
@@ -43,6 +45,7 @@ from torchrec_het.planner.network import (  # noqa: F401 (CPU_* and cpu_network 
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
 from torchrec_het.planner.stats import HetEmbeddingStats
 from torchrec_het.planner.step_model import Cluster, Compute, Links, StepPrediction
+from torchrec_het.planner.torchrec_peer import torchrec_plan
 from torchrec_het.replication.memory import TierTopology
 
 NONE_OFFERED = "no table may take a plugin type (no profile or stated skew names one, no constraint names one)"
@@ -284,56 +287,13 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         return plan_step(tables, Cluster(ws, local, batch), inputs)
 
     def _torchrec_plan(self, module: nn.Module, sharders: list) -> list[ShardingOption] | None:
-        """The options of the plan TorchRec's own planner makes with the stock types of ``sharders``
-        (the topology as given, TorchRec's estimators); None where TorchRec finds none, or where
-        constraints allow a table plugin types only (the user chose them: nothing to compare)."""
         _, batch, constraints = _compat.planner_settings(self)
-        stock_constraints = {}
-        for name, c in (constraints or {}).items():
-            types = c.sharding_types
-            if types and all(t in PLUGIN_TYPES for t in types):
-                return None
-            if types:
-                c = dataclasses.replace(c, sharding_types=[t for t in types if t not in PLUGIN_TYPES])
-            stock_constraints[name] = c
-        device = self._het_topology.compute_device
-        planner = EmbeddingShardingPlanner(
-            topology=self._het_topology, batch_size=batch, constraints=stock_constraints or None,
-            storage_reservation=_compat.planner_storage_reservation(self), stats=[], debug=False,
-        )  # fmt: skip
-        try:
-            planner.plan(module, [stock_only(s, device) for s in sharders])
-        except PlannerError:
-            return None
-        return _compat.planner_best_plan(planner)
+        reservation = _compat.planner_storage_reservation(self)
+        return torchrec_plan(module, sharders, self._het_topology, batch, constraints, reservation)
 
     def _prediction(self, shares: dict[str, dict[str, float]]) -> PlanPrediction | None:
-        decision = self.decision
-        best = _compat.planner_best_plan(self) or []
-        if decision is None or decision.prediction is None:
-            return None
-        tables = {}
-        for option in best:
-            kinds = shares.get(option.name, {})
-            others = {k: v for k, v in kinds.items() if k != option.sharding_type}
-            runner = min(others, key=others.get) if others else None
-            chosen_share = kinds.get(option.sharding_type)
-            tables[option.name] = {
-                "sharding_type": option.sharding_type,
-                "share_ms": None if chosen_share is None else round(chosen_share * 1e3, 3),
-                "runner_up": runner,
-                "runner_up_share_ms": None if runner is None else round(others[runner] * 1e3, 3),
-            }
-        step = decision.prediction
-        return PlanPrediction(
-            step_ms=step.total * 1e3,
-            pipeline=step.pipeline,
-            parts_ms={k: round(v, 3) for k, v in step.step_ms().items() if k != "total"},
-            tables=tables,
-            source=self.cost_inputs.source if self.cost_inputs else "",
-            stock_step_ms=None if decision.stock is None else decision.stock.total * 1e3,
-            chosen=decision.chosen,
-        )
+        source = self.cost_inputs.source if self.cost_inputs else ""
+        return plan_prediction(self.decision, _compat.planner_best_plan(self) or [], shares, source)
 
     def _log_decision(self, prediction: PlanPrediction | None) -> None:
         """The decision and each table's predicted share (chosen type, runner-up) in the planner's log;
@@ -374,21 +334,9 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         return False
 
     def _enough_bytes_per_ms(self, module: nn.Module) -> float | None:
-        """A link speed (bytes/ms per rank) above which TorchRec's table_wise bytes cost under
-        :data:`ENOUGH_SHARE` of the measured compute: faster links change no choice."""
         if self._het_compute is None:
             return None
-        _, batch, _ = _compat.planner_settings(self)
-        probe = self._het_compute[1]
-        shapes = _table_shapes(module).values()
-        ids = batch * sum(features for features, _ in shapes)
-        per_rank = sum(
-            batch * features * (12 + 2 * 4 * dim) for features, dim in shapes
-        )  # ids, lengths; bags both ways
-        compute_s = ids * probe.lookup_s_per_id + batch * probe.dense_s_per_sample
-        if compute_s <= 0 or per_rank <= 0:
-            return None
-        return per_rank / (ENOUGH_SHARE * compute_s) / 1e3
+        return enough_link_speed(module, _compat.planner_settings(self)[1], self._het_compute[1], ENOUGH_SHARE)
 
     def _use_links(self, figures: LinkFigures) -> None:
         topology = with_links(self._het_topology, figures, self.link_settings)
@@ -428,13 +376,3 @@ def default_pricing() -> PluginPricing:
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
-
-
-def _table_shapes(module: nn.Module) -> dict[str, tuple[int, int]]:
-    """Every embedding table of ``module``: name -> (features that read it, width)."""
-    out = {}
-    for m in module.modules():
-        for getter in ("embedding_bag_configs", "embedding_configs"):
-            if hasattr(m, getter):
-                out.update({t.name: (len(t.feature_names), t.embedding_dim) for t in getattr(m, getter)()})
-    return out
