@@ -82,16 +82,18 @@ def _compute(option) -> float:
 # --- golden plans ---------------------------------------------------------------------------
 
 
-def test_a_uniform_profile_is_planned_row_wise_not_row_replicated_with_no_hot_rows() -> None:
-    """A profiled table whose reads are uniform has no hot row. With the stored compute (1 id per sample, 512 per rank, times the exact replicated figure)
-    it costs more than row_wise's, so the plan is row_wise."""
+def test_a_uniform_profile_is_not_planned_row_replicated_with_no_hot_rows() -> None:
+    """A profiled table whose reads are uniform has no hot row. With the stored compute (1 id per
+    sample, 512 per rank, times the exact replicated figure) it costs more than row_wise's, so the
+    plan is TorchRec's own (table_wise: TorchRec's bag sharder offers no row_wise on CPU); where the
+    constraints allow row_wise, the search's row_wise."""
     ebc, profile = _ebc({"u": 100_000}), _uniform_profile()
     priced = PluginPricing(AccessModel(profile))
     options = _options(ebc, priced)
     replicated, row_wise = options[("u", "het_row_replicated")], options[("u", "row_wise")]
     assert priced.hot_rows(priced.load(replicated, 2), priced_options(replicated)) == 0
     assert replicated.total_perf > row_wise.total_perf
-    assert _plan(ebc, priced) == {"u": ("row_wise", "all")}
+    assert _plan(ebc, priced) == {"u": ("table_wise", [0])}
     forced = {"u": ParameterConstraints(sharding_types=["row_wise", "het_row_replicated"])}
     assert _plan(ebc, priced, constraints=forced) == {"u": ("row_wise", "all")}
 

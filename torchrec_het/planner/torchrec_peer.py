@@ -31,6 +31,6 @@ def torchrec_plan(
     )  # fmt: skip
     try:
         planner.plan(module, [stock_only(s, topology.compute_device) for s in sharders])
-    except PlannerError:
+    except (PlannerError, RuntimeError):  # no plan, or no type TorchRec's sharders offer meets the constraints
         return None
     return _compat.planner_best_plan(planner)
