@@ -193,24 +193,25 @@ def test_quick_uniform_run_reports_speed_bytes_plans_and_auc(tmp_path: Path) -> 
     assert case["launcher"]["plan_types"] == case["stock"]["plan_types"]
     assert case["launcher_over_stock"]["it_per_s"] > 0
     assert case["launcher_over_stock"]["auc_difference"] == pytest.approx(0, abs=1e-3)  # same plan, same weights
-    assert set(case["targets"]) == {"within_5pct_of_stock_speed", "no_more_wire_bytes"}
+    assert set(case["targets"]) == {"within_5pct_of_stock_speed", "no_more_wire_bytes", "never_loses_0.97x_paired"}
     assert any("no access profile" in note for note in case["launcher"]["runs"][0]["notes"])
 
 
 @pytest.mark.skipif(namespace_unavailable() is not None, reason=f"no emulated hosts here: {namespace_unavailable()}")
 def test_quick_zipf_run_on_two_emulated_hosts_plans_the_plugin_from_the_measured_link(tmp_path: Path) -> None:
-    """At 0.5 Gbit/s the measured link makes table_wise clearly dearer than row replication (at 1.25 Gbit/s
-    the two are priced within a few percent, so the choice there follows the probe's noise)."""
+    """At 0.2 Gbit/s the measured link makes table_wise clearly dearer than row replication: the plugin's
+    plan beats TorchRec's by more than the model's error (at 0.5 Gbit/s and above, at the smoke sizes, the
+    two are priced within it and TorchRec's plan is kept)."""
     run = subprocess.run(
         [sys.executable, "-m", "torchrec_het_bench.adoption", "--out", str(tmp_path), "--quick", "--steps", "10",
-         "--cases", "zipf", "--network", "emulated", "--hosts", "2", "--gbit", "0.5"],
+         "--cases", "zipf", "--network", "emulated", "--hosts", "2", "--gbit", "0.2"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     network = results["network"]
-    assert (network["mode"], network["hosts"], network["gbit"], results["world_size"]) == ("emulated", 2, 0.5, 2)
-    assert 0 < network["tcp"]["one_way_gbit"] <= 0.55 and "bulk TCP" in (tmp_path / "results.md").read_text()
+    assert (network["mode"], network["hosts"], network["gbit"], results["world_size"]) == ("emulated", 2, 0.2, 2)
+    assert 0 < network["tcp"]["one_way_gbit"] <= 0.22 and "bulk TCP" in (tmp_path / "results.md").read_text()
     case = results["cases"]["zipf/smoke"]
     for arm in ("stock", "launcher"):
         (record,) = case[arm]["runs"]

@@ -96,11 +96,13 @@ def test_killed_rank_is_restarted_and_resumes_from_last_checkpoint(tmp_path: Pat
         env = {"TORCHREC_HET_PROFILE": request.getfixturevalue("smoke_profile")}
     else:
         env = {"TORCHREC_HET_ALPHA": "1.05"}  # a stated skew: the planner offers the cache for every table
-    # lookups priced on par with row_wise, so the plan follows the bytes (the shipped CPU calibration
-    # plans TorchRec's types at the smoke sizes): this test is about resuming the plugin's types
+    # lookups priced on par with row_wise and a slow link stated, so the plan follows the bytes and
+    # beats TorchRec's by more than the model's error (the shipped CPU calibration and loopback's speed
+    # keep TorchRec's plan at the smoke sizes): this test is about resuming the plugin's types
     env["TORCHREC_HET_COMPUTE_COSTS"] = str(
         save_bytes_only_table(tmp_path / "on_par.json", "tests: on par with row_wise")
     )
+    env["TORCHREC_HET_LINK_GBIT"] = "0.05,0.05"
     common = ["--steps", str(STEPS), "--eval-batches", "0", "--resume"]
     run_a = _launch(
         tmp_path, "a", ["--max-restarts", "1"],
