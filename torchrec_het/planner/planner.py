@@ -209,6 +209,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         if self.installed_links is not None and not self._het_announced and _rank() == 0:
             print(f"torchrec_het: {self.links.describe()}", file=sys.stderr, flush=True)
             self._het_announced = True
+        self.decision = None
         estimator = getattr(self._het_enumerator, "perf_estimator", None)
         if not self._het_own_enumerator or estimator is None or self._types_fixed(module):
             # nothing to decide (or not the plugin's enumerator): no probes, no comparison, no prediction
@@ -259,7 +260,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             f"within a host {figures.intra_source}, between hosts {figures.inter_source}",
         )  # fmt: skip
         refused = [] if probe.steady else [probe.why]
-        if figures.probe is not None and not getattr(figures.probe, "steady", True):
+        if figures.probe is not None and not figures.probe.steady:
             refused.append("the link probe's rounds spread (a disturbed link or machine)")
         compute = compute_from_probe(probe, topology.compute_device, self._het_pricing.compute)
         if self.stated_compute is not None:
