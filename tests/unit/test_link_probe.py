@@ -8,7 +8,6 @@ import pytest
 from torchrec_het.planner.link_probe import (
     TINY_ROUNDS,
     LinkMeasurement,
-    Pattern,
     ProbeBudget,
     ProbeResult,
     is_enough,
@@ -18,6 +17,7 @@ from torchrec_het.planner.link_probe import (
     unsteady,
 )
 from torchrec_het.planner.network import GBIT, LinkSettings, link_figures
+from torchrec_het_testing.modelled_rounds import ModelledRounds
 
 # --- the pure rules -----------------------------------------------------------------------------
 
@@ -60,36 +60,8 @@ def test_budget_validates_the_new_fields_and_its_bounds_count_the_re_measure() -
 # --- measure_kind on a modelled link ------------------------------------------------------------
 
 
-class ScriptedRounds:
-    """What ``measure_kind`` drives: a link of ``bytes_per_ms`` with ``latency_ms`` a round, each
-    round's time scaled by ``noise(nbytes, nth)`` (``nth``: rounds of that size before it)."""
-
-    def __init__(self, bytes_per_ms, latency_ms=0.3, noise=None, deadline_s=2.0):
-        self.pattern = Pattern((1,), (1,), 1)
-        self.bytes_per_ms, self.latency_ms, self.deadline_s = bytes_per_ms, latency_ms, deadline_s
-        self.noise = noise or (lambda nbytes, nth: 1.0)
-        self.rounds = self.bytes_sent = 0
-        self.spent_s = 0.0
-        self.sizes: list[int] = []
-
-    def run(self, nbytes: int) -> float:
-        sent = self.pattern.sender_bytes(nbytes)
-        seconds = (self.latency_ms + sent / self.bytes_per_ms) / 1e3 * self.noise(sent, self.sizes.count(sent))
-        self.rounds += 1
-        self.bytes_sent += sent
-        self.spent_s += seconds
-        self.sizes.append(sent)
-        return seconds
-
-    def time_left(self) -> float:
-        return self.deadline_s - self.spent_s
-
-    def restart_clock(self) -> None:
-        self.spent_s = 0.0
-
-
 def _final_size(bytes_per_ms: float, budget: ProbeBudget) -> int:
-    quiet = ScriptedRounds(bytes_per_ms)
+    quiet = ModelledRounds(bytes_per_ms)
     measure_kind(quiet, budget)
     return max(quiet.sizes)
 
@@ -103,7 +75,7 @@ def test_medians_not_minima_make_the_figure_and_the_latency() -> None:
             return {2: 10.0, 3: 0.7}.get(nth - 1, 1.0)  # nth 0 is the warm-up
         return {3: 0.8, 5: 1.15}.get(nth, 1.0) if nbytes == final else 1.0
 
-    rounds = ScriptedRounds(rate, noise=noise)
+    rounds = ModelledRounds(rate, noise=noise)
     measured = measure_kind(rounds, budget)
     assert measured.steady and measured.why == "" and measured.fitted and not measured.enough
     assert measured.bytes_per_ms == pytest.approx(rate, rel=1e-9)  # the minima would read 1/0.8 of it
@@ -114,7 +86,7 @@ def test_medians_not_minima_make_the_figure_and_the_latency() -> None:
 def test_a_dispersed_series_is_re_measured_and_a_steady_re_measure_counts() -> None:
     rate, budget = 1.25 * GBIT, ProbeBudget()
     final = _final_size(rate, budget)
-    once = ScriptedRounds(rate, noise=lambda nbytes, nth: 2.0 if nbytes == final and nth == 3 else 1.0)
+    once = ModelledRounds(rate, noise=lambda nbytes, nth: 2.0 if nbytes == final and nth == 3 else 1.0)
     measured = measure_kind(once, budget)
     assert measured.steady and measured.bytes_per_ms == pytest.approx(rate, rel=1e-9)
     assert once.sizes.count(final) == 2 + 2 * budget.repeats  # the repeats, and the re-measure
@@ -123,7 +95,7 @@ def test_a_dispersed_series_is_re_measured_and_a_steady_re_measure_counts() -> N
 def test_a_series_that_stays_dispersed_is_not_steady() -> None:
     rate, budget = 1.25 * GBIT, ProbeBudget()
     final = _final_size(rate, budget)
-    rounds = ScriptedRounds(rate, noise=lambda nbytes, nth: 2.0 if nbytes == final and nth >= 2 and nth % 2 else 1.0)
+    rounds = ModelledRounds(rate, noise=lambda nbytes, nth: 2.0 if nbytes == final and nth >= 2 and nth % 2 else 1.0)
     measured = measure_kind(rounds, budget)
     assert not measured.steady and "re-measured" in measured.why and "spread 2.00x" in measured.why
     assert rounds.sizes.count(final) == 2 + 2 * budget.repeats
@@ -137,7 +109,7 @@ def test_a_series_that_stays_dispersed_is_not_steady() -> None:
 
 
 def test_a_short_budget_with_no_repeats_is_not_steady() -> None:
-    rounds = ScriptedRounds(0.1 * GBIT, deadline_s=0.05)  # the first large round takes 32 ms of the 50
+    rounds = ModelledRounds(0.1 * GBIT, deadline_s=0.05)  # the first large round takes 32 ms of the 50
     measured = measure_kind(rounds, ProbeBudget(seconds=0.05, first_bytes=400_000, max_bytes=1 << 20))
     assert rounds.sizes.count(400_000) == 1 and rounds.spent_s <= 0.05
     assert measured.bytes_per_ms == pytest.approx(0.1 * GBIT, rel=1e-6)  # still a figure
@@ -147,12 +119,12 @@ def test_a_short_budget_with_no_repeats_is_not_steady() -> None:
 def test_enough_stops_the_escalation_at_a_fast_enough_round() -> None:
     budget = ProbeBudget()
     fast = 400 * GBIT
-    full = ScriptedRounds(fast)
+    full = ModelledRounds(fast)
     measured_full = measure_kind(full, budget)
     assert not measured_full.enough and measured_full.bytes_per_ms == pytest.approx(fast, rel=1e-6)
 
     threshold = 10 * GBIT
-    enough = ScriptedRounds(fast)
+    enough = ModelledRounds(fast)
     measured = measure_kind(enough, ProbeBudget(enough_bytes_per_ms=threshold))
     assert measured.enough and measured.steady and not measured.fitted
     assert threshold <= measured.bytes_per_ms < fast  # a lower bound: the round's latency is in it
@@ -167,7 +139,7 @@ def test_enough_stops_the_escalation_at_a_fast_enough_round() -> None:
 
 def test_enough_above_the_link_changes_nothing() -> None:
     slow = 0.1 * GBIT
-    plain, with_threshold = ScriptedRounds(slow), ScriptedRounds(slow)
+    plain, with_threshold = ModelledRounds(slow), ModelledRounds(slow)
     assert measure_kind(plain, ProbeBudget()) == measure_kind(with_threshold, ProbeBudget(enough_bytes_per_ms=GBIT))
     assert plain.sizes == with_threshold.sizes
 

@@ -19,7 +19,6 @@ from torchrec_het.planner.link_probe import (
     KINDS,
     TINY_ROUNDS,
     LinkMeasurement,
-    Pattern,
     ProbeBudget,
     ProbeResult,
     fit_link,
@@ -39,6 +38,7 @@ from torchrec_het.planner.network import (
     with_links,
 )
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder
+from torchrec_het_testing.modelled_rounds import ModelledRounds
 
 # --- the probe's arithmetic -------------------------------------------------------------------
 
@@ -73,36 +73,6 @@ def test_patterns_pair_every_send_with_a_receive() -> None:
     assert pattern(0, 2, 2, "inter").fanout == 0 and pattern(0, 2, 1, "intra").fanout == 0  # nothing to measure
     with pytest.raises(ValueError, match="link kind"):
         pattern(0, 2, 1, "between")
-
-
-class ModelledRounds:
-    """What ``measure_kind`` drives, on a link of ``bytes_per_ms`` with ``latency_ms`` a round
-    (``slow_rounds``: rounds, by index, that take ``slowdown`` times as long: noise)."""
-
-    def __init__(self, bytes_per_ms, latency_ms, deadline_s=2.0, slow_rounds=(), slowdown=3.0, peers=1):
-        self.pattern = Pattern(tuple(range(peers)), tuple(range(peers)), peers)
-        self.bytes_per_ms, self.latency_ms, self.deadline_s = bytes_per_ms, latency_ms, deadline_s
-        self.slow_rounds, self.slowdown = set(slow_rounds), slowdown
-        self.rounds = self.bytes_sent = 0
-        self.spent_s = 0.0
-        self.sizes: list[int] = []
-
-    def run(self, nbytes: int) -> float:
-        sent = self.pattern.sender_bytes(nbytes)
-        seconds = (self.latency_ms + sent / self.bytes_per_ms) / 1e3
-        if self.rounds in self.slow_rounds:
-            seconds *= self.slowdown
-        self.rounds += 1
-        self.bytes_sent += sent
-        self.spent_s += seconds
-        self.sizes.append(sent)
-        return seconds
-
-    def time_left(self) -> float:
-        return self.deadline_s - self.spent_s
-
-    def restart_clock(self) -> None:
-        self.spent_s = 0.0
 
 
 @pytest.mark.parametrize("gbit", [0.1, 1.25, 10.0, 400.0])
