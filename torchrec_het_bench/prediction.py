@@ -70,7 +70,7 @@ def model_inputs(spec, source, tables: list) -> ModelInputs:
         module_s_per_step=module_seconds_per_step(spec.preset, len(tables)),
         dense_s_per_sample=dense,
         dense_s_per_step=dense_step,
-        extra_s_per_id=costs.extra_seconds_per_id if costs.applies_to("cpu") else {},
+        extra_s_per_id=costs.extras_on("cpu"),
         source="probes on this machine (a stock module's step, the dense part); plugin extras from "
         + Path(str(costs.source)).name,
     )

@@ -61,6 +61,10 @@ class ComputeCosts:
         """Whether the figures hold on ``compute_device`` (measured there, or zero everywhere)."""
         return self.device in ("any", compute_device)
 
+    def extras_on(self, compute_device: str) -> dict:
+        """The extra seconds per id by type and setting class, where they hold on ``compute_device`` (else none)."""
+        return self.extra_seconds_per_id if self.applies_to(compute_device) else {}
+
     def per_id(self, sharding_type: str, setting_class: str) -> float:
         """Extra seconds per id per step of ``sharding_type`` under ``setting_class``."""
         return self.extra_seconds_per_id[sharding_type][setting_class]

@@ -58,15 +58,21 @@ def dense_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if id(p) not in embedding)
 
 
-def embedding_shape(module: nn.Module) -> tuple[int, int]:
-    """(the median width, rounded to a multiple of 4; the most rows) of ``module``'s embedding tables ((16, 1000) without any)."""
-    dims, rows = [], []
+def table_configs(module: nn.Module) -> dict:
+    """Every EmbeddingBagCollection / EmbeddingCollection table of ``module``: name -> its config
+    (once, however many modules wrapping it expose it)."""
+    configs = {}
     for m in module.modules():
         for getter in ("embedding_bag_configs", "embedding_configs"):
-            if _is_embedding_module(m) and hasattr(m, getter):
-                for config in getattr(m, getter)():
-                    dims.append(config.embedding_dim)
-                    rows.append(config.num_embeddings)
+            if hasattr(m, getter):
+                configs.update({t.name: t for t in getattr(m, getter)()})
+    return configs
+
+
+def embedding_shape(module: nn.Module) -> tuple[int, int]:
+    """(the median width, rounded to a multiple of 4; the most rows) of ``module``'s embedding tables ((16, 1000) without any)."""
+    configs = table_configs(module).values()
+    dims, rows = [c.embedding_dim for c in configs], [c.num_embeddings for c in configs]
     if not dims:
         return 16, 1000
     return max(4, 4 * round(statistics.median(dims) / 4)), max(rows)  # FBGEMM's widths: multiples of 4

@@ -23,7 +23,7 @@ from torchrec.distributed.planner.types import Perf, ShardingOption
 
 from torchrec_het.plan_check import PlanPrediction
 from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
-from torchrec_het.planner.compute_probe import ComputeProbe
+from torchrec_het.planner.compute_probe import ComputeProbe, table_configs
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing, priced_options, priced_wire
 from torchrec_het.planner.qcomms import wire_precision
 from torchrec_het.planner.step_model import (
@@ -69,7 +69,7 @@ def compute_from_probe(probe: ComputeProbe, compute_device: str = "cpu", costs: 
     """The step model's compute from the plan-time probe, with the plugin types' calibrated extras
     (``costs``, default ``compute_costs.json``, on the device they were measured on)."""
     costs = costs or default_compute_costs()
-    extras = costs.extra_seconds_per_id if costs.applies_to(compute_device) else {}
+    extras = costs.extras_on(compute_device)
     return Compute(
         lookup_s_per_id=probe.lookup_s_per_id,
         dense_s_per_sample=probe.dense_s_per_sample,
@@ -260,11 +260,7 @@ def enough_link_speed(module: nn.Module, batch: int, probe: ComputeProbe, share:
     """A link speed (bytes/ms per rank) above which TorchRec's table_wise bytes of ``module``'s tables
     (ids and lengths; pooled bags both ways) cost under ``share`` of the measured compute: faster
     links change no choice."""
-    shapes = []
-    for m in module.modules():
-        for getter in ("embedding_bag_configs", "embedding_configs"):
-            if hasattr(m, getter):
-                shapes += [(len(t.feature_names), t.embedding_dim) for t in getattr(m, getter)()]
+    shapes = [(len(t.feature_names), t.embedding_dim) for t in table_configs(module).values()]
     ids = batch * sum(features for features, _ in shapes)
     per_rank = sum(batch * features * (12 + 2 * 4 * dim) for features, dim in shapes)
     compute_s = ids * probe.lookup_s_per_id + batch * probe.dense_s_per_sample

@@ -19,6 +19,7 @@ from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.types import ModuleSharder, ShardingType
 
 from torchrec_het import _compat
+from torchrec_het.planner.compute_probe import table_configs
 from torchrec_het.planner.estimators import HetPerfEstimator, HetStorageEstimator
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing, attach_options, attach_wire
 from torchrec_het.planner.qcomms import wire_precision
@@ -179,12 +180,7 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
 
 def table_rows(module: nn.Module) -> dict[str, int]:
     """Every EmbeddingBagCollection / EmbeddingCollection table of ``module``: name -> rows."""
-    rows = {}
-    for m in module.modules():
-        for getter in ("embedding_bag_configs", "embedding_configs"):
-            if hasattr(m, getter):
-                rows.update({t.name: t.num_embeddings for t in getattr(m, getter)()})
-    return rows
+    return {name: config.num_embeddings for name, config in table_configs(module).items()}
 
 
 def _plugin_types(sharder: ModuleSharder, device: str) -> list[str]:

@@ -100,7 +100,7 @@ def topology_inputs(topology: Topology, costs: ComputeCosts | None = None) -> Co
     compute = Compute(
         lookup_s_per_id=(costs.reference_seconds_per_id or 0.0) if on_device else 0.0,
         dense_s_per_sample=0.0,
-        extra_s_per_id=costs.extra_seconds_per_id if on_device else {},
+        extra_s_per_id=costs.extras_on(topology.compute_device),
         source="the calibration's stock lookup per id (compute_costs.json), not measured",
     )
     return CostInputs(Links(intra, inter, 0.0, "the topology's bandwidths"), compute, source="the topology alone")
