@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from torchrec_het.planner.access import check_not_empty
 from torchrec_het.planner.compute_costs import ENV_COSTS, ComputeCosts, load_compute_costs
+from torchrec_het.planner.compute_probe import parse_step_compute
 from torchrec_het.planner.network import parse_link_gbit, parse_switch
 from torchrec_het.replication.profile import AccessProfile, load_profile
 
@@ -108,6 +109,14 @@ SETTINGS: tuple[Setting, ...] = (
         parse=parse_link_gbit,
     ),
     Setting(
+        "TORCHREC_HET_STEP_COMPUTE",
+        "step_compute",
+        str,
+        "LOOKUP_NS,DENSE_US: the compute the planner prices with instead of measuring it (a lookup's forward, "
+        "backward and update in ns per id; the dense part's in us per sample)",
+        parse=parse_step_compute,
+    ),
+    Setting(
         "TORCHREC_HET_LINK_PROBE",
         "link_probe",
         str,
@@ -130,6 +139,7 @@ ENV_STALENESS, ENV_COMPUTE = SETTING_OF["embedding_staleness"].variable, SETTING
 ENV_PG_TIMEOUT = SETTING_OF["pg_timeout"].variable  # seconds
 ENV_LINK_GBIT, ENV_LINK_PROBE = SETTING_OF["link_gbit"].variable, SETTING_OF["link_probe"].variable
 ENV_RANKS_ON_MACHINE = SETTING_OF["ranks_on_machine"].variable
+ENV_STEP_COMPUTE = SETTING_OF["step_compute"].variable
 PROFILE_HINT = "python -m torchrec_het_bench.profile, or torchrec_het.replication.AccessProfiler on your own batches"
 
 

@@ -14,6 +14,7 @@ every replaced attribute back. Install before importing a script that binds
 
 import functools
 import inspect
+import math
 import os
 import sys
 import textwrap
@@ -32,6 +33,7 @@ from torchrec_het.env_settings import (
     ENV_ONLINE,
     ENV_PROFILE,
     ENV_STALENESS,
+    ENV_STEP_COMPUTE,
     PROFILE_HINT,
     SETTINGS,
     env_settings,
@@ -40,9 +42,11 @@ from torchrec_het.env_settings import (
 )
 from torchrec_het.planner.access import AccessModel, ProfileTiers, check_not_empty
 from torchrec_het.planner.compute_costs import ComputeCosts
+from torchrec_het.planner.compute_probe import parse_step_compute
 from torchrec_het.planner.network import LinkSettings, parse_link_gbit
 from torchrec_het.planner.planner import HetEmbeddingShardingPlanner
 from torchrec_het.planner.pricing import PluginPricing
+from torchrec_het.planner.step_model import Compute
 from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.profile import AccessProfile
 
@@ -75,6 +79,7 @@ def install(
     pg_timeout: float | timedelta | None = None,
     link_gbit: tuple[float | None, float | None] | str | None = None,
     link_probe: bool | None = None,
+    step_compute: tuple[float, float] | str | None = None,
 ) -> None:
     """Registers the plugin with TorchRec until :func:`uninstall` (calling it again re-installs).
 
@@ -118,6 +123,10 @@ def install(
             as the variable takes); default ``$TORCHREC_HET_LINK_GBIT``, else measured.
         link_probe: False: the planner measures nothing (it assumes what is not stated); default
             ``$TORCHREC_HET_LINK_PROBE`` (1/0), else True: ``collective_plan`` probes the links.
+        step_compute: ``(lookup, dense)``: a lookup's forward, backward and update in seconds per id
+            and the dense part's in seconds per sample, that the planner prices with instead of
+            measuring them at plan time (a string ``"LOOKUP_NS,DENSE_US"`` as the variable takes);
+            default ``$TORCHREC_HET_STEP_COMPUTE``, else measured.
     """
     global _state
     uninstall()
@@ -155,6 +164,7 @@ def install(
         per_host_tier=False,  # the tiers below know no topology: the planner prices what they build
     )
     links = install_links(link_gbit, link_probe, env)
+    compute = install_compute(step_compute, env)
     tiers = ProfileTiers(profile, None, sync, max_hot_fraction) if profile is not None else None
     replication = ReplicationConfig(
         tiers=tiers, replica_sync_every=sync, online_profile_steps=online, online_max_hot_fraction=max_hot_fraction
@@ -168,6 +178,7 @@ def install(
     _replace(
         state, HetEmbeddingShardingPlanner, "installed_links", links
     )  # its link settings; rank 0 prints the figures
+    _replace(state, HetEmbeddingShardingPlanner, "installed_compute", compute)
     for home in _compat.planner_homes():
         _replace(state, home, "EmbeddingShardingPlanner", HetEmbeddingShardingPlanner)
     _swap_sharders_given(state, HetEmbeddingShardingPlanner, "plan")  # the sharders a script gives it
@@ -182,6 +193,27 @@ def install(
     _state = state
     if os.environ.get("RANK", "0") == "0":
         print(f"torchrec_het: {pricing_rule(pricing)}", file=sys.stderr, flush=True)
+
+
+def install_compute(step_compute, env: dict) -> Compute | None:
+    """The compute the planner prices with from ``install()``'s argument, else the environment's (None: measured)."""
+    origin = "install(step_compute=...)"
+    if step_compute is None and env["step_compute"] is not None:
+        step_compute, origin = env["step_compute"], f"${ENV_STEP_COMPUTE}"
+    elif isinstance(step_compute, str):
+        step_compute = parse_step_compute(step_compute, origin)
+    elif step_compute is not None and (
+        not isinstance(step_compute, tuple | list)
+        or len(step_compute) != 2
+        or not all(isinstance(v, int | float) and 0 < v < math.inf for v in step_compute)
+    ):
+        raise ValueError(
+            f"{origin}: expected (lookup seconds per id, dense seconds per sample), both > 0, got {step_compute!r}"
+        )
+    if step_compute is None:
+        return None
+    lookup, dense = step_compute
+    return Compute(float(lookup), float(dense), source=f"stated ({origin})")
 
 
 def install_links(link_gbit, link_probe: bool | None, env: dict) -> LinkSettings:

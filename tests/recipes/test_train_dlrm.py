@@ -16,6 +16,7 @@ import torch
 from torchrec_het.planner.compute_costs import save_bytes_only_table
 from torchrec_het_testing.bench_runs import smoke_profile as write_smoke_profile
 from torchrec_het_testing.launched import LaunchedRun, first_match
+from torchrec_het_testing.stated_plan_figures import SLOW_LINK_PLAN
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/train_dlrm.py"
@@ -102,7 +103,7 @@ def test_killed_rank_is_restarted_and_resumes_from_last_checkpoint(tmp_path: Pat
     env["TORCHREC_HET_COMPUTE_COSTS"] = str(
         save_bytes_only_table(tmp_path / "on_par.json", "tests: on par with row_wise")
     )
-    env["TORCHREC_HET_LINK_GBIT"] = "0.05,0.05"
+    env.update(SLOW_LINK_PLAN)
     common = ["--steps", str(STEPS), "--eval-batches", "0", "--resume"]
     run_a = _launch(
         tmp_path, "a", ["--max-restarts", "1"],

@@ -43,16 +43,18 @@ def test_a_probe_measures_positive_figures_in_well_under_the_budget() -> None:
     assert "lookup" in probe.describe() and "dense" in probe.describe()
 
 
-def test_rounds_that_spread_are_measured_again_and_refused_if_they_still_spread(monkeypatch) -> None:
+def test_rounds_that_spread_are_measured_again_and_bounded_if_they_still_spread(monkeypatch) -> None:
     series = iter([[1.0, 5.0, 1.0], [1.0, 1.1, 1.0]])  # spread once, then steady: the second is used
-    figure, why = compute_probe._steady(lambda: next(series), "lookup")
-    assert (figure, why) == (1.0, "")
-    series = iter([[1.0, 5.0, 1.0], [1.0, 3.0, 1.0]])  # spread twice: refused, and said why
-    figure, why = compute_probe._steady(lambda: next(series), "lookup")
-    assert figure == 1.0 and "lookup probe's rounds spread 3.0x twice" in why
+    assert compute_probe._steady(lambda: next(series), "lookup") == (1.0, "", (1.0, 1.1))
+    series = iter([[1.0, 5.0, 1.0], [1.0, 3.0, 1.0]])  # spread twice: not steady, said why, both bounded
+    figure, why, bounds = compute_probe._steady(lambda: next(series), "lookup")
+    assert figure == 1.0 and "lookup probe's rounds spread 3.0x twice" in why and bounds == (1.0, 5.0)
     monkeypatch.setattr(compute_probe, "_lookup_rounds", lambda *args: [1e-7, 9e-7, 1e-7])
     probe = measure_compute(_Model(), batch=64, rounds=3)
     assert not probe.steady and "lookup" in probe.why and "NOT STEADY" in probe.describe()
+    assert probe.lookup_bounds == (1e-7, 9e-7)
+    low, high = probe.dense_bounds
+    assert low <= probe.dense_s_per_sample <= high
 
 
 def test_a_probe_says_what_it_measured() -> None:

@@ -52,9 +52,40 @@ def test_the_plugins_plan_is_kept_only_where_it_beats_torchrecs_by_more_than_the
     assert kept.chosen == "stock" and "not faster by more than the model's error (10%)" in kept.why
     assert decide(_step(95), _step(100), CostInputs(Links(1e9, 1e9), COMPUTE, margin=0.0), True).chosen == "plugin"
     refused = CostInputs(Links(1e9, 1e9), COMPUTE, refused="the lookup probe's rounds spread")
-    assert decide(_step(50), _step(100), refused, uses_plugin=True).chosen == "stock"
+    assert decide(_step(50), _step(100), refused, uses_plugin=True).chosen == "stock"  # no range to decide on
     assert decide(_step(50), _step(100), INPUTS, uses_plugin=False).chosen == "stock"
     assert decide(_step(50), None, INPUTS, uses_plugin=True).chosen == "plugin"  # nothing to compare with
+
+
+def test_unsteady_figures_decide_only_where_the_plugin_wins_across_their_range() -> None:
+    refused = CostInputs(Links(1e9, 1e9), COMPUTE, refused="the lookup probe's rounds spread")
+    everywhere = [(_step(50), _step(100)), (_step(70), _step(90))]  # 2.0x and 1.29x at the ends
+    won = decide(_step(60), _step(100), refused, True, corners=everywhere)
+    assert won.chosen == "plugin" and "at least 1.29x across the unsteady figures' range" in won.why
+    somewhere = [(_step(50), _step(100)), (_step(90), _step(95))]  # 1.06x at one end: within the margin
+    kept = decide(_step(60), _step(100), refused, True, corners=somewhere)
+    assert kept.chosen == "stock" and "as little as 1.06x" in kept.why and "lookup probe" in kept.why
+
+
+def test_a_noisy_compute_probe_still_plans_the_plugin_on_a_link_slow_enough_for_any_of_its_rounds(
+    monkeypatch,
+) -> None:
+    """The probe's rounds spread 5x (a loaded machine): at 0.05 Gbit/s table_wise's bytes dominate
+    whichever round was right, and the plugin's plan is kept; at 100 Gbit/s it is not."""
+    from torchrec_het.planner import planner as planner_module
+    from torchrec_het.planner.compute_probe import ComputeProbe
+
+    noisy = ComputeProbe(2e-7, 2e-5, 1000, 0.3, False, "the lookup probe's rounds spread 5.0x twice",
+                         (1e-7, 5e-7), (1e-5, 5e-5))  # fmt: skip
+    monkeypatch.setattr(planner_module, "measure_compute", lambda module, batch: noisy)
+    topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
+    for gbit, chosen in ((0.05, "plugin"), (100.0, "stock")):
+        planner = HetEmbeddingShardingPlanner(
+            topology=topology, batch_size=BATCH, pricing=_pricing(), link_gbit=(gbit, None)
+        )
+        planner.plan(_ebc(), [HetEmbeddingBagCollectionSharder()])
+        assert planner.decision.chosen == chosen, planner.decision.why
+        assert len(planner.cost_inputs.corners) == 4 and "NOT STEADY" in planner.cost_inputs.source
 
 
 def _planner(link_gbit: float) -> HetEmbeddingShardingPlanner:
@@ -120,3 +151,42 @@ def test_without_evidence_the_plan_is_torchrecs_own_plan_with_its_own_sharder() 
     assert planner.decision.chosen == "stock"
     got = {n: (p.sharding_type, p.ranks) for n, p in plan.plan[""].items()}
     assert got == {n: (p.sharding_type, p.ranks) for n, p in stock.plan[""].items()}
+
+
+@pytest.mark.parametrize("value", ["fast,1", "100", "0,20", "100,-1", "100,20,3"])
+def test_a_bad_stated_compute_names_its_variable_before_anything_starts(monkeypatch, value: str) -> None:
+    import torchrec_het
+    from torchrec_het.env_settings import check_environment
+
+    monkeypatch.setenv("TORCHREC_HET_STEP_COMPUTE", value)
+    with pytest.raises(ValueError, match="TORCHREC_HET_STEP_COMPUTE"):
+        check_environment()  # what the launcher runs before torchrun
+    with pytest.raises(ValueError, match="TORCHREC_HET_STEP_COMPUTE"):
+        torchrec_het.install()
+
+
+def test_stated_compute_is_priced_and_no_probe_runs(monkeypatch) -> None:
+    """``$TORCHREC_HET_STEP_COMPUTE`` (or ``install(step_compute=...)``) replaces the plan-time probe."""
+    import torchrec_het
+    from torchrec_het.planner import planner as planner_module
+
+    def no_probe(*args):
+        raise AssertionError("the compute probe ran although the compute was stated")
+
+    monkeypatch.setattr(planner_module, "measure_compute", no_probe)
+    monkeypatch.setenv("TORCHREC_HET_STEP_COMPUTE", "200,30")
+    topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
+    try:
+        torchrec_het.install(link_gbit="0.05,")
+        planner = HetEmbeddingShardingPlanner(topology=topology, batch_size=BATCH, pricing=_pricing())
+        planner.plan(_ebc(), [HetEmbeddingBagCollectionSharder()])
+        compute = planner.cost_inputs.compute
+        assert (compute.lookup_s_per_id, compute.dense_s_per_sample) == pytest.approx((200e-9, 30e-6))
+        assert "$TORCHREC_HET_STEP_COMPUTE" in compute.source and not planner.cost_inputs.refused
+        torchrec_het.install(step_compute=(1e-7, 2e-5))  # the argument wins over the variable
+        assert HetEmbeddingShardingPlanner.installed_compute.source == "stated (install(step_compute=...))"
+        with pytest.raises(ValueError, match="install\\(step_compute=...\\)"):
+            torchrec_het.install(step_compute=(1e-7,))
+    finally:
+        torchrec_het.uninstall()
+    assert HetEmbeddingShardingPlanner.installed_compute is None

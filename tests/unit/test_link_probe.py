@@ -89,6 +89,7 @@ def test_a_dispersed_series_is_re_measured_and_a_steady_re_measure_counts() -> N
     once = ModelledRounds(rate, noise=lambda nbytes, nth: 2.0 if nbytes == final and nth == 3 else 1.0)
     measured = measure_kind(once, budget)
     assert measured.steady and measured.bytes_per_ms == pytest.approx(rate, rel=1e-9)
+    assert measured.bounds == pytest.approx((rate, rate), rel=1e-9)  # the re-measure's rounds only
     assert once.sizes.count(final) == 2 + 2 * budget.repeats  # the repeats, and the re-measure
 
 
@@ -98,6 +99,8 @@ def test_a_series_that_stays_dispersed_is_not_steady() -> None:
     rounds = ModelledRounds(rate, noise=lambda nbytes, nth: 2.0 if nbytes == final and nth >= 2 and nth % 2 else 1.0)
     measured = measure_kind(rounds, budget)
     assert not measured.steady and "re-measured" in measured.why and "spread 2.00x" in measured.why
+    low, high = measured.bounds  # every round of the final size: the slow ones and the fast ones
+    assert low < measured.bytes_per_ms <= high and high == pytest.approx(rate, rel=1e-9) and high / low > 1.9
     assert rounds.sizes.count(final) == 2 + 2 * budget.repeats
     assert measured.rounds == rounds.rounds <= budget.max_rounds
     assert measured.bytes_sent <= budget.max_bytes_per_kind()

@@ -4,9 +4,10 @@ Two short probes, each repeated in rounds whose median is used: a FBGEMM TBE loo
 backward and fused row-wise Adagrad update) of the model's width, per id; and the dense part: every
 ``nn.Linear`` of the model outside its embedding modules, rebuilt at its shape, run forward and
 backward with an Adagrad step on random rows at the batch size (a model without one: a square
-layer of 256, and 6 flops per dense parameter and sample). A probe whose rounds spread more than :data:`SPREAD` is measured once more; if it
-still spreads, it is refused (``steady`` False) and the planner keeps TorchRec's plan: a figure
-taken on a disturbed machine must not decide.
+layer of 256, and 6 flops per dense parameter and sample). A probe whose rounds spread more than
+:data:`SPREAD` is measured once more; if it still spreads, it is not steady: its median is not
+priced alone, and the planner keeps the plugin's plan only where it wins across the rounds' range
+(``*_bounds``; :func:`~torchrec_het.planner.cost_model.decide`).
 """
 
 import statistics
@@ -33,8 +34,10 @@ class ComputeProbe:
         dense_s_per_sample: the dense part's forward and backward, seconds per sample.
         dense_params: the model's parameters outside its embedding modules.
         seconds: what the probe took (the slowest rank's).
-        steady: both probes' rounds agreed within :data:`SPREAD` (else the figures are not priced).
+        steady: both probes' rounds agreed within :data:`SPREAD` (else the medians are not priced alone).
         why: when not steady, which probe spread and how much.
+        lookup_bounds, dense_bounds: the fastest and slowest rounds' figures (low, high); None: the
+            median only (stated figures).
     """
 
     lookup_s_per_id: float
@@ -43,6 +46,8 @@ class ComputeProbe:
     seconds: float
     steady: bool = True
     why: str = ""
+    lookup_bounds: tuple[float, float] | None = None
+    dense_bounds: tuple[float, float] | None = None
 
     def describe(self) -> str:
         line = (
@@ -50,6 +55,25 @@ class ComputeProbe:
             f"dense {self.dense_s_per_sample * 1e6:.1f} us/sample ({self.dense_params} parameters)"
         )
         return line if self.steady else f"{line}; NOT STEADY: {self.why}"
+
+
+def parse_step_compute(text: str, origin: str) -> tuple[float, float]:
+    """``"LOOKUP_NS,DENSE_US"``: a lookup's forward, backward and update in ns per id, and the dense
+    part's in us per sample; returns them in seconds.
+
+    Raises:
+        ValueError: naming ``origin``.
+    """
+    fields = text.split(",")
+    values = []
+    for field in fields if len(fields) == 2 else ():
+        try:
+            values.append(float(field))
+        except ValueError:
+            break
+    if len(values) != 2 or not all(0 < v < float("inf") for v in values):
+        raise ValueError(f"{origin} must be 'LOOKUP_NS,DENSE_US' (ns per id, us per sample, both > 0), got {text!r}")
+    return values[0] * 1e-9, values[1] * 1e-6
 
 
 def dense_parameters(module: nn.Module) -> int:
@@ -83,40 +107,52 @@ def measure_compute(module: nn.Module, batch: int, rounds: int = 5) -> ComputePr
     start = time.perf_counter()
     dim, rows = embedding_shape(module)
     params = dense_parameters(module)
-    lookup, lookup_why = _steady(lambda: _lookup_rounds(dim, min(rows, MAX_PROBE_ROWS), batch, rounds), "lookup")
+    lookup, lookup_why, lookup_bounds = _steady(
+        lambda: _lookup_rounds(dim, min(rows, MAX_PROBE_ROWS), batch, rounds), "lookup"
+    )
     shapes = linear_shapes(module)
     if shapes:
-        step, rate_why = _steady(lambda: _linear_rounds(shapes, batch, rounds), "dense layers")
-        dense = step / batch
+        step, rate_why, (fast, slow) = _steady(lambda: _linear_rounds(shapes, batch, rounds), "dense layers")
+        dense, dense_bounds = step / batch, (fast / batch, slow / batch)
     else:
-        rate, rate_why = _steady(lambda: _matmul_rounds(batch, rounds), "dense matmul")
-        dense = DENSE_FLOPS_PER_PARAM * params / rate if rate > 0 else 0.0
+        rate, rate_why, (low, high) = _steady(lambda: _matmul_rounds(batch, rounds), "dense matmul")
+        seconds = DENSE_FLOPS_PER_PARAM * params
+        dense = seconds / rate if rate > 0 else 0.0
+        dense_bounds = (seconds / high, seconds / low) if low > 0 else (dense, dense)
     why = "; ".join(w for w in (lookup_why, rate_why) if w)
-    return ComputeProbe(lookup, dense, params, time.perf_counter() - start, not why, why)
+    return ComputeProbe(lookup, dense, params, time.perf_counter() - start, not why, why, lookup_bounds, dense_bounds)
 
 
 def agree(probe: ComputeProbe, group: dist.ProcessGroup) -> ComputeProbe:
     """Every rank's probe made one: the slowest rank's figures (it sets the step), steady only where
     every rank's was. A collective: every rank of ``group`` calls it."""
+    lookup_bounds = probe.lookup_bounds or (probe.lookup_s_per_id,) * 2
+    dense_bounds = probe.dense_bounds or (probe.dense_s_per_sample,) * 2
     figures = torch.tensor(
-        [probe.lookup_s_per_id, probe.dense_s_per_sample, probe.seconds, 0.0 if probe.steady else 1.0],
+        [probe.lookup_s_per_id, probe.dense_s_per_sample, probe.seconds, 0.0 if probe.steady else 1.0,
+         *lookup_bounds, *dense_bounds],
         dtype=torch.float64,
-    )
+    )  # fmt: skip
     dist.all_reduce(figures, op=dist.ReduceOp.MAX, group=group)
-    lookup, dense, seconds, unsteady = (float(v) for v in figures)
+    lookup, dense, seconds, unsteady, *bounds = (float(v) for v in figures)
     why = probe.why or ("another rank's probe was not steady" if unsteady else "")
-    return ComputeProbe(lookup, dense, probe.dense_params, seconds, not unsteady, why)
+    return ComputeProbe(
+        lookup, dense, probe.dense_params, seconds, not unsteady, why, (bounds[0], bounds[1]), (bounds[2], bounds[3])
+    )
 
 
-def _steady(measure, name: str) -> tuple[float, str]:
-    """The median of ``measure()``'s rounds, measured again once when they spread; (figure, why not steady)."""
-    spread = 0.0
+def _steady(measure, name: str) -> tuple[float, str, tuple[float, float]]:
+    """The median of ``measure()``'s rounds, measured again once when they spread; (figure, why not
+    steady, (lowest, highest) of the rounds the figure came from: both measures' when not steady)."""
+    spread, seen = 0.0, []
     for _ in range(2):
         rounds = measure()
+        seen += rounds
         spread = max(rounds) / min(rounds) if min(rounds) > 0 else float("inf")
         if spread <= SPREAD:
-            return statistics.median(rounds), ""
-    return statistics.median(rounds), f"the {name} probe's rounds spread {spread:.1f}x twice (at most {SPREAD:g}x)"
+            return statistics.median(rounds), "", (min(rounds), max(rounds))
+    why = f"the {name} probe's rounds spread {spread:.1f}x twice (at most {SPREAD:g}x)"
+    return statistics.median(rounds), why, (min(seen), max(seen))
 
 
 def _lookup_rounds(dim: int, rows: int, batch: int, rounds: int) -> list[float]:

@@ -16,6 +16,7 @@ Types the step model has no bytes for (``table_row_wise``, ``grid_shard``) are p
 """
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from torch import nn
@@ -52,7 +53,9 @@ class CostInputs:
         pipeline: the trainer's pipeline the plan is for (``plain``, ``sparse_dist``, ``hybrid``).
         dense_params: parameters the dense all-reduce sums.
         margin: the plugin's plan must be predicted faster than TorchRec's by more than this share.
-        refused: why the figures must not decide (a probe was not steady); empty when they may.
+        refused: why the figures must not decide alone (a probe was not steady); empty when they may.
+        corners: with ``refused``, the (links, compute) at the ends of the unsteady probes' rounds:
+            the plugin's plan is kept only where it wins at each (:func:`decide`).
         source: where the figures came from (one line).
     """
 
@@ -63,6 +66,11 @@ class CostInputs:
     margin: float = DEFAULT_MARGIN
     refused: str = ""
     source: str = ""
+    corners: tuple[tuple[Links, Compute], ...] = ()
+
+    def at_corners(self) -> list["CostInputs"]:
+        """These inputs at each of ``corners`` (none when the figures were steady)."""
+        return [dataclasses.replace(self, links=links, compute=compute, corners=()) for links, compute in self.corners]
 
 
 def compute_from_probe(probe: ComputeProbe, compute_device: str = "cpu", costs: ComputeCosts | None = None) -> Compute:
@@ -183,25 +191,42 @@ class Decision:
         return self.plugin if self.chosen == "plugin" else self.stock
 
 
+def _ratio(plugin: StepPrediction, stock: StepPrediction) -> float:
+    return stock.total / plugin.total if plugin.total > 0 else float("inf")
+
+
 def decide(
     plugin: StepPrediction,
     stock: StepPrediction | None,
     inputs: CostInputs,
     uses_plugin: bool,
     none_offered: str = "",
+    corners: Sequence[tuple[StepPrediction, StepPrediction]] = (),
 ) -> Decision:
     """The plugin's plan where it holds plugin types and is predicted faster than TorchRec's by more
-    than the margin; else TorchRec's (also when the figures were refused). ``none_offered``: why no
-    table could take a plugin type, if none could."""
+    than the margin; else TorchRec's. Figures a probe could not measure steadily (``inputs.refused``)
+    decide only through ``corners``, both plans priced at each end of the probes' rounds: the
+    plugin's plan must win by the margin at every one (none given: TorchRec's plan).
+    ``none_offered``: why no table could take a plugin type, if none could."""
     if stock is None:
         return Decision("plugin", plugin, None, "TorchRec's planner found no plan to compare with")
     if not uses_plugin:
         why = none_offered or "no table is predicted faster with a plugin type"
         return Decision("stock", plugin, stock, f"TorchRec's plan: {why}")
-    if inputs.refused:
-        return Decision("stock", plugin, stock, f"TorchRec's plan kept: {inputs.refused}")
-    ratio = stock.total / plugin.total if plugin.total > 0 else float("inf")
+    ratio = _ratio(plugin, stock)
     figures = f"predicted {plugin.total * 1e3:.1f} ms/step against TorchRec's plan's {stock.total * 1e3:.1f} ms"
+    if inputs.refused:
+        if not corners:
+            return Decision("stock", plugin, stock, f"TorchRec's plan kept: {inputs.refused}")
+        worst = min(ratio, *(_ratio(p, s) for p, s in corners))
+        if worst > 1.0 + inputs.margin:
+            why = f"plugin types {figures} ({ratio:.2f}x; at least {worst:.2f}x across the unsteady figures' range)"
+            return Decision("plugin", plugin, stock, why)
+        return Decision(
+            "stock", plugin, stock,
+            f"TorchRec's plan kept: {inputs.refused}, and across their range the plugin's plan is as little as "
+            f"{worst:.2f}x TorchRec's (needs more than {1.0 + inputs.margin:.2f}x)",
+        )  # fmt: skip
     if ratio > 1.0 + inputs.margin:
         return Decision("plugin", plugin, stock, f"plugin types {figures} ({ratio:.2f}x)")
     return Decision(

@@ -97,6 +97,8 @@ class LinkMeasurement:
         why: what was not steady ("" when steady).
         enough: the escalation stopped at a round faster than ``ProbeBudget.enough_bytes_per_ms``:
             ``bytes_per_ms`` is that round's rate, a lower bound of the link's.
+        bounds: (low, high) rates of the slowest and the fastest round of the final size the figure
+            came from (every one measured when not steady); None when not known (``enough``).
     """
 
     bytes_per_ms: float
@@ -107,6 +109,7 @@ class LinkMeasurement:
     steady: bool = True
     why: str = ""
     enough: bool = False
+    bounds: tuple[float, float] | None = None
 
     @property
     def gbit_per_s(self) -> float:
@@ -228,6 +231,13 @@ def unsteady(times: Sequence[float], max_spread: float) -> str:
     return ""
 
 
+def used_rounds(first: Sequence[float], again: Sequence[float] | None, max_spread: float) -> list[float]:
+    """The final size's rounds :func:`settle` takes its figure from."""
+    if not unsteady(first, max_spread) or not again:
+        return list(first)
+    return list(again) if not unsteady(again, max_spread) else [*first, *again]
+
+
 def settle(first: Sequence[float], again: Sequence[float] | None, max_spread: float) -> tuple[float, bool, str]:
     """(seconds, steady, why) of the final size from its rounds ``first`` and, when those were not
     steady, the re-measure ``again`` (None or empty: none ran). Steady rounds give their median; a
@@ -330,10 +340,18 @@ def measure_kind(rounds: _Rounds, budget: ProbeBudget) -> LinkMeasurement:
     if unsteady(times, budget.max_spread):
         again = _repeat(rounds, size, budget.repeats, statistics.median(times))
     seconds, steady, why = settle(times, again, budget.max_spread)
-    if large <= tiny:  # nothing to separate: a lower bound
-        return LinkMeasurement(large / (seconds * 1e3), 0.0, rounds.rounds, rounds.bytes_sent, False, steady, why)
-    bytes_per_ms, latency_ms, fitted = fit_link(tiny, tiny_s, large, seconds)
-    return LinkMeasurement(bytes_per_ms, latency_ms, rounds.rounds, rounds.bytes_sent, fitted, steady, why)
+    used = used_rounds(times, again, budget.max_spread)
+
+    def rate(round_s: float) -> tuple[float, float, bool]:
+        if large <= tiny:  # nothing to separate: a lower bound
+            return large / (round_s * 1e3), 0.0, False
+        return fit_link(tiny, tiny_s, large, round_s)
+
+    bytes_per_ms, latency_ms, fitted = rate(seconds)
+    bounds = (rate(max(used))[0], rate(min(used))[0])
+    return LinkMeasurement(
+        bytes_per_ms, latency_ms, rounds.rounds, rounds.bytes_sent, fitted, steady, why, bounds=bounds
+    )
 
 
 def _repeat(rounds: _Rounds, size: int, count: int, estimate_s: float) -> list[float]:

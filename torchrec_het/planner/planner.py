@@ -87,6 +87,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     # "installed": rank 0 then prints the link figures on stderr when it plans.
     installed_pricing: ClassVar[PluginPricing | None] = None
     installed_links: ClassVar[LinkSettings | None] = None
+    installed_compute: ClassVar[Compute | None] = None  # install(step_compute=...) / $TORCHREC_HET_STEP_COMPUTE
 
     def __init__(
         self,
@@ -105,7 +106,8 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         given = inspect.signature(EmbeddingShardingPlanner.__init__).bind(self, *args, **kwargs).arguments
         topology, _, _ = _compat.planner_settings(self)
         self.link_settings = link_settings(link_gbit, link_probe, self.installed_links)
-        self.pipeline, self.margin, self.stated_compute = pipeline, margin, compute
+        self.pipeline, self.margin = pipeline, margin
+        self.stated_compute = compute if compute is not None else self.installed_compute
         self._het_topology = topology  # as given: the figures replace its bandwidths
         self._het_cpu_bandwidths = cpu_bandwidths
         self._het_pricing = pricing or default_pricing()
@@ -228,7 +230,11 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             plugin_step = self._plan_step(best, by_key, inputs)
             stock_step = self._plan_step(stock, by_key, inputs) if stock is not None else None
             uses_plugin = any(o.sharding_type in PLUGIN_TYPES for o in best)
-            self.decision = decide(plugin_step, stock_step, inputs, uses_plugin, none_offered)
+            corners = []
+            if stock is not None and uses_plugin:
+                for corner in inputs.at_corners():
+                    corners.append((self._plan_step(best, by_key, corner), self._plan_step(stock, by_key, corner)))
+            self.decision = decide(plugin_step, stock_step, inputs, uses_plugin, none_offered, corners)
             return best if self.decision.chosen == "plugin" else stock
 
         with _compat.planner_callback_first(self, choose):
@@ -272,9 +278,10 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                 dense_s_per_sample=0.0,
                 source=f"not measured on {topology.compute_device}",
             )
+        corners = _corners(links, compute, probe, figures.probe) if refused else ()
         return CostInputs(
             links, compute, self.pipeline, probe.dense_params, self.margin, "; ".join(refused),
-            f"{figures.describe()}; {probe.describe()}",
+            f"{figures.describe()}; {probe.describe()}", corners,
         )  # fmt: skip
 
     def _plan_step(self, options: list[ShardingOption], by_key: dict, inputs: CostInputs) -> StepPrediction:
@@ -373,6 +380,30 @@ def link_settings(
 def default_pricing() -> PluginPricing:
     """The pricing ``torchrec_het.install()`` was given, else ``PluginPricing()``."""
     return HetEmbeddingShardingPlanner.installed_pricing or PluginPricing()
+
+
+def _corners(links: Links, compute: Compute, probe: ComputeProbe, link_probe) -> tuple[tuple[Links, Compute], ...]:
+    """The links and compute at the ends of the probes' rounds: the slow and the fast link (each
+    measured kind scaled by its rounds' range) by the fast and the slow compute."""
+
+    def scaled(figure: float, kind: str, end: int) -> float:
+        measured = link_probe.measurements().get(kind) if link_probe is not None else None
+        if measured is None or measured.bounds is None or not measured.bytes_per_ms > 0:
+            return figure
+        return figure * measured.bounds[end] / measured.bytes_per_ms
+
+    link_ends = [
+        dataclasses.replace(links, intra=scaled(links.intra, "intra", end), inter=scaled(links.inter, "inter", end))
+        for end in (0, 1)
+    ]
+    lookup = probe.lookup_bounds or (compute.lookup_s_per_id,) * 2
+    dense = probe.dense_bounds or (compute.dense_s_per_sample,) * 2
+    compute_ends = [
+        dataclasses.replace(compute, lookup_s_per_id=lookup[end], dense_s_per_sample=dense[end]) for end in (0, 1)
+    ]
+    if compute.source.startswith("not measured"):  # the probe's figures were not priced at all
+        compute_ends = [compute]
+    return tuple((link, work) for link in link_ends for work in compute_ends)
 
 
 def _rank() -> int:
