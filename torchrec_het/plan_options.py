@@ -35,6 +35,9 @@ class ReplicaOptions:
             or counted online). Each rank takes the ids from its own copy of that profile.
         online_profile_steps: > 0: the hot rows are chosen from the reads of the first this many steps.
         online_max_hot_fraction: cap of the online choice.
+        lookahead: bags: while a step runs, owners send the next batch's partial sums of rows that
+            step's update leaves alone, and at the next lookup only the others
+            (:mod:`~torchrec_het.sharding.row_replicated.lookahead`); exact.
     """
 
     replica_sync_every: int = 1
@@ -45,8 +48,14 @@ class ReplicaOptions:
     profile: str | None = None
     online_profile_steps: int = 0
     online_max_hot_fraction: float = 0.5
+    lookahead: bool = False
 
     def __post_init__(self) -> None:
+        if self.lookahead and self.online_profile_steps > 0 and self.replicated_rows is None:
+            raise ValueError(
+                "lookahead needs the hot rows known when planning (a profile or given tiers), not counted online "
+                f"(online_profile_steps={self.online_profile_steps})"
+            )
         if self.replica_sync_every < 1:
             raise ValueError(f"replica_sync_every must be >= 1, got {self.replica_sync_every}")
         for name in ("replicated_rows", "per_host_rows"):
@@ -69,7 +78,7 @@ class ReplicaOptions:
 
     def module_settings(self) -> tuple:
         """What every table of one sharding must share (they run one replica holder)."""
-        return (self.replica_sync_every, self.skip_all_hot, self.local_world_size, self.counted_online, self.online_profile_steps, self.online_max_hot_fraction)  # fmt: skip
+        return (self.replica_sync_every, self.skip_all_hot, self.local_world_size, self.counted_online, self.online_profile_steps, self.online_max_hot_fraction, self.lookahead)  # fmt: skip
 
     def ranks_per_host(self, world_size: int) -> int:
         """Ranks per host on ``world_size`` ranks (``local_world_size``, else ``$LOCAL_WORLD_SIZE``, else one host)."""

@@ -64,6 +64,13 @@ def _replication(case: EquivalenceCase, rank: int, r: dict) -> list[str]:
             and not (counters["skipped_steps"] == 0 and counters["steps"] == case.steps)
         ):
             problems.append(f"{where}: skip_all_hot=False, yet all-hot steps skipped the cold exchange")
+        if settings.lookahead and not case.hot_only and case.sharding_type == "het_row_replicated":
+            # bags of one width: partials sent early and (tiny tables: rows read by consecutive batches) late
+            early, late = counters.get("lookahead_early", 0), counters.get("lookahead_late", 0)
+            if case.tables == "bags_one_width" and not (early > 0 and (late > 0 or case.pipeline == "plain")):
+                problems.append(f"{where}: lookahead sent {early} partials early and {late} late")
+            if case.tables != "bags_one_width" and "lookahead_early" in counters:
+                problems.append(f"{where}: lookahead ran where the owner's kernels pool (several widths)")
         if "rows_fetched" in counters:  # sequences: each distinct remote row crosses once per step
             remote = r["remote_rows"][module]
             if hot or settings.online_profile_steps:

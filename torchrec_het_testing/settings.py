@@ -42,6 +42,7 @@ class ReplicaSettings:
         from_profile: the hot rows are the ones the access profile the planner priced names, by
             the planner's rule on its topology (``get_het_sharders(profile=..., topology=...)``);
             ``hot``, ``per_host`` and ``stride`` are not used.
+        lookahead: owners send the next batch's partial sums early (bags).
     """
 
     hot: int = 8
@@ -51,6 +52,7 @@ class ReplicaSettings:
     online_profile_steps: int = 0
     skip_all_hot: bool = True
     from_profile: bool = False
+    lookahead: bool = False
 
 
 def describe(settings: CacheSettings | ReplicaSettings | None) -> str:
@@ -68,7 +70,8 @@ def describe(settings: CacheSettings | ReplicaSettings | None) -> str:
         name = f"hot{settings.hot}" + (f"_per_host{settings.per_host}" if settings.per_host else "")
         name += f"_stride{settings.stride}" if settings.stride != 1 else ""
     name += f"_sync{settings.sync_every}" if settings.sync_every != 1 else ""
-    return name + ("" if settings.skip_all_hot else "_no_skip")
+    name += "" if settings.skip_all_hot else "_no_skip"
+    return name + ("_lookahead" if settings.lookahead else "")
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,6 +112,7 @@ def replication_config(
         local_world_size=local_world_size or world_size,
         skip_all_hot=settings.skip_all_hot,
         online_profile_steps=settings.online_profile_steps,
+        lookahead=settings.lookahead,
     )
 
 

@@ -82,6 +82,22 @@ def _cases(world_size: int) -> list[EquivalenceCase]:
     out.append(EquivalenceCase("bags", REP, no_skip, "rowwise_adagrad", hot_only=True, **ws))
     out.append(EquivalenceCase("sequences", REP, ReplicaSettings(hot=6, per_host=2, stride=3), "rowwise_adagrad",
                                stock_tables=("s2",), **ws))  # fmt: skip
+    return out + lookahead_cases(world_size)
+
+
+def lookahead_cases(world_size: int) -> list[EquivalenceCase]:
+    """Lookahead on (owners send the next batch's partials early): the owners' cases above, unchanged."""
+    ws = {"world_size": world_size}
+    hot, none = ReplicaSettings(hot=8, lookahead=True), ReplicaSettings(hot=0, lookahead=True)
+    per_host = ReplicaSettings(hot=4, per_host=3, lookahead=True)
+    out = []
+    for optimizer in ALL_OPTIMIZERS:
+        for pipeline in ("plain", "sparse_dist"):
+            out.append(EquivalenceCase("bags_one_width", REP, hot, optimizer, pipeline, **ws))
+    out.append(EquivalenceCase("bags_one_width", REP, none, "adagrad", "sparse_dist", **ws))
+    out.append(EquivalenceCase("bags_one_width", REP, per_host, "rowwise_adagrad", "sparse_dist",
+                               world_size=world_size, local_world_size=1))  # fmt: skip
+    out.append(EquivalenceCase("bags", REP, ReplicaSettings(hot=8, lookahead=True), "sgd", "sparse_dist", **ws))
     return out
 
 

@@ -56,6 +56,9 @@ class ReplicationConfig:
             at least once per ``replica_sync_every`` steps (at most ``online_max_hot_fraction``
             of a table), chosen from the counts of all ranks. 0: off.
         online_max_hot_fraction: cap of the online choice, per table.
+        lookahead: bags under TorchRec's ``TrainPipelineSparseDist``: while step i runs, owners send
+            batch i + 1's partial sums of the rows step i's update leaves alone; at batch i + 1's
+            lookup only the others travel. Exact; needs hot rows known when planning.
     """
 
     tiers: object | None = None
@@ -64,8 +67,14 @@ class ReplicationConfig:
     local_world_size: int | None = None
     online_profile_steps: int = 0
     online_max_hot_fraction: float = 0.5
+    lookahead: bool = False
 
     def __post_init__(self) -> None:
+        if self.lookahead and self.online_profile_steps > 0:
+            raise ValueError(
+                "lookahead needs the hot rows known when planning (tiers or a profile), not counted online "
+                f"(online_profile_steps={self.online_profile_steps})"
+            )
         if self.online_profile_steps < 0:
             raise ValueError(f"online_profile_steps must be >= 0, got {self.online_profile_steps}")
         if not 0.0 <= self.online_max_hot_fraction <= 1.0:
@@ -101,5 +110,5 @@ class ReplicationConfig:
                 fingerprint = getattr(self.tiers, "fingerprint", None)
         return ReplicaOptions(
             self.replica_sync_every, self.skip_all_hot, self.local_world_size, sizes[0], sizes[1],
-            fingerprint, self.online_profile_steps, self.online_max_hot_fraction,
+            fingerprint, self.online_profile_steps, self.online_max_hot_fraction, self.lookahead,
         )  # fmt: skip

@@ -43,6 +43,13 @@ class Exchange:
         self.send_dtype, self.send_shape = torch.float32, torch.Size()
         self.deferred_backward = None  # the send's own backward, run once its gradient has arrived
         self.owed: list | None = None  # where a backward on the main thread leaves it for its owner
+        self.forward_elsewhere = False  # the forward's payload travels by other exchanges (:meth:`arrive`)
+        self.arrived = False
+
+    def arrive(self, received: torch.Tensor) -> None:
+        """What the forward's payload came to by other exchanges (decoded, flat, by source): ``wait()``
+        returns it; the backward runs as for a payload this exchange sent."""
+        self.received, self.arrived = received, True
 
     def start_gradient(self, grad: torch.Tensor) -> None:
         """Sends the received tensor's gradient back the reverse way (its backward's exchange). Under a
@@ -107,9 +114,10 @@ class _Send(torch.autograd.Function):
     def forward(ctx, exchange: Exchange, send: torch.Tensor):
         ctx.exchange = exchange
         exchange.send_dtype, exchange.send_shape = send.dtype, send.shape
-        exchange.work, exchange.received = exchange._start(
-            send.detach().reshape(-1), exchange.send_splits, exchange.recv_splits, 0
-        )
+        if not exchange.forward_elsewhere:
+            exchange.work, exchange.received = exchange._start(
+                send.detach().reshape(-1), exchange.send_splits, exchange.recv_splits, 0
+            )
         return torch.empty(0, device=send.device, dtype=send.dtype)
 
     @staticmethod
@@ -130,6 +138,10 @@ class _Receive(torch.autograd.Function):
         # which autograd makes this node's output; kept on the exchange, output -> node ->
         # ctx.exchange -> output would be a cycle gc cannot free.
         received, exchange.work, exchange.received = exchange.received, None, None
+        if exchange.forward_elsewhere:
+            if not exchange.arrived:
+                raise RuntimeError("an exchange whose forward travels elsewhere was waited before it arrived")
+            return received.to(dummy.dtype)
         return exchange._decoded(received, exchange.recv_splits, 0).to(dummy.dtype)
 
     @staticmethod
@@ -169,7 +181,7 @@ def after_backward_pass(fn) -> None:
 def start_exchange(
     send: torch.Tensor, send_splits: list[int], recv_splits: list[int], pg, local_only: bool,
     codecs: WireCodecs | None = None, defer_backward: list | None = None, on_gradient=None,
-    grad_scale: float = 1.0,
+    grad_scale: float = 1.0, forward_elsewhere: bool = False,
 ) -> Exchange:  # fmt: skip
     """Starts sending ``send`` (flattened: segments by destination); ``wait()`` returns a flat
     tensor and is differentiable. ``codecs``: a float payload's quantized-comms codecs (forward:
@@ -180,8 +192,11 @@ def start_exchange(
     backward pass on the main thread appends the exchange to this list, for the owner to call
     :meth:`Exchange.hand_over` when it next needs what that backward updates; one on a worker
     thread runs it at the end of its pass. ``on_gradient``: with ``defer_backward``, what that
-    backward is (called with the gradient) for a ``send`` computed outside autograd."""
+    backward is (called with the gradient) for a ``send`` computed outside autograd.
+    ``forward_elsewhere``: nothing is sent now; the payload arrives by other exchanges
+    (:meth:`Exchange.arrive`, before ``wait()``), and the backward is this exchange's as usual."""
     exchange = Exchange(send_splits, recv_splits, pg, local_only, dist.get_rank(pg), codecs, grad_scale)
+    exchange.forward_elsewhere = forward_elsewhere
     if defer_backward is not None and (on_gradient is not None or send.requires_grad):
         graph = send if send.requires_grad else None
         send = send.detach().requires_grad_()

@@ -47,6 +47,8 @@ class ReplicatedBagBatch:
     received: OwnerValues | None = None  # owner: the values received for its kernels' rows, in arrival order
     partial_at: tuple | None = None  # owner: (row, position, rows) of each partial in the kernels' compact output
     host_values: tuple | None = None  # holder: (block slots, element start of their partial, weights) of per-host ids
+    host_entries: torch.Tensor | None = None  # holder: the entries of those ids
+    early: object = None  # lookahead: the partials sent before the lookup (lookahead.EarlyPartials)
     hot_read: list | None = None  # reader: per block, its hot values pooled at the lookup (PooledHotRead)
     owner: OwnerBatch | None = None  # owner: the values it pools and steps itself (owner.py; else partial_at)
     owed: list | None = None  # lookup -> output dist: where the owners' deferred backward waits (ReplicaHolder.owed)

@@ -20,6 +20,7 @@ from torchrec_het.sharding.common.exchange import Exchange, start_exchange
 from torchrec_het.sharding.common.id_space import bag_divisors, sample_major
 from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source, output_layout
 from torchrec_het.sharding.row_replicated.batch import HotValues, ReplicatedBagBatch, ReplicatedSequenceBatch
+from torchrec_het.sharding.row_replicated.lookahead import arrived_partials, late_partials
 from torchrec_het.sharding.row_replicated.owner import OwnerValues
 from torchrec_het.sharding.row_replicated.placement import ReplicaPlacement
 from torchrec_het.sharding.row_replicated.routing import IdLayout
@@ -159,14 +160,17 @@ class ColdIdsDist(_ReplicaIdsDist):
             kernel, held = (~held).nonzero().flatten(), held.nonzero().flatten()
             widths = self.layout.dims.index_select(0, entry_position)
             starts = torch.cumsum(widths, 0) - widths  # each entry's first element in the partials
+            step.host_entries = entry_of.index_select(0, held)
             step.host_values = (
                 -1 - rows.index_select(0, held),
-                starts.index_select(0, entry_of.index_select(0, held)),
+                starts.index_select(0, step.host_entries),
                 None if weights is None else weights.index_select(0, held),
             )
             rows, entry_of = rows.index_select(0, kernel), entry_of.index_select(0, kernel)
             weights = None if weights is None else weights.index_select(0, kernel)
         step.received = OwnerValues(rows, entry_of, weights, entry_position)
+        if self.placement.early_partials is not None:  # lookahead: the owner pools now, sends what is final
+            step.early = self.placement.early_partials(step)
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         return KeyedJaggedTensor(
             keys=self.feature_names, values=empty, lengths=torch.zeros(len(self.feature_names), dtype=torch.int32,
@@ -175,11 +179,13 @@ class ColdIdsDist(_ReplicaIdsDist):
 
 
 class _Bags(Awaitable[torch.Tensor]):
-    def __init__(self, dist_: "PartialSumsDist", step: ReplicatedBagBatch, exchange: Exchange):
+    def __init__(self, dist_: "PartialSumsDist", step: ReplicatedBagBatch, exchange: Exchange, late=None):
         super().__init__()
-        self.dist, self.step, self.exchange = dist_, step, exchange
+        self.dist, self.step, self.exchange, self.late = dist_, step, exchange, late
 
     def _wait_impl(self) -> torch.Tensor:
+        if self.late is not None:  # lookahead: the partials came by the early and the late exchange
+            self.exchange.arrive(arrived_partials(self.step.early, self.late, self.dist.layout.uniform_dim))
         return self.dist.finish(self.step, self.exchange.wait().float())
 
 
@@ -202,6 +208,16 @@ class PartialSumsDist(_ReplicaOutputDist):
         self, local_embs: torch.Tensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]
     ) -> Awaitable[torch.Tensor]:
         step, layout = sharding_ctx.batch, self.layout
+        early = step.early
+        if early is not None and early.valid:  # lookahead: only the stale entries travel now
+            late = late_partials(early, local_embs, self.pg, self.placement.codecs)
+            exchange = start_exchange(
+                local_embs, early.served, early.sent, self.pg, False, self.placement.codecs, step.owed,
+                step.owner_step, grad_scale=gradient_scale(self.world_size), forward_elsewhere=True,
+            )  # fmt: skip
+            return _Bags(self, step, exchange, late)
+        if early is not None:  # sent before the owner's rows were reloaded: void, all travel now
+            early.exchange.wait()
         ws, bags = self.world_size, step.batch * layout.num_positions
         served_source, sent_dest = step.served_entries // bags, step.sent_entries // bags
         if layout.uniform_dim is not None:

@@ -252,8 +252,11 @@ class ReplicaHolder:
             self.stats["host_syncs"] += block.flush()
 
     def purge(self) -> None:
-        """Replicas are copied from the (loaded) shards again at the next forward (owed steps first)."""
+        """Replicas are copied from the (loaded) shards again at the next forward (owed steps first);
+        partials the owner read early (lookahead) are void."""
         self.settle()
+        if self.owner is not None:
+            self.owner.reloaded()
         for block in self._all_blocks():
             block.wait()
             block.drop_held()

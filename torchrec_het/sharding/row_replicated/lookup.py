@@ -9,6 +9,7 @@ its :class:`~torchrec_het.sharding.row_replicated.holder.ReplicaHolder` (``repli
 """
 
 import functools
+import warnings
 
 import torch
 from torchrec.distributed.embedding_lookup import GroupedEmbeddingsLookup, GroupedPooledEmbeddingsLookup
@@ -19,6 +20,7 @@ from torchrec_het._compat import lookup_kernels
 from torchrec_het.sharding.common.context import HetShardingContext
 from torchrec_het.sharding.row_replicated.batch import ReplicatedBagBatch, ReplicatedSequenceBatch
 from torchrec_het.sharding.row_replicated.holder import ReplicaHolder
+from torchrec_het.sharding.row_replicated.lookahead import lookup_partials, start_early_partials
 from torchrec_het.sharding.row_replicated.owner import kernel_features
 from torchrec_het.sharding.row_replicated.placement import ReplicaPlacement
 from torchrec_het.sharding.row_replicated.routing import ReplicaGroup
@@ -68,6 +70,8 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
         )
         self._hold_replicas(placement, pg, device, pooled=True)
         self._feature_names_of_kernels = feature_names
+        if placement.settings.lookahead:
+            self._look_ahead(placement)
 
     def forward(
         self, sparse_features: KeyedJaggedTensor, sharding_ctx: HetShardingContext[ReplicatedBagBatch]
@@ -78,15 +82,40 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
         step.hot_read = replicas.pool_hot(step.hot)
         step.owed, step.anchor = replicas.owed, replicas.anchor  # for the output dist's exchange and layout
         if replicas.owner is not None:  # the owner pools its rows itself, in arrival order (owner.py)
-            step.owner = replicas.owner.plan(step.received)
-            step.owner_step = functools.partial(replicas.owner.step, step.owner)
-            partials = replicas.owner.pool(step.owner).reshape(-1)
+            owner = replicas.owner
+            if step.owner is None:  # not planned at its arrival (lookahead off)
+                step.owner = owner.plan(step.received)
+            step.owner_step = functools.partial(owner.step, step.owner)
+            early = lookup_partials(step.early, owner, step.owner) if step.early is not None else None
+            partials = (early if early is not None else owner.pool(step.owner)).reshape(-1)
+            if early is not None:  # entries served: sent early, and sent at the output dist
+                stale = step.early.stale_served.numel()
+                replicas.stats["lookahead_early"] += step.owner.entries - stale
+                replicas.stats["lookahead_late"] += stale
         else:
             partials = self._kernel_partials(step)
         if step.host_values is not None:  # a holder: per-host ids pooled from its blocks into the same partials
             partials = partials + self._held_partials(step.host_values, partials.numel())
         replicas.stats["skipped_steps"] += int(step.local_only)
         return partials
+
+    def _look_ahead(self, placement: ReplicaPlacement) -> None:
+        """Lookahead: the input dist hands this lookup every batch that reached its owners
+        (``placement.early_partials``). Only where the owner pools its rows itself (one width, an
+        optimizer with a row update); elsewhere it stays off, said once."""
+        owner = self.replicas.owner
+        if owner is None:
+            warnings.warn(
+                f"het_row_replicated tables {[name for _, name in placement.positions]}: lookahead needs one "
+                "embedding width and sgd, adagrad or rowwise_adagrad; it is off for them",
+                stacklevel=3,
+            )
+            return
+        positions = placement.layout.num_positions
+        self.replicas.stats.update(lookahead_early=0, lookahead_late=0)
+        placement.early_partials = lambda step: start_early_partials(
+            step, owner, positions, placement.exchange_pg, placement.codecs, placement.training
+        )
 
     def _kernel_partials(self, step: ReplicatedBagBatch) -> torch.Tensor:
         """The partials, flat in arrival order, from the kernels' call on the owner's compact KJT."""

@@ -80,10 +80,12 @@ class KernelValues:
 
 @dataclass
 class OwnerBatch:
-    """The cold values one batch brought this owner, per kernel (``None`` where a kernel serves none)."""
+    """The cold values one batch brought this owner, per kernel (``None`` where a kernel serves none);
+    ``seq``: its number among the batches this owner expects to step (-1: not expected, :meth:`DirectOwner.expect`)."""
 
     entries: int
     kernels: list[KernelValues | None]
+    seq: int = -1
 
 
 class DirectOwner:
@@ -100,6 +102,10 @@ class DirectOwner:
     def __init__(self, kernels: list, dim: int, position_kernel, position_table, device: torch.device) -> None:
         self.owned, self.dim, self.device = OwnedRows(kernels, device), dim, device
         self.position_kernel, self.position_table = position_kernel.to(device), position_table.to(device)
+        # lookahead: per batch expected to step (by ``seq``, oldest first), its rows in each kernel
+        self.unstepped: dict[int, list[torch.Tensor | None]] = {}
+        self._next_seq = 0
+        self.epoch = 0  # the rows were reloaded this many times (:meth:`reloaded`): earlier reads are void
 
     @classmethod
     def of(cls, kernels: list, dims: list[int], position_kernel, position_table, device) -> "DirectOwner | None":
@@ -144,6 +150,47 @@ class DirectOwner:
         at = self.view(index).first_row.index_select(0, tables) + rows
         return KernelValues(at, entry_of, bag_offsets(torch.bincount(entry_of, minlength=entries)), weights)
 
+    def expect(self, batch: OwnerBatch) -> None:
+        """``batch`` (a training batch's, planned at its arrival) will step its rows: until it has,
+        its rows are stale for any other batch's early read (:meth:`stale_entries`)."""
+        batch.seq, self._next_seq = self._next_seq, self._next_seq + 1
+        self.unstepped[batch.seq] = [None if v is None else v.rows for v in batch.kernels]
+
+    def stale_entries(self, batch: OwnerBatch) -> torch.Tensor:
+        """bool ``[entries]``: the entries of ``batch`` with a row an expected batch has not stepped yet."""
+        stale = torch.zeros(batch.entries, dtype=torch.bool, device=self.device)
+        for index, values in enumerate(batch.kernels):
+            pending = [rows[index] for rows in self.unstepped.values() if rows[index] is not None]
+            if values is None or not pending:
+                continue
+            hit = torch.isin(values.rows, torch.cat(pending))
+            stale[values.entry_of[hit]] = True
+        return stale
+
+    def reloaded(self) -> None:
+        """The rows were loaded anew (a checkpoint): what was read of them before is void."""
+        self.epoch += 1
+
+    def pool_entries(self, batch: OwnerBatch, entries: torch.Tensor) -> torch.Tensor:
+        """``[len(entries), dim]``: those entries of ``batch`` pooled from the rows as they are now, each
+        as :meth:`pool` pools it (the same values in the same order: the same bits)."""
+        out = torch.zeros(entries.numel(), self.dim, device=self.device)
+        for index, values in enumerate(batch.kernels):
+            if values is None or entries.numel() == 0:
+                continue
+            starts = values.offsets.index_select(0, entries)
+            counts = values.offsets.index_select(0, entries + 1) - starts
+            offsets = bag_offsets(counts)
+            pick = torch.repeat_interleave(starts - offsets[:-1], counts) + torch.arange(
+                int(offsets[-1]), device=self.device
+            )
+            weights = None if values.weights is None else values.weights.index_select(0, pick)
+            out.add_(F.embedding_bag(
+                values.rows.index_select(0, pick), self.view(index).weights, offsets, mode="sum",
+                include_last_offset=True, per_sample_weights=weights,
+            ))  # fmt: skip
+        return out
+
     def pool(self, batch: OwnerBatch) -> torch.Tensor:
         """``[entries, dim]``: each entry's values summed (weighted), from the rows as they are now."""
         out = None
@@ -173,3 +220,6 @@ class DirectOwner:
                 include_last_offset=True, per_sample_weights=weights,
             )  # fmt: skip
             self.view(index).step(rows, rows, row_grads)
+        if batch.seq >= 0:  # this batch and any older one never stepped (a forward without backward) are done
+            for seq in [s for s in self.unstepped if s <= batch.seq]:
+                del self.unstepped[seq]

@@ -49,6 +49,8 @@ class ReplicaPlacement:
         codecs: the cold traffic's codecs (:class:`~torchrec_het.sharding.common.wire_codec.WireCodecs`).
         online_hot_rows: hot rows the online profile chose (0 before its end, or without one).
         training: the sharded module's mode when its input dist last ran.
+        early_partials: lookahead (bags): what the input dist calls with a batch that has reached its
+            owners, set by the lookup that owns the rows (None: off); returns the partials sent early.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class ReplicaPlacement:
         )
         self.online_hot_rows = 0
         self.training = True  # the sharded module's mode at the last input dist (set by it)
+        self.early_partials = None  # lookahead: set by the bag lookup that owns the rows
 
     @property
     def hosts(self) -> int:
