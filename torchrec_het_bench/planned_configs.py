@@ -3,7 +3,8 @@
 ``planned`` (exact: replicas synced every step, HET cache without staleness),
 ``planned_s10`` (replicas synced every 10 steps, cache bounds s_read = s_write = 10),
 ``planned_fp16`` (exact, with TorchRec's quantized comms fp16/bf16 on the plugin's sharders, as
-``stock_table_wise_fp16`` has them on the stock one), and their ``seq_`` twins for the sequence workload. Each profiles a 5% sample of its
+``stock_table_wise_fp16`` has them on the stock one), ``planned_lookahead`` (exact, row-replicated
+bags with lookahead: the next batch's partial sums leave their owners during this step), and their ``seq_`` twins for the sequence workload. Each profiles a 5% sample of its
 stream (as the row-replicated configurations do), prices the plugin's types from it with
 :class:`~torchrec_het.planner.HetEmbeddingShardingPlanner` on a topology whose bandwidth
 is the run's network, and shards with the plugin's sharders, whose hot rows come from
@@ -23,6 +24,7 @@ from torchrec_het_bench.topology import cpu_topology
 
 PLANNED = {"planned": 1, "planned_s10": 10}  # name -> staleness (replica sync interval and cache bounds)
 QUANTIZED = {"planned_fp16": qcomms.FP16}  # exact, with TorchRec's quantized comms on the plugin's sharders
+LOOKAHEAD = "planned_lookahead"  # exact, row-replicated bags with lookahead (ReplicationConfig(lookahead=True))
 
 
 def per_rank_profile(context: ShardingContext) -> AccessProfile:
@@ -46,7 +48,7 @@ def _planner_topology(context: ShardingContext, topology: Topology | None = None
     return topology if topology is not None else cpu_topology(context.world_size, context.local_world_size)
 
 
-def _make_sharders(staleness: int, pair: str | None = None):
+def _make_sharders(staleness: int, pair: str | None = None, lookahead: bool = False):
     def build(context: ShardingContext):
         # the planner's topology: the per-host tier it priced is the one built
         tiers = ProfileTiers(
@@ -56,6 +58,7 @@ def _make_sharders(staleness: int, pair: str | None = None):
             tiers=tiers,
             replica_sync_every=staleness,
             local_world_size=context.local_world_size,
+            lookahead=lookahead,
         )
         return plugin_sharders(context, replication, cache=_cache(staleness), pair=pair)
 
@@ -81,17 +84,22 @@ def planned_configs() -> list[BenchConfig]:
             configs.append(_planned(workload, base, staleness))
         for base, pair in QUANTIZED.items():
             configs.append(_planned(workload, base, 1, pair))
+    configs.append(_planned("dlrm", LOOKAHEAD, 1, lookahead=True))  # bags only
     return configs
 
 
-def _planned(workload: str, base: str, staleness: int, pair: str | None = None) -> BenchConfig:
+def _planned(workload: str, base: str, staleness: int, pair: str | None = None, lookahead: bool = False) -> BenchConfig:
     name = base if workload == "dlrm" else f"seq_{base}"
     sync = "exact" if staleness == 1 else f"replicas synced and cache bounds of {staleness} steps"
     if pair is not None:
         sync += f", TorchRec's quantized comms {pair} on every sharder"
+    if lookahead:
+        sync += ", row-replicated bags looking one batch ahead"
     params = {"sharding": "planner+torchrec_het", "replica_sync_every": staleness}
     if pair is not None:
         params["qcomms"] = pair
+    if lookahead:
+        params["lookahead"] = True
     return BenchConfig(
         name=name,
         stock=False,
@@ -101,6 +109,6 @@ def _planned(workload: str, base: str, staleness: int, pair: str | None = None) 
         applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
         workload=workload,
         params=params,
-        make_sharders_for=_make_sharders(staleness, pair),
+        make_sharders_for=_make_sharders(staleness, pair, lookahead),
         make_planner_for=_make_planner(staleness),
     )

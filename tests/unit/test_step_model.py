@@ -96,3 +96,22 @@ def test_between_hosts_the_replicated_sync_crosses_once_per_host() -> None:
     flat = table_bytes(table, Cluster(8, 8, 100))
     two_hosts = table_bytes(table, Cluster(8, 4, 100))
     assert flat.inter_host == 0.0 and 0.0 < two_hosts.inter_host < two_hosts.total
+
+
+def test_lookahead_hides_the_fresh_partials_under_sparse_dist_only() -> None:
+    """A lookahead table's partials of rows the previous step did not read fly under the backward
+    (``sparse_dist``); the plain loop hides nothing; the fresh share falls as the cold rows get hotter."""
+    from torchrec_het.planner.step_model import lookahead_fresh_share
+
+    links, compute = Links(1e6, 1e6, 1e-4), Compute(lookup_s_per_id=1e-7, dense_s_per_sample=1e-4)
+    reads = zipf_shares(1000, 1.05).double() * 400 * 6
+    replicated = dict(hot=reads[:10], reads=reads, sync_every=1)
+    on, off = _table("het_row_replicated", lookahead=True, **replicated), _table("het_row_replicated", **replicated)
+    sparse_on, sparse_off = (predict_step([t], CLUSTER, links, compute, "sparse_dist") for t in (on, off))
+    assert sparse_on.comm_wait < sparse_off.comm_wait and sparse_on.bytes.total == sparse_off.bytes.total
+    plain_on, plain_off = (predict_step([t], CLUSTER, links, compute, "plain") for t in (on, off))
+    assert plain_on.total == plain_off.total
+    share = lookahead_fresh_share(on)
+    assert 0 < share < 1
+    hotter = _table("het_row_replicated", lookahead=True, hot=reads[:10], reads=reads * 10, sync_every=1)
+    assert lookahead_fresh_share(hotter) < share

@@ -107,6 +107,7 @@ def option_table(
             hot = pricing.hot_rows(load, options)
             host = pricing.host_rows(load, options, option.name)
             settings = dict(hot=reads[:hot], per_host=reads[hot : hot + host], sync_every=options.replica_sync_every)
+            settings["lookahead"] = bool(options.lookahead and pooled)
         else:
             capacity = options.capacity_rows(rows)
             settings = dict(hot=reads[:capacity], s_read=options.s_read, s_write=options.s_write)

@@ -151,6 +151,8 @@ class PlannedTable:
         weighted: its features carry per-id weights.
         wire: wire bytes per element of its embeddings, their gradients and its synced gradients
             (its sharder's codecs; :func:`with_codecs`).
+        lookahead: het_row_replicated bags: the next batch's partial sums leave their owners during
+            this step, but those of rows this step updates (:func:`lookahead_fresh_share`).
     """
 
     name: str
@@ -170,6 +172,7 @@ class PlannedTable:
     pooled: bool = True
     weighted: bool = False
     wire: WirePrecision = FP32
+    lookahead: bool = False
 
     @property
     def setting(self) -> str:
@@ -309,6 +312,23 @@ def _as_phases(traffic: Bytes) -> PhaseBytes:
     return PhaseBytes(traffic.ids, traffic.forward - traffic.ids, traffic.backward + traffic.sync, inter)
 
 
+def lookahead_fresh_share(table: PlannedTable) -> float:
+    """Of a lookahead table's cold partial sums, the share its owners send a step early: those whose
+    row the previous step did not read (a row read ``r`` times a step was read in the previous one
+    with probability ``1 - exp(-r)``), weighted by reads."""
+    if table.reads is None or not table.reads.numel():
+        return 1.0
+    held = (table.hot.numel() if table.hot is not None else 0) + (
+        table.per_host.numel() if table.per_host is not None else 0
+    )
+    reads = table.reads.double()
+    if not bool((reads[:-1] >= reads[1:]).all()):  # hottest first: the held rows are the first
+        reads = torch.sort(reads, descending=True).values
+    cold = reads[held:]
+    total = float(cold.sum())
+    return float((cold * torch.exp(-cold)).sum()) / total if total > 0 else 1.0
+
+
 def plan_bytes(tables: list[PlannedTable], cluster: Cluster, per_table: list[PhaseBytes] | None = None) -> PhaseBytes:
     """Every table's bytes (``per_table``, when already known), summed, and the collectives of each
     sharding type's group."""
@@ -392,6 +412,11 @@ def predict_step(
             deferred = sum(p.emb_bwd for t, p in zip(tables, per_table) if t.sharding_type == HET_ROW_REPLICATED)
             hidden = min(_seconds(deferred, 0, cluster, links), dense_compute * (1 - BACKWARD_SHARE))
             wait -= hidden
+        ahead = [(t, p) for t, p in zip(tables, per_table) if t.lookahead and t.sharding_type == HET_ROW_REPLICATED]
+        if ahead:  # lookahead: the next batch's fresh partials fly under this step's backward, after a flag round
+            early = sum(p.emb_fwd * lookahead_fresh_share(t) for t, p in ahead)
+            wait -= min(_seconds(early, 0, cluster, links, inter), emb_bwd + dense_compute * BACKWARD_SHARE)
+            wait += links.latency
     else:
         wait = max(0.0, t_ids + t_fwd + t_bwd - (emb + dense))
     return StepPrediction(traffic, emb_fwd, emb_bwd, dense, max(wait, 0.0), pipeline)
