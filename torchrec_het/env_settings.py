@@ -81,6 +81,13 @@ SETTINGS: tuple[Setting, ...] = (
         default=1,
     ),
     Setting(
+        "TORCHREC_HET_LOOKAHEAD",
+        "lookahead",
+        str,
+        "1: het_row_replicated bags look one batch ahead under TrainPipelineSparseDist (exact; default 0)",
+        parse=parse_switch,
+    ),
+    Setting(
         "TORCHREC_HET_EMBEDDING_STALENESS",
         "embedding_staleness",
         int,

@@ -80,6 +80,7 @@ def install(
     link_gbit: tuple[float | None, float | None] | str | None = None,
     link_probe: bool | None = None,
     step_compute: tuple[float, float] | str | None = None,
+    lookahead: bool | None = None,
 ) -> None:
     """Registers the plugin with TorchRec until :func:`uninstall` (calling it again re-installs).
 
@@ -127,6 +128,9 @@ def install(
             and the dense part's in seconds per sample, that the planner prices with instead of
             measuring them at plan time (a string ``"LOOKUP_NS,DENSE_US"`` as the variable takes);
             default ``$TORCHREC_HET_STEP_COMPUTE``, else measured.
+        lookahead: ``het_row_replicated`` bags look one batch ahead: under ``TrainPipelineSparseDist``
+            the next batch's partial sums leave their owners during this step (exact; needs hot rows
+            from a profile, not counted online); default ``$TORCHREC_HET_LOOKAHEAD`` (1/0), else off.
     """
     global _state
     uninstall()
@@ -144,6 +148,9 @@ def install(
     sync = env["replica_sync_every"] if replica_sync_every is None else replica_sync_every
     online = env["online_profile_steps"] if online_profile_steps is None else online_profile_steps
     online = 0 if profile is not None else online
+    lookahead = bool(env["lookahead"]) if lookahead is None else lookahead
+    if not isinstance(lookahead, bool):
+        raise ValueError(f"lookahead must be True or False, got {lookahead!r}")
     if embedding_staleness is None:
         embedding_staleness = env["embedding_staleness"]
     if embedding_staleness is not None and (
@@ -167,8 +174,9 @@ def install(
     compute = install_compute(step_compute, env)
     tiers = ProfileTiers(profile, None, sync, max_hot_fraction) if profile is not None else None
     replication = ReplicationConfig(
-        tiers=tiers, replica_sync_every=sync, online_profile_steps=online, online_max_hot_fraction=max_hot_fraction
-    )
+        tiers=tiers, replica_sync_every=sync, online_profile_steps=online, online_max_hot_fraction=max_hot_fraction,
+        lookahead=lookahead,
+    )  # fmt: skip
     state = _Installed(cache, replication, pricing)
     sharder_homes = _compat.default_sharders_homes()  # the first defines it
     plugin_sharders = _plugin_default_sharders(sharder_homes[0].get_default_sharders, state)

@@ -277,3 +277,24 @@ def test_a_compute_cost_table_of_ones_own_machines_prices_the_plan(tmp_path, mon
     assert not torchrec_het.registration.installed()
     with pytest.raises(ValueError, match=r"\$TORCHREC_HET_COMPUTE_COSTS"):
         torchrec_het.env_settings.check_environment()  # what the launcher runs before any worker
+
+
+def test_lookahead_comes_from_install_or_the_environment_and_reaches_the_sharders_options(monkeypatch) -> None:
+    from torchrec_het import registration
+
+    monkeypatch.setenv("TORCHREC_HET_LOOKAHEAD", "1")
+    try:
+        torchrec_het.install()
+        assert registration._state.replication.lookahead
+        assert registration._state.replication.table_options("t", 2).lookahead  # what the plan carries
+        torchrec_het.install(lookahead=False)  # the argument wins
+        assert not registration._state.replication.lookahead
+        monkeypatch.setenv("TORCHREC_HET_LOOKAHEAD", "maybe")
+        with pytest.raises(ValueError, match="TORCHREC_HET_LOOKAHEAD"):
+            torchrec_het.install()
+        monkeypatch.setenv("TORCHREC_HET_LOOKAHEAD", "1")
+        monkeypatch.setenv("TORCHREC_HET_ONLINE_PROFILE_STEPS", "3")
+        with pytest.raises(ValueError, match="lookahead needs the hot rows known"):
+            torchrec_het.install()
+    finally:
+        torchrec_het.uninstall()

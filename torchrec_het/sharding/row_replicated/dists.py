@@ -74,7 +74,12 @@ class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
             self.dist.pg,
             step.local_only,
         )
-        return _Ids(self.dist, step, exchange, self.width)
+        ids = _Ids(self.dist, step, exchange, self.width)
+        if self.dist.placement.early_partials is not None:
+            # lookahead: TorchRec's pipeline waits this stage during the previous step (after its forward)
+            # and the ids' one only at this batch's forward; the owners take the ids now, to send early
+            return _Arrived(ids.wait())
+        return ids
 
 
 class _Ids(Awaitable[KeyedJaggedTensor]):
@@ -87,6 +92,17 @@ class _Ids(Awaitable[KeyedJaggedTensor]):
     def _wait_impl(self) -> KeyedJaggedTensor:
         received = self.exchange.wait().view(-1, self.width)
         return self.dist.owner_features(self.step, received)
+
+
+class _Arrived(Awaitable[KeyedJaggedTensor]):
+    """Second stage when the ids were taken at the first (lookahead): what they came to."""
+
+    def __init__(self, features: KeyedJaggedTensor):
+        super().__init__()
+        self.features = features
+
+    def _wait_impl(self) -> KeyedJaggedTensor:
+        return self.features
 
 
 class _ReplicaIdsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
@@ -185,7 +201,8 @@ class _Bags(Awaitable[torch.Tensor]):
 
     def _wait_impl(self) -> torch.Tensor:
         if self.late is not None:  # lookahead: the partials came by the early and the late exchange
-            self.exchange.arrive(arrived_partials(self.step.early, self.late, self.dist.layout.uniform_dim))
+            late, stale_sent = self.late
+            self.exchange.arrive(arrived_partials(self.step.early, late, stale_sent, self.dist.layout.uniform_dim))
         return self.dist.finish(self.step, self.exchange.wait().float())
 
 
@@ -218,6 +235,7 @@ class PartialSumsDist(_ReplicaOutputDist):
             return _Bags(self, step, exchange, late)
         if early is not None:  # sent before the owner's rows were reloaded: void, all travel now
             early.exchange.wait()
+            early.flags_work.wait()
         ws, bags = self.world_size, step.batch * layout.num_positions
         served_source, sent_dest = step.served_entries // bags, step.sent_entries // bags
         if layout.uniform_dim is not None:

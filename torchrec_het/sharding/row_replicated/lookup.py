@@ -92,6 +92,8 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
                 stale = step.early.stale_served.numel()
                 replicas.stats["lookahead_early"] += step.owner.entries - stale
                 replicas.stats["lookahead_late"] += stale
+            elif step.early is not None:  # the rows were reloaded since: every entry travels now
+                replicas.stats["lookahead_void"] += 1
         else:
             partials = self._kernel_partials(step)
         if step.host_values is not None:  # a holder: per-host ids pooled from its blocks into the same partials
@@ -112,7 +114,7 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
             )
             return
         positions = placement.layout.num_positions
-        self.replicas.stats.update(lookahead_early=0, lookahead_late=0)
+        self.replicas.stats.update(lookahead_early=0, lookahead_late=0, lookahead_void=0)
         placement.early_partials = lambda step: start_early_partials(
             step, owner, positions, placement.exchange_pg, placement.codecs, placement.training
         )

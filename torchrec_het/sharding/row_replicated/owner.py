@@ -102,8 +102,10 @@ class DirectOwner:
     def __init__(self, kernels: list, dim: int, position_kernel, position_table, device: torch.device) -> None:
         self.owned, self.dim, self.device = OwnedRows(kernels, device), dim, device
         self.position_kernel, self.position_table = position_kernel.to(device), position_table.to(device)
-        # lookahead: per batch expected to step (by ``seq``, oldest first), its rows in each kernel
+        # lookahead: per batch expected to step (by ``seq``, oldest first), its rows in each kernel, and
+        # per kernel how many values of those batches read each row (a row is stale while above 0)
         self.unstepped: dict[int, list[torch.Tensor | None]] = {}
+        self._pending_reads: list[torch.Tensor | None] = [None] * len(kernels)
         self._next_seq = 0
         self.epoch = 0  # the rows were reloaded this many times (:meth:`reloaded`): earlier reads are void
 
@@ -154,16 +156,27 @@ class DirectOwner:
         """``batch`` (a training batch's, planned at its arrival) will step its rows: until it has,
         its rows are stale for any other batch's early read (:meth:`stale_entries`)."""
         batch.seq, self._next_seq = self._next_seq, self._next_seq + 1
-        self.unstepped[batch.seq] = [None if v is None else v.rows for v in batch.kernels]
+        rows = [None if v is None else v.rows for v in batch.kernels]
+        self.unstepped[batch.seq] = rows
+        self._count(rows, 1)
+
+    def _count(self, rows: list[torch.Tensor | None], sign: int) -> None:
+        for index, read in enumerate(rows):
+            if read is None or read.numel() == 0:
+                continue
+            if self._pending_reads[index] is None:
+                self._pending_reads[index] = torch.zeros(self.view(index).weights.size(0), dtype=torch.int32,
+                                                         device=self.device)  # fmt: skip
+            self._pending_reads[index].index_add_(0, read, torch.full_like(read, sign, dtype=torch.int32))
 
     def stale_entries(self, batch: OwnerBatch) -> torch.Tensor:
         """bool ``[entries]``: the entries of ``batch`` with a row an expected batch has not stepped yet."""
         stale = torch.zeros(batch.entries, dtype=torch.bool, device=self.device)
         for index, values in enumerate(batch.kernels):
-            pending = [rows[index] for rows in self.unstepped.values() if rows[index] is not None]
-            if values is None or not pending:
+            pending = self._pending_reads[index]
+            if values is None or pending is None or not self.unstepped:
                 continue
-            hit = torch.isin(values.rows, torch.cat(pending))
+            hit = pending.index_select(0, values.rows) > 0
             stale[values.entry_of[hit]] = True
         return stale
 
@@ -222,4 +235,4 @@ class DirectOwner:
             self.view(index).step(rows, rows, row_grads)
         if batch.seq >= 0:  # this batch and any older one never stepped (a forward without backward) are done
             for seq in [s for s in self.unstepped if s <= batch.seq]:
-                del self.unstepped[seq]
+                self._count(self.unstepped.pop(seq), -1)
