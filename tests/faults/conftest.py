@@ -14,10 +14,11 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def case_settings(tmp_path_factory) -> dict[str, dict[str, str]]:
     """``TORCHREC_HET_*`` settings per case: the plugin's lookups priced on par with row_wise, a slow
-    link and fixed compute stated (so the plugin's plan beats TorchRec's by more than the model's error at the smoke
-    sizes, whatever the emulated link measures) and the evidence for the case's type: a stated
-    skew plans ``het_cached_row_wise``, a profile ``het_row_replicated``, and ``hybrid`` is the
-    first with the recipe's ``TrainPipelineSparseDist`` made the hybrid pipeline (k = 1)."""
+        link and fixed compute stated (so the plugin's plan beats TorchRec's by more than the model's error at the smoke
+        sizes, whatever the emulated link measures) and the evidence for the case's type: a stated
+        skew plans ``het_cached_row_wise``, a profile ``het_row_replicated``, and ``hybrid`` is the
+        first with the recipe's ``TrainPipelineSparseDist`` made the hybrid pipeline (k = 1); ``lookahead``
+    is the second looking one batch ahead."""
     folder = tmp_path_factory.mktemp("settings")
     costs = str(save_bytes_only_table(folder / "on_par.json", "tests: lookups on par with row_wise"))
     profile = smoke_profile(folder / "smoke.pt")
@@ -26,6 +27,7 @@ def case_settings(tmp_path_factory) -> dict[str, dict[str, str]]:
         "het_cached_row_wise": {**common, "TORCHREC_HET_ALPHA": "1.05"},
         "het_row_replicated": {**common, "TORCHREC_HET_PROFILE": profile},
         "hybrid": {**common, "TORCHREC_HET_ALPHA": "1.05", "TORCHREC_HET_EMBEDDING_STALENESS": "1"},
+        "lookahead": {**common, "TORCHREC_HET_PROFILE": profile, "TORCHREC_HET_LOOKAHEAD": "1"},
     }
 
 
@@ -36,4 +38,5 @@ def planned_types() -> dict[str, str]:
         "het_cached_row_wise": "het_cached_row_wise",
         "het_row_replicated": "het_row_replicated",
         "hybrid": "het_cached_row_wise",
+        "lookahead": "het_row_replicated",
     }

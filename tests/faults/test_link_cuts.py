@@ -164,7 +164,7 @@ def test_a_cut_shorter_than_the_timeout_costs_time_only(settings, planned_types,
     assert difference <= TOLERANCE
 
 
-@pytest.mark.parametrize("case", ["het_cached_row_wise", "het_row_replicated", "hybrid"])
+@pytest.mark.parametrize("case", ["het_cached_row_wise", "het_row_replicated", "hybrid", "lookahead"])
 def test_a_cut_longer_than_the_timeout_fails_restarts_and_resumes(
     settings, planned_types, uncut, tmp_path: Path, case: str
 ) -> None:

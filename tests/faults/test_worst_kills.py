@@ -3,7 +3,8 @@
 The DLRM recipe trains through ``python -m torchrec_het.launch --max-restarts 1`` with a kill
 armed by the harness (:mod:`torchrec_het_bench.testing.killed_recipe`): rank 1 kills itself in the
 middle of a HET gradient push, right after a replica sync summed the replicated rows'
-gradients, or while the hybrid pipeline's embedding update runs on its worker thread. torchrun
+gradients, while the hybrid pipeline's embedding update runs on its worker thread, or while an
+owner's early partial sums (lookahead) are in flight. torchrun
 restarts both ranks, they resume from the newest complete checkpoint, and train to the end.
 That checkpoint equals the uninterrupted run's at that step, and the finished weights equal
 the uninterrupted run's (the hybrid pipeline, which reads ahead, those of the uninterrupted
@@ -57,6 +58,8 @@ KILLS = [
     # the hybrid pipeline's embedding backward moves to its worker after 2 synchronous steps
     # and 8 measured inline: the first update on the worker is batch 11's
     Kill("hybrid", "hybrid_update", 11, steps=14, every=4),
+    # lookahead: the next batch's partial sums are in flight and its step is expected
+    Kill("lookahead", "lookahead_early", 5),
 ]
 
 

@@ -296,7 +296,12 @@ def _plugin_phases(table: PlannedTable, cluster: Cluster, bags: float) -> PhaseB
     ordered = torch.cat([hot.double(), host.double(), torch.tensor([rest], dtype=torch.float64)])
     load = TableLoad(ordered, bags, table.dim, ws, topology, weighted=table.weighted)
     if table.sharding_type == HET_ROW_REPLICATED and table.pooled:
-        return _as_phases(row_replicated_bytes(load, hot.numel(), table.sync_every, host.numel(), table.wire))
+        phases = _as_phases(row_replicated_bytes(load, hot.numel(), table.sync_every, host.numel(), table.wire))
+        if table.lookahead:  # every partial sum goes early; the stale ones go again at the lookup
+            again = phases.emb_fwd * (1.0 - lookahead_fresh_share(table))
+            phases.emb_fwd += again
+            phases.inter_host += again * _inter_share(cluster) if phases.inter_host >= 0 else 0.0
+        return phases
     # the cache and the sequences' fetches count distinct rows: every row's reads, hottest first
     descending = bool((reads[:-1] >= reads[1:]).all()) if reads.numel() > 1 else True
     by_row = replace(load, reads=reads.double() if descending else torch.sort(reads.double(), descending=True).values)
@@ -413,10 +418,13 @@ def predict_step(
             hidden = min(_seconds(deferred, 0, cluster, links), dense_compute * (1 - BACKWARD_SHARE))
             wait -= hidden
         ahead = [(t, p) for t, p in zip(tables, per_table) if t.lookahead and t.sharding_type == HET_ROW_REPLICATED]
-        if ahead:  # lookahead: the next batch's fresh partials fly under this step's backward, after a flag round
-            early = sum(p.emb_fwd * lookahead_fresh_share(t) for t, p in ahead)
-            wait -= min(_seconds(early, 0, cluster, links, inter), emb_bwd + dense_compute * BACKWARD_SHARE)
-            wait += links.latency
+        if ahead:  # lookahead: the next batch's partials fly under this step's backward; the stale ones go again
+            sent = [(p.emb_fwd / (2.0 - lookahead_fresh_share(t)), lookahead_fresh_share(t)) for t, p in ahead]
+            early = _seconds(sum(b for b, _ in sent), 0, cluster, links, inter)
+            fits = min(1.0, (emb_bwd + dense_compute * BACKWARD_SHARE) / early) if early > 0 else 1.0
+            # t_fwd counted every byte sent forward: the early ones that fit under the backward are not waited for
+            wait -= _seconds(sum(b for b, _ in sent), 0, cluster, links, inter) * fits
+            wait += links.latency  # the ids' round trip moved into the step
     else:
         wait = max(0.0, t_ids + t_fwd + t_bwd - (emb + dense))
     return StepPrediction(traffic, emb_fwd, emb_bwd, dense, max(wait, 0.0), pipeline)

@@ -13,7 +13,9 @@ Points (each wraps a public method of the runtime from here, the harness; the ru
 - ``replica_sync``: a ``het_row_replicated`` replica sync has summed the replicated rows'
   gradients over the ranks, and this rank has not applied them;
 - ``hybrid_update``: the hybrid pipeline's embedding update of a batch runs on its worker
-  thread (while the main thread runs the next batch's dense forward), inside its HET push.
+  thread (while the main thread runs the next batch's dense forward), inside its HET push;
+- ``lookahead_early``: a ``het_row_replicated`` owner with lookahead has sent the next batch's
+  partial sums early (in flight) and expects that batch's step, which has not happened.
 
 Without the variable it is the recipe, unchanged.
 """
@@ -24,11 +26,12 @@ import sys
 import threading
 
 from torchrec_het.sharding.het_cache.pushes import HetPushes
+from torchrec_het.sharding.row_replicated import lookup as replicated_lookup
 from torchrec_het.sharding.row_replicated.sync import HostGroups
 from torchrec_het_bench.recipes import train_dlrm
 
 KILL_ENV = "TORCHREC_HET_TESTING_KILL"
-POINTS = ("het_push", "replica_sync", "hybrid_update")
+POINTS = ("het_push", "replica_sync", "hybrid_update", "lookahead_early")
 WORKER_THREAD = "embedding-backward"  # HybridTrainPipeline's worker thread name prefix
 
 
@@ -76,6 +79,14 @@ def arm(switch: KillSwitch) -> None:
 
     HetPushes.write_back = het_write_back
     _wrap_sync("all_reduce", HostGroups.all_reduce, switch)
+    start_early = replicated_lookup.start_early_partials
+
+    def early_sent(*args, **kwargs):
+        early = start_early(*args, **kwargs)
+        switch.reached("lookahead_early")
+        return early
+
+    replicated_lookup.start_early_partials = early_sent  # what the bag lookups call for each batch
 
 
 def _wrap_progress(cls: type, switch: KillSwitch) -> None:
