@@ -146,7 +146,8 @@ CONFIGS: dict[str, BenchConfig] = all_configs()
 
 # What a run without --configs (make bench) compares: the stock configurations that apply (table_wise also
 # with TorchRec's fp16/bf16 quantized comms, what a user who wants fewer bytes turns on first), the planner's
-# choice with the plugin's types (exact) and its bounded-staleness variant (replicas and caches 10 steps).
+# choice with the plugin's types (exact; and exact looking one batch ahead) and its bounded-staleness variant
+# (replicas and caches 10 steps).
 DEFAULT_CONFIGS = (
     "stock_table_wise",
     "stock_table_wise_fp16",
@@ -155,6 +156,7 @@ DEFAULT_CONFIGS = (
     "stock_row_wise",
     "stock_dp_small",
     "planned",
+    "planned_lookahead",
     "planned_s10",
     "planned_fp16",
 )

@@ -34,6 +34,7 @@ def test_make_bench_runs_stock_and_the_planner_with_the_plugin_on_loopback_and_e
         "stock_table_wise_mx4",
         "stock_row_wise",
         "planned",
+        "planned_lookahead",
         "planned_s10",
         "planned_fp16",
     ]
@@ -47,6 +48,7 @@ def test_make_bench_runs_stock_and_the_planner_with_the_plugin_on_loopback_and_e
         "stock_row_wise",
         "stock_dp_small",
         "planned",
+        "planned_lookahead",
         "planned_s10",
         "planned_fp16",
     ]
@@ -110,6 +112,7 @@ def test_auto_with_emulation_runs_both_networks(monkeypatch, capsys, launched, t
         "stock_row_wise",
         "stock_dp_small",
         "planned",
+        "planned_lookahead",
         "planned_s10",
         "planned_fp16",
     ]

@@ -94,6 +94,7 @@ def lookahead_cases(world_size: int) -> list[EquivalenceCase]:
     for optimizer in ALL_OPTIMIZERS:
         for pipeline in ("plain", "sparse_dist"):
             out.append(EquivalenceCase("bags_one_width", REP, hot, optimizer, pipeline, **ws))
+    out.append(EquivalenceCase("bags_one_width", REP, hot, "rowwise_adagrad", "hybrid_k0", **ws))
     out.append(EquivalenceCase("bags_one_width", REP, none, "adagrad", "sparse_dist", **ws))
     out.append(EquivalenceCase("bags_one_width", REP, per_host, "rowwise_adagrad", "sparse_dist",
                                world_size=world_size, local_world_size=1))  # fmt: skip
