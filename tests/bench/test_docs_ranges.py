@@ -46,3 +46,14 @@ def test_alone_runs_pair_with_the_nearest_stock_run():
             _run({"stock_table_wise": 200.0})]  # fmt: skip
     pairs = docs_ranges.alone_pairs(runs, docs_ranges._setting(runs[0]))
     assert pairs == {"planned": [1.5, 1.0]}
+
+
+def test_runs_of_several_pipelines_are_taken_against_stock_table_wise_under_sparse_dist() -> None:
+    from torchrec_het_bench.docs_ranges import stock_of
+
+    def run(*names: str) -> dict:
+        return {"configs": [{"name": n, "samples_per_s": {"median": 1.0}} for n in names]}
+
+    assert stock_of(run("stock_table_wise", "planned")) == "stock_table_wise"
+    several = run("stock_table_wise@hybrid_k2", "stock_table_wise@sparse_dist", "planned@sparse_dist")
+    assert stock_of(several) == "stock_table_wise@sparse_dist"
