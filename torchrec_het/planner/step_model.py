@@ -419,11 +419,13 @@ def predict_step(
             wait -= hidden
         ahead = [(t, p) for t, p in zip(tables, per_table) if t.lookahead and t.sharding_type == HET_ROW_REPLICATED]
         if ahead:  # lookahead: the next batch's partials fly under this step's backward; the stale ones go again
-            sent = [(p.emb_fwd / (2.0 - lookahead_fresh_share(t)), lookahead_fresh_share(t)) for t, p in ahead]
-            early = _seconds(sum(b for b, _ in sent), 0, cluster, links, inter)
+            # emb_fwd counted the stale partial sums twice (table_bytes): what went early is the rest
+            early = _seconds(
+                sum(p.emb_fwd / (2.0 - lookahead_fresh_share(t)) for t, p in ahead), 0, cluster, links, inter
+            )
             fits = min(1.0, (emb_bwd + dense_compute * BACKWARD_SHARE) / early) if early > 0 else 1.0
             # t_fwd counted every byte sent forward: the early ones that fit under the backward are not waited for
-            wait -= _seconds(sum(b for b, _ in sent), 0, cluster, links, inter) * fits
+            wait -= early * fits
             wait += links.latency  # the ids' round trip moved into the step
     else:
         wait = max(0.0, t_ids + t_fwd + t_bwd - (emb + dense))

@@ -44,12 +44,11 @@ class Exchange:
         self.deferred_backward = None  # the send's own backward, run once its gradient has arrived
         self.owed: list | None = None  # where a backward on the main thread leaves it for its owner
         self.forward_elsewhere = False  # the forward's payload travels by other exchanges (:meth:`arrive`)
-        self.arrived = False
 
     def arrive(self, received: torch.Tensor) -> None:
         """What the forward's payload came to by other exchanges (decoded, flat, by source): ``wait()``
         returns it; the backward runs as for a payload this exchange sent."""
-        self.received, self.arrived = received, True
+        self.received = received
 
     def start_gradient(self, grad: torch.Tensor) -> None:
         """Sends the received tensor's gradient back the reverse way (its backward's exchange). Under a
@@ -139,7 +138,7 @@ class _Receive(torch.autograd.Function):
         # ctx.exchange -> output would be a cycle gc cannot free.
         received, exchange.work, exchange.received = exchange.received, None, None
         if exchange.forward_elsewhere:
-            if not exchange.arrived:
+            if received is None:
                 raise RuntimeError("an exchange whose forward travels elsewhere was waited before it arrived")
             return received.to(dummy.dtype)
         return exchange._decoded(received, exchange.recv_splits, 0).to(dummy.dtype)

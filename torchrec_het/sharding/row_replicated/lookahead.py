@@ -1,8 +1,8 @@
 """Lookahead for ``het_row_replicated`` bags: a batch's partial sums leave their owners a step early.
 
 Under TorchRec's ``TrainPipelineSparseDist`` the ids of batch i + 1 reach their owners during step
-i, after its forward and before its backward. At that moment (the input dist's last wait) each
-owner pools batch i + 1's entries from its rows as they are. An entry none of whose rows an earlier
+i, after its forward and before its backward (with lookahead on, the input dist's first stage, which
+the pipeline waits then, also takes the ids). At that moment each owner pools batch i + 1's entries from its rows as they are. An entry none of whose rows an earlier
 batch still has to step (:meth:`~torchrec_het.sharding.row_replicated.owner.DirectOwner.stale_entries`:
 batch i's, whose gradients arrive at the end of its backward) already has its final value: it is
 sent at once, and flies under step i's backward and optimizer step. The others (stale), and those
@@ -41,7 +41,7 @@ class EarlyPartials:
         sent: reader: elements of every sent entry per owner.
         sent_dest: reader: the owner of each sent entry.
         flags: reader: uint8 per sent entry, 1 where its owner pools it again (in flight until
-            :meth:`stale_sent`).
+            :meth:`stale_sent`); ``flags_work``: their all-to-all.
         exchange: the early partials in flight (every entry's).
         epoch: the owner's rows' epoch they were read at (a reload voids them).
         valid: False once the lookup found the rows reloaded since (every entry then travels at the
