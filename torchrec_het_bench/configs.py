@@ -11,6 +11,8 @@ configuration module returns when asked (:func:`stock_configs` here,
 A new family of configurations adds its function to :func:`all_configs`.
 """
 
+import dataclasses
+
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import get_default_sharders
@@ -24,6 +26,7 @@ from torchrec_het_bench.het_configs import het_configs
 from torchrec_het_bench.planned_configs import planned_configs
 from torchrec_het_bench.presets import BenchPreset
 from torchrec_het_bench.replicated_configs import replicated_configs
+from torchrec_het_bench.speed_intervals import twin_of
 
 __all__ = ["CONFIGS", "DEFAULT_CONFIGS", "BenchConfig", "all_configs", "select", "stock_configs"]
 
@@ -137,9 +140,19 @@ def all_configs() -> dict[str, BenchConfig]:
     Raises:
         ValueError: two configurations share a name.
     """
-    return by_name(
-        [*stock_configs(), *het_configs(), *replicated_configs(), *planned_configs()], "benchmark configuration"
-    )
+    configs = [*stock_configs(), *het_configs(), *replicated_configs(), *planned_configs()]
+    named = {c.name: c for c in configs}
+    return by_name([*configs, *(twin(named[name]) for name in TWINNED)], "benchmark configuration")
+
+
+# The entries measured twice in a run (A/A pairs: the run's noise floor, speed_intervals.noise_floor):
+# the reference and the plugin's exact planned entry.
+TWINNED = ("stock_table_wise", "planned")
+
+
+def twin(config: BenchConfig) -> BenchConfig:
+    """``config`` under a second name (``<name>_aa``): built, trained and measured as ``config`` is."""
+    return dataclasses.replace(config, name=twin_of(config.name), description=f"A/A twin of {config.name}")
 
 
 CONFIGS: dict[str, BenchConfig] = all_configs()
@@ -150,12 +163,12 @@ CONFIGS: dict[str, BenchConfig] = all_configs()
 # (replicas and caches 10 steps).
 DEFAULT_CONFIGS = (
     "stock_table_wise",
+    "stock_table_wise_aa",
     "stock_table_wise_fp16",
     "stock_table_wise_int8",
-    "stock_table_wise_mx4",
     "stock_row_wise",
-    "stock_dp_small",
     "planned",
+    "planned_aa",
     "planned_lookahead",
     "planned_s10",
     "planned_fp16",

@@ -25,6 +25,7 @@ from torchrec_het_bench.comm import EMBEDDING_PHASES, sum_totals
 from torchrec_het_bench.data import binary_auc
 from torchrec_het_bench.het_stats import summarize_cache
 from torchrec_het_bench.prediction import prediction_error
+from torchrec_het_bench.speed_intervals import counted_steps, noise_floor, round_rates
 from torchrec_het_bench.step_time import STEP_PARTS, TIMED_PARTS
 from torchrec_het_bench.worker import RankRecord, RunSpec
 
@@ -37,14 +38,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def _samples_per_s(per_rank: list[RankRecord], samples_per_step: int) -> dict[str, float]:
+def _samples_per_s(per_rank: list[RankRecord], samples_per_step: int, steps_per_round: int) -> dict:
+    """Median, p10 and p90 over the counted steps, and each round's median (``rounds``,
+    :mod:`~torchrec_het_bench.speed_intervals`: every window's re-warm left out)."""
     # Ranks move in lockstep (every step has collectives): a step lasts as long as its slowest rank.
     step_seconds = [max(steps) for steps in zip(*(r.step_seconds for r in per_rank))]
-    rates = [samples_per_step / s for s in step_seconds]
+    rates = [samples_per_step / s for s in counted_steps(step_seconds, steps_per_round)]
     return {
         "median": statistics.median(rates),
         "p10": percentile(rates, 0.10),
         "p90": percentile(rates, 0.90),
+        "rounds": round_rates(step_seconds, steps_per_round, samples_per_step),
     }
 
 
@@ -281,7 +285,7 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
             {
                 **head,
                 "batch_size_per_rank": batch_size,
-                "samples_per_s": _samples_per_s(per_rank, batch_size * spec.world_size),
+                "samples_per_s": _samples_per_s(per_rank, batch_size * spec.world_size, preset.steps_per_round),
                 "step_ms": step_ms(per_rank),
                 "bytes_per_step": per_step,
                 "embedding_cross_rank_by_collective": by_collective,
@@ -340,6 +344,8 @@ def summarize(spec: RunSpec, gathered: list[dict[str, RankRecord]]) -> dict:
     }
     convergence(entries)
     versus.add_auc_vs_stock(entries, held_out)
+    versus.add_speed_vs_stock(entries)
+    results["noise_floor"] = noise_floor(entries)
     # The fields above the configs describe the DLRM workload; the sequence workload's own
     # sizes follow when the run has any of its configurations.
     if preset.sequence is not None and any(e["workload"] == "sequence" for e in entries):

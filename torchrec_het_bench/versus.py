@@ -12,6 +12,7 @@ held-out samples, or a paired t interval over seeds). "Equal" means the interval
 from torchrec_het_bench import qcomms
 from torchrec_het_bench.auc_intervals import AucDifference, paired_delong, verdict_word
 from torchrec_het_bench.report import by_workload, het_hit_rate, hot_row_share
+from torchrec_het_bench.speed_intervals import is_twin, ratio_of
 
 
 def reference_name(entry: dict) -> str | None:
@@ -43,6 +44,19 @@ def add_auc_vs_stock(entries: list[dict], scores: dict) -> None:
             continue
         entry["auc_vs_stock"] = dict(delong(entry, reference).as_dict(), reference=reference)
         add_convergence_intervals(entry, lambda ref, entry=entry: delong(entry, ref).half_width)
+
+
+def add_speed_vs_stock(entries: list[dict]) -> None:
+    """Adds ``speed_vs_stock`` (samples/s over the reference's, paired round by round, with its 95%
+    interval: :mod:`~torchrec_het_bench.speed_intervals`) to every entry with a reference other than itself."""
+    by_name = {e["name"]: e for e in entries if "not_run" not in e}
+    for entry in by_name.values():
+        reference = by_name.get(reference_name(entry) or "")
+        if reference is None or reference is entry:
+            continue
+        paired = ratio_of(entry, reference)
+        if paired is not None:
+            entry["speed_vs_stock"] = dict(paired.as_dict(), reference=reference["name"])
 
 
 def add_convergence_intervals(entry: dict, half_width) -> None:
@@ -103,17 +117,23 @@ def difference_text(entry: dict, reference: dict | None) -> str:
     return f"{signed(entry['auc'] - reference['auc'])} (no interval recorded)"
 
 
-def _speed_and_bytes(entry: dict, other: dict) -> tuple[float | None, float | None]:
-    """The entry's samples/s and embedding bytes per step over ``other``'s."""
-    return (
-        _ratio(entry["samples_per_s"]["median"], other["samples_per_s"]["median"]),
-        _ratio(entry["bytes_per_step"]["embedding_cross_rank"], other["bytes_per_step"]["embedding_cross_rank"]),
+def _speed_and_bytes(entry: dict, other: dict) -> tuple[str, float | None]:
+    """The entry's speed over ``other``'s (``1.31× [1.25, 1.38] (faster)``: paired over rounds, with its
+    95% interval; the medians' ratio where no rounds were recorded) and its embedding bytes per step over ``other``'s."""
+    paired = ratio_of(entry, other)
+    speed = (
+        _times(_ratio(entry["samples_per_s"]["median"], other["samples_per_s"]["median"]))
+        if paired is None
+        else f"{paired.text()} ({paired.word()})"
+    )
+    return speed, _ratio(
+        entry["bytes_per_step"]["embedding_cross_rank"], other["bytes_per_step"]["embedding_cross_rank"]
     )
 
 
 def verdict(entry: dict, reference: dict, fastest: dict | None = None, same_codecs: dict | None = None) -> str:
-    """One line: ``planned: 1.31× stock_table_wise at 0.53× its bytes, AUC equal (−0.0003 ± 0.0008); tables:
-    het_row_replicated`` (the sharding types a plugin configuration's tables got, after the ``;``). With
+    """One line: ``planned: 1.31× [1.25, 1.38] (faster) stock_table_wise at 0.53× its bytes, AUC equal
+    (−0.0003 ± 0.0008); tables: het_row_replicated`` (speed paired over rounds with its 95% interval) (the sharding types a plugin configuration's tables got, after the ``;``). With
     ``fastest`` (the run's fastest stock entry under the entry's pipeline, when not the reference) a
     plugin entry's line also says ``1.12× the fastest stock, stock_table_wise_fp16 (1.03× its bytes)``;
     with ``same_codecs`` (stock table_wise under the quantized comms the entry ran with, when not the
@@ -125,16 +145,16 @@ def verdict(entry: dict, reference: dict, fastest: dict | None = None, same_code
     else:
         quality = f"AUC {verdict_word(diff)} ({signed(diff.difference)} ± {diff.half_width:.4f})"
     bytes_words = "its bytes" if emb is not None else "bytes not comparable"
-    line = f"{entry['name']}: {_times(speed)} {reference['name']} at {_times(emb)} {bytes_words}, {quality}"
+    line = f"{entry['name']}: {speed} {reference['name']} at {_times(emb)} {bytes_words}, {quality}"
     if entry.get("stock"):
         return line
     if fastest is not None and fastest is not reference:
         peer, peer_bytes = _speed_and_bytes(entry, fastest)
-        line += f"; {_times(peer)} the fastest stock, {fastest['name']} ({_times(peer_bytes)} its bytes)"
+        line += f"; {peer} the fastest stock, {fastest['name']} ({_times(peer_bytes)} its bytes)"
     if same_codecs is not None and same_codecs is not reference:
         peer, peer_bytes = _speed_and_bytes(entry, same_codecs)
         line += (
-            f"; {_times(peer)} stock under the same codecs {qcomms.of(entry)}, "
+            f"; {peer} stock under the same codecs {qcomms.of(entry)}, "
             f"{same_codecs['name']} ({_times(peer_bytes)} its bytes)"
         )
     return line + f"; tables: {'+'.join(entry['sharding_types'])}"  # what the plugin's configuration chose
@@ -147,6 +167,7 @@ def fastest_stock(results: dict, entry: dict) -> dict | None:
         c
         for c in _ran_by_name(results).values()
         if c.get("stock")
+        and not is_twin(c.get("config", c["name"]))
         and c.get("workload", "dlrm") == entry.get("workload", "dlrm")
         and c.get("pipeline") == entry.get("pipeline")
     ]
@@ -206,7 +227,7 @@ def table(results: dict) -> list[str]:
         emb, inter = c["bytes_per_step"]["embedding_cross_rank"], c.get("inter_host_bytes")
         lines.append(
             f"| {c['name']} | {'+'.join(c['sharding_types'])} | {sps:.0f} "
-            f"| {_times(_ratio(sps, ref and ref['samples_per_s']['median']))} "
+            f"| {_speed_and_bytes(c, ref)[0] if ref else '-'} "
             f"| {_mib_and_ratio(emb, ref and ref['bytes_per_step']['embedding_cross_rank'])} "
             f"| {_mib_and_ratio(inter, ref and ref.get('inter_host_bytes'))} "
             f"| {het_hit_rate(c)} | {hot_row_share(c)} | {auc_text(c)} "
@@ -224,7 +245,26 @@ def verdicts(results: dict) -> list[str]:
     ]
     if not lines:
         return []
-    return ["verdicts against stock:", *(f"- {line}" for line in lines), "", interval_note(results)]
+    return [
+        "verdicts against stock:",
+        *(f"- {line}" for line in lines),
+        "",
+        *noise_lines(results),
+        interval_note(results),
+        "speed × stock: geometric mean of the rounds' ratios [its 95% interval over the rounds, paired round by "
+        "round]; equal: the interval holds 1",
+    ]
+
+
+def noise_lines(results: dict) -> list[str]:
+    """The run's noise floor: one line per A/A pair (an entry and its twin, the same configuration twice)."""
+    pairs = results.get("noise_floor") or []
+    if not pairs:
+        return []
+    lines = [
+        f"- {p['twin']}: {p['ratio']:.2f}× [{p['low']:.2f}, {p['high']:.2f}] {p['entry']} ({p['word']})" for p in pairs
+    ]
+    return ["noise floor (A/A: the same configuration measured twice in this run):", *lines, ""]
 
 
 def section(results: dict) -> str:

@@ -4,8 +4,10 @@ An entry is a configuration trained under one of the run's pipelines (``RunSpec.
 names one or several, see :mod:`~torchrec_het_bench.pipelines`; with one, entries are the
 configurations). Each rank builds all entries, warms each up, then runs ``rounds``
 rounds; in a round every entry trains ``steps_per_round`` steps on the same
-batches (those of its workload: configurations of one workload share them), in turn,
-so machine noise hits all entries alike. Bytes of every
+batches (those of its workload: configurations of one workload share them), in turn, the
+order rotated by one each round, so machine noise hits all entries alike and no entry always
+follows the same one (speed figures leave out each window's first steps:
+:mod:`~torchrec_het_bench.speed_intervals`). Bytes of every
 collective are counted during measured steps only. Rank 0 gathers the per-rank
 records and returns them.
 
@@ -443,7 +445,8 @@ def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
             if bar:
                 bar.update(preset.warmup_steps if trainee is not None else preset.total_steps)
         for round_index in range(preset.rounds):
-            for name, trainee in list(trainees.items()):
+            for name in _rotated(list(trainees), round_index):  # no entry always follows the same one
+                trainee = trainees[name]
                 _top_up(trainee, rounds, spec, preset.steps_per_round, trainee.lookahead)
                 try:
                     _measure_window(trainee, preset.steps_per_round, records[name], accountant, spec)
@@ -471,6 +474,12 @@ def run_benchmark(spec: RunSpec) -> list[dict[str, RankRecord]] | None:
         gathered: list[dict[str, RankRecord]] | None = [None] * spec.world_size if rank == 0 else None  # type: ignore[list-item]
         dist.gather_object(records, gathered, dst=0)
     return gathered
+
+
+def _rotated(names: list[str], round_index: int) -> list[str]:
+    """``names`` rotated by ``round_index``: round r starts with entry r (mod the entries)."""
+    shift = round_index % len(names) if names else 0
+    return names[shift:] + names[:shift]
 
 
 def _regrouped(name: str, sharded: ShardedModel, batches: list, stats: dict) -> list:

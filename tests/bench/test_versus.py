@@ -71,7 +71,8 @@ def test_the_verdict_line_gives_ratios_and_the_auc_difference_with_its_interval(
     )
     lines = versus.verdicts(results)
     assert lines[0] == "verdicts against stock:" and len([line for line in lines if line.startswith("- ")]) == 2
-    assert "DeLong" in lines[-1] and "equal: the interval holds 0" in lines[-1]
+    assert "DeLong" in lines[-2] and "equal: the interval holds 0" in lines[-2]
+    assert "paired round by round" in lines[-1]
 
 
 def test_the_table_names_the_reference_and_shows_each_ratio():
@@ -186,3 +187,14 @@ def test_a_plugin_verdict_also_meets_the_fastest_stock_entry_of_its_pipeline():
     assert "fastest stock" not in versus.verdict(planned, stock, stock)  # the reference is the fastest
     assert "fastest stock" not in versus.verdict(quantized, stock, quantized)  # stock entries: no peer clause
     assert any("the fastest stock, stock_table_wise_fp16" in line for line in versus.verdicts(results))
+
+
+def test_with_rounds_recorded_the_speed_is_paired_with_its_interval_and_a_word():
+    results = _results()
+    stock, planned, _ = results["configs"]
+    stock["samples_per_s"]["rounds"] = [1000.0, 800.0, 1200.0, 900.0]
+    planned["samples_per_s"]["rounds"] = [1310.0, 1050.0, 1570.0, 1180.0]
+    line = versus.verdict(planned, stock)
+    assert re.match(r"planned: 1\.31× \[1\.31, 1\.31\] \(faster\) stock_table_wise at 0\.53× its bytes", line), line
+    planned["samples_per_s"]["rounds"] = [1100.0, 700.0, 1300.0, 850.0]
+    assert "(equal) stock_table_wise" in versus.verdict(planned, stock)
