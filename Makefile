@@ -30,11 +30,11 @@ bench: $(STAMP)
 	$(PY) -m torchrec_het_bench $(BENCH_ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(TESTS) -m "not faults"
+	$(PY) -m pytest -q $(TESTS) -m "not faults" --durations=25
 
 # The slow fault runs (link cuts on emulated hosts, kills at worst moments; pytest marker `faults`).
 test-faults: $(STAMP)
-	$(PY) -m pytest -q tests -m faults
+	$(PY) -m pytest -q tests -m faults --durations=10
 
 # The formatter and linter in check mode (ruff; settings in pyproject.toml). `ruff format .`
 # and `ruff check --fix .` (with $(VENV)/bin/ruff) make most of what they report right.

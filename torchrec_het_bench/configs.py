@@ -167,6 +167,7 @@ DEFAULT_CONFIGS = (
     "stock_table_wise_fp16",
     "stock_table_wise_int8",
     "stock_row_wise",
+    "stock_dp_small",
     "planned",
     "planned_aa",
     "planned_lookahead",

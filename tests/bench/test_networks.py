@@ -29,11 +29,12 @@ def test_make_bench_runs_stock_and_the_planner_with_the_plugin_on_loopback_and_e
     # stock_dp_small applies to presets with small tables only (the default preset has none)
     assert [c.name for c in args.chosen] == [
         "stock_table_wise",
+        "stock_table_wise_aa",
         "stock_table_wise_fp16",
         "stock_table_wise_int8",
-        "stock_table_wise_mx4",
         "stock_row_wise",
         "planned",
+        "planned_aa",
         "planned_lookahead",
         "planned_s10",
         "planned_fp16",
@@ -42,12 +43,13 @@ def test_make_bench_runs_stock_and_the_planner_with_the_plugin_on_loopback_and_e
     smoke = bench_main.parse_args(["--preset", "smoke"])
     assert [c.name for c in smoke.chosen] == [
         "stock_table_wise",
+        "stock_table_wise_aa",
         "stock_table_wise_fp16",
         "stock_table_wise_int8",
-        "stock_table_wise_mx4",
         "stock_row_wise",
         "stock_dp_small",
         "planned",
+        "planned_aa",
         "planned_lookahead",
         "planned_s10",
         "planned_fp16",
@@ -106,12 +108,13 @@ def test_auto_with_emulation_runs_both_networks(monkeypatch, capsys, launched, t
     assert emulated.out_dir == str(tmp_path / "emulated")
     assert [c for c in loopback.config_names] == [
         "stock_table_wise",
+        "stock_table_wise_aa",
         "stock_table_wise_fp16",
         "stock_table_wise_int8",
-        "stock_table_wise_mx4",
         "stock_row_wise",
         "stock_dp_small",
         "planned",
+        "planned_aa",
         "planned_lookahead",
         "planned_s10",
         "planned_fp16",
