@@ -9,7 +9,7 @@ PYTHON ?= python3
 STACK ?= 1.8
 STACKS := 1.8 1.9
 TESTS ?= tests
-BENCH_ARGS ?= --preset default --network auto --profile-steps 10 --out bench_out
+BENCH_ARGS ?= --preset default --network auto --rounds 8 --steps-per-round 20 --warmup-steps 20 --profile-steps 10 --out bench_out
 
 ifeq ($(filter $(STACK),$(STACKS)),)
 $(error STACK=$(STACK) is not a supported stack; choose one of: $(STACKS))
@@ -30,11 +30,11 @@ bench: $(STAMP)
 	$(PY) -m torchrec_het_bench $(BENCH_ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(TESTS) -m "not faults" --durations=25
+	$(PY) -m pytest -q $(TESTS) -m "not faults"
 
 # The slow fault runs (link cuts on emulated hosts, kills at worst moments; pytest marker `faults`).
 test-faults: $(STAMP)
-	$(PY) -m pytest -q tests -m faults --durations=10
+	$(PY) -m pytest -q tests -m faults
 
 # The formatter and linter in check mode (ruff; settings in pyproject.toml). `ruff format .`
 # and `ruff check --fix .` (with $(VENV)/bin/ruff) make most of what they report right.

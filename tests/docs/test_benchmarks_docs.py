@@ -28,8 +28,9 @@ def test_generator_renders_a_small_results_file(tmp_path, capsys):
     small = _small_results(tmp_path)
     out = tmp_path / "bench.md"
     assert docs.main([str(small), "--out", str(out)]) == 0
-    text = out.read_text()
-    assert text.startswith("# Benchmarks\n")
+    assert out.read_text().startswith("# Benchmarks\n") and "benchmark_runs.md" in out.read_text()
+    text = (tmp_path / "benchmark_runs.md").read_text()
+    assert text.startswith("# Benchmark runs\n")
     assert "## small\n" in text
     for expected in (
         "commit abc1234; date 2026-11-24",
@@ -60,8 +61,14 @@ def test_benchmarks_page_is_up_to_date(monkeypatch):
     assert RESULTS, "docs/results/ holds no results.json"
     monkeypatch.chdir(ROOT)
     paths = [path.relative_to(ROOT) for path in RESULTS]
-    expected = docs.render(paths, docs.command_line(paths, Path("docs/benchmarks.md")))
-    assert PAGE.read_text() == expected, "docs/benchmarks.md is stale: run `make docs`"
+    command = docs.command_line(paths, Path("docs/benchmarks.md"))
+    assert PAGE.read_text() == docs.render(paths, command), "docs/benchmarks.md is stale: run `make docs`"
+    history = PAGE.parent / docs.HISTORY
+    assert history.read_text() == docs.render_history(paths, command), f"{history} is stale: run `make docs`"
+
+
+def test_the_claims_page_is_one_read():
+    assert len(PAGE.read_text().splitlines()) <= 400
 
 
 def test_runs_that_differ_only_in_their_stack_sit_side_by_side(tmp_path):
@@ -88,7 +95,8 @@ def test_runs_that_differ_only_in_their_stack_sit_side_by_side(tmp_path):
 def test_benchmarks_page_cites_only_files_it_has():
     """A plot the page names (the convergence table's auc_curve.png, ...) must exist beside it: the page shows
     the curves as a table instead, so a bare plot name would send a reader to a file that is not there."""
-    cited = set(re.findall(r"[\w./-]+\.(?:png|svg|csv)\b", PAGE.read_text()))
+    pages = PAGE.read_text() + (PAGE.parent / docs.HISTORY).read_text()
+    cited = set(re.findall(r"[\w./-]+\.(?:png|svg|csv)\b", pages))
     missing = sorted(name for name in cited if not (PAGE.parent / name).is_file())
     assert not missing, f"docs/benchmarks.md cites files it does not have: {missing}"
 
