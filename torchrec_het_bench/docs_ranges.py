@@ -9,6 +9,7 @@ user running only that entry gets against stock, compared with the entry's ratio
 """
 
 from torchrec_het_bench import report, versus
+from torchrec_het_bench.speed_intervals import ratio_of
 
 STOCK = "stock_table_wise"
 
@@ -25,11 +26,25 @@ def _setting(results: dict) -> tuple:
 
 
 def _ratio(results: dict, name: str, base: str = STOCK) -> float | None:
-    """The entry's samples/s over ``base``'s (stock table_wise) in the same run."""
+    """The entry's samples/s over ``base``'s (stock table_wise) in the same run: paired over its rounds where
+    the run recorded them (as its verdicts), else the medians' ratio."""
     entries = {c["name"]: c for c in report.ran(results["configs"])}
     if name not in entries or base not in entries:
         return None
+    paired = ratio_of(entries[name], entries[base])
+    if paired is not None:
+        return paired.ratio
     return entries[name]["samples_per_s"]["median"] / entries[base]["samples_per_s"]["median"]
+
+
+def _cell(results: dict, name: str, base: str) -> str:
+    """One run's ratio as the table shows it, with its 95% interval where the run recorded its rounds."""
+    entries = {c["name"]: c for c in report.ran(results["configs"])}
+    paired = ratio_of(entries[name], entries[base]) if name in entries and base in entries else None
+    if paired is not None:
+        return paired.text()
+    ratio = _ratio(results, name, base)
+    return "-" if ratio is None else f"{ratio:.2f}×"
 
 
 def stock_of(results: dict) -> str:
@@ -124,7 +139,7 @@ def render_ranges(runs: list[dict]) -> str:
             solo = alone.get(name, []) if base == stock else []
             company = sum(known) / len(known) if known else None
             gap = "-" if not solo or company is None else f"{(company / (sum(solo) / len(solo)) - 1):+.1%}"
-            cells = ["-" if x is None else f"{x:.2f}×" for x in ratios]
+            cells = [_cell(r, name, base) for r in normal]
             label = name if base == stock else f"{name} × {base} (same codecs)"
             lines.append(
                 f"| {label} | " + " | ".join(cells) + f" | {_span(known)} | {_span(slow)} | {_span(solo)} | {gap} |"
@@ -137,5 +152,8 @@ def render_ranges(runs: list[dict]) -> str:
         "Every entry's samples/s over stock table_wise's (an entry run under quantized comms also over stock "
         "table_wise's under the same codecs), per run of one setting under the one CPU budget "
         "([measuring.md](measuring.md#cpu-budget)); a claim holds over the whole range and on the slowed "
-        "machine.\n\n" + "\n\n".join(sections) + "\n"
+        "machine. A run that recorded its rounds gives its ratio paired round by round with the 95% interval "
+        "over them ([measuring.md](measuring.md#speed-ratios-their-intervals-and-the-runs-noise-floor)).\n\n"
+        + "\n\n".join(sections)
+        + "\n"
     )
