@@ -77,9 +77,9 @@ class LogisticReadout(nn.Module):
         return loss, (loss.detach(), logits.detach())
 
 
-def sharder_and_plan(kind: str, configs: list[EmbeddingBagConfig], world_size: int) -> tuple:
+def sharder_and_plan(kind: str, configs: list[EmbeddingBagConfig], world_size: int, profile_rank: int = 0) -> tuple:
     """``kind``'s sharder and plan generator (table_wise: the tables round-robin over the ranks;
-    het_row_replicated: the hot rows of a profile of the same generator, the same on every rank)."""
+    het_row_replicated: the hot rows of a profile of rank ``profile_rank``'s batches of the same generator)."""
     if kind == "table_wise":
         ranks = itertools.cycle(range(world_size))
         return EmbeddingBagCollectionSharder(), lambda: table_wise(rank=next(ranks))
@@ -87,7 +87,7 @@ def sharder_and_plan(kind: str, configs: list[EmbeddingBagConfig], world_size: i
         return CpuRowWiseEmbeddingBagCollectionSharder(), row_wise
     profiler = AccessProfiler(configs)
     for step in range(4):
-        profiler.observe(batch(0, 10_000 + step).sparse_features)
+        profiler.observe(batch(profile_rank, 10_000 + step).sparse_features)
     tiers = ProfileTiers(profiler.profile(), world_size=world_size)
     return HetEmbeddingBagCollectionSharder(replication=ReplicationConfig(tiers=tiers)), het_row_replicated
 
@@ -108,8 +108,20 @@ def train(kind: str, configs, world_size: int, rank: int) -> dict:
     return {"logits": logits, "losses": losses}
 
 
+def own_profile_error(configs, world_size: int, rank: int) -> str | None:
+    """The error of sharding ``het_row_replicated`` with every rank's hot rows from its own batches (None: none)."""
+    sharder, generator = sharder_and_plan("het_row_replicated", configs, world_size, profile_rank=rank)
+    try:
+        shard_module(LogisticReadout(ebc_with_optimizer(configs, False, "rowwise_adagrad", "meta")), "ebc", configs,
+                     sharder, generator)  # fmt: skip
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
     with gloo_rank(rank, world_size, port, timeout_s=300):
         configs = table_configs()
         results = {kind: train(kind, configs, world_size, rank) for kind in KINDS}
+        results["own_profile_error"] = own_profile_error(configs, world_size, rank)
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))

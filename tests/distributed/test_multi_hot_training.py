@@ -48,3 +48,12 @@ def test_training_moves_the_outputs(world: list[dict]) -> None:
     """The comparison above means something: the tables learn (the logits change by far more than the tolerance)."""
     first, last = (torch.tensor(world[0]["table_wise"]["logits"][i]) for i in (0, -1))
     assert float((last - first).abs().max()) > 0.1
+
+
+def test_ranks_that_profiled_their_own_batches_get_an_error_naming_the_tables(world: list[dict]) -> None:
+    """Hot rows that differ between ranks would route ids and gradients by other layouts: a collective
+    fails, or, where sizes agree, a rank trains on another's rows. Every rank refuses at sharding time."""
+    for rank, results in enumerate(world):
+        error = results["own_profile_error"]
+        assert error is not None, rank
+        assert "['t0', 't1']" in error and "the ranks hold different hot rows" in error and "rank 1:" in error, error

@@ -10,6 +10,7 @@ batch of bags pooled from it.
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -60,6 +61,29 @@ class PooledHotRead:
         self.block.add_row_grads(row_grads, values.row_counts.to(self.block.touches.dtype), scale)
 
 
+def check_same_tiers(groups: list[ReplicaGroup], pg, device) -> None:
+    """ValueError naming the tables whose hot rows differ between the ranks of ``pg`` (a collective).
+
+    Every rank must route with the same tiers: ranks whose profiles differ (each profiled its own
+    batches) would exchange ids and gradients by other layouts, which fails in a collective or, where
+    the sizes happen to agree, trains on another rank's rows without a word."""
+    mix = torch.tensor(0x9E3779B97F4A7C15 - 2**64, dtype=torch.int64)  # wraps: a cheap fingerprint of the ids
+    mine = torch.tensor(
+        [[g.hot.numel(), g.host.numel(), int((g.hot * mix).sum() + (g.host * mix * 3).sum())] for g in groups],
+        dtype=torch.int64,
+    ).to(device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(pg))]
+    dist.all_gather(gathered, mine, group=pg)
+    for index, g in enumerate(groups):
+        seen = [tuple(t[index].tolist()) for t in gathered]
+        if len(set(seen)) > 1:
+            sizes = ", ".join(f"rank {r}: {s[0]} replicated, {s[1]} per host" for r, s in enumerate(seen))
+            raise ValueError(
+                f"het_row_replicated tables {[t.name for t in g.tables]}: the ranks hold different hot rows ({sizes}); "
+                "every rank must take its tiers from the same access profile (one file, not each rank's own batches)"
+            )
+
+
 def pool_values(rows: torch.Tensor, values: HotValues) -> torch.Tensor:
     """``[bags, dim]``: the values' bags pooled from ``rows`` (their weights applied)."""
     weights = None if values.weights is None else values.weights.index_select(0, values.by_bag)
@@ -105,6 +129,7 @@ class ReplicaHolder:
         # bags: the owner pools and steps its rows in its kernel where it can (owner.py), else the kernel's call
         self.owner = self._direct_owner() if pooled else None
         self._build_blocks()
+        check_same_tiers(self.groups, self._sync_pg, self.device)
         self._needs_refresh = True
         self._refreshed_version = -1
         self.anchor = torch.zeros(1, device=self.device, requires_grad=True)
