@@ -9,7 +9,7 @@ user running only that entry gets against stock, compared with the entry's ratio
 """
 
 from torchrec_het_bench import report, versus
-from torchrec_het_bench.speed_intervals import ratio_of
+from torchrec_het_bench.speed_intervals import speed_over
 
 STOCK = "stock_table_wise"
 
@@ -25,25 +25,25 @@ def _setting(results: dict) -> tuple:
     )
 
 
-def _ratio(results: dict, name: str, base: str = STOCK) -> float | None:
-    """The entry's samples/s over ``base``'s (stock table_wise) in the same run: paired over its rounds where
-    the run recorded them (as its verdicts), else the medians' ratio."""
+def _pair_speed(results: dict, name: str, base: str) -> tuple:
+    """:func:`~torchrec_het_bench.speed_intervals.speed_over` of the run's entries ``name`` and ``base``
+    ((None, None) where the run lacks one): paired over rounds where recorded, as the run's verdicts."""
     entries = {c["name"]: c for c in report.ran(results["configs"])}
     if name not in entries or base not in entries:
-        return None
-    paired = ratio_of(entries[name], entries[base])
-    if paired is not None:
-        return paired.ratio
-    return entries[name]["samples_per_s"]["median"] / entries[base]["samples_per_s"]["median"]
+        return None, None
+    return speed_over(entries[name], entries[base])
+
+
+def _ratio(results: dict, name: str, base: str = STOCK) -> float | None:
+    """The entry's samples/s over ``base``'s (stock table_wise) in the same run."""
+    return _pair_speed(results, name, base)[0]
 
 
 def _cell(results: dict, name: str, base: str) -> str:
     """One run's ratio as the table shows it, with its 95% interval where the run recorded its rounds."""
-    entries = {c["name"]: c for c in report.ran(results["configs"])}
-    paired = ratio_of(entries[name], entries[base]) if name in entries and base in entries else None
+    ratio, paired = _pair_speed(results, name, base)
     if paired is not None:
         return paired.text()
-    ratio = _ratio(results, name, base)
     return "-" if ratio is None else f"{ratio:.2f}×"
 
 

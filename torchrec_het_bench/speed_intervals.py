@@ -88,6 +88,16 @@ def ratio_of(entry: dict, reference: dict) -> SpeedRatio | None:
     return paired_ratio(a, b)
 
 
+def speed_over(entry: dict, reference: dict) -> tuple[float | None, SpeedRatio | None]:
+    """``entry``'s speed over ``reference``'s: the paired ratio (and its :class:`SpeedRatio`) where both
+    recorded their rounds, else the medians' ratio and None (None, None: the reference has no speed)."""
+    paired = ratio_of(entry, reference)
+    if paired is not None:
+        return paired.ratio, paired
+    base = reference["samples_per_s"]["median"]
+    return (entry["samples_per_s"]["median"] / base if base else None), None
+
+
 def twin_of(name: str) -> str:
     """The name of ``name``'s A/A twin."""
     return name + TWIN_SUFFIX

@@ -12,7 +12,7 @@ held-out samples, or a paired t interval over seeds). "Equal" means the interval
 from torchrec_het_bench import qcomms
 from torchrec_het_bench.auc_intervals import AucDifference, paired_delong, verdict_word
 from torchrec_het_bench.report import by_workload, het_hit_rate, hot_row_share
-from torchrec_het_bench.speed_intervals import is_twin, ratio_of
+from torchrec_het_bench.speed_intervals import SpeedRatio, is_twin, ratio_of, speed_over
 
 
 def reference_name(entry: dict) -> str | None:
@@ -120,12 +120,8 @@ def difference_text(entry: dict, reference: dict | None) -> str:
 def _speed_and_bytes(entry: dict, other: dict) -> tuple[str, float | None]:
     """The entry's speed over ``other``'s (``1.31× [1.25, 1.38] (faster)``: paired over rounds, with its
     95% interval; the medians' ratio where no rounds were recorded) and its embedding bytes per step over ``other``'s."""
-    paired = ratio_of(entry, other)
-    speed = (
-        _times(_ratio(entry["samples_per_s"]["median"], other["samples_per_s"]["median"]))
-        if paired is None
-        else f"{paired.text()} ({paired.word()})"
-    )
+    ratio, paired = speed_over(entry, other)
+    speed = _times(ratio) if paired is None else f"{paired.text()} ({paired.word()})"
     return speed, _ratio(
         entry["bytes_per_step"]["embedding_cross_rank"], other["bytes_per_step"]["embedding_cross_rank"]
     )
@@ -133,7 +129,8 @@ def _speed_and_bytes(entry: dict, other: dict) -> tuple[str, float | None]:
 
 def verdict(entry: dict, reference: dict, fastest: dict | None = None, same_codecs: dict | None = None) -> str:
     """One line: ``planned: 1.31× [1.25, 1.38] (faster) stock_table_wise at 0.53× its bytes, AUC equal
-    (−0.0003 ± 0.0008); tables: het_row_replicated`` (speed paired over rounds with its 95% interval) (the sharding types a plugin configuration's tables got, after the ``;``). With
+    (−0.0003 ± 0.0008); tables: het_row_replicated`` (the speed paired over rounds with its 95% interval; the
+    sharding types a plugin configuration's tables got, after the ``;``). With
     ``fastest`` (the run's fastest stock entry under the entry's pipeline, when not the reference) a
     plugin entry's line also says ``1.12× the fastest stock, stock_table_wise_fp16 (1.03× its bytes)``;
     with ``same_codecs`` (stock table_wise under the quantized comms the entry ran with, when not the
@@ -262,7 +259,8 @@ def noise_lines(results: dict) -> list[str]:
     if not pairs:
         return []
     lines = [
-        f"- {p['twin']}: {p['ratio']:.2f}× [{p['low']:.2f}, {p['high']:.2f}] {p['entry']} ({p['word']})" for p in pairs
+        f"- {p['twin']}: {SpeedRatio(p['ratio'], p['low'], p['high'], p['rounds']).text()} {p['entry']} ({p['word']})"
+        for p in pairs
     ]
     return ["noise floor (A/A: the same configuration measured twice in this run):", *lines, ""]
 
