@@ -299,6 +299,9 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
                     grads.append(leaf.grad)
         if tensors:
             torch.autograd.backward(tensors, grads)
+        # The batch's graph is spent: freed here, not when the worker thread drops its task later.
+        context.embedding_tensors.clear()
+        context.detached_embedding_tensors.clear()
         self.updates_applied += 1
 
     # --- draining -----------------------------------------------------------------------------
