@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from torchrec_het_bench import docs, docs_stacks, report
+from torchrec_het_bench.speed_intervals import paired_ratio
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = sorted((ROOT / "docs" / "results").glob("*.json"))
@@ -62,13 +63,35 @@ def test_benchmarks_page_is_up_to_date(monkeypatch):
     monkeypatch.chdir(ROOT)
     paths = [path.relative_to(ROOT) for path in RESULTS]
     command = docs.command_line(paths, Path("docs/benchmarks.md"))
-    assert PAGE.read_text() == docs.render(paths, command), "docs/benchmarks.md is stale: run `make docs`"
+    expected = docs.render(paths, command, PAGE.with_suffix(".png").name)
+    assert PAGE.read_text() == expected, "docs/benchmarks.md is stale: run `make docs`"
     history = PAGE.parent / docs.HISTORY
     assert history.read_text() == docs.render_history(paths, command), f"{history} is stale: run `make docs`"
 
 
 def test_the_claims_page_is_one_read():
     assert len(PAGE.read_text().splitlines()) <= 400
+
+
+def test_the_page_opens_with_each_settings_current_claim_and_its_picture(tmp_path):
+    """The latest run of a setting that measured its A/A pairs gives its claims: every entry but the
+    reference and the twins, paired over rounds with the interval, and the A/A pairs beside them."""
+    runs = [path for path in RESULTS if "noise_floor" in json.loads(path.read_text())]
+    assert runs, "no committed run recorded its A/A pairs"
+    latest = json.loads(runs[-1].read_text())
+    out = tmp_path / "bench.md"
+    assert docs.main([*map(str, runs), "--out", str(out)]) == 0
+    text = out.read_text()
+    claims = text[text.index("## Current claims") : text.index("## Claims as ranges")]
+    entries = {c["name"]: c for c in latest["configs"]}
+    rates = {name: entries[name]["samples_per_s"]["rounds"] for name in ("planned", "stock_table_wise")}
+    planned = paired_ratio(rates["planned"], rates["stock_table_wise"])
+    assert f"| planned | {planned.text()} {planned.word()} |" in claims
+    for pair in latest["noise_floor"]:
+        assert f"{pair['twin']} {pair['ratio']:.2f}× [{pair['low']:.2f}, {pair['high']:.2f}]" in claims
+        assert f"| {pair['twin']} |" not in claims
+    assert "| stock_table_wise |" not in claims  # the reference is the column
+    assert "![Current claims" in claims and (tmp_path / "bench.png").stat().st_size > 10_000
 
 
 def test_runs_that_differ_only_in_their_stack_sit_side_by_side(tmp_path):
