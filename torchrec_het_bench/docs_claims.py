@@ -10,7 +10,7 @@ run of the setting that has both.
 from pathlib import Path
 
 from torchrec_het_bench import report, versus
-from torchrec_het_bench.docs_ranges import STOCK, _pair_speed, _setting, stock_of
+from torchrec_het_bench.docs_ranges import STOCK, pair_speed, setting_of, stock_of
 from torchrec_het_bench.speed_intervals import SpeedRatio, is_twin
 
 
@@ -19,7 +19,7 @@ def current_runs(runs: list[dict]) -> list[dict]:
     latest: dict[tuple, dict] = {}
     for results in runs:
         if results.get("noise_floor") and not results.get("busy_share"):
-            latest[_setting(results)] = results
+            latest[setting_of(results)] = results
     return list(latest.values())
 
 
@@ -31,9 +31,9 @@ def ratios_over_runs(runs: list[dict], setting: tuple, name: str) -> list[float]
     """The entry's ratio to stock table_wise in every run of ``setting`` (not slowed) that has both."""
     out = []
     for results in runs:
-        if _setting(results) != setting or results.get("busy_share") or results.get("mode") == "soak":
+        if setting_of(results) != setting or results.get("busy_share") or results.get("mode") == "soak":
             continue
-        ratio = _pair_speed(results, name, stock_of(results))[0]
+        ratio = pair_speed(results, name, stock_of(results))[0]
         if ratio is not None:
             out.append(ratio)
     return out
@@ -56,10 +56,10 @@ def claims(results: dict, runs: list[dict]) -> list[dict]:
             {
                 "name": name,
                 "stock": bool(c.get("stock")),
-                "vs_stock": _pair_speed(results, name, stock)[1],
+                "vs_stock": pair_speed(results, name, stock)[1],
                 "best": best,
-                "vs_best": None if best is None else _pair_speed(results, name, best)[1],
-                "over_runs": ratios_over_runs(runs, _setting(results), name),
+                "vs_best": None if best is None else pair_speed(results, name, best)[1],
+                "over_runs": ratios_over_runs(runs, setting_of(results), name),
             }
         )
     return rows

@@ -14,7 +14,7 @@ from torchrec_het_bench.speed_intervals import speed_over
 STOCK = "stock_table_wise"
 
 
-def _setting(results: dict) -> tuple:
+def setting_of(results: dict) -> tuple:
     net = results.get("network") or {}
     return (
         results.get("preset"),
@@ -25,7 +25,7 @@ def _setting(results: dict) -> tuple:
     )
 
 
-def _pair_speed(results: dict, name: str, base: str) -> tuple:
+def pair_speed(results: dict, name: str, base: str) -> tuple:
     """:func:`~torchrec_het_bench.speed_intervals.speed_over` of the run's entries ``name`` and ``base``
     ((None, None) where the run lacks one): paired over rounds where recorded, as the run's verdicts."""
     entries = {c["name"]: c for c in report.ran(results["configs"])}
@@ -36,12 +36,12 @@ def _pair_speed(results: dict, name: str, base: str) -> tuple:
 
 def _ratio(results: dict, name: str, base: str = STOCK) -> float | None:
     """The entry's samples/s over ``base``'s (stock table_wise) in the same run."""
-    return _pair_speed(results, name, base)[0]
+    return pair_speed(results, name, base)[0]
 
 
 def _cell(results: dict, name: str, base: str) -> str:
     """One run's ratio as the table shows it, with its 95% interval where the run recorded its rounds."""
-    ratio, paired = _pair_speed(results, name, base)
+    ratio, paired = pair_speed(results, name, base)
     if paired is not None:
         return paired.text()
     return "-" if ratio is None else f"{ratio:.2f}×"
@@ -85,7 +85,7 @@ def series(runs: list[dict]) -> list[list[dict]]:
     for results in runs:
         if results.get("mode") == "soak" or results.get("cpu_budget") is None or len(results["configs"]) < 2:
             continue
-        key = (_setting(results), tuple(sorted(c["name"] for c in results["configs"])))
+        key = (setting_of(results), tuple(sorted(c["name"] for c in results["configs"])))
         groups.setdefault(key, []).append(results)
     return list(groups.values())
 
@@ -93,7 +93,7 @@ def series(runs: list[dict]) -> list[list[dict]]:
 def alone_pairs(runs: list[dict], setting: tuple) -> dict[str, list[float]]:
     """Per entry: the ratio of each of its alone runs to the alone run of stock table_wise taken next
     to it (the nearest in page order, the earlier on a tie; same setting, not slowed)."""
-    alone = [r for r in runs if r.get("cpu_budget") is not None and len(r["configs"]) == 1 and _setting(r) == setting
+    alone = [r for r in runs if r.get("cpu_budget") is not None and len(r["configs"]) == 1 and setting_of(r) == setting
              and not r.get("busy_share")]  # fmt: skip
     stock = [i for i, r in enumerate(alone) if r["configs"][0]["name"] == STOCK]
     out: dict[str, list[float]] = {}
@@ -116,7 +116,7 @@ def render_ranges(runs: list[dict]) -> str:
         stock = stock_of(normal[0])
         names = [(c["name"], stock) for c in report.by_workload(normal[0]["configs"]) if c["name"] != stock]
         names += _same_codecs_rows(normal[0])
-        alone = alone_pairs(runs, _setting(normal[0]))
+        alone = alone_pairs(runs, setting_of(normal[0]))
         budget = normal[0]["cpu_budget"]
         busy = ", ".join(f"{r['busy_share']:.0%}" for r in slowed) or "-"
         lines = [

@@ -44,7 +44,7 @@ def test_runs_before_the_budget_and_single_runs_make_no_section():
 def test_alone_runs_pair_with_the_nearest_stock_run():
     runs = [_run({"stock_table_wise": 100.0}), _run({"planned": 150.0}), _run({"planned": 200.0}),
             _run({"stock_table_wise": 200.0})]  # fmt: skip
-    pairs = docs_ranges.alone_pairs(runs, docs_ranges._setting(runs[0]))
+    pairs = docs_ranges.alone_pairs(runs, docs_ranges.setting_of(runs[0]))
     assert pairs == {"planned": [1.5, 1.0]}
 
 
