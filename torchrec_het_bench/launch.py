@@ -6,9 +6,9 @@ import socket
 from dataclasses import replace
 
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from torchrec_het.cpu_budget import budget_for, current_budget, stated_ranks_on_machine
+from torchrec_het_bench import warm_start
 from torchrec_het_bench.run_links import measure_run_links
 from torchrec_het_bench.worker import RunSpec, run_benchmark
 
@@ -95,9 +95,7 @@ def spawn(spec: RunSpec, on_done, body=run_benchmark) -> None:
             dict(rank_env(rank, (0,) * spec.world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **spec.cpu.env())
             for rank in range(spec.world_size)
         ]  # one host
-        mp.start_processes(
-            _rank_main, args=(spec, env, None, on_done, body), nprocs=spec.world_size, start_method="spawn"
-        )
+        warm_start.start_processes(_rank_main, (spec, env, None, on_done, body), spec.world_size)
         return
     from torchrec_het_bench.netem import EmulatedHosts, LinkSpec, remove_stale
     from torchrec_het_bench.netem_measure import link_truth
@@ -114,9 +112,7 @@ def spawn(spec: RunSpec, on_done, body=run_benchmark) -> None:
             dict(hosts.rank_env(r, host_of_rank), MASTER_PORT=port, **spec.cpu.env()) for r in range(spec.world_size)
         ]
         netns = [hosts.host_netns(h) for h in host_of_rank]
-        mp.start_processes(
-            _rank_main, args=(spec, env, netns, on_done, body), nprocs=spec.world_size, start_method="spawn"
-        )
+        warm_start.start_processes(_rank_main, (spec, env, netns, on_done, body), spec.world_size)
 
 
 def run_under_torchrun(spec: RunSpec, on_done, body=run_benchmark) -> None:

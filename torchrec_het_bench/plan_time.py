@@ -21,8 +21,8 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from torchrec_het_bench import warm_start
 from torchrec_het_bench.flags import float_above, int_at_least
 
 
@@ -84,15 +84,13 @@ def main(argv: list[str] | None = None) -> int:
             free.bind(("127.0.0.1", 0))
             port = str(free.getsockname()[1])
         envs = [dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, LOCAL_WORLD_SIZE="2") for _ in range(2)]
-        mp.start_processes(_rank, args=(args, envs, None), nprocs=2, start_method="spawn")
+        warm_start.start_processes(_rank, (args, envs, None), 2)
         return 0
     from torchrec_het_bench.netem import EmulatedHosts, LinkSpec
 
     with EmulatedHosts(2, LinkSpec(args.gbit, 0.0), name_prefix="trhplantime") as hosts:
         envs = [dict(hosts.rank_env(rank, [0, 1]), MASTER_PORT="29517") for rank in range(2)]
-        mp.start_processes(
-            _rank, args=(args, envs, [hosts.host_netns(h) for h in (0, 1)]), nprocs=2, start_method="spawn"
-        )
+        warm_start.start_processes(_rank, (args, envs, [hosts.host_netns(h) for h in (0, 1)]), 2)
     return 0
 
 

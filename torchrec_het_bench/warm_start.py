@@ -1,0 +1,31 @@
+"""Ranks started warm: forked from one server process that imported torch, TorchRec and FBGEMM once.
+
+A spawned rank spends about 5 s of CPU importing them; two or three ranks at once on 2 cores make that
+the start of every spawned world. Python's ``forkserver`` imports :data:`PRELOAD` in its server the
+first time this process starts ranks and forks every later rank from it, so a world starts in
+milliseconds. A forked rank would see the server's environment, taken when it started; it gets its
+starter's, current one instead (its working directory and ``sys.path`` it gets from
+:mod:`multiprocessing` itself), so it runs as a spawned rank would.
+"""
+
+import multiprocessing
+import os
+
+import torch.multiprocessing as mp
+
+PRELOAD = ["torch", "torchrec", "torchrec.distributed", "fbgemm_gpu", "torchrec_het", "torchrec_het_bench.worker"]
+
+
+def start_processes(fn, args: tuple = (), nprocs: int = 1) -> None:
+    """``torch.multiprocessing.start_processes(fn, args, nprocs)`` (joined) with ranks forked warm:
+    ``fn(rank, *args)`` runs in each, under this process's environment as it is now."""
+    multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts (this process's first world)
+    mp.start_processes(
+        _in_environment, args=(fn, dict(os.environ), args), nprocs=nprocs, join=True, start_method="forkserver"
+    )
+
+
+def _in_environment(rank: int, fn, environment: dict, args: tuple) -> None:
+    os.environ.clear()
+    os.environ.update(environment)
+    fn(rank, *args)
