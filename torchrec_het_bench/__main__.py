@@ -13,7 +13,13 @@ python -m torchrec_het_bench --soak 3000 --preset smoke --configs het_het_s10_c1
 
 import argparse
 import functools
+import os
 import sys
+
+from torchrec_het_testing import warm_start
+
+if __name__ == "__main__" and "RANK" not in os.environ and "--list" not in sys.argv:
+    warm_start.start_early()  # the ranks' server imports TorchRec while this process does (torchrun: no server)
 
 from torchrec_het_bench import configs as bench_configs
 from torchrec_het_bench.busy import busy_machine

@@ -8,9 +8,9 @@ from dataclasses import replace
 import torch.distributed as dist
 
 from torchrec_het.cpu_budget import budget_for, current_budget, stated_ranks_on_machine
-from torchrec_het_bench import warm_start
 from torchrec_het_bench.run_links import measure_run_links
 from torchrec_het_bench.worker import RunSpec, run_benchmark
+from torchrec_het_testing import warm_start
 
 _LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 

@@ -22,8 +22,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from torchrec_het_bench import warm_start
 from torchrec_het_bench.flags import float_above, int_at_least
+from torchrec_het_testing import warm_start
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

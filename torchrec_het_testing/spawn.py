@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torchrec_het_bench import warm_start
+from torchrec_het_testing import warm_start
 
 
 def free_port() -> int:
@@ -26,7 +26,7 @@ def free_port() -> int:
 
 def spawn_world(run_world: Callable[..., None], world_size: int, out_dir: str | Path, *args: object) -> list[dict]:
     """Runs ``run_world(rank, world_size, port, out_dir, *args)`` on ``world_size`` ranks (``args``
-    reach them pickled; the ranks start warm: :mod:`~torchrec_het_bench.warm_start`); returns each rank's JSON."""
+    reach them pickled; the ranks start warm: :mod:`~torchrec_het_testing.warm_start`); returns each rank's JSON."""
     warm_start.start_processes(run_world, (world_size, free_port(), str(out_dir), *args), world_size)
     return [json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in range(world_size)]
 

@@ -9,16 +9,24 @@ starter's, current one instead (its working directory and ``sys.path`` it gets f
 """
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 
-import torch.multiprocessing as mp
-
 PRELOAD = ["torch", "torchrec", "torchrec.distributed", "fbgemm_gpu", "torchrec_het", "torchrec_het_bench.worker"]
+
+
+def start_early() -> None:
+    """Starts the server now, so that it imports while this process still imports its own (a
+    command's first lines; standard library only until here)."""
+    multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts
+    multiprocessing.forkserver.ensure_running()
 
 
 def start_processes(fn, args: tuple = (), nprocs: int = 1) -> None:
     """``torch.multiprocessing.start_processes(fn, args, nprocs)`` (joined) with ranks forked warm:
     ``fn(rank, *args)`` runs in each, under this process's environment as it is now."""
+    import torch.multiprocessing as mp
+
     multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts (this process's first world)
     mp.start_processes(
         _in_environment, args=(fn, dict(os.environ), args), nprocs=nprocs, join=True, start_method="forkserver"
