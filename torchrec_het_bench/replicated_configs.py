@@ -32,15 +32,22 @@ BUDGET_RATIOS = (1.0, 1.1, 1.25)
 SYNC_EVERY = (1, 10)
 
 
+_PROFILES: dict = {}  # (sample function, table names) -> the summed profile: a run's entries share their data
+
+
 def stream_profile(context: ShardingContext) -> AccessProfile:
-    """Row reads per table over every rank's sample, summed over ranks (a collective)."""
-    local = count_accesses(context.sample(), context.tables)
-    counts = []
-    for table_counts in local.counts:
-        total = table_counts.clone()
-        dist.all_reduce(total)
-        counts.append(total)
-    return AccessProfile(local.tables, local.num_rows, tuple(counts), local.batches)
+    """Row reads per table over every rank's sample, summed over ranks (a collective the first time a
+    process asks for that sample's: every rank builds the same entries in the same order)."""
+    key = (context.sample, tuple(t.name for t in context.tables))
+    if key not in _PROFILES:
+        local = count_accesses(context.sample(), context.tables)
+        counts = []
+        for table_counts in local.counts:
+            total = table_counts.clone()
+            dist.all_reduce(total)
+            counts.append(total)
+        _PROFILES[key] = AccessProfile(local.tables, local.num_rows, tuple(counts), local.batches)
+    return _PROFILES[key]
 
 
 def table_memory(context: ShardingContext) -> list[TableMemory]:

@@ -89,8 +89,16 @@ def shard_workload(
 PROFILE_EVERY = 20  # FAE's profile: a 5% sample of the training steps
 
 
+_SAMPLES: dict = {}  # (source, preset) -> their sample function: one per run, so its profile is counted once
+
+
 def training_sample(source, preset: BenchPreset):
-    """This rank's every-20th training batch (sparse features), built only when asked for."""
+    """This rank's every-20th training batch (sparse features), built only when asked for; the same
+    function for the same source and preset (:func:`~torchrec_het_bench.replicated_configs.stream_profile`
+    counts each once)."""
+    key = (id(source), preset)
+    if key in _SAMPLES:
+        return _SAMPLES[key][1]
 
     def sample():
         rank = dist.get_rank()
@@ -98,4 +106,5 @@ def training_sample(source, preset: BenchPreset):
             source.batch(step, rank, "train").sparse_features for step in range(0, preset.total_steps, PROFILE_EVERY)
         ]
 
+    _SAMPLES[key] = (source, sample)  # the source held: its id is not reused while the key is here
     return sample

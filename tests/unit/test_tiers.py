@@ -379,3 +379,16 @@ def test_per_host_rows_golden() -> None:
     assert hot_rows.per_host_rows(reads, replicated, TierTopology(4, 4, 10.0, 1.0), 8).numel() == 0
     ordered = torch.sort(reads, descending=True).values  # the planner's view: hottest first
     assert hot_rows.host_row_count(ordered, 3, topo, 8) == 3 and hot_rows.host_row_count(ordered, 3, topo, 1) == 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_hot_rows_are_the_hottest_admitted_ties_by_lower_id(seed: int) -> None:
+    """The hot rows: every row read at least the threshold, the hottest ``max_hot_fraction`` of
+    the table where that caps them, ties taken by lower id (as the hottest-first order defines)."""
+    generator = torch.Generator().manual_seed(seed)
+    reads = torch.randint(0, 6, (500,), generator=generator).double() / 2  # many ties
+    for threshold, fraction in ((1.0, 1.0), (1.0, 0.1), (2.5, 0.02), (9.0, 0.5), (0.0, 0.3)):
+        order = sorted(range(500), key=lambda row: (-reads[row].item(), row))  # hottest first, lower id first
+        admitted = [row for row in order if reads[row] >= threshold][: math.floor(fraction * 500)]
+        hot = hot_rows.hottest_rows(reads, threshold, fraction)
+        assert hot.dtype == torch.int64 and hot.tolist() == sorted(admitted), (threshold, fraction)

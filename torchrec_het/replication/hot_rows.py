@@ -31,8 +31,12 @@ def hot_row_count(reads: torch.Tensor, min_reads_per_step: float, max_hot_fracti
 def hottest_rows(reads: torch.Tensor, min_reads_per_step: float, max_hot_fraction: float) -> torch.Tensor:
     """Sorted int64 ids of the rows :func:`hot_row_count` admits, ``reads``: per step of every row
     of a table (ties: lower id first). The rule of a profile's and of online counts' hot rows."""
-    order = torch.sort(reads, descending=True, stable=True).indices
-    return torch.sort(order[: hot_row_count(reads[order], min_reads_per_step, max_hot_fraction)]).values
+    rows = torch.nonzero(reads >= min_reads_per_step).flatten()  # those read often enough, by id
+    cap = math.floor(max_hot_fraction * reads.numel())
+    if rows.numel() > cap:  # the hottest of them (a table's sort only where the cap binds)
+        order = torch.sort(reads[rows], descending=True, stable=True).indices[:cap]
+        rows = torch.sort(rows[order]).values
+    return rows.to(torch.int64)
 
 
 def host_tier_saving(reads: torch.Tensor, topology: TierTopology) -> torch.Tensor:
