@@ -9,7 +9,7 @@ PYTHON ?= python3
 STACK ?= 1.8
 STACKS := 1.8 1.9
 TESTS ?= tests
-BENCH_ARGS ?= --preset default --network auto --rounds 8 --steps-per-round 20 --warmup-steps 20 --profile-steps 10 --out bench_out
+BENCH_ARGS ?= --preset default --network auto --rounds 10 --steps-per-round 12 --warmup-steps 20 --profile-steps 10 --out bench_out
 
 ifeq ($(filter $(STACK),$(STACKS)),)
 $(error STACK=$(STACK) is not a supported stack; choose one of: $(STACKS))

@@ -19,7 +19,10 @@ import sys
 from torchrec_het_testing import warm_start
 
 if __name__ == "__main__" and "RANK" not in os.environ and "--list" not in sys.argv:
-    warm_start.start_early()  # the ranks' server imports TorchRec while this process does (torchrun: no server)
+    # the ranks' server imports TorchRec while this process does (under torchrun: no server); the tables
+    # in huge pages: a first touch of fresh memory costs ~4 s per GB here in 4 KB pages, and every
+    # entry of a run holds its own (docs/measuring.md#huge-pages)
+    warm_start.start_early(huge_pages=True)
 
 from torchrec_het_bench import configs as bench_configs
 from torchrec_het_bench.busy import busy_machine

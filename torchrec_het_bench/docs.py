@@ -88,7 +88,8 @@ def run_params(results: dict) -> list[str]:
     sizes = results["table_sizes"]
     recorded = [f"{key} {results[key]}" for key in ("commit", "date") if results.get(key)]
     if results.get("machine"):
-        recorded.append(f"machine {results['machine']['cpu']}, {results['machine']['cpus']} CPUs")
+        huge = ", large buffers in huge pages" if results["machine"].get("huge_pages") else ""
+        recorded.append(f"machine {results['machine']['cpu']}, {results['machine']['cpus']} CPUs{huge}")
     links = report.links_line(results["network"])
     if results.get("mode") == "soak":
         soak = results["soak"]

@@ -28,6 +28,7 @@ from torchrec_het_bench.prediction import prediction_error
 from torchrec_het_bench.speed_intervals import counted_steps, noise_floor, round_rates
 from torchrec_het_bench.step_time import STEP_PARTS, TIMED_PARTS
 from torchrec_het_bench.worker import RankRecord, RunSpec
+from torchrec_het_testing import warm_start
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -126,7 +127,8 @@ def provenance() -> dict[str, str]:
 
 def machine() -> dict:
     """The CPU model and count: the math libraries pick their code path by CPU, so float rounding, and
-    through it a run's exact losses, may differ between machines (docs/measuring.md)."""
+    through it a run's exact losses, may differ between machines (docs/measuring.md); and whether torch's
+    large buffers were backed by transparent huge pages (:data:`~torchrec_het_testing.warm_start.THP_ENV`)."""
     cpu = platform.processor() or "unknown"
     try:
         names = [
@@ -137,7 +139,8 @@ def machine() -> dict:
         cpu = names[0] if names else cpu
     except OSError:
         pass
-    return {"cpu": cpu, "cpus": os.cpu_count()}
+    thp = os.environ.get(warm_start.THP_ENV, "0") == "1"
+    return {"cpu": cpu, "cpus": os.cpu_count(), "huge_pages": thp}
 
 
 # The reference of ``convergence``: stock table_wise of the entry's workload.

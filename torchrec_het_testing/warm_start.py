@@ -12,12 +12,16 @@ import multiprocessing
 import multiprocessing.forkserver
 import os
 
+THP_ENV = "THP_MEM_ALLOC_ENABLE"  # torch: CPU buffers of 2 MB and more asked for as transparent huge pages
 PRELOAD = ["torch", "torchrec", "torchrec.distributed", "fbgemm_gpu", "torchrec_het", "torchrec_het_bench.worker"]
 
 
-def start_early() -> None:
+def start_early(huge_pages: bool = False) -> None:
     """Starts the server now, so that it imports while this process still imports its own (a
-    command's first lines; standard library only until here)."""
+    command's first lines; standard library only until here). ``huge_pages``: the ranks' large buffers
+    in transparent huge pages unless the environment says otherwise (torch reads it once, in the server)."""
+    if huge_pages:
+        os.environ.setdefault(THP_ENV, "1")
     multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts
     multiprocessing.forkserver.ensure_running()
 
