@@ -24,10 +24,13 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def spawn_world(run_world: Callable[..., None], world_size: int, out_dir: str | Path, *args: object) -> list[dict]:
+def spawn_world(
+    run_world: Callable[..., None], world_size: int, out_dir: str | Path, *args: object, warm: bool = True
+) -> list[dict]:
     """Runs ``run_world(rank, world_size, port, out_dir, *args)`` on ``world_size`` ranks (``args``
-    reach them pickled; the ranks start warm: :mod:`~torchrec_het_testing.warm_start`); returns each rank's JSON."""
-    warm_start.start_processes(run_world, (world_size, free_port(), str(out_dir), *args), world_size)
+    reach them pickled; the ranks start warm, :mod:`~torchrec_het_testing.warm_start`, unless ``warm`` is
+    False); returns each rank's JSON."""
+    warm_start.start_processes(run_world, (world_size, free_port(), str(out_dir), *args), world_size, warm)
     return [json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in range(world_size)]
 
 

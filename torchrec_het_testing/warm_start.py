@@ -26,14 +26,20 @@ def start_early(huge_pages: bool = False) -> None:
     multiprocessing.forkserver.ensure_running()
 
 
-def start_processes(fn, args: tuple = (), nprocs: int = 1) -> None:
+def start_processes(fn, args: tuple = (), nprocs: int = 1, warm: bool = True) -> None:
     """``torch.multiprocessing.start_processes(fn, args, nprocs)`` (joined) with ranks forked warm:
-    ``fn(rank, *args)`` runs in each, under this process's environment as it is now."""
+    ``fn(rank, *args)`` runs in each, under this process's environment as it is now.
+
+    A forked rank cannot use CUDA: once FBGEMM's CUDA build is imported, torch marks every fork of that
+    process ("Cannot re-initialize CUDA in forked subprocess"). Where CUDA is available, or ``warm`` is
+    False (ranks that must meet CUDA as a spawned rank does), the ranks are spawned instead."""
+    import torch
     import torch.multiprocessing as mp
 
+    method = "forkserver" if warm and not torch.cuda.is_available() else "spawn"
     multiprocessing.set_forkserver_preload(PRELOAD)  # read when the server starts (this process's first world)
     mp.start_processes(
-        _in_environment, args=(fn, dict(os.environ), args), nprocs=nprocs, join=True, start_method="forkserver"
+        _in_environment, args=(fn, dict(os.environ), args), nprocs=nprocs, join=True, start_method=method
     )
 
 
