@@ -10,7 +10,7 @@ run of the setting that has both.
 from pathlib import Path
 
 from torchrec_het_bench import report, versus
-from torchrec_het_bench.docs_ranges import STOCK, pair_speed, setting_of, stock_of
+from torchrec_het_bench.docs_ranges import STOCK, pair_speed, setting_of, span, stock_of
 from torchrec_het_bench.speed_intervals import SpeedRatio, is_twin
 
 
@@ -72,9 +72,7 @@ def _text(ratio: SpeedRatio | None) -> str:
 def _range(values: list[float]) -> str:
     if not values:
         return "-"
-    if len(values) == 1:
-        return f"{values[0]:.2f}× (1 run)"
-    return f"{min(values):.2f}–{max(values):.2f}× ({len(values)} runs)"
+    return f"{span(values)} ({len(values)} run{'s' if len(values) > 1 else ''})"
 
 
 def render_claims(runs: list[dict], picture: str | None) -> str:

@@ -72,7 +72,7 @@ def _speed(results: dict) -> float:
     return entry["samples_per_s"]["median"]
 
 
-def _span(values: list[float]) -> str:
+def span(values: list[float]) -> str:
     if not values:
         return "-"
     low, high = min(values), max(values)
@@ -142,7 +142,7 @@ def render_ranges(runs: list[dict]) -> str:
             cells = [_cell(r, name, base) for r in normal]
             label = name if base == stock else f"{name} × {base} (same codecs)"
             lines.append(
-                f"| {label} | " + " | ".join(cells) + f" | {_span(known)} | {_span(slow)} | {_span(solo)} | {gap} |"
+                f"| {label} | " + " | ".join(cells) + f" | {span(known)} | {span(slow)} | {span(solo)} | {gap} |"
             )
         sections.append("\n".join(lines))
     if not sections:

@@ -32,9 +32,9 @@ def hottest_rows(reads: torch.Tensor, min_reads_per_step: float, max_hot_fractio
     """Sorted int64 ids of the rows :func:`hot_row_count` admits, ``reads``: per step of every row
     of a table (ties: lower id first). The rule of a profile's and of online counts' hot rows."""
     rows = torch.nonzero(reads >= min_reads_per_step).flatten()  # those read often enough, by id
-    cap = math.floor(max_hot_fraction * reads.numel())
-    if rows.numel() > cap:  # the hottest of them (a table's sort only where the cap binds)
-        order = torch.sort(reads[rows], descending=True, stable=True).indices[:cap]
+    count = hot_row_count(reads, min_reads_per_step, max_hot_fraction)
+    if rows.numel() > count:  # the hottest of them (a table's sort only where the cap binds)
+        order = torch.sort(reads[rows], descending=True, stable=True).indices[:count]
         rows = torch.sort(rows[order]).values
     return rows.to(torch.int64)
 
