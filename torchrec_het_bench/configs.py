@@ -173,6 +173,7 @@ DEFAULT_CONFIGS = (
     "planned_lookahead",
     "planned_s10",
     "planned_fp16",
+    "planned_int8",
 )
 
 

@@ -2,8 +2,8 @@
 
 ``planned`` (exact: replicas synced every step, HET cache without staleness),
 ``planned_s10`` (replicas synced every 10 steps, cache bounds s_read = s_write = 10),
-``planned_fp16`` (exact, with TorchRec's quantized comms fp16/bf16 on the plugin's sharders, as
-``stock_table_wise_fp16`` has them on the stock one), ``planned_lookahead`` (exact, row-replicated
+``planned_fp16`` and ``planned_int8`` (exact, with TorchRec's quantized comms fp16/bf16 or int8 on
+the plugin's sharders, as ``stock_table_wise_fp16`` / ``_int8`` have them on the stock one), ``planned_lookahead`` (exact, row-replicated
 bags with lookahead: the next batch's partial sums leave their owners during this step), and their ``seq_`` twins for the sequence workload. Each profiles a 5% sample of its
 stream (as the row-replicated configurations do), prices the plugin's types from it with
 :class:`~torchrec_het.planner.HetEmbeddingShardingPlanner` on a topology whose bandwidth
@@ -23,7 +23,7 @@ from torchrec_het_bench.replicated_configs import plugin_sharders, stream_profil
 from torchrec_het_bench.topology import cpu_topology
 
 PLANNED = {"planned": 1, "planned_s10": 10}  # name -> staleness (replica sync interval and cache bounds)
-QUANTIZED = {"planned_fp16": qcomms.FP16}  # exact, with TorchRec's quantized comms on the plugin's sharders
+QUANTIZED = {"planned_fp16": qcomms.FP16, "planned_int8": qcomms.INT8}  # exact, with TorchRec's quantized comms on the plugin's sharders
 LOOKAHEAD = "planned_lookahead"  # exact, row-replicated bags with lookahead (ReplicationConfig(lookahead=True))
 
 
@@ -40,8 +40,9 @@ def _cache(staleness: int) -> HetCacheConfig:
 
 
 def _planner_topology(context: ShardingContext, topology: Topology | None = None) -> Topology:
-    """The topology the planner prices with: the emulated link's rate within and between
-    hosts, else ``topology`` (default: the benchmark's CPU topology)."""
+    """The topology the planner prices with: the run's link (``context.link_bytes_per_s``: what the
+    planner's probe measured on the run's group) within and between hosts, else ``topology``
+    (default: the benchmark's CPU topology)."""
     if context.link_bytes_per_s is not None:  # TorchRec's bandwidths are bytes per ms
         per_ms = context.link_bytes_per_s / 1e3
         return cpu_topology(context.world_size, context.local_world_size, per_ms, per_ms)

@@ -155,7 +155,8 @@ def replicated_configs() -> list[BenchConfig]:
                 configs.append(_config(workload, ratio, sync_every, None))
         for sync_every in SYNC_EVERY:
             configs.append(_config(workload, FAE_RATIO, sync_every, FAE_WINDOW))
-            configs.append(_config(workload, FAE_RATIO, sync_every, None, pair=qcomms.FP16))
+            for pair in (qcomms.FP16, qcomms.INT8):
+                configs.append(_config(workload, FAE_RATIO, sync_every, None, pair=pair))
             configs.append(_online_config(workload, sync_every))
     return configs
 

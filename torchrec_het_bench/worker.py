@@ -71,6 +71,16 @@ from torchrec_het_bench.workloads import open_workload_source, shard_workload
 LOOPBACK_BYTES_PER_S = 2e9
 
 
+def probed_bytes_per_s(network: dict) -> float | None:
+    """The planner probe's steady figure for the link a run's ranks cross (bytes/s; None: none)."""
+    figures = network.get("links") or {}
+    kind = "inter" if (network.get("hosts") or 1) > 1 else "intra"
+    measured = (figures.get("probe") or {}).get(kind) or {}
+    if figures.get(f"{kind}_source") != "measured" or not measured.get("steady"):
+        return None
+    return figures[f"{kind}_gbit"] * 1e9 / 8
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Everything a rank needs; picklable, identical on every rank."""
@@ -107,7 +117,13 @@ class RunSpec:
 
     @property
     def link_bytes_per_s(self) -> float:
-        """The network between ranks: the emulated link's rate, or loopback's (stated, see LOOPBACK_BYTES_PER_S)."""
+        """The network the ``planned`` configurations price, per rank with every rank sending: what the
+        plugin's planner measured on this run's group (``network["links"]``, the link the ranks cross:
+        between hosts when there are several), as a user's planner would; where that probe was not
+        steady or did not run, the emulated link's rate, or loopback's stated figure (LOOPBACK_BYTES_PER_S)."""
+        measured = probed_bytes_per_s(self.network)
+        if measured is not None:
+            return measured
         if self.network.get("mode") == "emulated":
             return self.network["gbit"] * 1e9 / 8
         return LOOPBACK_BYTES_PER_S
