@@ -15,7 +15,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from torchrec_het.config import CacheSettings
+from torchrec_het.plan_options import ReplicaOptions
 from torchrec_het.planner.access import zipf_shares
+from torchrec_het.planner.plan_tables import planned_table
 from torchrec_het.planner.step_model import (
     Cluster,
     Compute,
@@ -118,16 +121,15 @@ def _planned(
     shape: TableShape, kind: str, cluster: Cluster, staleness: int = 0, sharders: list | None = None
 ) -> PlannedTable:
     reads = shape.reads_per_rank * cluster.world_size  # per step over all ranks
-    settings: dict = {}
+    options, hot = None, None
     if kind == HET_ROW_REPLICATED:
-        sync = max(staleness, 1)
-        hot = hot_row_count(reads, replication_threshold(cluster.world_size, sync), 0.5)
-        settings = dict(hot=reads[:hot], sync_every=sync)
+        options = ReplicaOptions(replica_sync_every=max(staleness, 1))
+        hot = reads[: hot_row_count(reads, replication_threshold(cluster.world_size, options.replica_sync_every), 0.5)]
     elif kind == HET_CACHED_ROW_WISE:
-        capacity = shape.entries(math.ceil(CACHE_SHARE * shape.rows))
-        settings = dict(hot=reads[:capacity], s_read=staleness, s_write=staleness)
-    table = PlannedTable(
-        shape.name, shape.rows, shape.dim, shape.features, shape.ids_per_sample, kind, reads=reads, **settings
+        options = CacheSettings(s_read=staleness, s_write=staleness)
+        hot = reads[: shape.entries(math.ceil(CACHE_SHARE * shape.rows))]
+    table = planned_table(
+        shape.name, shape.rows, shape.dim, shape.features, shape.ids_per_sample, kind, options, reads=reads, hot=hot
     )
     return with_codecs(table, sharders)
 

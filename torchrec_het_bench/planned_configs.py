@@ -23,7 +23,8 @@ from torchrec_het_bench.replicated_configs import plugin_sharders, stream_profil
 from torchrec_het_bench.topology import cpu_topology
 
 PLANNED = {"planned": 1, "planned_s10": 10}  # name -> staleness (replica sync interval and cache bounds)
-QUANTIZED = {"planned_fp16": qcomms.FP16, "planned_int8": qcomms.INT8}  # exact, with TorchRec's quantized comms on the plugin's sharders
+# exact, with TorchRec's quantized comms on the plugin's sharders
+QUANTIZED = {"planned_fp16": qcomms.FP16, "planned_int8": qcomms.INT8}
 LOOKAHEAD = "planned_lookahead"  # exact, row-replicated bags with lookahead (ReplicationConfig(lookahead=True))
 
 

@@ -21,13 +21,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from torchrec_het.plan_options import options_of
 from torchrec_het.planner.compute_costs import default_compute_costs
+from torchrec_het.planner.plan_tables import planned_table
 from torchrec_het.planner.step_model import Cluster, Compute, Links, PlannedTable, predict_step, with_codecs
 from torchrec_het.replication.config import ReplicaOptions
 from torchrec_het.replication.profile import AccessProfile, count_accesses
-from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
+from torchrec_het.types import HET_ROW_REPLICATED
 from torchrec_het_bench.tbe_cost import lookup_seconds_per_id
 
 GBIT = 1e9 / 8
@@ -201,42 +203,39 @@ def built_tiers(sharded) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
 def planned_tables(
     module_plan: dict, tables: list, profile: AccessProfile, world_size: int, batch: int, built: dict | None = None
 ) -> list[PlannedTable]:
-    """Each table of an embedding module's plan as the model sees it: type, placement, settings,
-    reads; ``built``: the row-replicated tables' tiers (:func:`built_tiers`)."""
+    """Each table of an embedding module's plan as the model sees it (:func:`~torchrec_het.planner.plan_tables.planned_table`):
+    type, placement, settings, reads; ``built``: the row-replicated tables' tiers (:func:`built_tiers`)."""
     built = built or {}
     planned = []
     for config in tables:
         sharding = module_plan[config.name]
         reads = profile.table_counts(config.name).double() * world_size / max(profile.batches, 1)
-        hottest = torch.sort(reads, descending=True).values
-        ids_per_sample = float(reads.sum()) / world_size / batch
         kind, options = sharding.sharding_type, options_of(sharding)
-        settings: dict = {}
+        hot = host = None
         if kind == HET_ROW_REPLICATED:
             options = options or ReplicaOptions()
-            hot, host = built.get(config.name, (torch.zeros(0, dtype=torch.int64),) * 2)
-            settings = dict(hot=reads[hot], per_host=reads[host], sync_every=options.replica_sync_every)
-        elif kind == HET_CACHED_ROW_WISE:
-            capacity = options.capacity_rows(config.num_embeddings)
-            settings = dict(hot=hottest[:capacity], s_read=options.s_read, s_write=options.s_write)
+            hot, host = (reads[ids] for ids in built.get(config.name, (torch.zeros(0, dtype=torch.int64),) * 2))
         owners, widths = (), ()
         if kind in ("table_wise", "column_wise", "table_column_wise"):
             owners = tuple(sharding.ranks or ())
-            if sharding.sharding_spec is not None:
+            if sharding.sharding_spec is not None and kind != "table_wise":
                 widths = tuple(int(s.shard_sizes[1]) for s in sharding.sharding_spec.shards)
         planned.append(
-            PlannedTable(
+            planned_table(
                 config.name,
                 config.num_embeddings,
                 config.embedding_dim,
                 len(config.feature_names),
-                ids_per_sample,
+                float(reads.sum()) / world_size / batch,
                 kind,
+                options,
                 reads=reads,
+                hot=hot,
+                per_host=host,
                 owners=owners,
-                shard_dims=widths if kind != "table_wise" else (),
-                **settings,
-            )
+                shard_dims=widths,
+                pooled=isinstance(config, EmbeddingBagConfig),
+            )  # fmt: skip
         )
     return planned
 

@@ -11,6 +11,7 @@ import torchrec_het_bench.__main__ as bench_main
 from torchrec_het_bench import networks
 from torchrec_het_bench.networks import plan_networks, skip_line
 from torchrec_het_bench.presets import REFERENCE_GBIT
+from torchrec_het_bench.worker import LOOPBACK_BYTES_PER_S, RunSpec, probed_bytes_per_s
 
 ROOT = Path(__file__).resolve().parents[2]
 REASON = "not root (euid 1000): network namespaces need root"
@@ -38,6 +39,7 @@ def test_make_bench_runs_stock_and_the_planner_with_the_plugin_on_loopback_and_e
         "planned_lookahead",
         "planned_s10",
         "planned_fp16",
+        "planned_int8",
     ]
     assert args.gbit == REFERENCE_GBIT and args.hosts == 2
     smoke = bench_main.parse_args(["--preset", "smoke"])
@@ -53,6 +55,7 @@ def test_make_bench_runs_stock_and_the_planner_with_the_plugin_on_loopback_and_e
         "planned_lookahead",
         "planned_s10",
         "planned_fp16",
+        "planned_int8",
     ]
 
 
@@ -118,6 +121,7 @@ def test_auto_with_emulation_runs_both_networks(monkeypatch, capsys, launched, t
         "planned_lookahead",
         "planned_s10",
         "planned_fp16",
+        "planned_int8",
     ]
     assert "skipped" not in capsys.readouterr().out
 
@@ -147,3 +151,29 @@ def test_seeds_with_soak_is_refused(capsys, launched):
     assert exit_.value.code == 2
     assert "argument --seeds: not with --soak" in capsys.readouterr().err
     assert not launched
+
+
+def _network(mode: str, hosts: int, kind: str, source: str, steady: bool) -> dict:
+    figures = {f"{k}_gbit": 0.5 if k == kind else 16.0 for k in ("intra", "inter")}
+    figures.update({f"{k}_source": source if k == kind else "assumed" for k in ("intra", "inter")})
+    figures["probe"] = {kind: {"gbit": 0.5, "steady": steady}} if source == "measured" else None
+    return {"mode": mode, "hosts": hosts, "gbit": REFERENCE_GBIT if mode == "emulated" else None, "links": figures}
+
+
+@pytest.mark.parametrize(
+    "network, expected",
+    [
+        (_network("emulated", 2, "inter", "measured", True), 0.5e9 / 8),  # the probe's steady figure
+        (_network("emulated", 2, "inter", "measured", False), REFERENCE_GBIT * 1e9 / 8),  # unsteady: the rate
+        (_network("emulated", 2, "inter", "stated", True), REFERENCE_GBIT * 1e9 / 8),
+        (_network("loopback", 1, "intra", "measured", True), 0.5e9 / 8),
+        (_network("loopback", 1, "intra", "measured", False), LOOPBACK_BYTES_PER_S),
+        ({"mode": "loopback", "hosts": 1}, LOOPBACK_BYTES_PER_S),  # no probe ran
+    ],
+)
+def test_planned_entries_price_the_link_the_planners_probe_measured_where_steady(network, expected):
+    probed = network.get("links") and network["links"]["probe"] and expected == 0.5e9 / 8
+    assert probed_bytes_per_s(network) == (pytest.approx(expected) if probed else None)
+    spec = RunSpec.__new__(RunSpec)
+    object.__setattr__(spec, "network", network)
+    assert spec.link_bytes_per_s == pytest.approx(expected)

@@ -25,6 +25,7 @@ from torchrec.distributed.planner.types import Perf, ShardingOption
 from torchrec_het.plan_check import PlanPrediction
 from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
 from torchrec_het.planner.compute_probe import ComputeProbe, table_configs
+from torchrec_het.planner.plan_tables import planned_table
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing, priced_options, priced_wire
 from torchrec_het.planner.qcomms import wire_precision
 from torchrec_het.planner.step_model import (
@@ -98,36 +99,20 @@ def option_table(
     if kind in PLACED:
         owners = tuple(s.rank if s.rank is not None else 0 for s in option.shards)
         widths = tuple(int(s.size[1]) for s in option.shards) if kind != "table_wise" else ()
-    settings: dict = {}
+    options, reads, hot, host = None, None, None, None
     if kind in PLUGIN_TYPES:
         load = pricing.load(option, world_size, topology)
-        options = priced_options(option)
-        reads = load.reads
+        options, reads = priced_options(option), load.reads
         if kind == HET_ROW_REPLICATED:
-            hot = pricing.hot_rows(load, options)
-            host = pricing.host_rows(load, options, option.name)
-            settings = dict(hot=reads[:hot], per_host=reads[hot : hot + host], sync_every=options.replica_sync_every)
-            settings["lookahead"] = bool(options.lookahead and pooled)
-        else:
-            capacity = options.capacity_rows(rows)
-            settings = dict(hot=reads[:capacity], s_read=options.s_read, s_write=options.s_write)
-        settings["reads"] = reads
+            count = pricing.hot_rows(load, options)
+            hot, host = reads[:count], reads[count : count + pricing.host_rows(load, options, option.name)]
         wire = priced_wire(option)
     else:
         wire = wire_precision(registry, kind, pooled)
-    return PlannedTable(
-        option.name,
-        rows,
-        dim,
-        max(len(option.input_lengths), 1),
-        float(sum(option.input_lengths)),
-        kind,
-        owners=owners,
-        shard_dims=widths,
-        pooled=pooled,
-        wire=wire,
-        **settings,
-    )
+    return planned_table(
+        option.name, rows, dim, max(len(option.input_lengths), 1), float(sum(option.input_lengths)), kind, options,
+        reads=reads, hot=hot, per_host=host, owners=owners, shard_dims=widths, pooled=pooled, wire=wire,
+    )  # fmt: skip
 
 
 def option_seconds(table: PlannedTable, cluster: Cluster, inputs: CostInputs) -> StepPrediction:
