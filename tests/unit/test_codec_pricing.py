@@ -1,6 +1,7 @@
 """TorchRec's quantized comms priced: the planner's pricing, the step model and the bench's prediction
 (torchrec_het.planner.qcomms, traffic.WirePrecision, step_model.with_codecs)."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -364,10 +365,16 @@ def test_the_planner_prices_plugin_options_under_the_sharders_codecs() -> None:
             if kind == "het_row_replicated":  # its gradients in bf16; its replica syncs' in bf16, touch counts in fp32
                 assert bytes_a.emb_bwd / 2 <= bytes_b.emb_bwd < bytes_a.emb_bwd
             assert bytes_b.emb_fwd == pytest.approx(bytes_a.emb_fwd / 2)
-            # the step model prices the option: less to wait for under the codecs, the same compute
+            # the step model prices the option: less to wait for under the codecs, the same compute and
+            # the codecs' CPU (every coded element encoded and decoded, the 4 ranks sharing them)
             perf_a, perf_b = a.shards[0].perf, b.shards[0].perf
             assert perf_b.fwd_comms + perf_b.bwd_comms < perf_a.fwd_comms + perf_a.bwd_comms, (name, kind)
-            assert (perf_b.fwd_compute, perf_b.bwd_compute) == (perf_a.fwd_compute, perf_a.bwd_compute)
+            wire = priced_wire(b)
+            assert wire.forward_cpu > 0 and wire.backward_cpu > 0
+            coded = bytes_b.emb_fwd / wire.forward * wire.forward_cpu / 4
+            assert perf_b.fwd_compute - perf_a.fwd_compute == pytest.approx(1e3 * coded, rel=1e-6)
+            coded = (bytes_b.emb_bwd - bytes_b.sync) / wire.backward * wire.backward_cpu / 4
+            assert perf_b.bwd_compute - perf_a.bwd_compute == pytest.approx(1e3 * coded, rel=1e-6)
 
 
 def test_stock_options_halve_as_torchrecs_estimator_and_the_step_model_price_them() -> None:
@@ -391,3 +398,18 @@ def test_stock_options_halve_as_torchrecs_estimator_and_the_step_model_price_the
         table_bytes(with_codecs(table, sharders), Cluster(4, 4, 512)),
     )
     assert (step_half.emb_fwd / step_fp32.emb_fwd, step_half.emb_bwd / step_fp32.emb_bwd) == pytest.approx((0.5, 0.5))
+
+
+def test_the_step_model_prices_a_codecs_cpu_in_the_phase_it_codes() -> None:
+    reads = zipf_shares(20_000, 1.1) * 2 * 1024
+    fast, compute = Links(1e12, 1e12), Compute(lookup_s_per_id=1e-7, dense_s_per_sample=1e-5)
+    cluster = Cluster(2, 2, 1024)
+    plain = [PlannedTable(f"t{i}", 20_000, 64, 1, 1.0, "table_wise", reads=reads, owners=(i % 2,)) for i in range(4)]
+    costly = WirePrecision(2.0, 2.0, 4.0, forward_cpu=3e-8, backward_cpu=1e-8)  # a slow codec on a fast link
+    coded = [dataclasses.replace(t, wire=costly) for t in plain]
+    a, b = (predict_step(t, cluster, fast, compute, "plain") for t in (plain, coded))
+    elements = b.bytes.emb_fwd / 2.0  # summed over ranks; each rank encodes and decodes its share
+    assert b.emb_fwd - a.emb_fwd == pytest.approx(elements * 3e-8 / 2)
+    assert b.emb_bwd - a.emb_bwd == pytest.approx(b.bytes.emb_bwd / 2.0 * 1e-8 / 2)
+    assert b.total > a.total  # on a fast link the codec costs more than the bytes it saves
+    assert costly == WirePrecision(2.0, 2.0, 4.0)  # precisions compare by their bytes

@@ -15,6 +15,9 @@ codec on the embeddings, the backward codec on their gradients (:func:`comm_op`)
   (:func:`~torchrec_het.sharding.common.wire_codec.summing_dtype`: the backward codec of
   ``POOLED_EMBEDDINGS_REDUCE_SCATTER`` when fp16 or bf16, else fp32), their touch counts in fp32.
 
+Codec CPU (encoding on the sender, decoding on the receiver) is priced per element as measured
+on this machine (:meth:`~torchrec_het.sharding.common.wire_codec.WireCodec.seconds_per_element`).
+
 Bytes per element are the wire's, block scales included
 (:meth:`~torchrec_het.sharding.common.wire_codec.WireCodec.bytes_per_element`): INT8 row-wise
 prices ``(row_dim + 8) / row_dim`` where TorchRec's estimator prices 1 byte (the quantized dtype's
@@ -55,7 +58,8 @@ def wire_precision(registry: dict | None, sharding_type: str, pooled: bool = Tru
         return FP32
     codecs = codecs_of(registry, op)
     forward, backward = codecs.forward.bytes_per_element(), codecs.backward.bytes_per_element()
-    return WirePrecision(forward, backward, _sync_bytes(registry, sharding_type))
+    cpu = codecs.forward.seconds_per_element(), codecs.backward.seconds_per_element()
+    return WirePrecision(forward, backward, _sync_bytes(registry, sharding_type), *cpu)
 
 
 def _sync_bytes(registry: dict, sharding_type: str) -> float:

@@ -27,7 +27,9 @@ touch counts and data_parallel's all-reduce stay as they are.
   pools it (table_wise: the rank holding the most ids; sharded types: an even share), a third in
   the forward and two thirds in the backward (TorchRec's estimator's split); a plugin type adds its calibrated extra
   per id of the reader's batch (``compute_costs.json``); the dense part costs
-  ``dense_s_per_sample`` per sample of a rank's batch.
+  ``dense_s_per_sample`` per sample of a rank's batch; a quantized-comms codec costs its measured
+  encode-and-decode seconds per element it codes (``PlannedTable.wire``), on the ranks evenly, in the
+  phase it codes.
 - communication: each phase's bytes per rank over the link they cross (the inter-host share at
   the inter-host bandwidth, the rest within hosts), plus ``latency`` per collective. A rank sends
   and receives at once (full duplex), so a phase takes its bytes sent per rank over the bandwidth.
@@ -198,13 +200,15 @@ class Cluster:
 @dataclass
 class PhaseBytes:
     """Bytes per step summed over ranks, by phase; ``inter_host``: of their sum, those between hosts;
-    ``collectives``: per step, by phase."""
+    ``collectives``: per step, by phase; ``sync``: of ``emb_bwd``, the replica syncs' (not coded as
+    the embeddings' gradients are)."""
 
     ids: float = 0.0
     emb_fwd: float = 0.0
     emb_bwd: float = 0.0
     inter_host: float = 0.0
     collectives: list[int] = field(default_factory=lambda: [0, 0, 0])
+    sync: float = 0.0
 
     @property
     def total(self) -> float:
@@ -217,6 +221,7 @@ class PhaseBytes:
             self.emb_bwd + other.emb_bwd,
             self.inter_host + other.inter_host,
             [a + b for a, b in zip(self.collectives, other.collectives)],
+            self.sync + other.sync,
         )
 
     def as_dict(self) -> dict:
@@ -314,7 +319,9 @@ def _plugin_phases(table: PlannedTable, cluster: Cluster, bags: float) -> PhaseB
 
 def _as_phases(traffic: Bytes) -> PhaseBytes:
     inter = -1.0 if traffic.inter_host is None else traffic.inter_host  # -1: the table's even spread
-    return PhaseBytes(traffic.ids, traffic.forward - traffic.ids, traffic.backward + traffic.sync, inter)
+    return PhaseBytes(
+        traffic.ids, traffic.forward - traffic.ids, traffic.backward + traffic.sync, inter, sync=traffic.sync
+    )
 
 
 def lookahead_fresh_share(table: PlannedTable) -> float:
@@ -362,6 +369,17 @@ def _lookup_ids(tables: list[PlannedTable], cluster: Cluster) -> list[float]:
     return [even + p for p in placed]
 
 
+def _codec_seconds(tables: list[PlannedTable], per_table: list[PhaseBytes], cluster: Cluster) -> tuple[float, float]:
+    """A rank's codec CPU per step, forward and backward: every coded element is encoded by its sender
+    and decoded by its receiver (the ranks share the elements evenly)."""
+    forward = backward = 0.0
+    for table, phases in zip(tables, per_table):
+        wire = table.wire
+        forward += phases.emb_fwd / wire.forward * wire.forward_cpu
+        backward += (phases.emb_bwd - phases.sync) / wire.backward * wire.backward_cpu
+    return forward / cluster.world_size, backward / cluster.world_size
+
+
 def _seconds(phase_bytes: float, collectives: int, cluster: Cluster, links: Links, inter: float | None = None) -> float:
     """One phase's time on a rank: its bytes per rank over the links they cross (``inter``: the share
     between hosts; default the even spread over peers), plus latency."""
@@ -395,8 +413,9 @@ def predict_step(
     )
     emb = max(lookup + extra, 0.0)
     module = len({t.sharding_type for t in tables}) * compute.module_s_per_step  # the stages: in the forward
-    emb_fwd, emb_bwd = module + emb * (1 - BACKWARD_SHARE), emb * BACKWARD_SHARE
-    emb += module
+    codec_fwd, codec_bwd = _codec_seconds(tables, per_table, cluster)
+    emb_fwd, emb_bwd = module + emb * (1 - BACKWARD_SHARE) + codec_fwd, emb * BACKWARD_SHARE + codec_bwd
+    emb += module + codec_fwd + codec_bwd
     dense_compute = compute.dense_s_per_step + cluster.batch * compute.dense_s_per_sample
     ws = cluster.world_size
     allreduce = 0.0

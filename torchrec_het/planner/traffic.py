@@ -13,7 +13,7 @@ Model: docs/internals.md#planner-traffic
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,11 +26,16 @@ FLOAT, ID, LENGTH = 4, 8, 4  # bytes of an fp32 value, an int64 id, an int32 len
 class WirePrecision:
     """Wire bytes per fp32 element of a collective's embeddings: ``forward`` (pooled bags, partial
     sums, rows) and ``backward`` (their gradients), as their quantized-comms codecs send them;
-    ``sync``: of the gradients ``het_row_replicated``'s replica syncs sum (their summing dtype)."""
+    ``sync``: of the gradients ``het_row_replicated``'s replica syncs sum (their summing dtype);
+    ``forward_cpu``, ``backward_cpu``: seconds per fp32 element to encode and decode them (0: no
+    codec; measured on this machine, :meth:`~torchrec_het.sharding.common.wire_codec.WireCodec.seconds_per_element`).
+    Precisions compare by their bytes."""
 
     forward: float = float(FLOAT)
     backward: float = float(FLOAT)
     sync: float = float(FLOAT)
+    forward_cpu: float = field(default=0.0, compare=False)
+    backward_cpu: float = field(default=0.0, compare=False)
 
 
 FP32 = WirePrecision()  # no codec
