@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torchrec.distributed.model_parallel as _model_parallel
 import torchrec.distributed.planner as _planner_package
 import torchrec.distributed.planner.planners as _planners
@@ -410,8 +411,6 @@ def process_group_timeout(pg: Any) -> Any:
     """The timeout (a ``timedelta``) of ``pg``'s collectives (None: the default group), or None when
     torch does not say. ``dist.new_group`` without a ``timeout`` takes the backend's default (30
     minutes for gloo), not its parent's: the plugin's groups pass this instead."""
-    import torch.distributed as dist
-
     group = dist.group.WORLD if pg is None else pg
     for device_type in getattr(group, "_device_types", ()):
         try:
@@ -419,3 +418,11 @@ def process_group_timeout(pg: Any) -> Any:
         except (AttributeError, RuntimeError):
             continue
     return None
+
+
+def collective_device(pg: dist.ProcessGroup | None) -> torch.device:
+    """Where a small tensor of host facts must be for a collective on ``pg``: the current CUDA
+    device for NCCL, else the CPU."""
+    if dist.get_backend(pg) == dist.Backend.NCCL:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

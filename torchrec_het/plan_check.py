@@ -12,58 +12,21 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
+# the prediction a plan carries (the planner's; re-exported here, where the check reads it)
+from torchrec_het.planner.plan_prediction import PREDICTION_ATTR, PlanPrediction, attach_prediction, prediction_of
+
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
 
-PREDICTION_ATTR = "het_prediction"  # the ShardingPlan attribute holding its PlanPrediction
 WATCH_ATTR = "_het_step_watch"  # the model attribute holding its StepWatch
 TOLERANCE = 0.25  # |measured / predicted - 1| above this is logged
 
 logger = logging.getLogger("torchrec_het")
 logger.addHandler(logging.NullHandler())  # the line goes to stderr by print; no second copy via lastResort
-
-
-@dataclass(frozen=True)
-class PlanPrediction:
-    """What the planner predicted for its plan (plain values: it travels with the plan).
-
-    Attributes:
-        step_ms: the predicted step of the whole plan, in ms.
-        pipeline: the pipeline the prediction assumed: ``"plain"``, ``"sparse_dist"`` or ``"hybrid"``.
-        parts_ms: the step's parts in ms: ``emb_fwd``, ``emb_bwd``, ``dense``, ``comm_wait``.
-        tables: table name -> ``{"sharding_type", "share_ms", "runner_up", "runner_up_share_ms"}``:
-            the chosen type's predicted share of the step and the runner-up's (None without one).
-        source: what the figures came from (links, compute), free text.
-        stock_step_ms: the predicted step of TorchRec's own plan, when the planner compared.
-        chosen: ``"plugin"`` or ``"stock"``: whose plan this is.
-    """
-
-    step_ms: float
-    pipeline: str = "plain"
-    parts_ms: dict = field(default_factory=dict)
-    tables: dict = field(default_factory=dict)
-    source: str = ""
-    stock_step_ms: float | None = None
-    chosen: str = "plugin"
-
-
-def attach_prediction(plan: "ShardingPlan", prediction: PlanPrediction) -> "ShardingPlan":
-    """Sets ``plan.het_prediction`` (it survives pickling, so ``collective_plan``'s broadcast); returns ``plan``."""
-    setattr(plan, PREDICTION_ATTR, prediction)
-    return plan
-
-
-def prediction_of(plan: object) -> PlanPrediction | None:
-    """The prediction ``plan`` carries (a ``PlanPrediction`` itself is returned as is), else None."""
-    if isinstance(plan, PlanPrediction):
-        return plan
-    prediction = getattr(plan, PREDICTION_ATTR, None)
-    return prediction if isinstance(prediction, PlanPrediction) else None
 
 
 def table_modules(plan: object) -> dict[str, str]:

@@ -29,7 +29,6 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedTensor
 
 from torchrec_het import _compat
 from torchrec_het.pipeline.dense_in_sparse import DenseParamsOfSparseModules
-from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
 
 # DDP rebuilds its gradient buckets once, in the forward after its first backward, with a
 # broadcast: the first batches' embedding backward stays on the main thread.
@@ -184,8 +183,9 @@ class HybridTrainPipeline(TrainPipelineSparseDist):
         if self.embedding_staleness >= 1:  # HET caches: later batches may settle before a backward
             for module in _compat.pipelined_modules(self):
                 for lookup in _compat.sharded_lookups(module):
-                    if isinstance(lookup, HetCachedEmbeddingLookup):
-                        lookup.allow_batches_ahead()
+                    allow = getattr(lookup, "allow_batches_ahead", None)  # the hook of lookups that need it told
+                    if allow is not None:
+                        allow()
         model = _compat.pipeline_model(self)
         if any(isinstance(m, DistributedDataParallel) and m.will_sync_module_buffers() for m in model.modules()):
             self._overlap = False  # DDP's forward broadcasts buffers: a collective, so no worker beside it

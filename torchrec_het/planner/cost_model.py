@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 from torch import nn
 from torchrec.distributed.planner.types import Perf, ShardingOption
 
-from torchrec_het.plan_check import PlanPrediction
 from torchrec_het.planner.compute_costs import ComputeCosts, default_compute_costs
 from torchrec_het.planner.compute_probe import ComputeProbe, table_configs
+from torchrec_het.planner.plan_prediction import PlanPrediction
 from torchrec_het.planner.plan_tables import planned_table
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing, priced_options, priced_wire
 from torchrec_het.planner.qcomms import wire_precision

@@ -16,7 +16,6 @@ from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.types import ShardingPlan
 
 from torchrec_het import _compat
-from torchrec_het.plan_check import PlanPrediction, attach_prediction
 from torchrec_het.plan_options import with_plan_options
 from torchrec_het.planner.compute_probe import ComputeProbe, agree, dense_parameters, measure_compute
 from torchrec_het.planner.cost_model import (
@@ -42,6 +41,7 @@ from torchrec_het.planner.network import (  # noqa: F401 (CPU_* and cpu_network 
     link_figures,
     with_links,
 )
+from torchrec_het.planner.plan_prediction import PlanPrediction, attach_prediction
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
 from torchrec_het.planner.stats import HetEmbeddingStats
 from torchrec_het.planner.step_model import Cluster, Compute, Links, StepPrediction
@@ -207,7 +207,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         """TorchRec's search over every type, each option priced by the step model; then the plugin's
         plan is kept only where the step model predicts it faster than TorchRec's own plan (what the
         same planner gives without the plugin's types) by more than ``margin``. The plan carries the
-        prediction (:mod:`torchrec_het.plan_check`) and each plugin table's options."""
+        prediction (:mod:`torchrec_het.planner.plan_prediction`) and each plugin table's options."""
         if self.installed_links is not None and not self._het_announced and _rank() == 0:
             print(f"torchrec_het: {self.links.describe()}", file=sys.stderr, flush=True)
             self._het_announced = True

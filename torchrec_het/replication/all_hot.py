@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_het.sharding.row_replicated.sync import collective_device
+from torchrec_het._compat import collective_device
 
 Classifier = Callable[[KeyedJaggedTensor], torch.Tensor]
 

@@ -10,15 +10,7 @@ sum over their holders' group (:func:`holder_group`).
 import torch
 import torch.distributed as dist
 
-from torchrec_het._compat import process_group_timeout
-
-
-def collective_device(pg: dist.ProcessGroup | None) -> torch.device:
-    """Where a small tensor of host facts must be for a collective on ``pg``: the current CUDA
-    device for NCCL, else the CPU."""
-    if dist.get_backend(pg) == dist.Backend.NCCL:
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+from torchrec_het._compat import collective_device, process_group_timeout
 
 
 def every_rank_count(count: int, pg: dist.ProcessGroup | None) -> list[int]:
