@@ -224,18 +224,6 @@ def decide(
     )
 
 
-def as_dict(inputs: CostInputs) -> dict:
-    """The inputs as plain numbers (for logs and results files)."""
-    return {
-        "links": dataclasses.asdict(inputs.links),
-        "compute": {k: v for k, v in dataclasses.asdict(inputs.compute).items() if k != "extra_s_per_id"},
-        "pipeline": inputs.pipeline,
-        "dense_params": inputs.dense_params,
-        "margin": inputs.margin,
-        "refused": inputs.refused,
-    }
-
-
 def plan_prediction(
     decision: Decision | None, best: list[ShardingOption], shares: dict[str, dict[str, float]], source: str
 ) -> PlanPrediction | None:
