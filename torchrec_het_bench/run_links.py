@@ -3,8 +3,8 @@
 Recorded in results.json beside the emulated link's rate (``network.gbit``, what ``tc`` shapes)
 and what bulk TCP gets over it (``network.tcp``, :func:`~torchrec_het_bench.netem_measure.link_truth`).
 The run's ``planned`` configurations price these figures, as a user's planner would
-(:attr:`~torchrec_het_bench.worker.RunSpec.link_bytes_per_s`: the link the ranks cross, where its
-probe was steady; else the emulated rate, or loopback's stated figure). One probe per run, so
+(:attr:`~torchrec_het_bench.worker.RunSpec.link_bytes_per_s`: the link the ranks cross: between
+emulated hosts as measured, on one host where steady, else loopback's stated figure). One probe per run, so
 every entry of the run plans for the same links.
 """
 

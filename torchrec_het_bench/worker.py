@@ -72,11 +72,14 @@ LOOPBACK_BYTES_PER_S = 2e9
 
 
 def probed_bytes_per_s(network: dict) -> float | None:
-    """The planner probe's steady figure for the link a run's ranks cross (bytes/s; None: none)."""
+    """The planner probe's figure for the link a run's ranks cross (bytes/s; None: none): between emulated
+    hosts the probe's median, steady or not (a user's planner prices what it measured, not the link's
+    nominal rate); on one host only a steady figure (on 2 cores the loopback probe's spread is the ranks'
+    compute, not the link)."""
     figures = network.get("links") or {}
     kind = "inter" if (network.get("hosts") or 1) > 1 else "intra"
     measured = (figures.get("probe") or {}).get(kind) or {}
-    if figures.get(f"{kind}_source") != "measured" or not measured.get("steady"):
+    if figures.get(f"{kind}_source") != "measured" or not (kind == "inter" or measured.get("steady")):
         return None
     return figures[f"{kind}_gbit"] * 1e9 / 8
 
@@ -119,8 +122,8 @@ class RunSpec:
     def link_bytes_per_s(self) -> float:
         """The network the ``planned`` configurations price, per rank with every rank sending: what the
         plugin's planner measured on this run's group (``network["links"]``, the link the ranks cross:
-        between hosts when there are several), as a user's planner would; where that probe was not
-        steady or did not run, the emulated link's rate, or loopback's stated figure (LOOPBACK_BYTES_PER_S)."""
+        between hosts when there are several, :func:`probed_bytes_per_s`), as a user's planner would; where
+        the probe gave none, the emulated link's rate, or loopback's stated figure (LOOPBACK_BYTES_PER_S)."""
         measured = probed_bytes_per_s(self.network)
         if measured is not None:
             return measured
