@@ -173,6 +173,7 @@ def render(paths: list[Path], command: str, picture: str | None = None) -> str:
     runs = [json.loads(Path(path).read_text()) for path in paths]
     parts = [
         docs_claims.render_claims(runs, picture),
+        docs_claims.render_trained_auc(runs),
         docs_ranges.render_ranges(runs),
         docs_stacks.render_stacks(runs),
     ]

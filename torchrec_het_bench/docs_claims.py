@@ -108,6 +108,36 @@ def render_claims(runs: list[dict], picture: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_trained_auc(runs: list[dict]) -> str:
+    """The latest converge-preset run over several seeds: each entry's held-out AUC where training ends,
+    against stock table_wise (paired over the seeds; empty without such a run)."""
+    trained = [r for r in runs if r.get("preset") == "converge" and len(r.get("seeds") or ()) > 1]
+    if not trained:
+        return ""
+    results = trained[-1]
+    steps = results["warmup_steps"] + results["rounds"] * results["steps_per_round"]
+    lines = [
+        "## AUC where training ends",
+        "",
+        f"The converge preset, {steps} steps, seeds {', '.join(map(str, results['seeds']))}, run of "
+        f"{results.get('commit', '?')} ({results.get('date', '?')}): mean held-out AUC, and its difference from "
+        f"{STOCK}'s with the 95% interval paired over the seeds (*equal* where it holds 0). An early AUC (the "
+        "default preset's, after a few hundred steps) says less about where a codec ends up.",
+        "",
+        f"| entry | tables | AUC | AUC − {STOCK} |",
+        "|---|---|---|---|",
+    ]
+    for c in report.ran(results["configs"]):
+        diff = c.get("auc_vs_stock")
+        if diff is None:
+            text = "-"
+        else:
+            word = "equal" if diff["low"] <= 0 <= diff["high"] else ("higher" if diff["low"] > 0 else "lower")
+            text = f"{diff['difference']:+.4f} ± {diff['half_width']:.4f} {word}"
+        lines.append(f"| {c['name']} | {', '.join(c.get('sharding_types', []))} | {c['auc']:.4f} | {text} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_claims(runs: list[dict], path: Path) -> bool:
     """Draws the current claims (one panel per setting: each entry's ratio to stock table_wise with its
     interval, earlier runs' ratios as dots, the A/A intervals shaded) to ``path``; False when none."""

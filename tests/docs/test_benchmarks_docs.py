@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrec_het_bench import docs, docs_stacks, report
+from torchrec_het_bench import docs, docs_claims, docs_stacks, report
 from torchrec_het_bench.speed_intervals import paired_ratio
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,8 @@ def test_the_page_opens_with_each_settings_current_claim_and_its_picture(tmp_pat
     out = tmp_path / "bench.md"
     assert docs.main([*map(str, runs), "--out", str(out)]) == 0
     text = out.read_text()
-    claims = text[text.index("## Current claims") : text.index("## Claims as ranges")]
+    start = text.index("## Current claims")
+    claims = text[start : text.index("\n## ", start)]  # up to the next section
     entries = {c["name"]: c for c in latest["configs"]}
     rates = {name: entries[name]["samples_per_s"]["rounds"] for name in ("planned", "stock_table_wise")}
     planned = paired_ratio(rates["planned"], rates["stock_table_wise"])
@@ -138,3 +139,19 @@ def test_convergence_table_cites_the_plot_only_where_one_is_written():
     }
     assert "auc_curve.png" in report.convergence_table(results)[0]
     assert "auc_curve.png" not in report.convergence_table(results, curve_plot=None)[0]
+
+
+def test_the_page_says_what_each_entry_reaches_where_training_ends():
+    """The latest converge run over several seeds: every entry's AUC and its difference from stock,
+    with the interval over the seeds and the verdict it gives."""
+    runs = [json.loads(path.read_text()) for path in RESULTS]
+    trained = [r for r in runs if r.get("preset") == "converge" and len(r.get("seeds") or ()) > 1]
+    assert trained, "no committed converge run over several seeds"
+    text = docs_claims.render_trained_auc(runs)
+    assert text.startswith("## AUC where training ends")
+    for c in trained[-1]["configs"]:
+        diff = c.get("auc_vs_stock")
+        if diff is not None:
+            word = "equal" if diff["low"] <= 0 <= diff["high"] else ("higher" if diff["low"] > 0 else "lower")
+            assert f"| {c['auc']:.4f} | {diff['difference']:+.4f} ± {diff['half_width']:.4f} {word} |" in text
+    assert docs_claims.render_trained_auc([r for r in runs if r.get("preset") != "converge"]) == ""
