@@ -10,6 +10,7 @@ run of the setting that has both.
 from pathlib import Path
 
 from torchrec_het_bench import report, versus
+from torchrec_het_bench.auc_intervals import verdict_word
 from torchrec_het_bench.docs_ranges import STOCK, pair_speed, setting_of, span, stock_of
 from torchrec_het_bench.speed_intervals import SpeedRatio, is_twin
 
@@ -128,12 +129,8 @@ def render_trained_auc(runs: list[dict]) -> str:
         "|---|---|---|---|",
     ]
     for c in report.ran(results["configs"]):
-        diff = c.get("auc_vs_stock")
-        if diff is None:
-            text = "-"
-        else:
-            word = "equal" if diff["low"] <= 0 <= diff["high"] else ("higher" if diff["low"] > 0 else "lower")
-            text = f"{diff['difference']:+.4f} ± {diff['half_width']:.4f} {word}"
+        diff = versus.auc_difference(c)
+        text = "-" if diff is None else f"{versus.signed(diff.difference)} ± {diff.half_width:.4f} {verdict_word(diff)}"
         lines.append(f"| {c['name']} | {', '.join(c.get('sharding_types', []))} | {c['auc']:.4f} | {text} |")
     return "\n".join(lines) + "\n"
 

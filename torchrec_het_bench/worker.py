@@ -78,8 +78,9 @@ def probed_bytes_per_s(network: dict) -> float | None:
     compute, not the link)."""
     figures = network.get("links") or {}
     kind = "inter" if (network.get("hosts") or 1) > 1 else "intra"
-    measured = (figures.get("probe") or {}).get(kind) or {}
-    if figures.get(f"{kind}_source") != "measured" or not (kind == "inter" or measured.get("steady")):
+    if figures.get(f"{kind}_source") != "measured":
+        return None
+    if kind == "intra" and not ((figures.get("probe") or {}).get(kind) or {}).get("steady"):
         return None
     return figures[f"{kind}_gbit"] * 1e9 / 8
 

@@ -153,5 +153,6 @@ def test_the_page_says_what_each_entry_reaches_where_training_ends():
         diff = c.get("auc_vs_stock")
         if diff is not None:
             word = "equal" if diff["low"] <= 0 <= diff["high"] else ("higher" if diff["low"] > 0 else "lower")
-            assert f"| {c['auc']:.4f} | {diff['difference']:+.4f} ± {diff['half_width']:.4f} {word} |" in text
+            number = f"{diff['difference']:+.4f}".replace("-", "−")  # the report's minus sign
+            assert f"| {c['auc']:.4f} | {number} ± {diff['half_width']:.4f} {word} |" in text
     assert docs_claims.render_trained_auc([r for r in runs if r.get("preset") != "converge"]) == ""
