@@ -20,7 +20,7 @@ from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.sharding.common.context import HetShardingContext
-from torchrec_het.sharding.common.counts import gather_counts
+from torchrec_het.sharding.common.counts import GatheredCounts
 from torchrec_het.sharding.common.exchange import Exchange, exchange_counts, exchange_flat, start_exchange
 from torchrec_het.sharding.het_cache.batch import CachedBatch
 from torchrec_het.sharding.het_cache.coded_rows import CodedPayload
@@ -61,8 +61,7 @@ class HetRequestsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
     def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         lookup = self._lookup[0]
         batch = lookup.plan_requests(sparse_features, lookup.training)  # the sharded module's mode (TorchRec sets it)
-        work, gathered = gather_counts(batch.dest, batch.batch, self.pg)
-        return _RequestSplits(self, sparse_features, batch, work, gathered)
+        return _RequestSplits(self, sparse_features, batch, GatheredCounts(batch.dest, batch.batch, self.pg))
 
     def fetch_ahead(self, features: KeyedJaggedTensor, batch: CachedBatch) -> "_RowsAhead":
         """The requests arrived (``batch.received``): the owners answer, their versions come back,
@@ -85,18 +84,14 @@ class HetRequestsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
 class _RequestSplits(Awaitable[Awaitable[KeyedJaggedTensor]]):
     """First stage: every rank's request counts known; starts the requests' all-to-all. ``batch``: the batch planned."""
 
-    def __init__(self, dist_: HetRequestsDist, features: KeyedJaggedTensor, batch: CachedBatch, work, gathered):
+    def __init__(self, dist_: HetRequestsDist, features: KeyedJaggedTensor, batch: CachedBatch, counts: GatheredCounts):
         super().__init__()
-        self.dist, self.features, self.batch, self.work, self.gathered = dist_, features, batch, work, gathered
+        self.dist, self.features, self.batch, self.counts = dist_, features, batch, counts
 
     def _wait_impl(self) -> Awaitable[KeyedJaggedTensor]:
-        self.work.wait()
-        ws, rank = self.dist.world_size, self.dist.rank
-        table = torch.stack(self.gathered).tolist()  # [source][dest counts..., batch size]: the input dist's host sync
-        batch = self.batch
-        batch.send_splits = [table[rank][d] for d in range(ws)]
-        batch.recv_splits = [table[s][rank] for s in range(ws)]
-        batch.local_only = not any(table[s][d] for s in range(ws) for d in range(ws))  # a requester never asks itself
+        splits, batch = self.counts.wait(), self.batch
+        batch.send_splits, batch.recv_splits = splits.send, splits.recv
+        batch.local_only = not splits.crosses_ranks()  # a requester never asks itself
         requests = torch.stack([batch.ids, batch.held], 1).view(-1)
         exchange = start_exchange(
             requests,

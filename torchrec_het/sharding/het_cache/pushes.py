@@ -11,11 +11,11 @@ from collections import deque
 
 import torch
 from torch import nn
-from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.types import Awaitable
 
 from torchrec_het import _tbe
 from torchrec_het.cache import PendingRows
+from torchrec_het.sharding.common.counts import gradient_scale
 from torchrec_het.sharding.common.wire_codec import WireCodec
 from torchrec_het.sharding.het_cache.batch import CachedBatch, GroupRead
 from torchrec_het.sharding.het_cache.coded_rows import CodedPayload, PayloadRows, ValueCodec, ValueShare
@@ -209,7 +209,7 @@ class HetPushes:
 
     def grad_scale(self) -> float:
         """The factor of the gradients pushed: TorchRec's gradient division, as its row-wise backward."""
-        return 1.0 / self.world_size if get_gradient_division() else 1.0
+        return gradient_scale(self.world_size)
 
     def coded(self, out: ValueShare, into: ValueShare) -> CodedPayload:
         """The pushes' exchange under the backward codec: the gradient columns take it, without the

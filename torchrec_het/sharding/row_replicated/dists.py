@@ -9,13 +9,12 @@ the sharded module puts in the batch's sharding context for the lookup and the o
 """
 
 import torch
-from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, BaseSparseFeaturesDist
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.sharding.common.context import HetShardingContext
-from torchrec_het.sharding.common.counts import gather_counts
+from torchrec_het.sharding.common.counts import GatheredCounts, gradient_scale
 from torchrec_het.sharding.common.exchange import Exchange, start_exchange
 from torchrec_het.sharding.common.id_space import bag_divisors, sample_major
 from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source, output_layout
@@ -26,47 +25,24 @@ from torchrec_het.sharding.row_replicated.placement import ReplicaPlacement
 from torchrec_het.sharding.row_replicated.routing import IdLayout
 
 
-def gradient_scale(world_size: int) -> float:
-    """The factor TorchRec's row-wise backward applies to the gradients of the outputs (its gradient division)."""
-    return 1.0 / world_size if get_gradient_division() else 1.0
-
-
 class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):
     """First stage: every rank's send counts known; starts the ids' all-to-all. ``batch``: the batch planned."""
 
     def __init__(
-        self,
-        dist_: "_ReplicaIdsDist",
-        batch: ReplicatedBagBatch | ReplicatedSequenceBatch,
-        payload: torch.Tensor,
-        width: int,
-        work,
-        gathered,
-    ):
+        self, dist_: "_ReplicaIdsDist", batch: ReplicatedBagBatch | ReplicatedSequenceBatch, payload: torch.Tensor,
+        width: int, counts: GatheredCounts,
+    ):  # fmt: skip
         super().__init__()
-        self.dist, self.batch, self.payload, self.width, self.work, self.gathered = (
-            dist_,
-            batch,
-            payload,
-            width,
-            work,
-            gathered,
-        )
+        self.dist, self.batch, self.payload, self.width, self.counts = dist_, batch, payload, width, counts
 
     def _wait_impl(self) -> Awaitable[KeyedJaggedTensor]:
-        self.work.wait()
-        ws, rank = self.dist.world_size, self.dist.rank
-        table = torch.stack(self.gathered).tolist()  # [source][dest counts..., batch size]
-        batches = {row[ws] for row in table}
-        if len(batches) != 1:
-            raise ValueError(f"het_row_replicated needs one batch size on every rank, got {sorted(batches)}")
+        splits = self.counts.wait()
+        if len(splits.batch_sizes) != 1:
+            raise ValueError(f"het_row_replicated needs one batch size on every rank, got {sorted(splits.batch_sizes)}")
         step = self.batch
-        step.send_splits = [table[rank][d] for d in range(ws)]
-        step.recv_splits = [table[s][rank] for s in range(ws)]
+        step.send_splits, step.recv_splits = splits.send, splits.recv
         # FAE's all-hot step (skip_all_hot): no rank sends to another, nothing is exchanged
-        step.local_only = self.dist.placement.settings.skip_all_hot and all(
-            table[s][d] == 0 for s in range(ws) for d in range(ws) if s != d
-        )
+        step.local_only = self.dist.placement.settings.skip_all_hot and not splits.crosses_ranks()
         exchange = start_exchange(
             self.payload.view(-1),
             [c * self.width for c in step.send_splits],
@@ -151,8 +127,7 @@ class ColdIdsDist(_ReplicaIdsDist):
         num_bags = batch * layout.num_positions
         sent = torch.unique_consecutive(dest * num_bags + cold_bags)  # never decreasing: no sort
         step = ReplicatedBagBatch(batch, layout.hot_version, sparse_features.lengths().long(), hot, sent)
-        work, gathered = gather_counts(dest, batch, self.pg)
-        return _CountsGathered(self, step, torch.stack(columns, 1), len(columns), work, gathered)
+        return _CountsGathered(self, step, torch.stack(columns, 1), len(columns), GatheredCounts(dest, batch, self.pg))
 
     def owner_features(self, step: ReplicatedBagBatch, received: torch.Tensor) -> KeyedJaggedTensor:
         """The (bag, row) pairs received, for the owner's lookup, in ``step.received`` (arrival order: the
@@ -313,8 +288,8 @@ class SequenceIdsDist(_ReplicaIdsDist):
              row.index_select(0, first).to(torch.int32)], 1
         )  # fmt: skip
         step = ReplicatedSequenceBatch(layout.hot_version, ids.numel(), hot, cold, need_of)
-        work, gathered = gather_counts(need // layout.total_rows, sparse_features.stride(), self.pg)
-        return _CountsGathered(self, step, payload, 2, work, gathered)
+        counts = GatheredCounts(need // layout.total_rows, sparse_features.stride(), self.pg)
+        return _CountsGathered(self, step, payload, 2, counts)
 
     def owner_features(self, step: ReplicatedSequenceBatch, received: torch.Tensor) -> KeyedJaggedTensor:
         """The (position, row) pairs received, as a KJT of one bag per position; ids of the
