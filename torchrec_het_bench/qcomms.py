@@ -8,20 +8,12 @@ under the same codecs.
 Precisions on CPU (FBGEMM's CPU codecs over gloo): see docs/measuring.md#quantized-comms.
 """
 
-from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+from torchrec_het_testing.settings import qcomms_registry as registry  # noqa: F401 (the entries' registry, as a user builds it)
 
 FP16 = "fp16/bf16"  # what a TorchRec user turns on first: fp16 forward, bf16 backward
 INT8 = "int8/int8"  # row-wise: 32 values a row, with an fp32 scale and bias
 MX4 = "mx4/mx4"  # 4-bit values, a shared exponent per 32
 PAIRS = (FP16, INT8, MX4)
-
-
-def registry(pair: str | None) -> dict | None:
-    """The ``qcomm_codecs_registry`` of ``pair`` (None: no codecs), as a user builds it."""
-    if pair is None:
-        return None
-    forward, backward = (CommType(p) for p in pair.split("/"))
-    return get_qcomm_codecs_registry(QCommsConfig(forward_precision=forward, backward_precision=backward))
 
 
 def suffix(pair: str) -> str:

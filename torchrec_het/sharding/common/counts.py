@@ -1,16 +1,9 @@
-"""The first collective of the plugin's input dists (every rank's send counts and batch size), and
-the gradient division both types apply as TorchRec's row-wise backward does."""
+"""The first collective of the plugin's input dists: every rank's send counts and batch size."""
 
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torchrec.distributed.comm_ops import get_gradient_division
-
-
-def gradient_scale(world_size: int) -> float:
-    """The factor TorchRec's row-wise backward applies to the gradients of the outputs (its gradient division)."""
-    return 1.0 / world_size if get_gradient_division() else 1.0
 
 
 @dataclass

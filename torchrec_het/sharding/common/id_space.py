@@ -119,28 +119,14 @@ class FusedIdSpace:
             raise RuntimeError(f"rank {self.rank} was sent rows it does not own")
         return rows + self.local_offsets[tables]
 
-    def fused_local_view(self, weights: list[torch.Tensor]) -> torch.Tensor | None:
-        """One ``[local rows, dim]`` view over the tables' local shards when they lie end to end
-        in one buffer (as in one fused kernel), else None."""
-        first = weights[0]
-        storage = first.untyped_storage().data_ptr()
-        for i, w in enumerate(weights):
-            expected = first.storage_offset() + int(self.local_offsets[i]) * self.dim
-            if not w.is_contiguous() or w.untyped_storage().data_ptr() != storage or w.storage_offset() != expected:
-                return None
-        return torch.as_strided(first, (int(self.local_offsets[-1]), self.dim), (self.dim, 1), first.storage_offset())
-
-    def read_owned(self, ids: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
-        """Rows of owned ids from the local shards (``weights[i]``: table i's local shard)."""
-        fused = self.fused_local_view(weights)
-        if fused is not None:
-            return fused[self.local_index(ids)].float()
+    def read_owned(self, ids: torch.Tensor, shards: list[torch.Tensor]) -> torch.Tensor:
+        """Rows of owned ids from the local shards (``shards[i]``: table i's local weights or state), table by table."""
         tables = self.table_of(ids)
         rows = self.local_rows(ids, tables)
-        out = torch.empty(ids.numel(), self.dim, device=ids.device)
+        out = torch.empty(ids.numel(), shards[0].size(1) if shards else 0, device=ids.device)
         for i in torch.unique(tables).tolist():
             mine = tables == i
-            out[mine] = weights[i][rows[mine]].float()
+            out[mine] = shards[i][rows[mine]].float()
         return out
 
 

@@ -4,7 +4,8 @@ Every output bag is ``sum over its entries e of weight_e * rows_e / divisor[bag]
 the bag's length for mean pooling, else 1), each entry reading a row of a :class:`Source`
 (HET cache rows, a replica block, rows or partial sums received). The backward is the
 transpose, into each source's ``sink`` or back to autograd. A :class:`Part` is the bags of one
-width; several parts fill the columns of one ``[batch, width]`` output.
+width; several parts fill the columns of one ``[batch, width]`` output. Gradients come back scaled
+as TorchRec's row-wise backward scales them (:func:`gradient_scale`).
 
 Design (backward, CPU fast paths): docs/internals.md#output-layout
 """
@@ -14,6 +15,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torchrec.distributed.comm_ops import get_gradient_division
+
+
+def gradient_scale(world_size: int) -> float:
+    """The factor TorchRec's row-wise backward applies to the gradients of the outputs (its gradient division)."""
+    return 1.0 / world_size if get_gradient_division() else 1.0
 
 
 @dataclass

@@ -56,13 +56,7 @@ class HetOwnedRows(OwnedRows):
         if prefix == _tbe.WEIGHTS:
             weights = [m.split_embedding_weights() for m in self.modules]
             return g.read_owned(ids, [weights[t.module_index][t.table_index] for t in g.tables])
-        tables = g.table_of(ids)
-        rows = g.local_rows(ids, tables)
-        out = torch.empty(ids.numel(), g.state_width, device=self.device)
-        for i in torch.unique(tables).tolist():
-            t, mine = g.tables[i], tables == i
-            out[mine] = _tbe.row_state(self.kernels[t.module_index], t.table_index)[1][rows[mine]].float()
-        return out
+        return g.read_owned(ids, [_tbe.row_state(self.kernels[t.module_index], t.table_index)[1] for t in g.tables])
 
     def fetched(self, g: HetGroup, ids: torch.Tensor) -> torch.Tensor:
         """What an owner sends for each requested row: the row, then its optimizer state where the

@@ -15,7 +15,7 @@ from torchrec.distributed.types import Awaitable
 
 from torchrec_het import _tbe
 from torchrec_het.cache import PendingRows
-from torchrec_het.sharding.common.counts import gradient_scale
+from torchrec_het.sharding.common.output_layout import gradient_scale
 from torchrec_het.sharding.common.wire_codec import WireCodec
 from torchrec_het.sharding.het_cache.batch import CachedBatch, GroupRead
 from torchrec_het.sharding.het_cache.coded_rows import CodedPayload, PayloadRows, ValueCodec, ValueShare
