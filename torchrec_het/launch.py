@@ -81,7 +81,7 @@ def build_parser(with_settings: bool = False) -> argparse.ArgumentParser:
 
 def _settings_epilog() -> str:
     """The ``TORCHREC_HET_*`` settings the workers' ``torchrec_het.install()`` reads (checked here first)."""
-    from torchrec_het.registration import settings_help
+    from torchrec_het.integration.registration import settings_help
 
     return f"settings (environment variables, read by every worker; a bad value stops the launcher):\n{settings_help()}"
 
@@ -127,8 +127,8 @@ def run_worker(command: Command) -> None:
         _require_script(command.script)
 
     import torchrec_het
-    from torchrec_het.collective_errors import CollectiveFailure, describe_collective_error
     from torchrec_het.errors import ConfigurationError
+    from torchrec_het.integration.collective_errors import CollectiveFailure, describe_collective_error
 
     try:
         torchrec_het.install()
@@ -245,7 +245,7 @@ def _require_script(script: str | None) -> None:
 
 def _require_settings() -> None:
     """The ``TORCHREC_HET_*`` settings and the profile they name, checked once here before any worker starts."""
-    from torchrec_het.env_settings import check_environment
+    from torchrec_het.integration.env_settings import check_environment
 
     try:
         check_environment()
@@ -256,8 +256,8 @@ def _require_settings() -> None:
 def _share_machine() -> None:
     """Nodes of one job on one machine (emulated hosts) say how many ranks share its cores
     (``$TORCHREC_HET_RANKS_ON_MACHINE``): workers then get ``cores // N`` intra-op threads
-    (:mod:`torchrec_het.cpu_budget`), unless ``OMP_NUM_THREADS`` is set; else torchrun's rule."""
-    from torchrec_het.cpu_budget import budget_for, stated_ranks_on_machine
+    (:mod:`torchrec_het.integration.cpu_budget`), unless ``OMP_NUM_THREADS`` is set; else torchrun's rule."""
+    from torchrec_het.integration.cpu_budget import budget_for, stated_ranks_on_machine
 
     ranks = stated_ranks_on_machine()  # checked by _require_settings
     if ranks is not None and "OMP_NUM_THREADS" not in os.environ:

@@ -25,11 +25,11 @@ from pathlib import Path
 
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from torchrec_het import whatif
+from torchrec_het.planner import whatif
 from torchrec_het.planner.compute_costs import default_compute_costs, load_compute_costs
 from torchrec_het.planner.step_model import OVERLAP, Cluster, Compute, Links
+from torchrec_het.planner.whatif import GBIT, compare, tables_from_configs
 from torchrec_het.replication.profile import load_profile
-from torchrec_het.whatif import GBIT, compare, tables_from_configs
 
 SWEEP_WORLD_SIZES = tuple(2**k for k in range(1, 11))  # 2 .. 1,024
 SWEEP_GBIT = (1.25, 10.0, 100.0)
@@ -147,7 +147,7 @@ def sweep_markdown(result: dict) -> str:
 def sweep_svg(result: dict, points: list[tuple[float, float, str]] = ()) -> str:
     """Speed-up over stock against world size (log2), one line per plugin setting and link speed;
     ``points``: measured (world size, speed-up, label) drawn as dots."""
-    from torchrec_het.svg_plot import line_plot
+    from torchrec_het.planner.svg_plot import line_plot
 
     series = whatif.speedup_series(result["rows"])
     return line_plot(series, points, x_label="ranks", y_label="speed-up over stock's best plan", log2_x=True)

@@ -60,7 +60,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from torchrec_het.cpu_budget import budget_for
+from torchrec_het.integration.cpu_budget import budget_for
 from torchrec_het_bench import qcomms
 from torchrec_het_bench.adoption_runs import TRAINER, Case, codec_flags, trainer_args, watch
 from torchrec_het_bench.flags import float_above, int_at_least
@@ -206,7 +206,7 @@ def run_env(
     """The caller's environment without any ``TORCHREC_HET_*`` setting, plus, for the launcher,
     ``launcher_env`` and on skewed ids the profile; ranks in a namespace of their own talk over its loopback.
 
-    Both arms get the same CPU budget (:mod:`torchrec_het.cpu_budget`): the ``ranks`` of a run all
+    Both arms get the same CPU budget (:mod:`torchrec_het.integration.cpu_budget`): the ``ranks`` of a run all
     run on this machine, emulated hosts' too, so each gets ``cores // ranks`` intra-op threads
     (``OMP_NUM_THREADS``; torchrun with one worker per node would leave every core to each)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("TORCHREC_HET_")}

@@ -2,7 +2,7 @@
 
 ``--busy SHARE`` (the benchmark and the microbenchmark) starts one process per core, each
 pinned to its core, that spins for ``SHARE`` of every 10 ms and sleeps the rest. The ranks keep
-their CPU budget (:mod:`torchrec_het.cpu_budget`); the busy processes are another tenant's work.
+their CPU budget (:mod:`torchrec_het.integration.cpu_budget`); the busy processes are another tenant's work.
 A process that slept most of a period is the first the scheduler runs when it wakes, so it takes
 about its share of a core whatever the ranks do; what it took is measured (its CPU seconds over
 the wall time) and recorded beside the results.
@@ -13,7 +13,7 @@ import os
 import time
 from contextlib import contextmanager
 
-from torchrec_het.cpu_budget import machine_cores
+from torchrec_het.integration.cpu_budget import machine_cores
 
 PERIOD_S = 0.01
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import torch.distributed as dist
 
-from torchrec_het.cpu_budget import budget_for, current_budget, stated_ranks_on_machine
+from torchrec_het.integration.cpu_budget import budget_for, current_budget, stated_ranks_on_machine
 from torchrec_het_bench.run_links import measure_run_links
 from torchrec_het_bench.worker import RunSpec, run_benchmark
 from torchrec_het_testing import warm_start
@@ -86,7 +86,7 @@ def spawn(spec: RunSpec, on_done, body=run_benchmark) -> None:
     runs on rank 0 with what ``body`` returned there.
 
     Every spawned rank runs on this machine, emulated hosts' too: they share its cores by one
-    budget (``spec.cpu``, :func:`~torchrec_het.cpu_budget.budget_for` the world size)."""
+    budget (``spec.cpu``, :func:`~torchrec_het.integration.cpu_budget.budget_for` the world size)."""
     port = str(_free_port())
     spec = with_cpu_budget(spec)
     say_if_oversubscribed(spec.cpu)

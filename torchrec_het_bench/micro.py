@@ -33,7 +33,7 @@ from torch import nn
 from torch.autograd.profiler import record_function
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from torchrec_het.cpu_budget import CpuBudget
+from torchrec_het.integration.cpu_budget import CpuBudget
 from torchrec_het_bench import configs as bench_configs
 from torchrec_het_bench import stage_profile
 from torchrec_het_bench.busy import busy_machine

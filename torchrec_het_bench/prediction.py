@@ -276,7 +276,7 @@ def predict_entry(sharded, tables: list, inputs: ModelInputs, spec, pipeline: st
 def planner_prediction(sharded) -> dict:
     """The plugin planner's own plan-time prediction and choice, where the entry's plan carries one
     (``{"planner": {...}}``; else empty)."""
-    from torchrec_het.plan_check import prediction_of
+    from torchrec_het.integration.plan_check import prediction_of
 
     carried = prediction_of(getattr(sharded, "plan", None))
     if carried is None:

@@ -8,8 +8,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from torchrec_het.planner.compute_costs import default_compute_costs
 from torchrec_het.planner.step_model import OVERLAP, Cluster, Compute, Links
-from torchrec_het.svg_plot import line_plot
-from torchrec_het.whatif import GBIT, compare, speedup_series, tables_from_configs
+from torchrec_het.planner.svg_plot import line_plot
+from torchrec_het.planner.whatif import GBIT, compare, speedup_series, tables_from_configs
 from torchrec_het_bench.scaling_runs import (
     REFERENCES,
     REPO,

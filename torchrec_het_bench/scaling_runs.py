@@ -9,9 +9,9 @@ from pathlib import Path
 
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from torchrec_het import whatif
+from torchrec_het.planner import whatif
 from torchrec_het.planner.step_model import Compute
-from torchrec_het.whatif import tables_from_configs
+from torchrec_het.planner.whatif import tables_from_configs
 from torchrec_het_bench.presets import get_preset
 from torchrec_het_bench.report import network_words
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from torchrec_het.cpu_budget import CpuBudget, apply_budget, budget_for
+from torchrec_het.integration.cpu_budget import CpuBudget, apply_budget, budget_for
 from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 from torchrec_het_bench import configs as bench_configs
 from torchrec_het_bench import stage_profile
@@ -173,7 +173,7 @@ class RankRecord:
 
 
 def rank_budget(spec) -> CpuBudget:
-    """This rank's share of the machine (:mod:`torchrec_het.cpu_budget`): the budget the launcher
+    """This rank's share of the machine (:mod:`torchrec_het.integration.cpu_budget`): the budget the launcher
     recorded in ``spec.cpu``, else each of ``spec.world_size`` ranks on this machine (spawned here,
     every rank of the run, every emulated host's included, shares this machine's cores)."""
     return spec.cpu if spec.cpu is not None else budget_for(spec.world_size)

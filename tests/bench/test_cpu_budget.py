@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from torchrec_het.cpu_budget import CpuBudget, budget_for, machine_cores
+from torchrec_het.integration.cpu_budget import CpuBudget, budget_for, machine_cores
 from torchrec_het_bench import adoption, launch
 from torchrec_het_bench.adoption_runs import Case
 from torchrec_het_bench.netem import NetworkEmulationUnavailable, check_available
@@ -37,7 +37,7 @@ def test_budget_shares_the_cores() -> None:
 
 
 def test_stated_ranks_are_checked(monkeypatch) -> None:
-    from torchrec_het.cpu_budget import ranks_on_machine
+    from torchrec_het.integration.cpu_budget import ranks_on_machine
 
     monkeypatch.setenv("TORCHREC_HET_RANKS_ON_MACHINE", "zero")
     with pytest.raises(ValueError, match="TORCHREC_HET_RANKS_ON_MACHINE"):

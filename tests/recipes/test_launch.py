@@ -16,10 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER_SCRIPT = """
 import sys
 from torchrec.distributed.model_parallel import get_default_sharders
-import torchrec_het.registration
+import torchrec_het.integration.registration
 print("argv", sys.argv[1:])
 print("name", __name__)
-print("installed", torchrec_het.registration.installed())
+print("installed", torchrec_het.integration.registration.installed())
 print("sharders", sorted(type(sharder).__name__ for sharder in get_default_sharders()))
 """
 
@@ -61,7 +61,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_importing_changes_nothing(tmp_path: Path) -> None:
-    code = "import sys, torchrec_het, torchrec_het.launch; print(sorted(m for m in ('torch', 'torchrec_het.registration') if m in sys.modules))"
+    code = "import sys, torchrec_het, torchrec_het.launch; print(sorted(m for m in ('torch', 'torchrec_het.integration.registration') if m in sys.modules))"
     assert _run(["-c", code], tmp_path).stdout.strip() == "[]"
 
 
@@ -146,7 +146,7 @@ def test_a_node_of_a_multi_host_job_passes_its_address_and_rendezvous_settings()
 
 
 def test_help_lists_every_setting() -> None:
-    from torchrec_het.env_settings import SETTINGS, env_settings
+    from torchrec_het.integration.env_settings import SETTINGS, env_settings
 
     assert set(env_settings()) == {s.argument for s in SETTINGS}  # install() reads exactly the listed ones
     done = _run(["-m", "torchrec_het.launch", "--help"], REPO)
@@ -227,7 +227,7 @@ def test_the_swap_keeps_a_stock_sharders_codecs_and_fused_params() -> None:
     from torchrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder
 
     import torchrec_het
-    from torchrec_het.registration import swap_stock_sharders
+    from torchrec_het.integration.registration import swap_stock_sharders
     from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
 
     registry, fused = _fp16_registry(), {"learning_rate": 0.1}

@@ -29,11 +29,11 @@ from torchrec_het.planner.step_model import (
     with_codecs,
 )
 from torchrec_het.planner.traffic import FP32, TableLoad, WirePrecision
+from torchrec_het.planner.whatif import compare, tables_from_configs
 from torchrec_het.replication.memory import TierTopology
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
 from torchrec_het.sharding.common.wire_codec import codecs_of
-from torchrec_het.whatif import compare, tables_from_configs
 
 HALF = WirePrecision(2.0, 2.0)  # fp16 forward, bf16 backward
 HALF_SYNCED = WirePrecision(2.0, 2.0, 2.0)  # ... and row replication's replica syncs summed in bf16

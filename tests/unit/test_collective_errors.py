@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrec_het.collective_errors import describe_collective_error
+from torchrec_het.integration.collective_errors import describe_collective_error
 
 TIMED_OUT = "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete"
 PAIR_CLOSED = "Application timeout caused pair closure"
@@ -95,7 +95,9 @@ def test_the_launchers_worker_ends_with_the_line(tmp_path: Path, message: str, d
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 1
     if described:
-        assert last.startswith("torchrec_het.collective_errors.CollectiveFailure: rank 1: a collective waited for at ")
+        assert last.startswith(
+            "torchrec_het.integration.collective_errors.CollectiveFailure: rank 1: a collective waited for at "
+        )
         assert "the connection to the peer at 198.18.0.2 was closed" in last
         assert "The above exception was the direct cause" in done.stderr  # gloo's own traceback stays
     else:

@@ -352,7 +352,7 @@ def test_importing_compat_under_another_torchrec_warns_once() -> None:
         "m.version = lambda name: '1.9.0' if name == 'torchrec' else real(name)\n"
         "with warnings.catch_warnings(record=True) as seen:\n"
         "    warnings.simplefilter('always')\n"
-        "    import torchrec_het._compat, torchrec_het.planner, torchrec_het.registration\n"
+        "    import torchrec_het._compat, torchrec_het.planner, torchrec_het.integration.registration\n"
         "print(json.dumps([str(w.message) for w in seen if w.category.__name__ == 'TorchRecVersionWarning']))\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)

@@ -8,7 +8,7 @@ import torch
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.distributed.planner import Topology
 
-from torchrec_het.plan_check import prediction_of
+from torchrec_het.integration.plan_check import prediction_of
 from torchrec_het.planner import AccessModel, HetEmbeddingEnumerator, HetEmbeddingShardingPlanner, PluginPricing
 from torchrec_het.planner.access import zipf_shares
 from torchrec_het.planner.cost_model import CostInputs, decide
@@ -156,7 +156,7 @@ def test_without_evidence_the_plan_is_torchrecs_own_plan_with_its_own_sharder() 
 @pytest.mark.parametrize("value", ["fast,1", "100", "0,20", "100,-1", "100,20,3"])
 def test_a_bad_stated_compute_names_its_variable_before_anything_starts(monkeypatch, value: str) -> None:
     import torchrec_het
-    from torchrec_het.env_settings import check_environment
+    from torchrec_het.integration.env_settings import check_environment
 
     monkeypatch.setenv("TORCHREC_HET_STEP_COMPUTE", value)
     with pytest.raises(ValueError, match="TORCHREC_HET_STEP_COMPUTE"):

@@ -11,8 +11,9 @@ from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.constants import CROSS_NODE_BANDWIDTH, INTRA_NODE_BANDWIDTH
 
 import torchrec_het
-from torchrec_het import _compat, registration
-from torchrec_het.env_settings import check_environment, env_settings
+from torchrec_het import _compat
+from torchrec_het.integration import registration
+from torchrec_het.integration.env_settings import check_environment, env_settings
 from torchrec_het.planner import HetEmbeddingEnumerator, HetEmbeddingShardingPlanner
 from torchrec_het.planner.link_probe import (
     FLOAT,

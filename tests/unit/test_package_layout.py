@@ -124,7 +124,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_covers_runtime_and_harness() -> None:
     graph = import_graph()
     for module in (
-        "torchrec_het.registration",
+        "torchrec_het.integration.registration",
         "torchrec_het.planner.planner",
         "torchrec_het.sharders",
         "torchrec_het_bench.configs",
@@ -132,7 +132,7 @@ def test_the_graph_covers_runtime_and_harness() -> None:
         "torchrec_het_testing.spawn",
     ):
         assert module in graph, module
-    assert "torchrec_het.planner.planner" in graph["torchrec_het.registration"]
+    assert "torchrec_het.planner.planner" in graph["torchrec_het.integration.registration"]
 
 
 def test_find_cycle_names_the_cycle() -> None:
@@ -148,7 +148,7 @@ def test_no_import_cycles() -> None:
 def test_importing_the_runtime_loads_no_harness_and_no_plotting() -> None:
     script = (
         "import sys\n"
-        "import torchrec_het, torchrec_het.registration, torchrec_het.launch, torchrec_het.sharders, "
+        "import torchrec_het, torchrec_het.integration.registration, torchrec_het.launch, torchrec_het.sharders, "
         "torchrec_het.pipeline, torchrec_het.planner\n"
         f"banned = {HARNESS + ('matplotlib',)!r}\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in banned))\n"

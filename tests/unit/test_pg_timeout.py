@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 import torchrec_het
-from torchrec_het.env_settings import ENV_PG_TIMEOUT, check_environment, env_settings
+from torchrec_het.integration.env_settings import ENV_PG_TIMEOUT, check_environment, env_settings
 from torchrec_het_bench.recipes import train_dlrm
 
 
@@ -23,7 +23,7 @@ def test_a_bad_timeout_names_the_variable(monkeypatch, value: str) -> None:
         check_environment()  # what the launcher runs before any worker
     with pytest.raises(ValueError, match=ENV_PG_TIMEOUT):
         torchrec_het.install()
-    assert not torchrec_het.registration.installed()
+    assert not torchrec_het.integration.registration.installed()
 
 
 def test_the_timeout_is_read_in_seconds(monkeypatch) -> None:
@@ -37,7 +37,7 @@ def test_the_timeout_is_read_in_seconds(monkeypatch) -> None:
 def test_a_bad_install_argument_is_refused(value) -> None:
     with pytest.raises(ValueError, match="pg_timeout must be a number of seconds > 0"):
         torchrec_het.install(pg_timeout=value)
-    assert not torchrec_het.registration.installed()
+    assert not torchrec_het.integration.registration.installed()
 
 
 def test_install_wraps_init_process_group_in_both_homes_and_uninstall_restores_it(monkeypatch) -> None:

@@ -1,4 +1,4 @@
-"""The run-time plan check: the measured step against the plan's prediction (torchrec_het.plan_check)."""
+"""The run-time plan check: the measured step against the plan's prediction (torchrec_het.integration.plan_check)."""
 
 import copy
 import logging
@@ -13,7 +13,7 @@ from torchrec.distributed.sharding_plan import construct_module_sharding_plan, t
 from torchrec.distributed.types import ShardingPlan
 
 import torchrec_het
-from torchrec_het.plan_check import PlanPrediction, StepWatch, attach_prediction, prediction_of, watch_plan
+from torchrec_het.integration.plan_check import PlanPrediction, StepWatch, attach_prediction, prediction_of, watch_plan
 
 PREDICTION = PlanPrediction(
     step_ms=100.0,
@@ -77,7 +77,7 @@ def test_forty_percent_slower_logs_one_line_with_both_figures_and_advice(caplog,
 
 
 def test_the_line_goes_to_stderr_only_where_no_handler_shows_it() -> None:
-    from torchrec_het.plan_check import _handled
+    from torchrec_het.integration.plan_check import _handled
 
     lonely = logging.Logger("lonely")  # no parent, no handler: the check prints the line itself
     assert not _handled(lonely)

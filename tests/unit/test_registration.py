@@ -266,7 +266,7 @@ def test_a_compute_cost_table_of_ones_own_machines_prices_the_plan(tmp_path, mon
     monkeypatch.setenv("TORCHREC_HET_COMPUTE_COSTS", str(mine))
     try:
         torchrec_het.install()
-        pricing = torchrec_het.registration.installed_pricing()
+        pricing = torchrec_het.integration.registration.installed_pricing()
         assert pricing.compute.per_id("het_cached_row_wise", "stale") == 7e-6
         assert pricing.compute == load_compute_costs(mine)
     finally:
@@ -274,13 +274,13 @@ def test_a_compute_cost_table_of_ones_own_machines_prices_the_plan(tmp_path, mon
     monkeypatch.setenv("TORCHREC_HET_COMPUTE_COSTS", str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match=r"\$TORCHREC_HET_COMPUTE_COSTS=.*missing\.json"):
         torchrec_het.install()
-    assert not torchrec_het.registration.installed()
+    assert not torchrec_het.integration.registration.installed()
     with pytest.raises(ValueError, match=r"\$TORCHREC_HET_COMPUTE_COSTS"):
-        torchrec_het.env_settings.check_environment()  # what the launcher runs before any worker
+        torchrec_het.integration.env_settings.check_environment()  # what the launcher runs before any worker
 
 
 def test_lookahead_comes_from_install_or_the_environment_and_reaches_the_sharders_options(monkeypatch) -> None:
-    from torchrec_het import registration
+    from torchrec_het.integration import registration
 
     monkeypatch.setenv("TORCHREC_HET_LOOKAHEAD", "1")
     try:

@@ -1,4 +1,4 @@
-"""The what-if (torchrec_het.whatif, python -m torchrec_het.plan): plans without a process group."""
+"""The what-if (torchrec_het.planner.whatif, python -m torchrec_het.plan): plans without a process group."""
 
 import json
 
@@ -8,8 +8,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from torchrec_het import plan as plan_cli
 from torchrec_het.planner.step_model import Cluster, Compute, Links
-from torchrec_het.svg_plot import line_plot
-from torchrec_het.whatif import coarse_tail, compare, tables_from_configs
+from torchrec_het.planner.svg_plot import line_plot
+from torchrec_het.planner.whatif import coarse_tail, compare, tables_from_configs
 
 COMPUTE = Compute(lookup_s_per_id=2e-7, dense_s_per_sample=1e-5, module_s_per_step=1e-3)
 

@@ -1,5 +1,5 @@
 """What the planner predicts for its plan, carried on the ``ShardingPlan`` it returns (it survives
-the pickling of ``collective_plan``'s broadcast); :mod:`torchrec_het.plan_check` compares it with
+the pickling of ``collective_plan``'s broadcast); :mod:`torchrec_het.integration.plan_check` compares it with
 the measured step."""
 
 from dataclasses import dataclass, field

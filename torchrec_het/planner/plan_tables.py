@@ -3,7 +3,7 @@ options, as the :class:`~torchrec_het.planner.step_model.PlannedTable` the model
 
 Three callers hand it what they know: the planner an option TorchRec's search enumerates
 (:func:`~torchrec_het.planner.cost_model.option_table`: tier sizes from the pricing), the what-if
-a table shape (:mod:`torchrec_het.whatif`), the benchmark a plan that was built (its tiers as the
+a table shape (:mod:`torchrec_het.planner.whatif`), the benchmark a plan that was built (its tiers as the
 module holds them). Which option means what to the model is said here only.
 """
 

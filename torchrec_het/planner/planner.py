@@ -82,7 +82,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         *args, **kwargs: as ``EmbeddingShardingPlanner``.
     """
 
-    # What ``torchrec_het.install()`` was given: set (and put back) by ``torchrec_het.registration``,
+    # What ``torchrec_het.install()`` was given: set (and put back) by ``torchrec_het.integration.registration``,
     # which imports this module; this module never imports it. ``installed_links`` set also means
     # "installed": rank 0 then prints the link figures on stderr when it plans.
     installed_pricing: ClassVar[PluginPricing | None] = None

@@ -3,7 +3,7 @@
 import torch
 from torchrec.distributed.model_parallel import get_unwrapped_module
 
-from torchrec_het.plan_check import watch_of
+from torchrec_het.integration.plan_check import watch_of
 from torchrec_het.sharders import HetShardedEmbeddingBagCollection, HetShardedEmbeddingCollection
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 

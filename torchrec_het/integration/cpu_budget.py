@@ -81,7 +81,7 @@ def stated_ranks_on_machine() -> int | None:
     Raises:
         ValueError: naming the variable.
     """
-    from torchrec_het.env_settings import SETTING_OF, env_value
+    from torchrec_het.integration.env_settings import SETTING_OF, env_value
 
     return env_value(SETTING_OF["ranks_on_machine"])
 

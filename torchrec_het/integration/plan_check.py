@@ -187,10 +187,10 @@ def check_line(measured_ms: float, prediction: PlanPrediction) -> str | None:
 
 
 def _advice(prediction: PlanPrediction, slower: bool) -> str:
-    from torchrec_het.env_settings import ENV_COMPUTE, ENV_LINK_GBIT, ENV_RANKS_ON_MACHINE
+    from torchrec_het.integration.env_settings import ENV_COMPUTE, ENV_LINK_GBIT, ENV_RANKS_ON_MACHINE
 
     try:
-        from torchrec_het.cpu_budget import current_budget
+        from torchrec_het.integration.cpu_budget import current_budget
 
         budget = current_budget()
         cores = f"{budget.describe()}{', oversubscribed' if budget.oversubscribed else ''}"

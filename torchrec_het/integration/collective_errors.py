@@ -12,7 +12,7 @@ import os
 import re
 import traceback
 
-from torchrec_het.env_settings import ENV_PG_TIMEOUT
+from torchrec_het.integration.env_settings import ENV_PG_TIMEOUT
 
 _TIMED_OUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation|Application timeout caused pair closure")
 _PEER_GONE = re.compile(r"Connection reset by peer|Connection closed by peer|Socket closed|Broken pipe")

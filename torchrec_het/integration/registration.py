@@ -6,7 +6,7 @@ enumerator, performance model, partitioner or stats use the plugin's; stock EBC 
 script builds itself (e.g. with a ``qcomm_codecs_registry``) become the plugin's, with that
 registry and their ``fused_params``, where the planner and ``DistributedModelParallel`` get them
 (:func:`swap_stock_sharders`); a ``DistributedModelParallel`` whose plan carries the planner's
-prediction checks its step time against it (:mod:`torchrec_het.plan_check`); with a process group
+prediction checks its step time against it (:mod:`torchrec_het.integration.plan_check`); with a process group
 timeout set, ``init_process_group`` calls without ``timeout`` get it. :func:`uninstall` puts
 every replaced attribute back. Install before importing a script that binds
 ``get_default_sharders`` by name (``python -m torchrec_het.launch`` does).
@@ -26,7 +26,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 
 from torchrec_het import _compat
 from torchrec_het.config import HetCacheConfig
-from torchrec_het.env_settings import (
+from torchrec_het.integration.env_settings import (
     ENV_ALPHA,
     ENV_COMPUTE,
     ENV_LINK_GBIT,
@@ -373,9 +373,9 @@ def _swap_sharders_given(state: _Installed, owner: type, method: str) -> None:
 
 def _watch_predicted_plans(state: _Installed, owner: type) -> None:
     """``owner.__init__`` (``DistributedModelParallel``'s) then watches the model's steps against the
-    prediction its plan carries (given or planned; :func:`torchrec_het.plan_check.watch_plan`), kept
+    prediction its plan carries (given or planned; :func:`torchrec_het.integration.plan_check.watch_plan`), kept
     as ``self._het_step_watch``."""
-    from torchrec_het.plan_check import prediction_of, watch_plan
+    from torchrec_het.integration.plan_check import prediction_of, watch_plan
 
     stock = owner.__init__
     signature = inspect.signature(stock)
