@@ -18,9 +18,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het._compat import sharded_lookups, sharded_table_configs
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.sharders.plugin_contexts import PluginContexts
 from torchrec_het.sharders.plugin_sharder import PluginSharder, plan_hot_rows
 from torchrec_het.sharders.replicated_module import ReplicatedModule
+from torchrec_het.sharding.common.context import PluginContexts
 from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features
 from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
 from torchrec_het.sharding.het_cache.sharding import HetCachedRwPooledEmbeddingSharding
@@ -58,7 +58,7 @@ class HetEmbeddingBagCollection(EmbeddingBagCollection):
 
 class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, ShardedEmbeddingBagCollection):
     """TorchRec's sharded EBC, with the plugin's types routed to their shardings (each given its
-    per-batch context, :mod:`~torchrec_het.sharders.plugin_contexts`).
+    per-batch context, :class:`~torchrec_het.sharding.common.context.PluginContexts`).
 
     Every plugin table is built from the options its plan entry carries
     (:class:`~torchrec_het.plan_options.HetParameterSharding`); ``hot_rows`` is this rank's source of

@@ -19,9 +19,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_het._compat import sharded_lookups, sharded_table_configs, uses_index_dedup
 from torchrec_het.config import HetCacheConfig
 from torchrec_het.replication.config import ReplicationConfig
-from torchrec_het.sharders.plugin_contexts import PluginContexts
 from torchrec_het.sharders.plugin_sharder import PluginSharder, plan_hot_rows
 from torchrec_het.sharders.replicated_module import ReplicatedModule
+from torchrec_het.sharding.common.context import PluginContexts
 from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedSequenceLookup
 from torchrec_het.sharding.row_replicated.sharding import RowReplicatedSequenceEmbeddingSharding
@@ -55,7 +55,7 @@ class HetEmbeddingCollection(EmbeddingCollection):
 
 class HetShardedEmbeddingCollection(ReplicatedModule, PluginContexts, ShardedEmbeddingCollection):
     """TorchRec's sharded EC, with ``het_row_replicated`` routed to its sharding (given its per-batch
-    context, :mod:`~torchrec_het.sharders.plugin_contexts`).
+    context, :class:`~torchrec_het.sharding.common.context.PluginContexts`).
 
     The plan (fused kernel for ``het_row_replicated`` tables) and the replication
     settings (against the module's tables) are checked before TorchRec builds anything;

@@ -37,7 +37,7 @@ COLLECTIVES = {
     "all_reduce_coalesced",
     "all_gather_coalesced",
 }
-EXCHANGE_MODULES = ("torchrec_het.sharding.common.exchange", "torchrec_het.sharding.common.counts")
+EXCHANGE_MODULES = ("torchrec_het.sharding.common.exchange",)
 COLLECTIVE_FREE = {"Exchange"}  # a type, not a call: what an exchange started elsewhere returns
 
 

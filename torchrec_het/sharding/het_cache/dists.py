@@ -20,8 +20,13 @@ from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.sharding.common.context import HetShardingContext
-from torchrec_het.sharding.common.counts import GatheredCounts
-from torchrec_het.sharding.common.exchange import Exchange, exchange_counts, exchange_flat, start_exchange
+from torchrec_het.sharding.common.exchange import (
+    Exchange,
+    GatheredCounts,
+    exchange_counts,
+    exchange_flat,
+    start_exchange,
+)
 from torchrec_het.sharding.het_cache.batch import CachedBatch
 from torchrec_het.sharding.het_cache.coded_rows import CodedPayload
 

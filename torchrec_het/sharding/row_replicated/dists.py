@@ -14,15 +14,13 @@ from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.sharding.common.context import HetShardingContext
-from torchrec_het.sharding.common.counts import GatheredCounts
-from torchrec_het.sharding.common.exchange import Exchange, start_exchange
+from torchrec_het.sharding.common.exchange import Exchange, GatheredCounts, start_exchange
 from torchrec_het.sharding.common.id_space import bag_divisors, sample_major
 from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source, gradient_scale, output_layout
 from torchrec_het.sharding.row_replicated.batch import HotValues, ReplicatedBagBatch, ReplicatedSequenceBatch
 from torchrec_het.sharding.row_replicated.lookahead import arrived_partials, late_partials
 from torchrec_het.sharding.row_replicated.owner import OwnerValues
-from torchrec_het.sharding.row_replicated.placement import ReplicaPlacement
-from torchrec_het.sharding.row_replicated.routing import IdLayout
+from torchrec_het.sharding.row_replicated.placement import IdLayout, ReplicaPlacement
 
 
 class _CountsGathered(Awaitable[Awaitable[KeyedJaggedTensor]]):

@@ -18,9 +18,8 @@ from torchrec_het import _tbe
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.row_replicated.batch import HotValues
 from torchrec_het.sharding.row_replicated.owner import DirectOwner
-from torchrec_het.sharding.row_replicated.placement import ReplicaPlacement
+from torchrec_het.sharding.row_replicated.placement import ReplicaGroup, ReplicaPlacement
 from torchrec_het.sharding.row_replicated.replicas import ReplicaBlock, owned_rows, read_rows
-from torchrec_het.sharding.row_replicated.routing import ReplicaGroup
 from torchrec_het.sharding.row_replicated.sync import HostGroups, holder_group
 
 

@@ -22,8 +22,7 @@ from torchrec_het.sharding.row_replicated.batch import ReplicatedBagBatch, Repli
 from torchrec_het.sharding.row_replicated.holder import ReplicaHolder
 from torchrec_het.sharding.row_replicated.lookahead import lookup_partials, start_early_partials
 from torchrec_het.sharding.row_replicated.owner import kernel_features
-from torchrec_het.sharding.row_replicated.placement import ReplicaPlacement
-from torchrec_het.sharding.row_replicated.routing import ReplicaGroup
+from torchrec_het.sharding.row_replicated.placement import ReplicaGroup, ReplicaPlacement
 
 
 class ReplicaHooks:

@@ -1,6 +1,11 @@
 """Who holds every row of a ``het_row_replicated`` sharding: its tables, their tiers and the id layout the
 dists route with, and the online profile that may choose the hot rows after the first steps.
 
+:class:`ReplicaGroup`: tables of one lookup that share a dimension, with their tiers and the
+per-host rows each local rank holds. :class:`IdLayout`: one id space over every table of a
+sharding (static indexes, built once), with which the input dists route a batch's ids
+(:meth:`IdLayout.split`).
+
 :class:`ReplicaPlacement` is built once per sharding, before its stages (a collective: it creates the
 exchanges' group), and handed to each: the input dist routes with it and is the one stage that
 changes it (the online profile's end sets new hot rows, a new ``layout.hot_version``); the lookup
@@ -12,13 +17,237 @@ Design: docs/internals.md#row-replicated-routing
 
 import torch
 import torch.distributed as dist
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.plan_options import ReplicaOptions
 from torchrec_het.replication.hot_rows import hottest_rows, replication_threshold
 from torchrec_het.sharding.common.groups import dedicated_group
-from torchrec_het.sharding.common.id_space import TableInfo
+from torchrec_het.sharding.common.id_space import FusedIdSpace, TableInfo, flatten_batch, tensors_to
 from torchrec_het.sharding.common.wire_codec import WireCodecs
-from torchrec_het.sharding.row_replicated.routing import IdLayout, ReplicaGroup
+
+
+class ReplicaGroup(FusedIdSpace):
+    """Fused id space of same-dimension tables plus their hot tiers.
+
+    Args:
+        tables: the tables, in the lookup's order.
+        tiers: per table, (replicated, per_host) sorted row ids.
+        dim: their embedding dimension.
+        rank: this rank.
+        world_size: ranks in the sharding's process group.
+        local_world_size: ranks per host (a host's ranks are consecutive).
+    """
+
+    def __init__(
+        self,
+        tables: list[TableInfo],
+        tiers: list[tuple[torch.Tensor, torch.Tensor]],
+        dim: int,
+        rank: int,
+        world_size: int,
+        local_world_size: int,
+    ) -> None:
+        super().__init__(tables, dim, rank, world_size)
+        self.local_world_size = local_world_size
+        empty = torch.zeros(0, dtype=torch.int64)
+        self.hot = torch.cat([empty] + [self.offsets[i] + rep for i, (rep, _) in enumerate(tiers)])
+        self.host = torch.cat([empty] + [self.offsets[i] + per for i, (_, per) in enumerate(tiers)])
+        self.host_block = self.holder_rows(rank % local_world_size)  # per-host rows this rank holds
+
+    def holder_rows(self, local_rank: int) -> torch.Tensor:
+        """The per-host rows the ranks of ``local_rank`` hold (those their owners' local rank is), sorted."""
+        return self.host[self.owner_of(self.host) % self.local_world_size == local_rank]
+
+
+class IdLayout:
+    """Static indexes of a sharding's features, built once: one id space over every table.
+
+    Positions are the sharding's features in order (a feature shared by two tables has two
+    positions). Table t's row r is id ``base[t] + r``; ids of one width are contiguous, so
+    the ids of a :class:`ReplicaGroup` (one width) are ``group_base[g] + its fused ids``.
+    The output's bags of one group are one part of it (:meth:`group_part`, :meth:`group_bags`).
+    """
+
+    def __init__(
+        self, groups: list[ReplicaGroup], positions: list[tuple[int, int]], dims: list[int], mean: list[bool],
+        world_size: int, rank: int = 0, local_world_size: int | None = None,
+    ) -> None:  # fmt: skip
+        self.groups, self.world_size = groups, world_size
+        self.local_world_size = local_world_size or world_size
+        self.host_first = rank - rank % self.local_world_size  # the first rank of this rank's host
+        sizes = torch.tensor([int(g.offsets[-1]) for g in groups], dtype=torch.int64)
+        self.group_base = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(sizes, 0)[:-1]])
+        # per position: its group and fused offset of its table
+        self.position_group = torch.tensor([g for g, _ in positions], dtype=torch.int64)
+        self.position_base = torch.tensor(
+            [int(self.group_base[g]) + int(groups[g].offsets[t]) for g, t in positions], dtype=torch.int64
+        )
+        self.num_positions = len(positions)
+        self.dims = torch.tensor(dims, dtype=torch.int64)
+        self.columns = torch.cumsum(self.dims, 0) - self.dims
+        self.width = int(self.dims.sum())
+        self.uniform_dim = dims[0] if dims and all(d == dims[0] for d in dims) else None
+        self.mean = torch.tensor(mean, dtype=torch.bool)
+        self.has_mean = bool(self.mean.any())
+        # per group (one width): its positions and output columns, one group after the other
+        at = [[p for p, (g, _) in enumerate(positions) if g == i] for i in range(len(groups))]
+        starts = self.columns.tolist()
+        self.group_sizes = [len(ps) for ps in at]
+        self.group_positions = torch.tensor([p for ps in at for p in ps], dtype=torch.int64)
+        self.group_columns = torch.tensor(
+            [c for ps in at for p in ps for c in range(starts[p], starts[p] + dims[p])], dtype=torch.int64
+        )
+        local = {p: i for ps in at for i, p in enumerate(ps)}
+        self.position_local = torch.tensor([local[p] for p in range(len(positions))], dtype=torch.int64)
+        self.group_spans, first, column = [], 0, 0  # per group: its ranges in group_positions and group_columns
+        for ps in at:
+            width = sum(dims[p] for p in ps)
+            self.group_spans.append((first, first + len(ps), column, column + width))
+            first, column = first + len(ps), column + width
+        self.owner_ends = torch.cat([self.group_base[i] + g.owner_ends for i, g in enumerate(groups)])
+        self.bucket_start = torch.cat([torch.zeros(1, dtype=torch.int64), self.owner_ends[:-1]])
+        self.total_rows = int(sizes.sum())
+        self.set_hot(groups)
+
+    def to(self, device: torch.device) -> "IdLayout":
+        """Moves every index to ``device`` (where the batches arrive)."""
+        self.device = device
+        return tensors_to(self, device)
+
+    def set_hot(self, groups: list[ReplicaGroup]) -> None:
+        """Takes the hot rows of ``groups`` (same tables and widths; after an online profile)."""
+        self.groups = groups
+        self.hot_version = getattr(self, "hot_version", -1) + 1
+        hot = [self.group_base[i] + g.hot for i, g in enumerate(groups)]
+        self.hot_ids = torch.cat([torch.zeros(0, dtype=torch.int64)] + hot)
+        counts = torch.tensor([h.numel() for h in hot], dtype=torch.int64)
+        self.hot_start = torch.cumsum(counts, 0) - counts
+        self.hot_group_ends = torch.cumsum(counts, 0)
+        self._set_host(groups)
+        self._set_route_map()
+        if getattr(self, "device", None) is not None:
+            self.to(self.device)
+
+    def _set_host(self, groups: list[ReplicaGroup]) -> None:
+        """Per-host rows (global ids, sorted): the local rank of their holders and their slot in the
+        holders' blocks (one block per group, laid end to end); this rank's blocks' ends."""
+        ids, local, slot = (
+            [torch.zeros(0, dtype=torch.int64)],
+            [torch.zeros(0, dtype=torch.int64)],
+            [torch.zeros(0, dtype=torch.int64)],
+        )
+        for local_rank in range(self.local_world_size):  # once, at build
+            base = 0
+            for index, g in enumerate(groups):
+                rows = g.holder_rows(local_rank)
+                ids.append(self.group_base[index] + rows)
+                local.append(torch.full_like(rows, local_rank))
+                slot.append(base + torch.arange(rows.numel()))
+                base += rows.numel()
+        self.host_ids, order = torch.sort(torch.cat(ids))
+        self.host_local, self.host_slot = torch.cat(local)[order], torch.cat(slot)[order]
+        sizes = torch.tensor([g.host_block.numel() for g in groups], dtype=torch.int64)
+        self.host_block_ends = torch.cumsum(sizes, 0)
+        self.host_block_starts = self.host_block_ends - sizes
+
+    def _set_route_map(self) -> None:
+        """One code per row of the id space (built once per hot set), so that :meth:`split` reads an
+        id's tier and owner with one gather: its hot position (``>= 0``); ``-1 - bucket`` for a cold
+        row, ``bucket`` indexing ``owner_ends`` (owner ``bucket % world_size``); ``-1 - buckets - h``
+        for entry ``h`` of the per-host tier. int16 where every code fits, else int32: 2 or 4 bytes a
+        row (``nbytes``). Why a map: docs/internals.md#row-replicated-routing."""
+        buckets, hosts = self.owner_ends.numel(), self.host_ids.numel()
+        fits16 = max(self.hot_ids.numel(), buckets + hosts) < 2**15
+        dtype = torch.int16 if fits16 else torch.int32
+        sizes = self.owner_ends.cpu() - self.bucket_start.cpu()
+        codes = torch.repeat_interleave(-1 - torch.arange(buckets, dtype=torch.int32), sizes.to(torch.int64))
+        codes = codes.to(dtype)
+        codes[self.hot_ids.cpu()] = torch.arange(self.hot_ids.numel(), dtype=dtype)
+        codes[self.host_ids.cpu()] = (-1 - buckets - torch.arange(hosts, dtype=torch.int64)).to(dtype)
+        self.route_map = codes
+        self.num_buckets = buckets
+        self.bucket_dest = torch.arange(buckets, dtype=torch.int64) % self.world_size
+
+    def split(self, ids: torch.Tensor):
+        """A batch's global ids split by where they are read: (indexes of the hot ids, their positions
+        in ``hot_ids``; indexes of the others, the rank each is sent to, its row there).
+
+        A cold id goes to its owner, as the row of the owner's shard; an id of the per-host tier to
+        its holder on this rank's host, as ``-1 - slot`` (its slot in the holder's blocks)."""
+        code = self.route_map.index_select(0, ids)  # the one gather
+        hot = code >= 0
+        hot_at, cold_at = hot.nonzero().flatten(), (~hot).nonzero().flatten()
+        cold_code = -1 - code.index_select(0, cold_at).to(torch.int64)  # bucket, or buckets + per-host index
+        dest, row = self._cold_route(ids.index_select(0, cold_at), cold_code)
+        return hot_at, code.index_select(0, hot_at).to(torch.int64), cold_at, dest, row
+
+    def _cold_route(self, ids: torch.Tensor, cold_code: torch.Tensor):
+        if not self.host_ids.numel():
+            return self.bucket_dest.index_select(0, cold_code), ids - self.bucket_start.index_select(0, cold_code)
+        bucket = cold_code.clamp(max=self.num_buckets - 1)
+        dest, row = self.bucket_dest.index_select(0, bucket), ids - self.bucket_start.index_select(0, bucket)
+        at = cold_code - self.num_buckets
+        is_host, at = at >= 0, at.clamp(min=0)
+        dest = torch.where(is_host, self.host_first + self.host_local.index_select(0, at), dest)
+        row = torch.where(is_host, -1 - self.host_slot.index_select(0, at), row)
+        return dest, row
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the route map (the layout's one index that grows with the tables' rows)."""
+        return self.route_map.numel() * self.route_map.element_size()
+
+    def host_block_of(self, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per group: (indexes of the ``slots`` (of this rank's per-host blocks) that are its, their rows in its block)."""
+        block_of = torch.bucketize(slots, self.host_block_ends, right=True)
+        out = []
+        for index in range(len(self.groups)):
+            mine = (block_of == index).nonzero().flatten()
+            out.append((mine, slots.index_select(0, mine) - self.host_block_starts[index]))
+        return out
+
+    def flatten(self, features: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(bag of every value, as position * batch + sample; its global id): :func:`flatten_batch`."""
+        return flatten_batch(features, self.position_base, "het_row_replicated")
+
+    def hot_of(self, hot_at: torch.Tensor, hot_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per replica block: (indexes of the values it serves, their rows in the block), from the hot
+        values' indexes and positions in ``hot_ids`` (:meth:`split`)."""
+        if len(self.groups) == 1:
+            return [(hot_at, hot_pos)]
+        block_of = torch.bucketize(hot_pos, self.hot_group_ends, right=True)
+        out = []
+        for index in range(len(self.groups)):  # one per width, as TorchRec's lookup groups tables
+            mine = (block_of == index).nonzero().flatten()
+            out.append((hot_at.index_select(0, mine), hot_pos.index_select(0, mine) - self.hot_start[index]))
+        return out
+
+    def group_part(self, group: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the group's positions, its output columns; None when it is the only group)."""
+        start, end, first, last = self.group_spans[group]
+        return self.group_positions[start:end], None if len(self.group_sizes) == 1 else self.group_columns[first:last]
+
+    def group_bags(self, bags: torch.Tensor, batch: int, group: int) -> torch.Tensor:
+        """Bags (``position * batch + sample``) of ``group``'s positions as bags of its output part,
+        sample by sample: ``sample * its positions + the position's index among them``."""
+        if len(self.group_sizes) == 1:
+            return bags % batch * self.num_positions + bags // batch
+        return bags % batch * self.group_sizes[group] + self.position_local.index_select(0, bags // batch)
+
+    def group_feature_bags(self, bags: torch.Tensor, batch: int, group: int) -> torch.Tensor:
+        """Bags (``position * batch + sample``) of ``group``'s positions as ``its position's index
+        among them * batch + sample`` (the order of its values)."""
+        if len(self.group_sizes) == 1:
+            return bags
+        return self.position_local.index_select(0, bags // batch) * batch + bags % batch
+
+    def elements(self, rows: torch.Tensor, positions: torch.Tensor, row_width: int) -> torch.Tensor:
+        """Flat indexes of the blocks (row, position) in a ``[*, width]`` matrix, for mixed widths."""
+        widths = self.dims[positions]
+        start = rows * row_width + self.columns[positions]
+        first = torch.repeat_interleave(torch.cumsum(widths, 0) - widths, widths)
+        base = torch.repeat_interleave(start, widths)
+        return base + torch.arange(base.numel(), device=base.device) - first
 
 
 class ReplicaPlacement:
@@ -41,8 +270,8 @@ class ReplicaPlacement:
     Attributes:
         settings: the plan options the tables share.
         rank, world_size, local_world_size: this rank, the group's size, ranks per host.
-        groups: one :class:`~torchrec_het.sharding.row_replicated.routing.ReplicaGroup` per width.
-        layout: the :class:`~torchrec_het.sharding.row_replicated.routing.IdLayout` the dists route with.
+        groups: one :class:`ReplicaGroup` per width.
+        layout: the :class:`IdLayout` the dists route with.
         tables: per width, its tables (``TableInfo``), in the sharding's order.
         positions: (width, table name) of each of the sharding's features, in order.
         exchange_pg: the group of the dists' exchanges.
