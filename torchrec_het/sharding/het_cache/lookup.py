@@ -311,7 +311,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
 
         Each rank gets a header (the gradients this rank will push to it in the backward, per group),
         then the rows it asked for. Returns (what to send, send sizes, receive sizes); one host sync."""
-        ws, heads, device = self._ws, max(len(self._groups), 1), self._compute_device
+        ws, heads = self._ws, max(len(self._groups), 1)
         widths = self._fetch_widths.index_select(0, batch.group)
         brings = protocol.sends(batch.held, replies, self._bounds.index_select(0, batch.group))
         batch.rows_in = torch.bincount(batch.dest[brings], widths[brings], minlength=ws).long()
@@ -325,16 +325,9 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         rows_out, rows_in = rescans[:ws], rescans[ws : 2 * ws]
         push_counts = self._reserve(batch, rescans[len(read_along) * ws :], training)
         header = push_counts.to(torch.int32).view(torch.float32)  # [ws, heads]
-        payload = batch.payload
-        payload_rank = torch.repeat_interleave(
-            torch.arange(ws, device=device), batch.rows_out, output_size=payload.numel()
-        )
-        send = torch.empty(payload.numel() + heads * ws, device=device)
-        send.index_copy_(0, torch.arange(payload.numel(), device=device) + heads * (payload_rank + 1), payload)
-        head_at = (torch.cumsum(batch.rows_out + heads, 0) - batch.rows_out - heads).unsqueeze(1) + torch.arange(
-            heads, device=device
-        )
-        send.index_copy_(0, head_at.reshape(-1), header.reshape(-1))
+        # each rank's segment: its header, then the rows it asked for (the payload is by requester)
+        segments = batch.payload.split(rows_out)
+        send = torch.cat([part for rank in range(ws) for part in (header[rank], segments[rank])])
         send_sizes, recv_sizes = [heads + r for r in rows_out], [heads + r for r in rows_in]
         if self.row_codec.active:
             values = [rescans[2 * ws : 3 * ws], rescans[3 * ws : 4 * ws]]
