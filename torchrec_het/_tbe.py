@@ -269,10 +269,9 @@ def apply_rows(
     grad.index_add_(0, inverse, grads.to(grad.dtype))
     aligned = layout.rows_aligned(dim)
     weights = FlatRows(flat, starts, dim, aligned)
-    weight = weights.read()
     lr = learning_rate(tbe).to(flat.device)
     if layout.kind == "sgd":
-        weights.write(step_rows("sgd", weight, None, grad, lr, 0.0)[0])
+        weights.write(step_rows("sgd", weights.read(), None, grad, lr, 0.0)[0])
         return
     state = getattr(tbe, layout.state).data.view(-1)
     first = torch.empty_like(starts).scatter_(0, inverse, torch.arange(rows.numel(), device=flat.device))
@@ -281,17 +280,30 @@ def apply_rows(
         layout.state_offsets.index_select(0, tables.index_select(0, first)) + rows.index_select(0, first) * width
     )
     states = FlatRows(state, state_starts, width, aligned if layout.kind == "adagrad" else True)
-    if beyond is None:
-        weight, momentum = step_rows(layout.kind, weight, states.read(), grad, lr, optimizer_eps(tbe))
-    else:
+    squares, spans = None, None
+    if beyond is not None:
         held = torch.zeros(starts.numel(), beyond.size(1), dtype=torch.float64, device=flat.device)
-        held = (held.index_add_(0, inverse, beyond.double()) + squares_of(layout.kind, grad)).clamp(min=0)
+        squares = (held.index_add_(0, inverse, beyond.double()) + squares_of(layout.kind, grad)).clamp(min=0)
         spans = torch.ones(starts.numel(), dtype=torch.int64, device=flat.device)
         if steps is not None:
             spans = spans.scatter_reduce(0, inverse, steps.to(flat.device).clamp(min=1), "amax")
-        weight, momentum = step_rows_held(
-            layout.kind, weight, states.read(), grad, held, lr, optimizer_eps(tbe), spans.unsqueeze(1)
-        )
+        spans = spans.unsqueeze(1)
+    eps = optimizer_eps(tbe)
+    if layout.kind == "rowwise_adagrad" and weights.view is not None:
+        # additive, as KernelRows.step: w + (-(g * m)) is w - g * m bit for bit, and the rows are not read
+        if squares is None:
+            squares = squares_of(layout.kind, grad)
+        else:  # step_rows_held's squares
+            squares = torch.maximum(squares.double(), squares_of(layout.kind, grad).double() / spans.double())
+        momentum = states.read() + squares.float()
+        states.write(momentum)
+        weights.view.index_add_(0, weights.index, grad.mul_(-(lr / (momentum.sqrt() + _as(eps, torch.float32)))))
+        return
+    weight = weights.read()
+    if squares is None:
+        weight, momentum = step_rows(layout.kind, weight, states.read(), grad, lr, eps)
+    else:
+        weight, momentum = step_rows_held(layout.kind, weight, states.read(), grad, squares, lr, eps, spans)
     states.write(momentum)
     weights.write(weight)
 

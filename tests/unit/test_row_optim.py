@@ -208,3 +208,37 @@ def test_a_cancelled_estimate_of_the_squares_never_lets_a_row_jump(kind: str) ->
     torch.testing.assert_close(new_state, (squares_of(kind, grad) / k).float())
     bound = 0.1 * k**0.5 * (1.0 if kind == "adagrad" else float(grad.abs().max() / grad.pow(2).mean().sqrt()))
     assert float(new_weight.abs().max()) <= bound * (1 + 1e-5)
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "rowwise_adagrad"])
+def test_apply_rows_of_held_pushes_is_step_rows_held_on_the_rows_bit_for_bit(optimizer: str) -> None:
+    """A HET owner applies pushes of held gradients (``beyond``, ``steps``) with apply_rows; the kernel's
+    rows end where step_rows_held takes copies of them (row-wise Adagrad writes by adding, unread)."""
+    from torchrec_het._tbe import squares_of, step_rows_held
+
+    tbe = _kernel(optimizer)
+    kind, eps = optimizer_kind(tbe), OPTIMIZERS[optimizer][1]["eps"]
+    generator = torch.Generator().manual_seed(3)
+    table = torch.tensor([0, 2, 0, 2, 0])
+    rows = torch.tensor([4, 1, 7, 1, 4])  # repeats: the rows' pushes are summed, their spans the longest
+    grads = torch.randn(5, 8, generator=generator)
+    beyond = squares_of(kind, grads).double().abs() * 0.5  # each push's squares beyond its sum's
+    steps = torch.tensor([1, 3, 2, 2, 4])
+    # the reference, on copies: rows (table, row) in the order torch.unique gives their flat starts
+    starts = tbe.weights_offsets.index_select(0, table) + rows * 8
+    unique, inverse = torch.unique(starts, return_inverse=True)
+    summed = torch.zeros(unique.numel(), 8).index_add_(0, inverse, grads)
+    held = torch.zeros(unique.numel(), beyond.size(1), dtype=torch.float64).index_add_(0, inverse, beyond)
+    held = (held + squares_of(kind, summed)).clamp(min=0)
+    spans = torch.ones(unique.numel(), dtype=torch.int64).scatter_reduce(0, inverse, steps, "amax").unsqueeze(1)
+    picks = [(int(table[inverse.tolist().index(i)]), int(rows[inverse.tolist().index(i)])) for i in range(len(unique))]
+    weight = torch.stack([tbe.split_embedding_weights()[t][r] for t, r in picks]).clone()
+    state = torch.stack([tbe.split_optimizer_states()[t][0].view(SPECS[t][0], -1)[r] for t, r in picks]).clone()
+    lr = tbe.learning_rate_tensor
+    want_weight, want_state = step_rows_held(kind, weight, state, summed, held, lr, eps, spans)
+    apply_rows(tbe, table, rows, grads, beyond, steps)
+    got_weight = torch.stack([tbe.split_embedding_weights()[t][r] for t, r in picks])
+    got_state = torch.stack([tbe.split_optimizer_states()[t][0].view(SPECS[t][0], -1)[r] for t, r in picks])
+    assert torch.equal(got_weight, want_weight)
+    assert torch.equal(got_state, want_state)
+    assert not torch.equal(got_weight, weight)
