@@ -294,7 +294,7 @@ def apply_rows(
         if squares is None:
             squares = squares_of(layout.kind, grad)
         else:  # step_rows_held's squares
-            squares = torch.maximum(squares.double(), squares_of(layout.kind, grad).double() / spans.double())
+            squares = held_squares(layout.kind, squares, grad, spans)
         momentum = states.read() + squares.float()
         states.write(momentum)
         weights.view.index_add_(0, weights.index, grad.mul_(-(lr / (momentum.sqrt() + _as(eps, torch.float32)))))
@@ -361,6 +361,13 @@ def squares_of(kind: str, grad: torch.Tensor) -> torch.Tensor | None:
     return None
 
 
+def held_squares(kind: str, squares: torch.Tensor, grad_sum: torch.Tensor, steps) -> torch.Tensor:
+    """What k held steps add to the state, float64: ``squares``, never below ``squares_of(grad_sum) / k``
+    (k gradients that sum to ``grad_sum`` have squares of at least that; ``steps``: k, a number or ``[n, 1]``)."""
+    floor = squares_of(kind, grad_sum).double() / (steps.double() if isinstance(steps, torch.Tensor) else float(steps))
+    return torch.maximum(squares.double(), floor)
+
+
 @torch.no_grad()
 def step_rows_held(
     kind: str,
@@ -391,8 +398,7 @@ def step_rows_held(
         return step_rows(kind, weight, state, grad_sum, lr, eps)
     if kind not in ("adagrad", "rowwise_adagrad"):
         raise ValueError(f"no row update for optimizer {kind!r}")
-    floor = squares_of(kind, grad_sum).double() / (steps.double() if isinstance(steps, torch.Tensor) else float(steps))
-    squares = torch.maximum(squares.double(), floor)
+    squares = held_squares(kind, squares, grad_sum, steps)
     if kind == "adagrad":  # the arithmetic of :func:`step_rows`, with the squares given
         momentum = (state.double() + squares.double()).float()
         step = (lr * grad_sum).double() / (momentum.double().sqrt() + _as(eps, torch.float64))
