@@ -226,9 +226,9 @@ def test_values_take_the_codec_and_the_rest_arrives_bit_exact(qcomms: str) -> No
     exact = torch.ones(flat.numel(), dtype=torch.bool).index_fill_(0, share.positions, False)
     flat[exact.nonzero()[:2].flatten()] = torch.tensor([-1, 0x7FC00001], dtype=torch.int32).view(torch.float32)
     ctx = codec.context()
-    sent = codec.pack(flat, share, ctx)
+    sent = codec.encode(flat, share, ctx)
     assert sent.dtype == torch.float32 and sent.numel() == sum(codec.wire_splits(share, ctx))
-    back = codec.unpack(sent, share, ctx)
+    back = codec.decode(sent, share, ctx)
     assert torch.equal(back[exact].view(torch.int32), flat[exact].view(torch.int32))
     assert 0 < (back[~exact] - flat[~exact]).abs().max() < 0.05
     if qcomms == "fp16/bf16":  # two bytes a value, words padded per rank

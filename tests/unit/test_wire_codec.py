@@ -20,7 +20,7 @@ def test_segments_round_trip_within_the_codecs_rounding(precision: str, close: f
     flat = torch.randn(sum(SPLITS), generator=torch.Generator().manual_seed(0))
     ctx = codec.context()
     payload = codec.encode(flat, SPLITS, ctx)
-    wire = codec.payload_splits(SPLITS, ctx)
+    wire = codec.wire_splits(SPLITS, ctx)
     assert payload.numel() == sum(wire) and payload.dtype == codec.codec.quantized_dtype
     # every segment is encoded on its own: a receiver decodes them by source with the same splits
     back = codec.decode(payload, SPLITS, ctx)
@@ -33,7 +33,7 @@ def test_no_registry_sends_fp32_as_it_is() -> None:
     codecs = codecs_of(None, BAGS)
     flat = torch.randn(10)
     assert not codecs.active and codecs.name == "fp32"
-    assert codecs.forward.encode(flat, [10], None) is flat and codecs.forward.payload_splits([10], None) == [10]
+    assert codecs.forward.encode(flat, [10], None) is flat and codecs.forward.wire_splits([10], None) == [10]
     assert codecs.forward.bytes_per_element() == 4.0
 
 

@@ -1,7 +1,9 @@
 """All-to-all exchanges of variable-size segments, the plugin's point-to-point traffic, and the input
 dists' first collective (:class:`GatheredCounts`: every rank's send counts and batch size).
 
-Every rank calls each function in the same order with its own segments. :func:`exchange_counts`
+Every rank calls each function in the same order with its own segments. :class:`Transfer` is the
+one transport: an all-to-all in flight, its payload under a quantized-comms codec or as it is; both
+types' float payloads travel by it. :func:`exchange_counts`
 and :func:`exchange_flat` block; :func:`start_exchange` starts one that autograd can
 differentiate and returns an :class:`Exchange` whose ``wait()`` returns what arrived, by
 source. In the backward the gradient travels the reverse way: the receiving side's backward
@@ -17,10 +19,53 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
+from torchrec.distributed.types import Awaitable
 
 from torchrec_het.sharding.common.wire_codec import WireCodecs
 
 _AS_IS = WireCodecs()
+
+
+class Transfer(Awaitable[torch.Tensor]):
+    """One all-to-all of a flat tensor in flight, the plugin's one transport (``send_splits[d]``
+    elements to rank d, ``recv_splits[s]`` from rank s); waited: what arrived, by source, decoded.
+
+    ``codec``: a :class:`~torchrec_het.sharding.common.wire_codec.WireCodec` (whole segments coded)
+    or a :class:`~torchrec_het.sharding.het_cache.coded_rows.ValueCodec` (the values of a mixed payload);
+    None or inactive: sent as it is. ``sides``: what the codec reads of each side, (sent, received);
+    by default the splits. ``local_only``: no rank sends to another; this rank's own segment is
+    what arrives, and nothing is sent."""
+
+    def __init__(
+        self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int], pg, codec=None,
+        sides: tuple | None = None, local_only: bool = False, rank: int = 0,
+    ):  # fmt: skip
+        super().__init__()
+        self.codec = codec if codec is not None and codec.active else None
+        out, self.into = sides if sides is not None else (send_splits, recv_splits)
+        self.ctx, self.work = None, None
+        if self.codec is not None:
+            self.ctx = self.codec.context()
+            send = self.codec.encode(send, out, self.ctx)
+            send_splits, recv_splits = (
+                self.codec.wire_splits(out, self.ctx),
+                self.codec.wire_splits(self.into, self.ctx),
+            )
+        if local_only:
+            start = sum(send_splits[:rank])
+            self.received = send[start : start + send_splits[rank]].clone()
+            self.into = self.into[rank : rank + 1]
+        else:
+            self.received = send.new_empty(sum(recv_splits))
+            self.work = dist.all_to_all_single(
+                self.received, send.contiguous(), recv_splits, send_splits, group=pg, async_op=True
+            )
+
+    def _wait_impl(self) -> torch.Tensor:
+        if self.work is not None:
+            self.work.wait()
+        received, self.received, self.work = self.received, None, None
+        return received if self.codec is None else self.codec.decode(received, self.into, self.ctx)
 
 
 class Exchange:
@@ -36,11 +81,9 @@ class Exchange:
         self.grad_scale = grad_scale
         self.local_only, self.rank = local_only, rank
         self.codecs = codecs if codecs is not None else _AS_IS
-        self.work = None
-        self.received: torch.Tensor | None = None
-        self.contexts: list = [None, None]  # the codecs' contexts: forward, backward
-        self.grad_work = None
-        self.grad_sent: torch.Tensor | None = None
+        self.transfer: Transfer | None = None
+        self.received: torch.Tensor | None = None  # what a forward sent elsewhere came to (:meth:`arrive`)
+        self.grad_transfer: Transfer | None = None
         self.dummy: torch.Tensor | None = None
         self.send_dtype, self.send_shape = torch.float32, torch.Size()
         self.deferred_backward = None  # the send's own backward, run once its gradient has arrived
@@ -60,28 +103,10 @@ class Exchange:
         grad = grad.reshape(-1)
         if self.codecs.backward.active and self.grad_scale != 1.0:
             grad = grad / self.grad_scale
-        self.grad_work, self.grad_sent = self._start(grad, self.recv_splits, self.send_splits, 1)
+        self.grad_transfer = self._transfer(grad, self.recv_splits, self.send_splits, self.codecs.backward)
 
-    def _start(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int], direction: int):
-        codec = self.codecs.backward if direction else self.codecs.forward
-        if codec.active:
-            ctx = self.contexts[direction] = codec.context()
-            send = codec.encode(send, send_splits, ctx)
-            send_splits, recv_splits = codec.payload_splits(send_splits, ctx), codec.payload_splits(recv_splits, ctx)
-        if self.local_only:
-            start = sum(send_splits[: self.rank])
-            return None, send[start : start + send_splits[self.rank]].clone()
-        out = send.new_empty(sum(recv_splits))
-        work = dist.all_to_all_single(out, send.contiguous(), recv_splits, send_splits, group=self.pg, async_op=True)
-        return work, out
-
-    def _decoded(self, received: torch.Tensor, splits: list[int], direction: int) -> torch.Tensor:
-        codec = self.codecs.backward if direction else self.codecs.forward
-        if not codec.active:
-            return received
-        if self.local_only:
-            splits = splits[self.rank : self.rank + 1]
-        return codec.decode(received, splits, self.contexts[direction])
+    def _transfer(self, send: torch.Tensor, send_splits: list[int], recv_splits: list[int], codec) -> Transfer:
+        return Transfer(send, send_splits, recv_splits, self.pg, codec, local_only=self.local_only, rank=self.rank)
 
     def wait(self) -> torch.Tensor:
         """What arrived (call once). The link to the forward send is handed to autograd here and
@@ -94,13 +119,10 @@ class Exchange:
 
     def gradient(self) -> torch.Tensor:
         """The gradient of what was sent (waits for it; once, after the backward started its exchange)."""
-        if self.grad_work is not None:
-            self.grad_work.wait()
-        grad, self.grad_work, self.grad_sent = self.grad_sent, None, None
-        if self.codecs.backward.active:
-            grad = self._decoded(grad, self.send_splits, 1)
-            if self.grad_scale != 1.0:
-                grad = grad * self.grad_scale
+        transfer, self.grad_transfer = self.grad_transfer, None
+        grad = transfer.wait()
+        if self.codecs.backward.active and self.grad_scale != 1.0:
+            grad = grad * self.grad_scale
         return grad.to(self.send_dtype).view(self.send_shape)
 
     def hand_over(self) -> None:
@@ -116,8 +138,8 @@ class _Send(torch.autograd.Function):
         ctx.exchange = exchange
         exchange.send_dtype, exchange.send_shape = send.dtype, send.shape
         if not exchange.forward_elsewhere:
-            exchange.work, exchange.received = exchange._start(
-                send.detach().reshape(-1), exchange.send_splits, exchange.recv_splits, 0
+            exchange.transfer = exchange._transfer(
+                send.detach().reshape(-1), exchange.send_splits, exchange.recv_splits, exchange.codecs.forward
             )
         return torch.empty(0, device=send.device, dtype=send.dtype)
 
@@ -133,17 +155,16 @@ class _Receive(torch.autograd.Function):
     @staticmethod
     def forward(ctx, exchange: Exchange, dummy: torch.Tensor):
         ctx.exchange = exchange
-        if exchange.work is not None:
-            exchange.work.wait()
         # The exchange lets go of what arrived: ``.to`` of the same dtype is that tensor itself,
         # which autograd makes this node's output; kept on the exchange, output -> node ->
         # ctx.exchange -> output would be a cycle gc cannot free.
-        received, exchange.work, exchange.received = exchange.received, None, None
         if exchange.forward_elsewhere:
+            received, exchange.received = exchange.received, None
             if received is None:
                 raise RuntimeError("an exchange whose forward travels elsewhere was waited before it arrived")
             return received.to(dummy.dtype)
-        return exchange._decoded(received, exchange.recv_splits, 0).to(dummy.dtype)
+        transfer, exchange.transfer = exchange.transfer, None
+        return transfer.wait().to(dummy.dtype)
 
     @staticmethod
     def backward(ctx, grad):

@@ -95,7 +95,7 @@ class WireCodec:
         block = self.block(ctx)
         return splits if block == 1 else [-(-n // block) * block for n in splits]
 
-    def payload_splits(self, splits: list[int], ctx) -> list[int]:
+    def wire_splits(self, splits: list[int], ctx) -> list[int]:
         """Elements of each segment on the wire, once encoded (in the payload's dtype)."""
         if self.codec is None:
             return list(splits)

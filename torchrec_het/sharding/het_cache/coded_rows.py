@@ -104,13 +104,13 @@ class ValueCodec:
 
     def _coded_bytes(self, share: ValueShare, ctx) -> list[int]:
         itemsize = torch.empty(0, dtype=self.codec.codec.quantized_dtype).element_size()
-        return [n * itemsize for n in self.codec.payload_splits(share.values, ctx)]
+        return [n * itemsize for n in self.codec.wire_splits(share.values, ctx)]
 
     def wire_splits(self, share: ValueShare, ctx) -> list[int]:
         """Float32 words of each rank's segment on the wire."""
         return [e + -(-b // WORD) for e, b in zip(share.exact, self._coded_bytes(share, ctx))]
 
-    def pack(self, flat: torch.Tensor, share: ValueShare, ctx) -> torch.Tensor:
+    def encode(self, flat: torch.Tensor, share: ValueShare, ctx) -> torch.Tensor:
         """``flat`` (float32, laid out as ``share`` says) as sent: per rank, exact words then coded values."""
         values = flat.index_select(0, share.positions)
         if self.scale != 1.0:
@@ -124,7 +124,7 @@ class ValueCodec:
             pieces += [words, F.pad(code, (0, -code.numel() % WORD))]
         return torch.cat(pieces).view(torch.float32)
 
-    def unpack(self, received: torch.Tensor, share: ValueShare, ctx) -> torch.Tensor:
+    def decode(self, received: torch.Tensor, share: ValueShare, ctx) -> torch.Tensor:
         """What arrived (segments of :meth:`wire_splits` words by source) back in ``share``'s layout, float32."""
         coded_bytes = self._coded_bytes(share, ctx)
         cuts = [c for e, b in zip(share.exact, coded_bytes) for c in (WORD * e, WORD * -(-b // WORD))]

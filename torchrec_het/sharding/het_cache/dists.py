@@ -23,6 +23,7 @@ from torchrec_het.sharding.common.context import HetShardingContext
 from torchrec_het.sharding.common.exchange import (
     Exchange,
     GatheredCounts,
+    Transfer,
     exchange_counts,
     exchange_flat,
     start_exchange,
@@ -80,7 +81,7 @@ class HetRequestsDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
         send, recv = lookup.expect_rows_ahead(batch, replies)
         rows = None
         if any(send) or any(recv):
-            rows = _Payload(batch.payload, send, recv, self.pg, batch.coded_rows)
+            rows = _payload(batch.payload, send, recv, self.pg, batch.coded_rows)
         batch.payload = batch.payload.new_empty(0)  # nothing left for the output dist to carry
         batch.coded_rows = None
         return _RowsAhead(features, batch, rows)
@@ -114,7 +115,7 @@ class _RequestSplits(Awaitable[Awaitable[KeyedJaggedTensor]]):
 class _RowsAhead(Awaitable[KeyedJaggedTensor]):
     """Second stage when fetching ahead: the rows arrived (``batch.rows_received``)."""
 
-    def __init__(self, features: KeyedJaggedTensor, batch: CachedBatch, rows: "_Payload | None"):
+    def __init__(self, features: KeyedJaggedTensor, batch: CachedBatch, rows: Transfer | None):
         super().__init__()
         self.features, self.batch, self.rows = features, batch, rows
 
@@ -165,7 +166,7 @@ class _FetchedBags(Awaitable[torch.Tensor]):
         lookup = self.dist._lookup[0]
         send, send_sizes, recv_sizes = lookup.rows_request(self.batch, self.exchange.wait(), self.training)
         coded, self.batch.coded_rows = self.batch.coded_rows, None
-        received = _Payload(send, send_sizes, recv_sizes, self.dist.pg, coded).wait()
+        received = _payload(send, send_sizes, recv_sizes, self.dist.pg, coded).wait()
         return lookup.settle_fetched(self.batch, received, self.training)
 
 
@@ -198,34 +199,18 @@ class HetPushDist:
     ) -> Awaitable[torch.Tensor]:
         """Starts the backward's pushes (``send[d]`` floats to rank d; ``coded``: under the backward
         codec); the awaitable returns what arrived."""
-        return _Payload(flat, send, recv, self.pg, coded)
+        return _payload(flat, send, recv, self.pg, coded)
 
     def exchange(
         self, flat: torch.Tensor, send: list[int], recv: list[int], coded: CodedPayload | None = None
     ) -> torch.Tensor:
         """A flush's pushes, at once (blocking)."""
-        return _Payload(flat, send, recv, self.pg, coded).wait()
+        return _payload(flat, send, recv, self.pg, coded).wait()
 
 
-class _Payload(Awaitable[torch.Tensor]):
-    """A float payload's all-to-all in flight (the rows or the pushes: ``send[d]`` floats to rank d,
-    ``recv[s]`` from rank s); waited: what arrived, by source. ``coded``: its values travel under a
-    codec, the rest as it is (:mod:`~torchrec_het.sharding.het_cache.coded_rows`); what the wait
-    returns is laid out as without one."""
-
-    def __init__(self, flat: torch.Tensor, send: list[int], recv: list[int], pg, coded: CodedPayload | None = None):
-        super().__init__()
-        self.coded, self.ctx = coded, None
-        if coded is not None:
-            self.ctx = coded.codec.context()
-            flat = coded.codec.pack(flat, coded.out, self.ctx)
-            send, recv = coded.codec.wire_splits(coded.out, self.ctx), coded.codec.wire_splits(coded.into, self.ctx)
-        self.received = flat.new_empty(sum(recv))
-        self.work = dist.all_to_all_single(self.received, flat.contiguous(), recv, send, group=pg, async_op=True)
-
-    def _wait_impl(self) -> torch.Tensor:
-        self.work.wait()
-        received, self.received = self.received, None
-        if self.coded is None:
-            return received
-        return self.coded.codec.unpack(received, self.coded.into, self.ctx)
+def _payload(flat: torch.Tensor, send: list[int], recv: list[int], pg, coded: CodedPayload | None) -> Transfer:
+    """A float payload's all-to-all (the rows or the pushes); ``coded``: its values travel under a
+    codec, the rest as it is (:mod:`~torchrec_het.sharding.het_cache.coded_rows`)."""
+    if coded is None:
+        return Transfer(flat, send, recv, pg)
+    return Transfer(flat, send, recv, pg, coded.codec, sides=(coded.out, coded.into))
