@@ -164,15 +164,7 @@ def _lookup_rounds(dim: int, rows: int, batch: int, rounds: int) -> list[float]:
     indices = torch.randint(0, rows, (ids,), generator=torch.Generator().manual_seed(0))
     offsets = torch.arange(0, ids + 1)
     tbe(indices, offsets).sum().backward()  # warm-up
-    out = []
-    for _ in range(rounds):
-        times = []
-        for _ in range(3):
-            began = time.perf_counter()
-            tbe(indices, offsets).sum().backward()
-            times.append(time.perf_counter() - began)
-        out.append(statistics.median(times) / ids)
-    return out
+    return [_median_seconds(lambda: tbe(indices, offsets).sum().backward()) / ids for _ in range(rounds)]
 
 
 def linear_shapes(module: nn.Module) -> list[tuple[int, int]]:
@@ -197,34 +189,27 @@ def _linear_rounds(shapes: list[tuple[int, int]], batch: int, rounds: int) -> li
         optimizer.zero_grad()
 
     step()  # warm-up
-    out = []
-    for _ in range(rounds):
-        times = []
-        for _ in range(3):
-            began = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - began)
-        out.append(statistics.median(times))
-    return out
+    return [_median_seconds(step) for _ in range(rounds)]
 
 
 def _matmul_rounds(batch: int, rounds: int) -> list[float]:
     """Flops per second of a dense layer's forward and backward at ``batch`` rows, one per round."""
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, MATMUL_WIDTH, generator=generator)
+    x = torch.randn(batch, MATMUL_WIDTH, generator=generator, requires_grad=True)
     w = torch.randn(MATMUL_WIDTH, MATMUL_WIDTH, generator=generator, requires_grad=True)
     flops = 3 * 2.0 * batch * MATMUL_WIDTH * MATMUL_WIDTH  # y = x w; its gradients for x and w
     (x @ w).sum().backward()  # warm-up
-    out = []
-    for _ in range(rounds):
-        times = []
-        for _ in range(3):
-            x.requires_grad_(True)
-            began = time.perf_counter()
-            (x @ w).sum().backward()
-            times.append(time.perf_counter() - began)
-        out.append(flops / statistics.median(times))
-    return out
+    return [flops / _median_seconds(lambda: (x @ w).sum().backward()) for _ in range(rounds)]
+
+
+def _median_seconds(step, repeats: int = 3) -> float:
+    """The median wall time of ``repeats`` calls of ``step``."""
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times)
 
 
 def _is_embedding_module(module: nn.Module) -> bool:
