@@ -108,6 +108,13 @@ def test_the_cache_forced_on_a_sequence_table_says_it_supports_bags_only() -> No
     message = str(raised.value)
     assert "table 't_item'" in message and "het_cached_row_wise supports EmbeddingBagCollection tables only" in message
     assert "EmbeddingCollection" in message and "het_row_replicated needs" not in message, message
+    assert message.endswith("or the plugin's het_row_replicated)"), message  # the plugin type it does support
+
+
+def test_a_feature_processed_tables_suggestion_names_no_plugin_type() -> None:
+    with pytest.raises(ValueError) as raised:
+        _plan({"t_pos": ["het_row_replicated"]})
+    assert "or the plugin's" not in str(raised.value), str(raised.value)  # it supports none of them
 
 
 @pytest.mark.parametrize("types", [["het_cached_row_wise"], ["het_row_replicated"]])

@@ -133,12 +133,16 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
             elif sharding_type in PLUGIN_TYPES and not self._offers(name, sharding_type):
                 reasons.append(f"{sharding_type} needs {self.pricing.needs(sharding_type)}")
         reasons = reasons or [f"TorchRec enumerated no option of {allowed} for it"]
-        advice = (
-            f"; constrain it to a type {module} supports instead (e.g. ParameterConstraints(sharding_types="
-            f"{[t for t in sharder.sharding_types(device) if t not in PLUGIN_TYPES][:3]}))"
-            if wrong_module
-            else ""
-        )
+        advice = ""
+        if wrong_module:
+            supported = sharder.sharding_types(device)
+            plugin = [t for t in supported if t in PLUGIN_TYPES]
+            advice = (
+                f"; constrain it to a type {module} supports instead (e.g. ParameterConstraints(sharding_types="
+                f"{[t for t in supported if t not in PLUGIN_TYPES][:3]})"
+                + (f", or the plugin's {' or '.join(plugin)}" if plugin else "")
+                + ")"
+            )
         return (
             f"table {name!r}: no sharding type is left for it; its constraints allow {allowed}: "
             + "; ".join(reasons)
