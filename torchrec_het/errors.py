@@ -10,4 +10,8 @@ class ConfigurationError(ValueError):
     """
 
 
-__all__ = ["ConfigurationError"]
+class ProfileNotFoundError(ConfigurationError, FileNotFoundError):
+    """An access profile path that names no file; the message says how to make one."""
+
+
+__all__ = ["ConfigurationError", "ProfileNotFoundError"]

@@ -92,6 +92,18 @@ def test_corrupt_and_foreign_files(tmp_path) -> None:
         load_profile(str(tmp_path / "missing.pt"))
 
 
+def test_a_missing_profile_names_the_path_and_how_to_make_one(tmp_path) -> None:
+    from torchrec_het.errors import ConfigurationError
+
+    missing = str(tmp_path / "missing.pt")
+    with pytest.raises(ConfigurationError) as raised:  # the launcher ends the job on it with its one line
+        load_profile(missing)
+    message = str(raised.value)
+    assert message.startswith(f"{missing}: no access profile there") and "AccessProfiler" in message, message
+    assert f"python -m torchrec_het_bench.profile --preset smoke --out {missing}" in message, message
+    assert isinstance(raised.value, FileNotFoundError) and raised.value.__suppress_context__  # no iopath traceback
+
+
 def test_profile_validates_itself() -> None:
     with pytest.raises(ValueError, match="one entry per table"):
         AccessProfile(("a",), (2, 3), (torch.zeros(2, dtype=torch.int64),), 1)

@@ -16,6 +16,8 @@ from iopath.common.file_io import g_pathmgr
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_het.errors import ProfileNotFoundError
+
 FORMAT = "torchrec_het.profile"
 VERSION = 1
 
@@ -185,6 +187,8 @@ def load_profile(path: str, tables: list[EmbeddingBagConfig] | None = None) -> A
     """Reads a profile; with ``tables``, checks that it describes exactly those tables.
 
     Raises:
+        ProfileNotFoundError: no file at ``path`` (a ``ConfigurationError`` and a ``FileNotFoundError``;
+            the message says how to make a profile).
         ValueError: the file is not a profile, is corrupt, has another format version,
             or does not match ``tables`` (the message names the table).
     """
@@ -192,7 +196,11 @@ def load_profile(path: str, tables: list[EmbeddingBagConfig] | None = None) -> A
         with g_pathmgr.open(path, "rb") as f:
             payload = torch.load(f, weights_only=True)
     except FileNotFoundError:
-        raise
+        raise ProfileNotFoundError(
+            f"{path}: no access profile there; make one with torchrec_het.replication.AccessProfiler on a sample "
+            "of your batches (observe(features), then save(path)), or for the recipe's data with "
+            f"python -m torchrec_het_bench.profile --preset smoke --out {path}"
+        ) from None
     except Exception as error:  # truncated or foreign files fail in many ways inside torch.load
         raise ValueError(f"{path}: not a readable torchrec_het profile ({type(error).__name__}: {error})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
