@@ -54,6 +54,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_default_sharders
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -260,6 +261,16 @@ def build_model(preset: Preset, feature_names: list[str], num_dense: int) -> DLR
     )
 
 
+def build_topology() -> Topology:
+    """The job's ranks on CPU, built as TorchRec asks (``TopologyFactory``: a ``Topology`` built
+    directly makes TorchRec warn that the job will fail)."""
+    world_size = dist.get_world_size()
+    return TopologyFactory.create_topology(
+        TrainerConfig(world_size=world_size, local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size))),
+        kernel_config=KernelConfig(compute_device=DEVICE.type),
+    )
+
+
 def shard(
     train_model: DLRMTrain,
     batch_size: int,
@@ -284,11 +295,7 @@ def shard(
         stats.addHandler(logging.StreamHandler(sys.stdout))
         stats.propagate = False
     planner = EmbeddingShardingPlanner(
-        topology=Topology(
-            world_size=dist.get_world_size(),
-            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
-            compute_device="cpu",
-        ),
+        topology=build_topology(),
         batch_size=batch_size,
         constraints=None,
     )
