@@ -84,9 +84,11 @@ def train(
         batch_size: samples per rank per step; 0 takes the preset's
         learning_rate: learning rate of the embedding and dense optimizers
         seed: seed of the initial weights and the synthetic data
-        checkpoint_path: checkpoint directory (local path or file:// URI); empty for none
+        checkpoint_path: checkpoint directory (local path or file:// URI), relative to the directory torchx
+            runs in (default checkpoints/train_dlrm, which .gitignore leaves out); empty for none
         checkpoint_every: save a checkpoint every this many steps (and at the end)
-        resume: continue from the newest complete checkpoint under checkpoint_path, if any
+        resume: continue from the newest complete checkpoint under checkpoint_path, if any; a run already
+            at steps trains nothing and says so (--resume False starts fresh)
         eval_batches: held-out batches per rank for the final AUC
         print_plan: print the sharding plan and the planner's statistics
         save_weights: file that rank 0 writes the unsharded weights to at the end; empty for none

@@ -26,7 +26,8 @@ data is a function of the step, so the step is the data position. A checkpoint c
 once its ``COMPLETE`` marker exists (written last, by rank 0, after every rank saved).
 
 Output lines (rank 0): ``step <n> loss <x>``, ``checkpoint step <n> saved <dir>``,
-``loaded checkpoint step <n> <dir>``, ``final step <n> auc <x>``; every rank prints
+``loaded checkpoint step <n> <dir>``, ``resumed at step <n> of <n>: trained nothing, ...`` (a resume
+that finds the run finished), ``final step <n> auc <x>``; every rank prints
 ``worker rank <r> pid <p> attempt <a>`` first, and rank 0 prints
 ``trained <n> steps in <s> s (<x> it/s)`` when training ends; with quantized comms rank 0 first
 prints ``qcomms <fwd>/<bwd> runs <collective> <fwd>/<bwd>, ...`` (the codecs the registry holds).
@@ -470,6 +471,15 @@ def restore(args: argparse.Namespace, model, optimizer) -> int:
     return step
 
 
+def finished_run(step: int, args: argparse.Namespace) -> str:
+    """What a resume that finds the run finished says: it trains nothing, and how to start afresh."""
+    return (
+        f"resumed at step {step} of {args.steps}: trained nothing, the run under {args.checkpoint_path} is finished; "
+        f"to start fresh leave out --resume (torchx: --resume False) or give another --checkpoint-path, "
+        f"to train on pass --steps above {step}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     init_distributed(args.pg_timeout)
@@ -487,6 +497,8 @@ def main(argv: list[str] | None = None) -> None:
     model, optimizer = shard(train_model, batch_size, args.learning_rate, args.print_plan, args.seed, registry)
 
     step = restore(args, model, optimizer) if args.resume or args.evaluate_only else 0
+    if args.resume and not args.evaluate_only and step >= args.steps and rank == 0:
+        say(finished_run(step, args))
     if not args.evaluate_only:
         step = train(args, model, optimizer, source, step)
 

@@ -34,3 +34,27 @@ def test_the_recipe_builds_its_topology_as_torchrec_asks(trained) -> None:
     assert "trained 2 steps" in first.stdout, first.stdout
     # TorchRec's warning on a Topology built directly: "...otherwise, the job will fail"
     assert "TopologyFactory" not in first.stderr and "job will fail" not in first.stderr, first.stderr
+
+
+def test_a_rerun_that_resumes_a_finished_run_says_it_trained_nothing_and_how_to_start_fresh(trained) -> None:
+    ckpt, first = trained
+    assert "resumed at step" not in first.stdout, first.stdout  # no checkpoint yet: it trained
+    again = _run("--steps", "2", "--checkpoint-path", str(ckpt), "--resume")
+    lines = again.stdout.splitlines()
+    assert f"loaded checkpoint step 2 {ckpt / 'step_2'}" in lines, again.stdout
+    assert (
+        f"resumed at step 2 of 2: trained nothing, the run under {ckpt} is finished; to start fresh leave out "
+        "--resume (torchx: --resume False) or give another --checkpoint-path, to train on pass --steps above 2"
+    ) in lines, again.stdout
+    assert not any(line.startswith(("step ", "trained ")) for line in lines), again.stdout
+
+
+def test_the_torchx_trains_default_checkpoint_directory_is_left_out_of_git() -> None:
+    import inspect
+
+    from torchrec_het_bench.recipes import components
+
+    default = inspect.signature(components.train).parameters["checkpoint_path"].default
+    assert inspect.signature(components.evaluate).parameters["checkpoint_path"].default == default
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"{default}/step_50/COMPLETE"], cwd=REPO)
+    assert ignored.returncode == 0, f"{default}/ (torchx train's default) is not in .gitignore"
