@@ -190,3 +190,39 @@ def test_stated_compute_is_priced_and_no_probe_runs(monkeypatch) -> None:
     finally:
         torchrec_het.uninstall()
     assert HetEmbeddingShardingPlanner.installed_compute is None
+
+
+def test_with_no_plan_of_torchrecs_to_compare_with_the_decision_says_why() -> None:
+    from torchrec.distributed.planner import ParameterConstraints
+
+    topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
+    planner = HetEmbeddingShardingPlanner(
+        topology=topology, batch_size=BATCH, pricing=_pricing(), link_gbit=(0.5, None), compute=COMPUTE,
+        constraints={"a": ParameterConstraints(sharding_types=["het_cached_row_wise"])},
+    )  # fmt: skip
+    planner.plan(_ebc(), [HetEmbeddingBagCollectionSharder()])
+    assert planner.decision.chosen == "plugin" and planner.decision.why == (
+        "TorchRec's planner found no plan to compare with: the constraints allow table 'a' plugin types only "
+        "(het_cached_row_wise)"
+    )
+
+
+def test_torchrecs_planner_failing_is_the_reason_given(monkeypatch) -> None:
+    from torchrec.distributed.planner.types import PlannerError
+
+    from torchrec_het.planner import torchrec_peer
+
+    def fail(self, module, sharders):
+        raise PlannerError("Unable to find a plan for this model because of insufficient memory.\nMore details.")
+
+    monkeypatch.setattr(torchrec_peer.EmbeddingShardingPlanner, "plan", fail)
+    topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
+    options, why = torchrec_peer.torchrec_plan(
+        _ebc(), [HetEmbeddingBagCollectionSharder()], topology, BATCH, None, None
+    )
+    assert options is None
+    assert why == "it failed (PlannerError: Unable to find a plan for this model because of insufficient memory.)"
+    assert (
+        decide(_step(50), None, INPUTS, True, no_stock=why).why
+        == f"TorchRec's planner found no plan to compare with: {why}"
+    )

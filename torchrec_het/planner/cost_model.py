@@ -188,14 +188,17 @@ def decide(
     uses_plugin: bool,
     none_offered: str = "",
     corners: Sequence[tuple[StepPrediction, StepPrediction]] = (),
+    no_stock: str = "",
 ) -> Decision:
     """The plugin's plan where it holds plugin types and is predicted faster than TorchRec's by more
     than the margin; else TorchRec's. Figures a probe could not measure steadily (``inputs.refused``)
     decide only through ``corners``, both plans priced at each end of the probes' rounds: the
     plugin's plan must win by the margin at every one (none given: TorchRec's plan).
-    ``none_offered``: why no table could take a plugin type, if none could."""
+    ``none_offered``: why no table could take a plugin type, if none could; ``no_stock``: why
+    TorchRec's planner gave no plan (``stock`` None)."""
     if stock is None:
-        return Decision("plugin", plugin, None, "TorchRec's planner found no plan to compare with")
+        why = "TorchRec's planner found no plan to compare with" + (f": {no_stock}" if no_stock else "")
+        return Decision("plugin", plugin, None, why)
     if not uses_plugin:
         why = none_offered or "no table is predicted faster with a plugin type"
         return Decision("stock", plugin, stock, f"TorchRec's plan: {why}")

@@ -220,7 +220,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             return with_plan_options(plan, options) if options else plan
         inputs = self.cost_inputs = self._cost_inputs(module)
         estimator.costs, estimator.shares = inputs, {}
-        stock = self._torchrec_plan(module, sharders)
+        stock, no_stock = self._torchrec_plan(module, sharders)
         none_offered = "" if self._plugin_may_decide(module) else NONE_OFFERED
         by_key = {sharder_name(s.module_type): s for s in sharders}
         if stock is not None:
@@ -234,7 +234,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             if stock is not None and uses_plugin:
                 for corner in inputs.at_corners():
                     corners.append((self._plan_step(best, by_key, corner), self._plan_step(stock, by_key, corner)))
-            self.decision = decide(plugin_step, stock_step, inputs, uses_plugin, none_offered, corners)
+            self.decision = decide(plugin_step, stock_step, inputs, uses_plugin, none_offered, corners, no_stock)
             return best if self.decision.chosen == "plugin" else stock
 
         with _compat.planner_callback_first(self, choose):
@@ -294,7 +294,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         ]  # fmt: skip
         return plan_step(tables, Cluster(ws, local, batch), inputs)
 
-    def _torchrec_plan(self, module: nn.Module, sharders: list) -> list[ShardingOption] | None:
+    def _torchrec_plan(self, module: nn.Module, sharders: list) -> tuple[list[ShardingOption] | None, str]:
         _, batch, constraints = _compat.planner_settings(self)
         reservation = _compat.planner_storage_reservation(self)
         return torchrec_plan(module, sharders, self._het_topology, batch, constraints, reservation)
