@@ -26,9 +26,7 @@ _TRAINED = re.compile(r"^trained (\d+) steps in ([\d.]+) s \(([\d.]+) it/s\)$", 
 _FINAL = re.compile(r"^final step (\d+) auc (0\.\d+|1\.0+)$", re.M)
 _PLAN_ROW = re.compile(r"^(t_\w+?)\s+\|\s+(\w+)\s+\|\s+(\w+)\s+\|", re.M)  # param | sharding type | kernel |
 _QCOMMS = re.compile(r"^qcomms \S+ runs (.+)$", re.M)
-_PREDICTED = re.compile(
-    r"the plan's predicted step: ([\d.]+) ms"
-)  # the installed planner's line (launcher arm)  # the trainer's codecs, as its registry holds them
+_PREDICTED = re.compile(r"the plan's predicted step: ([\d.]+) ms")  # the installed planner's line (launcher arm)
 
 
 @dataclass(frozen=True)
@@ -137,6 +135,7 @@ def _record(stdout: str, log: Path, codes: list[int], argv: list[str], steps: in
         if b0 is not None and b1 is not None:
             record["wire_bytes_per_step"] = (b1 - b0) / (steps - warm_step)
     predicted = [float(m.group(1)) for note in record["notes"] if (m := _PREDICTED.search(note))]
+    predicted = predicted or [float(m.group(1)) for m in _PREDICTED.finditer(stdout)]  # --print-plan: the planner log
     record["predicted_step_ms"] = predicted[0] if predicted else None
     record["prediction_error"] = None
     if predicted and record["steady_it_per_s"]:  # the plan's prediction over the steady step measured

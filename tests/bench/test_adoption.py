@@ -241,5 +241,8 @@ def test_a_launcher_run_records_the_plans_predicted_step_and_its_error(tmp_path)
     record = _record(stdout, log, [0], ["trainer"], 20, 2, marks, None)
     assert record["predicted_step_ms"] == 40.0
     assert record["prediction_error"] == pytest.approx(40.0 / 50.0 - 1)
-    log.with_suffix(".stderr").write_text("")  # a stock run: no planner line
+    log.with_suffix(".stderr").write_text("")  # --print-plan: the planner's log (stdout) has the line
+    logged = f"torchrec_het plan: TorchRec's plan: ...; the plan's predicted step: 45.0 ms (sparse_dist)\n{stdout}"
+    assert _record(logged, log, [0], ["trainer"], 20, 2, marks, None)["predicted_step_ms"] == 45.0
+    # a stock run: no planner line
     assert _record(stdout, log, [0], ["trainer"], 20, 2, marks, None)["prediction_error"] is None

@@ -185,6 +185,35 @@ def test_without_a_profile_install_says_so_and_the_planner_plans_stock_types(mon
     assert capsys.readouterr().err == ""
 
 
+def test_the_plan_decision_is_printed_once_where_the_planner_log_shows_it(monkeypatch, capsys) -> None:
+    """Under install() rank 0 prints the decision on stderr; a trainer that shows the planner's
+    log (the recipe's --print-plan) has it there already, and gets it once."""
+    import logging
+
+    from torchrec.distributed.planner.stats import logger as stats_logger
+
+    for name in ("TORCHREC_HET_PROFILE", "TORCHREC_HET_ALPHA", "TORCHREC_HET_ONLINE_PROFILE_STEPS", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    torchrec_het.install()
+    _plan_types(_two_tables())
+    assert sum(line.startswith("torchrec_het: plan:") for line in capsys.readouterr().err.splitlines()) == 1
+    shown: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: shown.append(record.getMessage())
+    level, propagate = stats_logger.level, stats_logger.propagate
+    stats_logger.setLevel(logging.INFO)  # as the recipe's --print-plan: INFO to a handler of its own
+    stats_logger.addHandler(handler)
+    stats_logger.propagate = False
+    try:
+        _plan_types(_two_tables())
+    finally:
+        stats_logger.removeHandler(handler)
+        stats_logger.setLevel(level)
+        stats_logger.propagate = propagate
+    assert "torchrec_het: plan:" not in capsys.readouterr().err
+    assert sum(line.startswith("torchrec_het plan:") for line in shown) == 1, shown
+
+
 def test_a_profile_or_a_stated_skew_is_named_on_stderr(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.delenv("RANK", raising=False)
     path = str(tmp_path / "p.pt")

@@ -3,6 +3,7 @@ its plans carry each plugin table's options (:mod:`torchrec_het.plan_options`)."
 
 import dataclasses
 import inspect
+import logging
 import os
 import sys
 from typing import ClassVar
@@ -305,7 +306,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
 
     def _log_decision(self, prediction: PlanPrediction | None) -> None:
         """The decision and each table's predicted share (chosen type, runner-up) in the planner's log;
-        under ``install()`` rank 0 also prints the decision on stderr."""
+        under ``install()`` rank 0 also prints the decision on stderr, unless that log shows it already."""
         if self.decision is None:
             return
         line = self.decision.why
@@ -317,7 +318,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             stats_logger.info(
                 "torchrec_het step share: %s: %s %s ms%s", name, t["sharding_type"], t["share_ms"], runner
             )
-        if self.installed_links is not None and _rank() == 0:
+        if self.installed_links is not None and _rank() == 0 and not _shows(stats_logger, logging.INFO):
             print(f"torchrec_het: plan: {line}", file=sys.stderr, flush=True)
 
     def _types_fixed(self, module: nn.Module) -> bool:
@@ -375,6 +376,21 @@ def link_settings(
     if link_probe is not None:
         settings = dataclasses.replace(settings, probe=link_probe)
     return settings
+
+
+def _shows(logger: logging.Logger, level: int) -> bool:
+    """Whether a record of ``level`` on ``logger`` reaches a handler that emits it (as ``logging``
+    passes it on: up the parents while they propagate; ``logging.lastResort`` shows WARNING and up)."""
+    if not logger.isEnabledFor(level):
+        return False
+    current: logging.Logger | None = logger
+    found = False
+    while current is not None:
+        if any(level >= handler.level for handler in current.handlers):
+            return True
+        found = found or bool(current.handlers)
+        current = current.parent if current.propagate else None
+    return not found and logging.lastResort is not None and level >= logging.lastResort.level
 
 
 def default_pricing() -> PluginPricing:
