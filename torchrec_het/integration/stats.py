@@ -64,4 +64,34 @@ def _number(value) -> float | None:
     return None if value is None else float(value)
 
 
-__all__ = ["stats_by_table"]
+def describe_stats(stats: dict[str, dict]) -> list[str]:
+    """One labelled line per plugin-sharded table of ``stats`` (what :func:`stats_by_table` gives);
+    a cache that looked nothing up says so rather than show a hit rate of 0%."""
+    lines = []
+    for table, entry in stats.items():
+        if "cache" in entry:
+            lines.append(f"{table}: {describe_cache(entry['cache'])}")
+        elif "replication" in entry:
+            r = entry["replication"]
+            lines.append(
+                f"{table}: het_row_replicated: {r.get('steps', 0)} steps ({r.get('skipped_steps', 0)} all hot, "
+                f"no cold exchange), {r.get('sparse_syncs', 0)} sparse and {r.get('dense_syncs', 0)} dense replica syncs"
+            )
+    return lines
+
+
+def describe_cache(cache: dict) -> str:
+    """A ``het_cached_row_wise`` table's cache counters (``stats_by_table(model)[table]["cache"]``) in words."""
+    lookups, remote = cache["lookups"], cache["remote_lookups"]
+    if lookups == 0:
+        return "het_cached_row_wise cache: no lookups on this rank yet, so no hit rate"
+    if remote == 0:
+        return f"het_cached_row_wise cache: {lookups} lookups, none of another rank's rows, so no hit rate"
+    return (
+        f"het_cached_row_wise cache: hit rate {cache['hits_lookups'] / remote:.0%} of {remote} lookups of other "
+        f"ranks' rows ({cache['hits_unique']} of {cache['remote_unique']} distinct rows); {cache['rows_fetched']} "
+        f"rows fetched, {cache['rows_pushed']} pushed"
+    )
+
+
+__all__ = ["describe_cache", "describe_stats", "stats_by_table"]
