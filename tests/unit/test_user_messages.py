@@ -1,8 +1,9 @@
-"""What a user prints: the plugin's counters, labelled."""
+"""What a user prints: the plugin's counters and the hybrid pipeline's staleness gauge, labelled."""
 
 import torch
 
 import torchrec_het
+from torchrec_het.pipeline.hybrid import StalenessGauge
 from torchrec_het.sharding.het_cache.stats import GroupStats
 
 
@@ -38,3 +39,14 @@ def test_replica_counters_are_labelled() -> None:
         "t_user: het_row_replicated: 20 steps (3 all hot, no cold exchange), 20 sparse and 0 dense replica syncs"
     ]
 
+
+def test_the_staleness_gauge_prints_labelled_with_its_unit() -> None:
+    gauge = StalenessGauge()
+    assert str(gauge) == "staleness: no batch trained yet"
+    for missed in (0, 1, *[2] * 18):
+        gauge.record(missed)
+    assert str(gauge) == (
+        "staleness over 20 batches: a read missed at most 2 embedding updates, 1.85 on average "
+        "(batches: 1 missed 0, 1 missed 1, 18 missed 2)"
+    )
+    assert f"{gauge}" == str(gauge)  # an f-string shows the same

@@ -89,6 +89,16 @@ class StalenessGauge:
     def as_dict(self) -> dict:
         return {"max": self.max, "mean": self.mean, "histogram": {str(k): n for k, n in sorted(self.counts.items())}}
 
+    def __str__(self) -> str:
+        batches = sum(self.counts.values())
+        if not batches:
+            return "staleness: no batch trained yet"
+        spread = ", ".join(f"{n} missed {k}" for k, n in sorted(self.counts.items()))
+        return (
+            f"staleness over {batches} batches: a read missed at most {self.max} embedding updates, "
+            f"{self.mean:.2f} on average (batches: {spread})"
+        )
+
 
 class HybridTrainPipeline(TrainPipelineSparseDist):
     """TorchRec's ``TrainPipeline`` with Persia's hybrid synchronization: embeddings up to k steps stale.
