@@ -226,3 +226,62 @@ def test_torchrecs_planner_failing_is_the_reason_given(monkeypatch) -> None:
         decide(_step(50), None, INPUTS, True, no_stock=why).why
         == f"TorchRec's planner found no plan to compare with: {why}"
     )
+
+
+def _table(kind: str, rank_ms: float, runner: str | None, runner_ms: float | None) -> dict:
+    return {"sharding_type": kind, "share_ms": rank_ms, "runner_up": runner, "runner_up_share_ms": runner_ms,
+            "rank_ms": rank_ms, "runner_up_rank_ms": runner_ms}  # fmt: skip
+
+
+def test_the_planner_log_groups_tables_of_one_decision_and_details_the_close_calls() -> None:
+    from torchrec_het.planner.plan_prediction import PlanPrediction, table_lines
+
+    tables = {f"t_{i}": _table("table_wise", 0.176, "row_wise", 0.214) for i in range(26)}
+    tables["t_hot"] = _table("table_wise", 0.2, "het_row_replicated", 0.21)  # within 10%: a close call
+    lines = table_lines(PlanPrediction(6.6, chosen="stock", tables=tables), world_size=2, margin=0.1)
+    assert lines == [
+        "26 tables table_wise, TorchRec's plan kept (t_0, t_1, t_2, t_3 and 22 more): 0.176 ms a rank each "
+        "(its owner's 0.352 ms); runner-up row_wise 0.214 ms a rank",
+        "t_hot: table_wise, TorchRec's plan kept, a close call: 0.200 ms a rank (its owner's 0.400 ms); "
+        "runner-up het_row_replicated 0.210 ms a rank",
+        "(ms a rank: a table's shards' predicted perf shared over the 2 ranks, what TorchRec's search balances)",
+    ]
+    cheaper = {"t_a": _table("table_wise", 0.3, "row_wise", 0.2)}  # TorchRec's estimator chose it
+    (line, _) = table_lines(PlanPrediction(6.6, chosen="stock", tables=cheaper), world_size=2, margin=0.1)
+    assert line.endswith(
+        "runner-up row_wise 0.200 ms a rank: TorchRec's own planner chose table_wise (by its estimator); the plugin "
+        "replaces TorchRec's plan only with plugin types predicted faster by more than 10%"
+    ), line
+
+
+def test_the_planner_log_compares_the_choice_with_its_runner_up_on_one_footing(caplog) -> None:
+    """26 equal tables on a fast link: one line for them all, and the runner-up is no cheaper a rank
+    than the choice; a table constrained to one plugin type has no runner-up (not the row_wise
+    stand-in the enumerator prices for it)."""
+    from torchrec.distributed.planner import ParameterConstraints
+
+    sizes = {f"t_{i}": 20_000 for i in range(26)}
+    tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=16, num_embeddings=r)
+              for n, r in sizes.items()]  # fmt: skip
+    counts = tuple((zipf_shares(r, 1.1) * BATCH).floor().long() for r in sizes.values())
+    pricing = PluginPricing(AccessModel(AccessProfile(tuple(sizes), tuple(sizes.values()), counts, 4)))
+    topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
+    planner = HetEmbeddingShardingPlanner(
+        topology=topology, batch_size=BATCH, pricing=pricing, link_gbit=(1000.0, None), compute=COMPUTE
+    )
+    caplog.set_level(logging.INFO, logger="torchrec.distributed.planner.stats")
+    plan = planner.plan(
+        EmbeddingBagCollection(tables=tables, device=torch.device("meta")), [HetEmbeddingBagCollectionSharder()]
+    )
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("torchrec_het tables: ")]
+    assert planner.decision.chosen == "stock" and len(logged) == 2, logged  # one group, one key
+    assert logged[0].startswith("torchrec_het tables: 26 tables "), logged
+    for table in prediction_of(plan).tables.values():
+        assert table["runner_up_rank_ms"] >= table["rank_ms"], table
+
+    constrained = HetEmbeddingShardingPlanner(
+        topology=topology, batch_size=BATCH, pricing=_pricing(), link_gbit=(0.5, None), compute=COMPUTE,
+        constraints={"a": ParameterConstraints(sharding_types=["het_cached_row_wise"])},
+    )  # fmt: skip
+    table = prediction_of(constrained.plan(_ebc(), [HetEmbeddingBagCollectionSharder()])).tables["a"]
+    assert table["sharding_type"] == "het_cached_row_wise" and table["runner_up"] is None, table

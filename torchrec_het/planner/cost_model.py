@@ -228,23 +228,35 @@ def decide(
 
 
 def plan_prediction(
-    decision: Decision | None, best: list[ShardingOption], shares: dict[str, dict[str, float]], source: str
+    decision: Decision | None,
+    best: list[ShardingOption],
+    shares: dict[str, dict[str, float]],
+    source: str,
+    rank_costs: dict[str, dict[str, float]] | None = None,
 ) -> PlanPrediction | None:
     """What the plan carries: the chosen plan's predicted step and parts, and per table the chosen
-    type's share of the step and the cheapest other type's (``shares``: table -> type -> seconds)."""
+    type's share of the step and cost to a rank, and the runner-up's: the other type cheapest to a rank
+    (``shares``, ``rank_costs``: table -> type -> seconds; without ``rank_costs``, by share)."""
     if decision is None or decision.prediction is None:
         return None
     tables = {}
     for option in best:
         kinds = shares.get(option.name, {})
-        others = {k: v for k, v in kinds.items() if k != option.sharding_type}
+        costs = (rank_costs or {}).get(option.name) or kinds
+        others = {k: v for k, v in costs.items() if k != option.sharding_type}
         runner = min(others, key=others.get) if others else None
         chosen = kinds.get(option.sharding_type)
+
+        def ms(table: dict[str, float], kind: str | None) -> float | None:
+            return None if kind is None or kind not in table else round(table[kind] * 1e3, 3)
+
         tables[option.name] = {
             "sharding_type": option.sharding_type,
             "share_ms": None if chosen is None else round(chosen * 1e3, 3),
             "runner_up": runner,
-            "runner_up_share_ms": None if runner is None else round(others[runner] * 1e3, 3),
+            "runner_up_share_ms": ms(kinds, runner),
+            "rank_ms": ms(costs, option.sharding_type),
+            "runner_up_rank_ms": ms(costs, runner),
         }
     step = decision.prediction
     return PlanPrediction(

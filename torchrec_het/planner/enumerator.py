@@ -90,6 +90,8 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
             sharder = by_key[key]
             if self._allows(option.name, ROW_WISE, sharder):  # not just the stand-in of a plugin type
                 out.append(option)
+            elif self.perf_estimator is not None:  # the table may not take it: no runner-up in the stats
+                self.perf_estimator.forget(option.name, ROW_WISE)
             for sharding_type in offered.get(key, ()):
                 if not (self._allows(option.name, sharding_type, sharder) and self._offers(option.name, sharding_type)):
                     continue

@@ -58,7 +58,10 @@ class HetPerfEstimator(EmbeddingPerfEstimator):
 
     ``registries`` (set by the enumerator) gives each sharder's quantized-comms codecs, which price its
     options' embeddings. ``shares`` holds, per table and sharding type, the cheapest predicted share of the step (seconds)
-    of the options estimated: the planner's stats show the chosen type's and the runner-up's.
+    of the options estimated; ``rank_costs`` the cheapest cost to a rank (seconds): the table's shards'
+    perf summed and shared over the ranks, what TorchRec's search balances (a row_wise table costs
+    every rank its share; a table_wise one costs its owner alone, and such tables spread over the ranks).
+    The planner's stats compare the chosen type with the runner-up by ``rank_costs``.
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class HetPerfEstimator(EmbeddingPerfEstimator):
         self.pricing = pricing or PluginPricing()
         self.costs = costs
         self.shares: dict[str, dict[str, float]] = {}
+        self.rank_costs: dict[str, dict[str, float]] = {}
         self.registries: dict[str, dict | None] = {}  # sharder key -> its qcomm_codecs_registry (the enumerator's)
 
     def estimate(self, sharding_options: list[ShardingOption], sharder_data_map=None) -> None:
@@ -86,6 +90,14 @@ class HetPerfEstimator(EmbeddingPerfEstimator):
             seconds = option_perf(option, table, Cluster(ws, local, option.batch_size), inputs)
             kinds = self.shares.setdefault(option.name, {})
             kinds[option.sharding_type] = min(seconds, kinds.get(option.sharding_type, float("inf")))
+            per_rank = sum(shard.perf.total for shard in option.shards) / 1e3 / ws  # ms summed -> seconds a rank
+            costs = self.rank_costs.setdefault(option.name, {})
+            costs[option.sharding_type] = min(per_rank, costs.get(option.sharding_type, float("inf")))
+
+    def forget(self, name: str, sharding_type: str) -> None:
+        """Drops what was priced for ``sharding_type`` of table ``name`` (a stand-in the table may not take)."""
+        self.shares.get(name, {}).pop(sharding_type, None)
+        self.rank_costs.get(name, {}).pop(sharding_type, None)
 
 
 def topology_inputs(topology: Topology, costs: ComputeCosts | None = None) -> CostInputs:

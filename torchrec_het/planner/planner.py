@@ -42,7 +42,7 @@ from torchrec_het.planner.network import (  # noqa: F401 (CPU_* and cpu_network 
     link_figures,
     with_links,
 )
-from torchrec_het.planner.plan_prediction import PlanPrediction, attach_prediction
+from torchrec_het.planner.plan_prediction import PlanPrediction, attach_prediction, table_lines
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
 from torchrec_het.planner.stats import HetEmbeddingStats
 from torchrec_het.planner.step_model import Cluster, Compute, Links, StepPrediction
@@ -220,7 +220,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             options = self.priced_options
             return with_plan_options(plan, options) if options else plan
         inputs = self.cost_inputs = self._cost_inputs(module)
-        estimator.costs, estimator.shares = inputs, {}
+        estimator.costs, estimator.shares, estimator.rank_costs = inputs, {}, {}
         stock, no_stock = self._torchrec_plan(module, sharders)
         none_offered = "" if self._plugin_may_decide(module) else NONE_OFFERED
         by_key = {sharder_name(s.module_type): s for s in sharders}
@@ -242,7 +242,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             plan = super().plan(module, sharders)
         options = self.priced_options
         plan = with_plan_options(plan, options) if options else plan
-        prediction = self._prediction(estimator.shares)
+        prediction = self._prediction(estimator.shares, estimator.rank_costs)
         self._log_decision(prediction)
         return attach_prediction(plan, prediction) if prediction is not None else plan
 
@@ -300,9 +300,9 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         reservation = _compat.planner_storage_reservation(self)
         return torchrec_plan(module, sharders, self._het_topology, batch, constraints, reservation)
 
-    def _prediction(self, shares: dict[str, dict[str, float]]) -> PlanPrediction | None:
+    def _prediction(self, shares: dict[str, dict[str, float]], rank_costs: dict[str, dict[str, float]]):
         source = self.cost_inputs.source if self.cost_inputs else ""
-        return plan_prediction(self.decision, _compat.planner_best_plan(self) or [], shares, source)
+        return plan_prediction(self.decision, _compat.planner_best_plan(self) or [], shares, source, rank_costs)
 
     def _log_decision(self, prediction: PlanPrediction | None) -> None:
         """The decision and each table's predicted share (chosen type, runner-up) in the planner's log;
@@ -313,11 +313,10 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         if prediction is not None:
             line += f"; the plan's predicted step: {prediction.step_ms:.1f} ms ({prediction.pipeline})"
         stats_logger.info("torchrec_het plan: %s", line)
-        for name, t in (prediction.tables if prediction else {}).items():
-            runner = f"; runner-up {t['runner_up']} {t['runner_up_share_ms']} ms" if t["runner_up"] else ""
-            stats_logger.info(
-                "torchrec_het step share: %s: %s %s ms%s", name, t["sharding_type"], t["share_ms"], runner
-            )
+        if prediction is not None:
+            world_size = _compat.planner_settings(self)[0].world_size
+            for table_line in table_lines(prediction, world_size, self.margin):
+                stats_logger.info("torchrec_het tables: %s", table_line)
         if self.installed_links is not None and _rank() == 0 and not _shows(stats_logger, logging.INFO):
             print(f"torchrec_het: plan: {line}", file=sys.stderr, flush=True)
 
