@@ -412,3 +412,30 @@ def test_optimizer_state_comes_with_the_row_and_pending_squares_add_to_it() -> N
     assert pushed.squares.flatten().tolist() == [0.5] and cache.known_states(slots[:1]).flatten().tolist() == [7.0]
     cache.insert(_ids(8), _rows(1), _ids(0), step=2, states=torch.tensor([[9.0]]))  # evicts id 3 (LRU)
     assert cache.known_states(cache.slots_of(_ids(8))).flatten().tolist() == [9.0]
+
+
+@pytest.mark.parametrize("state_width", [0, 1])
+def test_write_through_is_accumulate_then_take_on_a_cache_with_nothing_pending(state_width) -> None:
+    caches = [RowCache(num_rows=10, dim=2, capacity=4) for _ in range(2)]
+    ids = _ids(7, 2, 5)
+    for cache in caches:
+        if state_width:
+            cache.hold_optimizer_state(state_width)
+        states = torch.ones(3, state_width) if state_width else None
+        cache.insert(ids, _rows(3), _ids(0, 0, 0), step=0, states=states)
+    slots = caches[0].slots_of(_ids(5, 7))  # not in id order: both return ascending ids
+    grads, deltas = torch.tensor([[1.0, -2.0], [3.0, 0.5]]), torch.tensor([[-0.1, 0.2], [0.3, -0.4]])
+    squares = grads[:, :1] ** 2 if state_width else None
+    caches[0].accumulate(slots, grads, deltas, squares)
+    taken = caches[0].take(slots)
+    through = caches[1].write_through(slots, grads, deltas, squares)
+    assert through.ids.tolist() == taken.ids.tolist() == [5, 7]
+    assert torch.equal(through.grads, taken.grads) and torch.equal(through.counts, taken.counts)
+    assert (through.squares is None) == (not state_width)
+    if state_width:
+        assert torch.equal(through.squares, taken.squares)
+    assert torch.equal(caches[0].values, caches[1].values)  # the local update applied alike
+    assert not caches[1].pending_count.any() and not caches[1].pending_grad.any()
+    if state_width:
+        with pytest.raises(ValueError, match="squares"):
+            caches[1].write_through(slots, grads, deltas)
