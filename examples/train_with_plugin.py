@@ -119,8 +119,10 @@ def train(rank: int, args: argparse.Namespace, port: int, profile_path: str) -> 
     torch.manual_seed(args.seed)
     device = torch.device("cpu")
     if args.print_stats:  # TorchRec's planner stats table (rank 0 plans), with the plugin's lines
-        logging.basicConfig(stream=sys.stdout, format="%(message)s")
-        logging.getLogger("torchrec.distributed.planner.stats").setLevel(logging.INFO)
+        stats_log = logging.getLogger("torchrec.distributed.planner.stats")
+        stats_log.setLevel(logging.INFO)
+        stats_log.addHandler(logging.StreamHandler(sys.stdout))
+        stats_log.propagate = False
 
     data = SkewedClicks(args.tables, args.rows, args.alpha, args.batch_size, args.seed)
     model = build_model(data, args.dim)
@@ -159,10 +161,10 @@ def train(rank: int, args: argparse.Namespace, port: int, profile_path: str) -> 
         for name, sharding in chosen.items():
             share = shares.get(name)
             detail = ""
-            if share is not None and share["share_ms"] is not None:
+            if share and share.get("share_ms") is not None:
                 detail = f": {share['share_ms']} ms of the step"
-                if share["runner_up"]:
-                    detail += f"; runner-up {share['runner_up']} {share['runner_up_share_ms']} ms"
+                if share.get("runner_up"):
+                    detail += f"; runner-up {share['runner_up']} {share.get('runner_up_share_ms')} ms"
             print(f"plan: {name} {sharding.sharding_type}{detail}", flush=True)
 
     model = DistributedModelParallel(model, plan=plan, sharders=sharders, device=device)
