@@ -8,6 +8,7 @@ ranks (``mp.spawn``, gloo on CPU), so plain ``python`` runs it:
     python examples/train_with_plugin.py                      # 2 ranks, links measured
     python examples/train_with_plugin.py --hosts 2 --inter-gbit 1.25
     python examples/train_with_plugin.py --staleness 2        # HybridTrainPipeline, k = 2
+    python examples/train_with_plugin.py --cache-staleness 10 # het_cached_row_wise may read 10 stale
 
 ``--hosts 2`` plans the 2 ranks as 2 hosts of one rank each. ``--inter-gbit`` states the speed of
 the link between hosts (Gbit/s per rank, every rank sending at once) instead of measuring it. On
@@ -43,6 +44,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 import torchrec_het
+from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.pipeline import HybridTrainPipeline
 from torchrec_het.planner import AccessModel, HetEmbeddingShardingPlanner, PluginPricing
 from torchrec_het.planner.step_model import Compute
@@ -135,7 +137,8 @@ def train(rank: int, args: argparse.Namespace, port: int, profile_path: str) -> 
         kernel_config=KernelConfig(compute_device=device.type),
     )
     # Swap 2: the plugin's sharders; the profile names the rows het_row_replicated replicates.
-    sharders = get_het_sharders(profile=profile, topology=topology)
+    cache = HetCacheConfig(default=CacheSettings(s_read=args.cache_staleness, s_write=args.cache_staleness))
+    sharders = get_het_sharders(cache=cache, profile=profile, topology=topology)
     # Swap 3: the plugin's planner. It prices TorchRec's types and the plugin's with one model and
     # keeps the plugin's plan only where it is predicted faster by more than 10%.
     planner = HetEmbeddingShardingPlanner(
@@ -236,6 +239,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=100, help="training steps")
     parser.add_argument("--lr", type=float, default=0.05, help="learning rate (embeddings and dense part)")
     parser.add_argument("--staleness", type=int, default=0, help="k > 0: HybridTrainPipeline, embeddings k stale")
+    parser.add_argument(
+        "--cache-staleness", type=int, default=0,
+        help="s_read = s_write of het_cached_row_wise tables: reads at most this many updates stale (0: exact)",
+    )  # fmt: skip
     parser.add_argument("--profile-batches", type=int, default=40, help="batches the access profile counts")
     parser.add_argument("--log-every", type=int, default=20, help="print the loss every N steps")
     parser.add_argument("--seed", type=int, default=0)
@@ -248,8 +255,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("tables", "rows", "dim", "batch_size", "steps", "profile_batches", "log_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.alpha < 0 or args.staleness < 0:
-        parser.error("--alpha and --staleness must be >= 0")
+    if args.alpha < 0 or args.staleness < 0 or args.cache_staleness < 0:
+        parser.error("--alpha, --staleness and --cache-staleness must be >= 0")
     return args
 
 
