@@ -5,6 +5,7 @@ README and this test cannot drift apart. Each run is a subprocess with a generou
 CI machine is shared.
 """
 
+import importlib.util
 import re
 import shlex
 import subprocess
@@ -21,6 +22,14 @@ TIMEOUT_S = 600  # about 30 s alone on 2 cores
 FIRST_COMMAND_LIMIT_S = 240  # the README promises about 30 s; this only catches a run gone far off
 PLAN_LINE = re.compile(r"^plan: (?P<table>\S+) (?P<type>[a-z_]+)\b", re.MULTILINE)
 LOSS_LINE = re.compile(r"mean loss of the first \d+ steps (?P<first>[\d.]+), of the last \d+ (?P<last>[\d.]+)")
+
+
+def _readme_tests():
+    """tests/docs/test_readme.py, for its filter of the warnings TorchRec itself prints."""
+    spec = importlib.util.spec_from_file_location("readme_tests", ROOT / "tests" / "docs" / "test_readme.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def first_command() -> list[str]:
@@ -62,6 +71,7 @@ def test_first_command_shows_the_planner_choosing_a_plugin_type():
     why = [line for line in done.stdout.splitlines() if line.startswith("planner: ")]
     assert why and len(why[0]) > len("planner: ") + 20, done.stdout[-3000:]  # the decision, and why
     assert_loss_went_down(done.stdout)
+    assert _readme_tests().avoidable_warnings(done.stderr) == [], done.stderr[-6000:]
     assert elapsed < FIRST_COMMAND_LIMIT_S, f"the first command took {elapsed:.0f} s"
     readme = README.read_text()
     shown = readme[readme.index(" ".join(["python", EXAMPLE])) :]
