@@ -5,10 +5,14 @@
 
 Worker mode (no ``--nproc-per-node``; also under ``torchrun ... -m torchrec_het.launch`` and
 torchx): calls ``torchrec_het.install()``, then runs SCRIPT (or MODULE) as ``__main__`` as
-``python SCRIPT ARGS`` would. Launcher mode (``--nproc-per-node N``): checks the
-``TORCHREC_HET_*`` settings, then starts torchrun in this process with every worker in
-worker mode; ``--max-restarts R`` restarts failed workers. A configuration error ends the
-launcher with one line (exit 2) and is never restarted.
+``python SCRIPT ARGS`` would. Processes the script starts itself with multiprocessing's spawn
+(``torch.multiprocessing.spawn``, a ``spawn`` context or pool) install the plugin too, with the
+same ``TORCHREC_HET_*`` settings, before they import the script
+(:mod:`torchrec_het.integration.child_install` says how, and why not a ``sitecustomize``).
+Launcher mode (``--nproc-per-node N``): checks the ``TORCHREC_HET_*`` settings, then starts
+torchrun in this process with every worker in worker mode; ``--max-restarts R`` restarts failed
+workers. A configuration error (a bad option value, a missing script, a bad setting or profile,
+found here or by a worker) ends the launcher with one line and exit 2, and is never restarted.
 
 Design (restarts, rendezvous stores, error reporting): docs/internals.md#launch
 """
@@ -20,6 +24,7 @@ import runpy
 import sys
 import tempfile
 from dataclasses import dataclass
+from typing import NoReturn
 
 PROG = "python -m torchrec_het.launch"
 SHARE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -128,10 +133,15 @@ def run_worker(command: Command) -> None:
 
     import torchrec_het
     from torchrec_het.errors import ConfigurationError
+    from torchrec_het.integration.child_install import reach_spawned_children
     from torchrec_het.integration.collective_errors import CollectiveFailure, describe_collective_error
 
     try:
         torchrec_het.install()
+    except ValueError as error:  # a bad TORCHREC_HET_* value or profile (the launcher checked it first)
+        report_configuration_error(error)
+    reach_spawned_children()
+    try:
         if command.module is not None:
             sys.argv = [command.module, *command.args]  # runpy puts the module's file in argv[0]
             runpy.run_module(command.module, run_name="__main__", alter_sys=True)
@@ -149,19 +159,25 @@ def run_worker(command: Command) -> None:
         raise CollectiveFailure(described) from error
 
 
-def report_configuration_error(error: Exception) -> None:
+def report_configuration_error(error: Exception) -> NoReturn:
     """Ends a worker on a setting that does not fit the model: under the launcher, its message goes
     to the launcher's file and the worker exits 0 (torchrun restarts nothing; the launcher prints
-    the line and fails); otherwise the worker prints the line and exits 1."""
-    line = f"{PROG}: {' '.join(str(error).split())}"
+    the line and exits 2); otherwise the worker prints the line and exits 2."""
     path = os.environ.get(CONFIGURATION_ERROR_ENV)
     if not path:
-        raise SystemExit(line)
+        configuration_error(str(error))
+    line = f"{PROG}: {' '.join(str(error).split())}"
     partial = f"{path}.{os.getpid()}"
     with open(partial, "w") as out:
         out.write(line)
     os.replace(partial, path)  # every rank writes the same line; the last one stays
     sys.exit(0)
+
+
+def configuration_error(message: str) -> NoReturn:
+    """Ends this process on a configuration error: ``message`` as one line on stderr, exit 2."""
+    print(f"{PROG}: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    raise SystemExit(CONFIGURATION_ERROR_EXIT)
 
 
 def torchrun_argv(command: Command) -> list[str]:
@@ -181,9 +197,9 @@ def torchrun_argv(command: Command) -> list[str]:
 def run_launcher(command: Command) -> int:
     """Runs torchrun in this process; returns the exit code (1 when a worker failed for good)."""
     if command.options["nproc_per_node"] < 1:
-        raise SystemExit(f"{PROG}: --nproc-per-node must be >= 1, got {command.options['nproc_per_node']}")
+        configuration_error(f"--nproc-per-node must be >= 1, got {command.options['nproc_per_node']}")
     if (command.options["max_restarts"] or 0) < 0:
-        raise SystemExit(f"{PROG}: --max-restarts must be >= 0, got {command.options['max_restarts']}")
+        configuration_error(f"--max-restarts must be >= 0, got {command.options['max_restarts']}")
     if command.module is not None:  # fail here once, not in every worker
         _require_module(command.module)
     else:
@@ -240,7 +256,7 @@ def _default_group_timeout_s() -> float | None:
 
 def _require_script(script: str | None) -> None:
     if script is None or not os.path.isfile(script):
-        raise SystemExit(f"{PROG}: can't open SCRIPT {script!r}: no such file")
+        configuration_error(f"can't open SCRIPT {script!r}: no such file")
 
 
 def _require_settings() -> None:
@@ -250,7 +266,7 @@ def _require_settings() -> None:
     try:
         check_environment()
     except ValueError as error:
-        raise SystemExit(f"{PROG}: {error}") from None
+        configuration_error(str(error))
 
 
 def _share_machine() -> None:
@@ -271,9 +287,9 @@ def _require_module(module: str) -> None:
     try:
         found = importlib.util.find_spec(module)
     except (ImportError, ValueError) as error:
-        raise SystemExit(f"{PROG}: can't find module {module!r} (-m): {error}") from None
+        configuration_error(f"can't find module {module!r} (-m): {error}")
     if found is None:
-        raise SystemExit(f"{PROG}: no module named {module!r} (-m)")
+        configuration_error(f"no module named {module!r} (-m)")
 
 
 if __name__ == "__main__":

@@ -77,7 +77,25 @@ def test_worker_mode_runs_the_script_as_main_with_the_plugin_installed(tmp_path:
 
 def test_missing_script_is_a_clear_error(tmp_path: Path) -> None:
     done = _run(["-m", "torchrec_het.launch", "--nproc-per-node", "2", "no_such.py", "--steps", "1"], tmp_path)
-    assert done.returncode != 0 and "can't open SCRIPT 'no_such.py'" in done.stderr
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "python -m torchrec_het.launch: can't open SCRIPT 'no_such.py': no such file"
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--nproc-per-node", "0", "t.py"], "--nproc-per-node must be >= 1, got 0"),
+     (["--nproc-per-node", "1", "--max-restarts", "-1", "t.py"], "--max-restarts must be >= 0, got -1"),
+     (["--nproc-per-node", "1", "-m", "no_such_module_here"], "no module named 'no_such_module_here' (-m)")],
+)  # fmt: skip
+def test_bad_launcher_values_are_configuration_errors(argv: list[str], message: str, capsys) -> None:
+    from torchrec_het import launch
+
+    with pytest.raises(SystemExit) as raised:
+        launch.main(argv)
+    assert raised.value.code == launch.CONFIGURATION_ERROR_EXIT
+    assert capsys.readouterr().err == f"python -m torchrec_het.launch: {message}\n"
 
 
 def test_restarts_get_a_store_per_attempt(monkeypatch) -> None:
@@ -93,7 +111,7 @@ def test_restarts_get_a_store_per_attempt(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("content", [None, b"not a profile"])
-def test_a_bad_profile_stops_the_launcher_before_any_worker(tmp_path: Path, monkeypatch, content) -> None:
+def test_a_bad_profile_stops_the_launcher_before_any_worker(tmp_path: Path, monkeypatch, capsys, content) -> None:
     import torch.distributed.run
 
     from torchrec_het import launch
@@ -105,7 +123,8 @@ def test_a_bad_profile_stops_the_launcher_before_any_worker(tmp_path: Path, monk
     monkeypatch.setattr(torch.distributed.run, "main", lambda argv: pytest.fail("torchrun started"))
     with pytest.raises(SystemExit) as raised:
         launch.main(["--nproc-per-node", "2", "--max-restarts", "3", __file__])
-    message = str(raised.value.code)
+    assert raised.value.code == 2
+    (message,) = capsys.readouterr().err.splitlines()
     assert message.startswith("python -m torchrec_het.launch: $TORCHREC_HET_PROFILE=") and str(path) in message, message
 
 
@@ -117,9 +136,23 @@ def test_a_missing_profile_is_one_message_from_the_launcher(tmp_path: Path) -> N
         [sys.executable, "-m", "torchrec_het.launch", "--nproc-per-node", "2", "--max-restarts", "3", str(script)],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=dict(os.environ, TORCHREC_HET_PROFILE=str(missing)),
     )  # fmt: skip
-    assert done.returncode != 0 and "a worker ran" not in done.stderr + done.stdout
-    lines = [line for line in done.stderr.splitlines() if "TORCHREC_HET_PROFILE" in line]
-    assert lines == [
+    assert done.returncode == 2 and "a worker ran" not in done.stderr + done.stdout
+    assert done.stderr.strip().splitlines() == [
+        f"python -m torchrec_het.launch: $TORCHREC_HET_PROFILE='{missing}': no such access profile file"
+    ], done.stderr
+
+
+def test_a_missing_profile_in_worker_mode_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Under plain torchrun or torchx (no launcher to check first), the worker's install() says it."""
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('the script ran')\n")
+    missing = tmp_path / "nowhere.pt"
+    done = subprocess.run(
+        [sys.executable, "-m", "torchrec_het.launch", str(script)], cwd=tmp_path, capture_output=True, text=True,
+        timeout=120, env=dict(os.environ, TORCHREC_HET_PROFILE=str(missing)),
+    )  # fmt: skip
+    assert done.returncode == 2 and "the script ran" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
         f"python -m torchrec_het.launch: $TORCHREC_HET_PROFILE='{missing}': no such access profile file"
     ], done.stderr
 
@@ -191,7 +224,7 @@ def test_a_profile_that_does_not_fit_the_model_ends_the_job_once_on_one_line(
 
 def test_a_worker_ends_on_a_configuration_error_without_a_fault(tmp_path: Path) -> None:
     """Under the launcher (its file named): the line goes to the file and the worker exits 0, so
-    torchrun restarts nothing; alone: the line, exit 1."""
+    torchrun restarts nothing; alone: the line, exit 2."""
     from torchrec_het.launch import CONFIGURATION_ERROR_ENV
 
     script = tmp_path / "train.py"
@@ -200,7 +233,7 @@ def test_a_worker_ends_on_a_configuration_error_without_a_fault(tmp_path: Path) 
     )
     alone = _run(["-m", "torchrec_het.launch", str(script)], tmp_path)
     assert (
-        alone.returncode == 1
+        alone.returncode == 2
         and alone.stderr.strip().splitlines()[-1] == "python -m torchrec_het.launch: a profile of other tables"
     )
     report = tmp_path / "error.txt"

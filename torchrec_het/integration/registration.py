@@ -81,6 +81,8 @@ def install(
     link_probe: bool | None = None,
     step_compute: tuple[float, float] | str | None = None,
     lookahead: bool | None = None,
+    *,
+    announce: bool = True,
 ) -> None:
     """Registers the plugin with TorchRec until :func:`uninstall` (calling it again re-installs).
 
@@ -131,6 +133,8 @@ def install(
         lookahead: ``het_row_replicated`` bags look one batch ahead: under ``TrainPipelineSparseDist``
             the next batch's partial sums leave their owners during this step (exact; needs hot rows
             from a profile, not counted online); default ``$TORCHREC_HET_LOOKAHEAD`` (1/0), else off.
+        announce: False: print no line on which rule applies (the processes a launched script
+            starts itself install quietly: the launcher's worker said it once).
     """
     global _state
     uninstall()
@@ -199,7 +203,7 @@ def install(
     if pg_timeout is not None:
         _default_pg_timeout(state, pg_timeout)
     _state = state
-    if os.environ.get("RANK", "0") == "0":
+    if announce and os.environ.get("RANK", "0") == "0":
         print(f"torchrec_het: {pricing_rule(pricing)}", file=sys.stderr, flush=True)
 
 
