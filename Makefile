@@ -58,5 +58,12 @@ $(STAMP): pyproject.toml $(REQUIREMENTS)
 	$(PY) -c "import torchrec_het._compat as c, sys; sys.exit(0 if c.check_torchrec_version() else 1)"
 	touch $(STAMP)
 
+# The wheel as a user installs it (.ci/wheel-smoke): built into dist/, installed with this stack's
+# pinned requirements into a fresh venv in a temporary directory, and a 2-rank training smoke
+# through the launcher run from outside the repository. The venv is removed after.
+.PHONY: wheel-smoke
+wheel-smoke: $(STAMP)
+	PYTHON=$(PYTHON) .ci/wheel-smoke $(PY) $(REQUIREMENTS)
+
 clean:
 	rm -rf $(VENV)
