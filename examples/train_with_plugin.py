@@ -196,14 +196,12 @@ def train(rank: int, args: argparse.Namespace, port: int, profile_path: str) -> 
         first, last = sum(losses[:window]) / window, sum(losses[-window:]) / window
         print(f"trained {args.steps} steps in {elapsed:.1f} s; mean loss of the first {window} steps {first:.4f}, "
               f"of the last {window} {last:.4f}", flush=True)  # fmt: skip
-        groups: dict[str, list[str]] = {}  # replication counters are per module: tables share them
-        for name, table in sorted(stats.items()):
-            counters = table.get("replication") or {
-                k: v for k, v in table.get("cache", {}).items() if k.startswith("hit_rate")
-            }
-            groups.setdefault(f"{table['sharding_type']} {counters}", []).append(name)
-        for counters, names in groups.items():
-            print(f"stats: {', '.join(names)}: {counters}", flush=True)
+        alike: dict[str, list[str]] = {}  # tables of one module share its replication counters
+        for line in torchrec_het.describe_stats(stats):
+            table, text = line.split(": ", 1)
+            alike.setdefault(text, []).append(table)
+        for text, tables in alike.items():
+            print(f"stats: {', '.join(tables)}: {text}", flush=True)
     dist.destroy_process_group()
 
 

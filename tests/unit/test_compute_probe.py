@@ -63,3 +63,5 @@ def test_a_probe_says_what_it_measured() -> None:
         "compute (measured at plan time, 0.25 s): lookup 200 ns/id, dense 30.0 us/sample (1000 parameters)"
     )
     assert pytest.approx(probe.dense_s_per_sample) == 3e-5
+    stated = ComputeProbe(2e-7, 3e-5, 1000, 0.0, stated=True)
+    assert stated.describe() == "compute (stated): lookup 200 ns/id, dense 30.0 us/sample (1000 parameters)"

@@ -435,6 +435,16 @@ def test_stated_link_figures_are_what_the_plugin_types_are_priced_with() -> None
     assert not set(fast.values()) & PLUGIN  # NVLink-fast: the lookups' extra compute is not worth it
 
 
+def test_stated_compute_is_said_to_be_stated_not_measured() -> None:
+    topology = Topology(world_size=2, local_world_size=2, compute_device="cpu")
+    pricing = PluginPricing(AccessModel(_profile(list(SIZES))))
+    planner = HetEmbeddingShardingPlanner(
+        topology=topology, batch_size=BATCH, pricing=pricing, link_gbit=(1.0, None), compute=CPU_LIKE
+    )
+    source = planner._cost_inputs(_ebc()).source
+    assert "compute (stated): lookup" in source and "measured at plan time" not in source
+
+
 def test_measured_tables_are_priced_with_the_profiles_ids_per_sample_for_every_type() -> None:
     sizes = {"hist": 5000, "plain": 5000}
     tables = [

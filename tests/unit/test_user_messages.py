@@ -36,7 +36,8 @@ def test_a_cache_that_looked_rows_up_shows_its_hit_rate_and_what_it_counts() -> 
 def test_replica_counters_are_labelled() -> None:
     replication = {"steps": 20, "skipped_steps": 3, "sparse_syncs": 20, "dense_syncs": 0, "host_syncs": 0}
     assert torchrec_het.describe_stats({"t_user": {"replication": replication}}) == [
-        "t_user: het_row_replicated: 20 steps (3 all hot, no cold exchange), 20 sparse and 0 dense replica syncs"
+        "t_user: het_row_replicated: 20 steps (3 all hot, no cold exchange); replica syncs: 20 sparse (the rows "
+        "read since the last one), 0 dense (every hot row: most were read)"
     ]
 
 

@@ -75,7 +75,8 @@ def describe_stats(stats: dict[str, dict]) -> list[str]:
             r = entry["replication"]
             lines.append(
                 f"{table}: het_row_replicated: {r.get('steps', 0)} steps ({r.get('skipped_steps', 0)} all hot, "
-                f"no cold exchange), {r.get('sparse_syncs', 0)} sparse and {r.get('dense_syncs', 0)} dense replica syncs"
+                f"no cold exchange); replica syncs: {r.get('sparse_syncs', 0)} sparse (the rows read since the last "
+                f"one), {r.get('dense_syncs', 0)} dense (every hot row: most were read)"
             )
     return lines
 

@@ -38,6 +38,7 @@ class ComputeProbe:
         why: when not steady, which probe spread and how much.
         lookup_bounds, dense_bounds: the fastest and slowest rounds' figures (low, high); None: the
             median only (stated figures).
+        stated: the figures were given (``compute=`` or ``TORCHREC_HET_STEP_COMPUTE``), not measured.
     """
 
     lookup_s_per_id: float
@@ -48,10 +49,12 @@ class ComputeProbe:
     why: str = ""
     lookup_bounds: tuple[float, float] | None = None
     dense_bounds: tuple[float, float] | None = None
+    stated: bool = False
 
     def describe(self) -> str:
+        origin = "stated" if self.stated else f"measured at plan time, {self.seconds:.2f} s"
         line = (
-            f"compute (measured at plan time, {self.seconds:.2f} s): lookup {self.lookup_s_per_id * 1e9:.0f} ns/id, "
+            f"compute ({origin}): lookup {self.lookup_s_per_id * 1e9:.0f} ns/id, "
             f"dense {self.dense_s_per_sample * 1e6:.1f} us/sample ({self.dense_params} parameters)"
         )
         return line if self.steady else f"{line}; NOT STEADY: {self.why}"

@@ -255,6 +255,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                 self.stated_compute.dense_s_per_sample,
                 dense_parameters(module),
                 0.0,
+                stated=True,
             )
         elif self._het_compute is None or self._het_compute[0] != batch:
             probe = self.measure_compute(module)  # plan() without a group: this rank's figures
