@@ -91,3 +91,24 @@ def test_a_child_without_torchrec_is_left_alone(monkeypatch) -> None:
     before = multiprocessing.spawn.get_preparation_data
     child_install.install_in_child()
     assert multiprocessing.spawn.get_preparation_data is before
+
+
+def test_installing_in_a_child_twice_is_one_installation(monkeypatch, capsys) -> None:
+    """The hook, then the script's own ``install()``: one set of patches, which ``uninstall()`` takes out."""
+    import torchrec.distributed.model_parallel as model_parallel
+    import torchrec.distributed.planner as planner
+
+    from torchrec_het.integration import registration
+
+    monkeypatch.setattr(multiprocessing.spawn, "get_preparation_data", multiprocessing.spawn.get_preparation_data)
+    stock_planner, stock_sharders = planner.EmbeddingShardingPlanner, model_parallel.get_default_sharders
+    child_install.install_in_child()
+    child_install.install_in_child()
+    try:
+        het_planner = planner.EmbeddingShardingPlanner
+        assert registration.installed() and het_planner.__name__ == "HetEmbeddingShardingPlanner"
+        assert not hasattr(het_planner.plan.__wrapped__, "__wrapped__")  # the sharder swap wraps plan once
+    finally:
+        registration.uninstall()
+    assert planner.EmbeddingShardingPlanner is stock_planner and model_parallel.get_default_sharders is stock_sharders
+    assert "torchrec_het:" not in capsys.readouterr().err  # quiet: the launcher's worker said which rule applies
