@@ -110,15 +110,6 @@ class FusedIdSpace:
         tables = self.table_of(ids) if tables is None else tables
         return ids - self.offsets[tables] - self.local_starts[tables]
 
-    def local_index(self, ids: torch.Tensor) -> torch.Tensor:
-        """Index of each owned id among this rank's owned rows; RuntimeError if one is not owned here."""
-        tables = self.table_of(ids)
-        rows = self.local_rows(ids, tables)
-        shard = self.local_offsets[tables + 1] - self.local_offsets[tables]
-        if ids.numel() and bool(((rows < 0) | (rows >= shard)).any()):
-            raise RuntimeError(f"rank {self.rank} was sent rows it does not own")
-        return rows + self.local_offsets[tables]
-
     def read_owned(self, ids: torch.Tensor, shards: list[torch.Tensor]) -> torch.Tensor:
         """Rows of owned ids from the local shards (``shards[i]``: table i's local weights or state), table by table."""
         tables = self.table_of(ids)
