@@ -77,14 +77,14 @@ def test_forty_percent_slower_logs_one_line_with_both_figures_and_advice(caplog,
 
 
 def test_the_line_goes_to_stderr_only_where_no_handler_shows_it() -> None:
-    from torchrec_het.integration.plan_check import _handled
+    from torchrec_het.planner.stats import shown
 
     lonely = logging.Logger("lonely")  # no parent, no handler: the check prints the line itself
-    assert not _handled(lonely)
+    assert not shown(lonely, logging.WARNING)
     lonely.addHandler(logging.NullHandler())
-    assert not _handled(lonely)
+    assert not shown(lonely, logging.WARNING)
     lonely.addHandler(logging.StreamHandler())
-    assert _handled(lonely)
+    assert shown(lonely, logging.WARNING)
 
 
 def test_forty_percent_faster_says_the_plan_was_priced_pessimistically(caplog) -> None:

@@ -154,19 +154,11 @@ class StepWatch:
                 self.predicted_step_ms,
             )
         elif _rank() == 0:
+            from torchrec_het.planner.stats import shown  # the planner's rule for its own log lines
+
             logger.warning(line)
-            if not _handled(logger):  # no handler shows it: say it on stderr, once
+            if not shown(logger, logging.WARNING):  # no handler shows it: say it on stderr, once
                 print(line, file=sys.stderr, flush=True)
-
-
-def _handled(log: logging.Logger) -> bool:
-    """Whether a handler other than a NullHandler would emit ``log``'s WARNING records."""
-    current: logging.Logger | None = log
-    while current is not None:
-        if any(not isinstance(h, logging.NullHandler) and h.level <= logging.WARNING for h in current.handlers):
-            return True
-        current = current.parent if current.propagate else None
-    return False
 
 
 def check_line(measured_ms: float, prediction: PlanPrediction) -> str | None:

@@ -44,7 +44,7 @@ from torchrec_het.planner.network import (  # noqa: F401 (CPU_* and cpu_network 
 )
 from torchrec_het.planner.plan_prediction import PlanPrediction, attach_prediction, table_lines
 from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing
-from torchrec_het.planner.stats import HetEmbeddingStats
+from torchrec_het.planner.stats import HetEmbeddingStats, shown
 from torchrec_het.planner.step_model import Cluster, Compute, Links, StepPrediction
 from torchrec_het.planner.torchrec_peer import torchrec_plan
 from torchrec_het.replication.memory import TierTopology
@@ -318,7 +318,7 @@ class HetEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             world_size = _compat.planner_settings(self)[0].world_size
             for table_line in table_lines(prediction, world_size, self.margin):
                 stats_logger.info("torchrec_het tables: %s", table_line)
-        if self.installed_links is not None and _rank() == 0 and not _shows(stats_logger, logging.INFO):
+        if self.installed_links is not None and _rank() == 0 and not shown(stats_logger, logging.INFO):
             print(f"torchrec_het: plan: {line}", file=sys.stderr, flush=True)
 
     def _types_fixed(self, module: nn.Module) -> bool:
@@ -376,21 +376,6 @@ def link_settings(
     if link_probe is not None:
         settings = dataclasses.replace(settings, probe=link_probe)
     return settings
-
-
-def _shows(logger: logging.Logger, level: int) -> bool:
-    """Whether a record of ``level`` on ``logger`` reaches a handler that emits it (as ``logging``
-    passes it on: up the parents while they propagate; ``logging.lastResort`` shows WARNING and up)."""
-    if not logger.isEnabledFor(level):
-        return False
-    current: logging.Logger | None = logger
-    found = False
-    while current is not None:
-        if any(level >= handler.level for handler in current.handlers):
-            return True
-        found = found or bool(current.handlers)
-        current = current.parent if current.propagate else None
-    return not found and logging.lastResort is not None and level >= logging.lastResort.level
 
 
 def default_pricing() -> PluginPricing:

@@ -8,6 +8,8 @@ table's plan options and, from
 and output sizes of a plugin option are shown as those of its row_wise twin.
 """
 
+import logging
+
 from torchrec.distributed.planner.stats import logger  # the legend goes where TorchRec's table goes
 
 from torchrec_het import _compat
@@ -17,6 +19,20 @@ from torchrec_het.planner.pricing import priced_options
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 ABBREVIATIONS = {HET_CACHED_ROW_WISE: "HC", HET_ROW_REPLICATED: "HR"}
+
+
+def shown(log: logging.Logger, level: int) -> bool:
+    """Whether ``log``'s records of ``level`` reach a handler other than a NullHandler that emits them
+    (up the parents while they propagate; ``logging.lastResort`` aside): where none does, the plugin
+    says its line on stderr itself."""
+    if not log.isEnabledFor(level):
+        return False
+    current: logging.Logger | None = log
+    while current is not None:
+        if any(not isinstance(h, logging.NullHandler) and level >= h.level for h in current.handlers):
+            return True
+        current = current.parent if current.propagate else None
+    return False
 
 
 def sharding_type_abbreviation(sharding_type: str) -> str:
