@@ -166,7 +166,7 @@ def report_configuration_error(error: Exception) -> NoReturn:
     path = os.environ.get(CONFIGURATION_ERROR_ENV)
     if not path:
         configuration_error(str(error))
-    line = f"{PROG}: {' '.join(str(error).split())}"
+    line = _one_line(str(error))
     partial = f"{path}.{os.getpid()}"
     with open(partial, "w") as out:
         out.write(line)
@@ -176,8 +176,12 @@ def report_configuration_error(error: Exception) -> NoReturn:
 
 def configuration_error(message: str) -> NoReturn:
     """Ends this process on a configuration error: ``message`` as one line on stderr, exit 2."""
-    print(f"{PROG}: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    print(_one_line(message), file=sys.stderr, flush=True)
     raise SystemExit(CONFIGURATION_ERROR_EXIT)
+
+
+def _one_line(message: str) -> str:
+    return f"{PROG}: {' '.join(message.split())}"
 
 
 def torchrun_argv(command: Command) -> list[str]:

@@ -89,7 +89,7 @@ def describe_cache(cache: dict) -> str:
     if remote == 0:
         return f"het_cached_row_wise cache: {lookups} lookups, none of another rank's rows, so no hit rate"
     return (
-        f"het_cached_row_wise cache: hit rate {cache['hits_lookups'] / remote:.0%} of {remote} lookups of other "
+        f"het_cached_row_wise cache: hit rate {cache['hit_rate_lookups']:.0%} of {remote} lookups of other "
         f"ranks' rows ({cache['hits_unique']} of {cache['remote_unique']} distinct rows); {cache['rows_fetched']} "
         f"rows fetched, {cache['rows_pushed']} pushed"
     )
