@@ -144,18 +144,15 @@ class HetPushes:
             tables = read.tables.index_select(0, read.remote.index_select(0, cached))
             squares = _tbe.squares_of(g.held_kind, cached_grad) if g.held_kind is not None else None
             deltas = self.local_step(g, slots, cached_grad, tables)
-            holds = g.settings.s_write > 0
-            if not holds:  # every update goes out now (read.due is every cached row): nothing is pending
+            if g.settings.s_write == 0:  # every update goes out now (read.due is every cached row): nothing is pending
                 due = g.cache.write_through(slots, cached_grad, deltas, squares)
             else:
                 g.cache.accumulate(slots, cached_grad, deltas, squares)
-            if self.batches_ahead:  # due now; dirty rows evicted by any batch since the last push go too
-                due = g.cache.take_due(g.settings.s_write, slots) if holds else due
+                due = g.cache.take_due(g.settings.s_write, slots) if self.batches_ahead else g.cache.take(read.due)
+            if self.batches_ahead:  # dirty rows evicted by any batch since the last push go too
                 read.outbox, self.outbox[index] = self.outbox[index], []
                 g.pins.index_add_(0, read.pinned, torch.full_like(read.pinned, -1, dtype=g.pins.dtype))
                 read.pinned = read.pinned[:0]
-            elif holds:
-                due = g.cache.take(read.due)
             pending = PendingRows.concat(
                 [
                     PendingRows(
