@@ -46,6 +46,12 @@ class CacheSettings:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {self.protocol!r}; choose from {PROTOCOLS}")
 
+    @property
+    def exact(self) -> bool:
+        """Both bounds 0: every read sees every update, so a copy this rank wrote is fetched again
+        before it is read (the cache takes no local step and keeps no optimizer state)."""
+        return self.s_read == 0 and self.s_write == 0
+
     def capacity_rows(self, num_rows: int) -> int:
         """The capacity in rows for a table of ``num_rows`` rows."""
         if isinstance(self.capacity, float):

@@ -9,6 +9,7 @@ backward (rank bodies: :mod:`torchrec_het_bench.testing.het_step_ranks`).
 
 import pytest
 
+from torchrec_het.sharding.het_cache.pushes import PUSH_HEAD
 from torchrec_het_bench.testing.het_step_ranks import SMALL_ROWS, WithCases
 from torchrec_het_testing.spawn import spawn_world
 
@@ -78,3 +79,14 @@ def test_counters_see_syncs(world: list[dict]) -> None:
         sites = results["row_wise"]["sites"]
         assert any("dist_data.py" in site for site in sites), sites
         assert any("fbgemm_gpu" in site for site in sites), sites
+
+
+def test_exact_rows_travel_without_optimizer_state(world: list[dict]) -> None:
+    # with both bounds 0 no copy written here is read again before the owner's newer one replaces
+    # it, so rows come without their row-wise Adagrad state and pushes carry no held squares
+    for results in world:
+        for kind, state in (("het_s0", 0), ("het_s10", 1)):
+            widths = results[kind]["wire_widths"]
+            assert widths, kind
+            for dim, fetched, pushed in widths:
+                assert (fetched, pushed) == (dim + state, PUSH_HEAD + dim + state), (kind, widths)

@@ -193,7 +193,18 @@ def step_costs(
         profiler.dump_stats(f"{profile}.{kind}")
     out["sync_kinds"] = dict(kinds)
     out["sites"] = dict(sites.most_common())
+    out["wire_widths"] = _wire_widths(ebc)
     return out
+
+
+def _wire_widths(ebc) -> list[list[int]]:
+    """Per HET group: (dim, floats an owner sends per fetched row, floats of one pushed row)."""
+    from torchrec_het._compat import sharded_lookups
+    from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
+    from torchrec_het.sharding.het_cache.pushes import HetPushes
+
+    lookups = [lookup for lookup in sharded_lookups(ebc) if isinstance(lookup, HetCachedEmbeddingLookup)]
+    return [[g.dim, g.fetch_width, HetPushes.width(g)] for lookup in lookups for g in lookup.groups]
 
 
 def run_world(rank: int, world_size: int, port: int, out_dir: str, cases=None) -> None:

@@ -60,7 +60,7 @@ class HetPushes:
         for g in groups:
             found = {_tbe.optimizer_kind(kernels[m].emb_module) for m in g.modules}
             kind = found.pop() if len(found) == 1 else None
-            if kind in ("adagrad", "rowwise_adagrad"):  # the cache keeps each row's optimizer state
+            if kind in ("adagrad", "rowwise_adagrad") and not g.settings.exact:  # for its local steps
                 eps = torch.tensor([_tbe.optimizer_eps(kernels[t.module_index].emb_module) for t in g.tables])
                 g.keep_optimizer_state(kind, eps)
         self.widths = torch.tensor([self.width(g) for g in groups], dtype=torch.int64, device=device)  # per group
@@ -142,13 +142,16 @@ class HetPushes:
             slots = read.slots.index_select(0, cached)
             cached_grad = grad.index_select(0, read.remote.index_select(0, cached))
             tables = read.tables.index_select(0, read.remote.index_select(0, cached))
-            squares = _tbe.squares_of(g.held_kind, cached_grad) if g.held_kind is not None else None
-            deltas = self.local_step(g, slots, cached_grad, tables)
-            if g.settings.s_write == 0:  # every update goes out now (read.due is every cached row): nothing is pending
-                due = g.cache.write_through(slots, cached_grad, deltas, squares)
+            if g.settings.exact:  # no copy written here is read before the owner's newer one replaces it
+                due = g.cache.write_through(slots, cached_grad)
             else:
-                g.cache.accumulate(slots, cached_grad, deltas, squares)
-                due = g.cache.take_due(g.settings.s_write, slots) if self.batches_ahead else g.cache.take(read.due)
+                squares = _tbe.squares_of(g.held_kind, cached_grad) if g.held_kind is not None else None
+                deltas = self.local_step(g, slots, cached_grad, tables)
+                if g.settings.s_write == 0:  # every update goes out now (read.due is every cached row)
+                    due = g.cache.write_through(slots, cached_grad, deltas, squares)
+                else:
+                    g.cache.accumulate(slots, cached_grad, deltas, squares)
+                    due = g.cache.take_due(g.settings.s_write, slots) if self.batches_ahead else g.cache.take(read.due)
             if self.batches_ahead:  # dirty rows evicted by any batch since the last push go too
                 read.outbox, self.outbox[index] = self.outbox[index], []
                 g.pins.index_add_(0, read.pinned, torch.full_like(read.pinned, -1, dtype=g.pins.dtype))
