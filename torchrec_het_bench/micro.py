@@ -14,7 +14,8 @@ data (Zipf ids, the preset's alpha). After a warm-up, types are measured in roun
 same batches in turn. Reported per type: ms per step (median, p10, p90; a step lasts as
 long as its slowest rank), collectives issued per step per rank (counted by
 :class:`~torchrec_het_bench.comm.CommAccountant`, by collective family) and embedding bytes per
-step; and the ids one rank's batch holds per step (``ids_per_step_per_rank``, which
+step; the runtime files one more step runs (``batch_files``: a batch's way through the type); and
+the ids one rank's batch holds per step (``ids_per_step_per_rank``, which
 ``python -m torchrec_het_bench.calibrate`` divides by). Writes ``micro.json`` and
 ``micro.md`` into ``--out`` and prints the table.
 """
@@ -97,6 +98,7 @@ class MicroRecord:
     hot_fraction: float | None = None
     ids_per_step: list[int] = field(default_factory=list)  # ids of this rank's batch, per measured step
     stage_profile: dict | None = None  # --profile-steps: where the profiled steps' time went (stage_profile.py)
+    batch_files: list[str] = field(default_factory=list)  # runtime files whose code one more step ran
 
 
 class EmbeddingsOnly(nn.Module):
@@ -184,9 +186,38 @@ def run_micro(spec: MicroSpec) -> list[dict[str, MicroRecord]] | None:
                         _step(sharded, batches[index % len(batches)], grad)
             if "het_row_replicated" in sharded.sharding_types:
                 records[name].hot_fraction = hot_fraction(sharded.model)
+            dist.barrier()
+            records[name].batch_files = files_run(lambda s=sharded: _step(s, batches[0], grad))
         gathered: list | None = [None] * spec.world_size if rank == 0 else None
         dist.gather_object(records, gathered, dst=0)
     return gathered
+
+
+RUNTIME = ("torchrec_het", "sharders")  # the plugin's runtime packages (the benchmark and its tests are not)
+
+
+def files_run(step) -> list[str]:
+    """The runtime files (under :data:`RUNTIME`) whose code ``step()`` ran, its backward included:
+    a batch's way through a type, counted as files."""
+    root = Path(__file__).resolve().parent.parent
+    seen: set[str] = set()
+
+    def profile(frame, event, arg):  # noqa: ARG001
+        if event == "call":
+            seen.add(frame.f_code.co_filename)
+
+    sys.setprofile(profile)
+    try:
+        with torch.autograd.set_multithreading_enabled(False):  # the backward runs on this thread
+            step()
+    finally:
+        sys.setprofile(None)
+    files = []
+    for name in seen:
+        path = Path(name).resolve()
+        if path.is_relative_to(root) and path.relative_to(root).parts[0] in RUNTIME:
+            files.append(str(path.relative_to(root)))
+    return sorted(files)
 
 
 def summarize(spec: MicroSpec, gathered: list[dict[str, MicroRecord]]) -> dict:
@@ -224,6 +255,7 @@ def summarize(spec: MicroSpec, gathered: list[dict[str, MicroRecord]]) -> dict:
                 "embedding_cross_rank_bytes_per_step": round(summary["phases"]["embedding_cross_rank"] / steps),
                 "hot_fraction": per_rank[0].hot_fraction,
                 "measured_steps": steps,
+                "batch_files": sorted({f for r in per_rank for f in r.batch_files}),
                 **(
                     {"stage_profile": stage_profile.merge_ranks([r.stage_profile for r in per_rank])}
                     if per_rank[0].stage_profile is not None

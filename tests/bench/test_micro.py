@@ -76,3 +76,15 @@ def test_the_types_are_the_ones_asked_for(micro: dict) -> None:
     tw, rw = by_name["table_wise"]["collectives_per_step"], by_name["row_wise"]["collectives_per_step"]
     assert tw["total"] == tw["by_family"]["all_to_all"] and tw["total"] == int(tw["total"])
     assert rw["by_family"]["reduce_scatter"] >= 1
+
+
+def test_a_batch_way_is_counted_in_runtime_files(micro: dict) -> None:
+    by_name = {t["name"]: t for t in micro["types"]}
+    assert by_name["row_wise"]["batch_files"] == []  # stock TorchRec runs none of the plugin's files
+    for name, own in (
+        ("het_cached_s0", "sharding/het_cache/lookup.py"),
+        ("het_replicated_s1", "row_replicated/dists.py"),
+    ):
+        files = by_name[name]["batch_files"]
+        assert any(f.endswith(own) for f in files), files
+        assert all(f.split("/")[0] in ("torchrec_het", "sharders") for f in files), files
