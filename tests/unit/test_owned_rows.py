@@ -8,6 +8,7 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen
 
+from torchrec_het import _tbe
 from torchrec_het.sharding.common.owned_rows import OwnedRows
 from torchrec_het.sharding.row_replicated.owner import DirectOwner, OwnerValues
 
@@ -103,3 +104,30 @@ def test_views_follow_a_kernel_that_got_new_buffers() -> None:
     kernel.weights_host = torch.nn.Parameter(kernel.weights_host.detach().clone() + 1.0)  # as a load may replace it
     second = owned.view(0, DIM)
     assert second is not first and torch.equal(second.weights[0], kernel.split_embedding_weights()[0][0])
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "rowwise_adagrad"])
+@pytest.mark.parametrize("dims", [(DIM, DIM, DIM), (8, 4, 8)], ids=["one_view", "several_phases"])
+def test_rows_read_and_written_by_table_and_row(optimizer: str, dims) -> None:
+    """Through the view, or element by element where a width's tables sit at several phases (8, 4, 8:
+    the second 8-wide table starts 4 floats off), the rows and state read are the kernel's own and a
+    write lands on those rows only."""
+    kernel = _kernel(optimizer, dims=dims)
+    for state in kernel.split_optimizer_states():
+        state[0].copy_(torch.rand(state[0].shape, generator=torch.Generator().manual_seed(7)))
+    owned = OwnedRows([kernel], torch.device("cpu"))
+    several = dims == (8, 4, 8)
+    assert (owned.view(0, 8) is None) == several
+    tables, rows = torch.tensor([2, 0, 2 if several else 1]), torch.tensor([5, 7, 0])  # tables of width 8
+    states = [s[0].view(r, -1) for s, r in zip(kernel.split_optimizer_states(), ROWS)]
+    for part, shards in ((_tbe.WEIGHTS, kernel.split_embedding_weights()), (_tbe.STATE, states)):
+        want = torch.stack([shards[t][r] for t, r in zip(tables.tolist(), rows.tolist())])
+        assert torch.equal(owned.read(0, 8, tables, rows, part), want)
+        before = [s.clone() for s in shards]
+        new = torch.randn(want.shape, generator=torch.Generator().manual_seed(3))
+        owned.write(0, 8, tables, rows, new, part)
+        assert torch.equal(owned.read(0, 8, tables, rows, part), new)
+        for t, (now, then) in enumerate(zip(shards, before)):
+            untouched = torch.ones(now.size(0), dtype=torch.bool)
+            untouched[rows[tables == t]] = False
+            assert torch.equal(now[untouched], then[untouched])

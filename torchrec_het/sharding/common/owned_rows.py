@@ -4,9 +4,9 @@ A fused kernel (TBE) keeps every table's rows end to end in one flat buffer, and
 state in another (:mod:`torchrec_het._tbe`). Where the tables of one width start at a common
 phase modulo that width (always so for a kernel of one width), each buffer is one
 ``[rows, width]`` view, and row ``r`` of the kernel's table ``t`` is view row ``first_row[t] + r``:
-:class:`KernelRows`. Both plugin types read owned rows through it (the HET cache's owners answer
-requests, replica blocks copy and write back their rows), and ``het_row_replicated`` owners pool
-and step their rows in it directly (:mod:`torchrec_het.sharding.row_replicated.owner`).
+:class:`KernelRows`. Both plugin types read owned rows through :class:`OwnedRows` (HET owners
+answer requests, replica blocks copy and write back their rows), and ``het_row_replicated`` owners
+pool and step their rows in the views directly (:mod:`torchrec_het.sharding.row_replicated.owner`).
 
 Design: docs/internals.md#owned-rows
 """
@@ -107,7 +107,9 @@ def kernel_rows(kernel: _tbe.TBE, dim: int, device: torch.device) -> KernelRows 
 
 
 class OwnedRows:
-    """:class:`KernelRows` of a lookup's kernels, made once per (kernel, width) and again after a load.
+    """The rows of a lookup's kernels, read and written by (kernel, table, row): through the kernel's
+    :class:`KernelRows` (made once per (kernel, width), and again after a load) where it has them,
+    else element by element in its flat buffers.
 
     Args:
         kernels: the lookup's FBGEMM kernels (TBEs), one per grouped config.
@@ -117,9 +119,10 @@ class OwnedRows:
     def __init__(self, kernels: list, device: torch.device) -> None:
         self.kernels, self.device = kernels, device
         self._views: dict[tuple[int, int], KernelRows | None] = {}
+        self._flat: dict[tuple[int, str], tuple[str, torch.Tensor] | None] = {}  # a load keeps the offsets
 
     def view(self, module_index: int, dim: int) -> KernelRows | None:
-        """Kernel ``module_index``'s rows of width ``dim`` (None: not one view; read them table by table)."""
+        """Kernel ``module_index``'s rows of width ``dim`` (None: not one view; read them element by element)."""
         key = (module_index, dim)
         if key not in self._views or (self._views[key] is not None and not self._views[key].current()):
             self._views[key] = kernel_rows(self.kernels[module_index], dim, self.device)
@@ -128,3 +131,31 @@ class OwnedRows:
     def forget(self) -> None:
         """Drops the views (after a load the kernels may hold new buffers)."""
         self._views = {}
+
+    def read(self, module_index: int, dim: int, tables, rows, part: str = _tbe.WEIGHTS) -> torch.Tensor | None:
+        """fp32 ``[n, width]``: rows ``rows`` of kernel ``module_index``'s tables ``tables`` (of width ``dim``),
+        their weights or (``part=_tbe.STATE``) optimizer state; None where ``part`` is not one flat buffer."""
+        source, at = self._at(module_index, dim, tables, rows, part)
+        return None if source is None else (source.index_select(0, at) if at.dim() == 1 else source[at]).float()
+
+    def write(self, module_index: int, dim: int, tables, rows, values: torch.Tensor, part: str = _tbe.WEIGHTS) -> None:
+        """Writes ``values`` into the rows :meth:`read` reads (an optimizer write)."""
+        source, at = self._at(module_index, dim, tables, rows, part)
+        source[at] = values.to(source.dtype)
+
+    def _at(self, module_index: int, dim: int, tables: torch.Tensor, rows: torch.Tensor, part: str):
+        """(``[rows, width]`` view, view row of each row), or (flat buffer, ``[n, width]`` element positions)."""
+        view = self.view(module_index, dim)
+        if view is not None and (part == _tbe.WEIGHTS or view.state is not None):
+            first = view.first_row if part == _tbe.WEIGHTS else view.state_first_row
+            return view.weights if part == _tbe.WEIGHTS else view.state, first.index_select(0, tables) + rows
+        kernel, key = self.kernels[module_index], (module_index, part)
+        if key not in self._flat:  # (attribute, each table's first element), None where not one flat buffer
+            found = _tbe.flat_buffer(kernel, part)
+            self._flat[key] = None if found is None else (found[0], found[1].to(self.device))
+        if self._flat[key] is None:
+            return None, None
+        width = dim if part == _tbe.WEIGHTS else _tbe.square_width(_tbe.KINDS.get(_tbe.optimizer_name(kernel)), dim)
+        attribute, offsets = self._flat[key]
+        at = (offsets.index_select(0, tables) + rows * width).unsqueeze(1) + torch.arange(width, device=self.device)
+        return _tbe.buffer(kernel, attribute).data.view(-1), at

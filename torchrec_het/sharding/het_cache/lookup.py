@@ -22,6 +22,7 @@ from torchrec_het.config import CacheSettings
 from torchrec_het.sharding.common.context import HetShardingContext
 from torchrec_het.sharding.common.groups import dedicated_group
 from torchrec_het.sharding.common.id_space import TableInfo
+from torchrec_het.sharding.common.owned_rows import OwnedRows
 from torchrec_het.sharding.common.wire_codec import WireCodecs
 from torchrec_het.sharding.het_cache import protocol
 from torchrec_het.sharding.het_cache.batch import CachedBatch
@@ -29,7 +30,7 @@ from torchrec_het.sharding.het_cache.coded_rows import CodedPayload, PayloadRows
 from torchrec_het.sharding.het_cache.dists import HetPushDist
 from torchrec_het.sharding.het_cache.groups import HetGroup
 from torchrec_het.sharding.het_cache.layout import GroupLayout
-from torchrec_het.sharding.het_cache.owned_rows import HetOwnedRows
+from torchrec_het.sharding.het_cache.owned_rows import fetched_rows, read_rows
 from torchrec_het.sharding.het_cache.pushes import HetPushes, flatten_rows
 
 
@@ -77,7 +78,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         self._anchor = torch.zeros(
             1, device=self._compute_device, requires_grad=True
         )  # lets backward reach the write path
-        self.owned_rows = HetOwnedRows(lookup_kernels(self), self._compute_device)
+        self.owned_rows = OwnedRows([k.emb_module for k in lookup_kernels(self)], self._compute_device)
         self._build_groups(config, shards_by_table)
 
     # --- set-up and inspection --------------------------------------------------------
@@ -245,14 +246,14 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         if self.row_codec.active:  # where the values the codec takes sit among the rows sent
             batch.sent_rows = self._payload_rows(source, group, sends)
         if len(self._groups) == 1:
-            batch.payload = self.owned_rows.fetched(self._groups[0], parts[0][1][sends]).reshape(-1)
+            batch.payload = fetched_rows(self.owned_rows, self._groups[0], parts[0][1][sends]).reshape(-1)
         else:  # rows of every group, read group by group, then placed in request order
             sent = sends.nonzero().flatten()
             sent_group = group.index_select(0, sent)
             by_group = torch.sort(sent_group, stable=True).indices  # group-major position -> request order
             rows = [
-                self.owned_rows.fetched(
-                    g, gid.index_select(0, sent[sent_group == index]) - self.layout.group_base[index]
+                fetched_rows(
+                    self.owned_rows, g, gid.index_select(0, sent[sent_group == index]) - self.layout.group_base[index]
                 )
                 for index, g in enumerate(self._groups)
             ]
@@ -423,7 +424,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
                 g.fetch_width, device=self._compute_device
             )
             rows = received.index_select(0, at.reshape(-1)).view(-1, g.fetch_width)
-            owned = self.owned_rows.read(g, read.uniq.index_select(0, read.local))
+            owned = read_rows(self.owned_rows, g, read.uniq.index_select(0, read.local))
             protocol.settle(
                 g, read, plan, batch.replies.index_select(0, plan.mine), rows, owned, validated, training, keep_pinned
             )

@@ -18,18 +18,19 @@ from torchrec_het import _tbe
 from torchrec_het._tbe import square_width, squares_of, step_rows, step_rows_held
 from torchrec_het.replication.memory import replica_copies
 from torchrec_het.sharding.common.exchange import after_backward_pass
+from torchrec_het.sharding.common.owned_rows import OwnedRows
 from torchrec_het.sharding.row_replicated.sync import HostGroups
 
 
 @dataclass
-class OwnedRows:
-    """Where hot rows this rank owns live in one owner kernel: flat element positions."""
+class OwnedSlots:
+    """The hot rows this rank owns in one owner kernel: block rows ``slots`` are rows ``rows`` of its
+    tables ``tables``, read and written through ``kernel`` (the :class:`OwnedRows` of that one kernel)."""
 
-    kernel: _tbe.TBE
-    slots: torch.Tensor  # [n] rows of the block
-    weight_index: torch.Tensor  # [n, dim] positions in the kernel's flat weights
-    state_index: torch.Tensor  # [n, width] positions in its flat momentum
-    aligned: bool = False  # every row starts at a multiple of its width (written as whole rows)
+    kernel: OwnedRows
+    slots: torch.Tensor
+    tables: torch.Tensor
+    rows: torch.Tensor
 
 
 class ReplicaBlock:
@@ -58,7 +59,7 @@ class ReplicaBlock:
     """
 
     def __init__(
-        self, hot_ids, dim, optimizer, kernels, kernel_of, eps, owned: list[OwnedRows], sync_every, pg, device,
+        self, hot_ids, dim, optimizer, kernels, kernel_of, eps, owned: list[OwnedSlots], sync_every, pg, device,
         hosts: HostGroups | None = None, sync_dtype: torch.dtype = torch.float32,
     ) -> None:  # fmt: skip
         rows = hot_ids.numel()
@@ -101,9 +102,9 @@ class ReplicaBlock:
         self.wait()
         block = torch.zeros(self.weights.size(0), self.dim + self.state.size(1), device=self.weights.device)
         for part in self.owned:
-            block[part.slots, : self.dim] = _tbe.flat_data(part.kernel, _tbe.WEIGHTS)[0][part.weight_index].float()
+            block[part.slots, : self.dim] = part.kernel.read(0, self.dim, part.tables, part.rows)
             if self.state.size(1):
-                block[part.slots, self.dim :] = _tbe.flat_data(part.kernel, _tbe.STATE)[0][part.state_index].float()
+                block[part.slots, self.dim :] = part.kernel.read(0, self.dim, part.tables, part.rows, _tbe.STATE)
         self._all_reduce(block)
         self.load(block[:, : self.dim], block[:, self.dim :])
 
@@ -308,31 +309,17 @@ class ReplicaBlock:
         for part in self.owned:
             mine = mask.index_select(0, part.slots).nonzero().flatten()
             slots = part.slots.index_select(0, mine)
-            weights = _tbe.flat_data(part.kernel, _tbe.WEIGHTS)[0]
-            rows = self.weights.index_select(0, slots).to(weights.dtype)
-            starts = part.weight_index.index_select(0, mine)[:, 0]
-            _tbe.FlatRows(weights, starts, self.dim, part.aligned).write(rows)
+            at = (0, self.dim, part.tables.index_select(0, mine), part.rows.index_select(0, mine))
+            part.kernel.write(*at, self.weights.index_select(0, slots))
             if self.state.size(1):
-                state = _tbe.flat_data(part.kernel, _tbe.STATE)[0]
-                at = part.state_index.index_select(0, mine).view(-1)
-                state.index_copy_(0, at, self.state.index_select(0, slots).to(state.dtype).view(-1))
+                part.kernel.write(*at, self.state.index_select(0, slots), _tbe.STATE)
 
 
-def owned_rows(kernel, table_index: torch.Tensor, local_rows: torch.Tensor, slots: torch.Tensor, dim: int) -> OwnedRows:
-    """Flat positions of rows ``local_rows`` of tables ``table_index`` in ``kernel`` (rows of width ``dim``)."""
-    name = _tbe.replica_kind(kernel)
-    table_index, local_rows = table_index.cpu(), local_rows.cpu()
-    weights, weight_offsets = _tbe.flat_data(kernel, _tbe.WEIGHTS)
-    weight_index = (weight_offsets.cpu()[table_index] + local_rows * dim).unsqueeze(1) + torch.arange(dim)
-    width = square_width(name, dim)
-    if width:
-        state_offsets = _tbe.flat_data(kernel, _tbe.STATE)[1].cpu()
-        state_index = (state_offsets[table_index] + local_rows * width).unsqueeze(1) + torch.arange(width)
-    else:
-        state_index = torch.zeros(local_rows.numel(), 0, dtype=torch.int64)
-    device = weights.device
-    aligned = dim > 0 and bool((weight_index[:, 0] % dim == 0).all())
-    return OwnedRows(kernel, slots.to(device), weight_index.to(device), state_index.to(device), aligned)
+def owned_rows(kernel, tables: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, dim: int) -> OwnedSlots:
+    """Block rows ``slots``: rows ``rows`` of tables ``tables`` in ``kernel`` (rows of width ``dim``);
+    ValueError where its rows are not in one flat buffer."""
+    device = _tbe.flat_data(kernel, _tbe.WEIGHTS)[0].device  # (the state is where the rows are)
+    return OwnedSlots(OwnedRows([kernel], device), slots.to(device), tables.to(device), rows.to(device))
 
 
 class _BlockRows(torch.autograd.Function):
