@@ -18,6 +18,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
+from torchrec_het.config import CacheSettings, HetCacheConfig
 from torchrec_het.plan_options import ReplicaOptions
 from torchrec_het.planner import (
     AccessModel,
@@ -168,11 +169,11 @@ def test_stock_sharders_get_stock_plans_from_the_same_planner() -> None:
 # --- sizes, storage, perf -----------------------------------------------------------------
 
 
-def _options(world_size: int = 4, pricing: PluginPricing | None = None, constraints=None) -> dict:
+def _options(world_size: int = 4, pricing: PluginPricing | None = None, constraints=None, sharder=None) -> dict:
     topology = Topology(world_size=world_size, local_world_size=world_size, compute_device="cpu")
     enumerator = HetEmbeddingEnumerator(topology, BATCH, constraints=constraints, pricing=pricing or _pricing())
     out: dict = {}
-    for option in enumerator.enumerate(_ebc(), [HetEmbeddingBagCollectionSharder()]):
+    for option in enumerator.enumerate(_ebc(), [sharder or HetEmbeddingBagCollectionSharder()]):
         out[(option.name, option.sharding_type)] = option
     return out
 
@@ -190,7 +191,12 @@ def test_plugin_options_are_sized_as_row_wise_and_hold_their_hot_rows_on_top() -
         for shard_rw, shard_rep in zip(rw.shards, rep.shards):
             assert shard_rep.storage.ddr - shard_rw.storage.ddr == extra, name
         cached = options[(name, "het_cached_row_wise")]
+        # the default cache is exact (both bounds 0): it holds no row, so no slot is priced
+        assert cached.shards[0].storage.ddr == rw.shards[0].storage.ddr, name
+    bounded = _options(sharder=HetEmbeddingBagCollectionSharder(cache=HetCacheConfig(CacheSettings(s_read=1))))
+    for name in MEASURED:
         slots = int(0.1 * SIZES[name]) * bytes_per_row(32, "exact_row_wise_adagrad")  # default capacity: 10% of rows
+        cached, rw = bounded[(name, "het_cached_row_wise")], bounded[(name, "row_wise")]
         assert cached.shards[0].storage.ddr - rw.shards[0].storage.ddr == slots, name
     assert ("cold", "row_wise") in options
     assert not {("cold", t) for t in PLUGIN} & set(options)  # no profile of the table: no plugin type

@@ -120,6 +120,12 @@ class RowCache:
             self._check_ids(ids)
         return self._slot_of.index_select(0, ids).long()
 
+    def held_versions(self, slots: torch.Tensor) -> torch.Tensor:
+        """The version of each slot's row, -1 for slot -1 (no copy)."""
+        if not self.capacity:
+            return torch.full_like(slots, -1)
+        return torch.where(slots >= 0, self.versions.index_select(0, slots.clamp(min=0)), -1)
+
     def partition_of(self, ids: torch.Tensor) -> torch.Tensor:
         """The partition of each id."""
         return torch.bucketize(ids, self.partition_ends, right=True)

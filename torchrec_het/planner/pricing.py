@@ -144,4 +144,4 @@ class PluginPricing:
         if option.sharding_type == HET_ROW_REPLICATED:
             per_host = self.host_rows(load, options, option.name) * (load.hosts - 1) / load.world_size
             return replica_copies(options.replica_sync_every) * self.hot_rows(load, options) + math.ceil(per_host)
-        return options.capacity_rows(option.tensor.shape[0])
+        return 0 if options.exact else options.capacity_rows(option.tensor.shape[0])  # an exact cache holds none

@@ -43,7 +43,12 @@ class HetGroup(FusedIdSpace):
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.settings = settings
         local_rows = self.local_offsets[1:] - self.local_offsets[:-1]
-        capacities = [min(settings.capacity_rows(t.num_rows), t.num_rows - int(n)) for t, n in zip(tables, local_rows)]
+        # an exact cache holds nothing: a copy this rank read in training is stale at its next read
+        # (its own push moves the owner's version on), so every read fetches the row
+        capacities = [
+            0 if settings.exact else min(settings.capacity_rows(t.num_rows), t.num_rows - int(n))
+            for t, n in zip(tables, local_rows)
+        ]
         self.cache = RowCache(
             int(self.offsets[-1]),
             dim,

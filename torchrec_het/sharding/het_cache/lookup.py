@@ -167,7 +167,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
             asked_ids = read.uniq.index_select(0, read.remote.index_select(0, read.asked))
             g.stats.add("requests", read.tables.index_select(0, read.remote.index_select(0, read.asked)))
             ids.append(asked_ids + self.layout.group_base[index])
-            held.append(torch.where(asked_slots >= 0, g.cache.versions.index_select(0, asked_slots.clamp(min=0)), -1))
+            held.append(g.cache.held_versions(asked_slots))
             dest.append(g.owner_of(asked_ids))
             group.append(torch.full_like(asked_ids, index))
             at.append(torch.arange(asked_ids.numel(), device=self._compute_device))

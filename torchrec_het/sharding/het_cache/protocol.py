@@ -55,7 +55,7 @@ def plan_read(g: HetGroup, ids, bags, weights, lengths, counts, step: int, rank:
 
 def asked_ids(g: HetGroup, slots: torch.Tensor, step: int) -> torch.Tensor:
     """Positions in the remote ids (cache ``slots``, -1: none) of those to ask their owners about."""
-    if g.settings.protocol == "het":
+    if g.settings.protocol == "het" or not g.cache.capacity:
         return torch.arange(slots.numel(), device=g.device)
     validated = g.cache.validated_step.index_select(0, slots.clamp(min=0))
     leased = (slots >= 0) & (step <= validated + g.settings.s_read)
