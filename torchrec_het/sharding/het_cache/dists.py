@@ -38,6 +38,7 @@ class CacheSide(Protocol):
 
     exchange_pg: dist.ProcessGroup
     ahead: bool
+    holds_nothing: bool
     training: bool
 
     def plan_requests(self, sparse_features: KeyedJaggedTensor, training: bool) -> CachedBatch: ...
@@ -151,20 +152,24 @@ class HetRowsDist(BaseEmbeddingDist):
         lookup, batch, training = self._lookup[0], sharding_ctx.batch, sharding_ctx.training
         if lookup.ahead:  # fetched in the input dist: only local work is left
             return _Settled(lookup, batch, training)
+        if lookup.holds_nothing:  # every request brings its row: the versions need not come back
+            return _FetchedBags(self, batch, training, None)
         exchange = start_exchange(batch.current, batch.recv_splits, batch.send_splits, self.pg, batch.local_only)
         return _FetchedBags(self, batch, training, exchange)
 
 
 class _FetchedBags(Awaitable[torch.Tensor]):
-    """The owners' versions on their way back; waited: the rows' exchange, the settle, the bags."""
+    """The owners' versions on their way back (None: not asked for); waited: the rows' exchange,
+    the settle, the bags."""
 
-    def __init__(self, dist_: HetRowsDist, batch: CachedBatch, training: bool, exchange: Exchange):
+    def __init__(self, dist_: HetRowsDist, batch: CachedBatch, training: bool, exchange: Exchange | None):
         super().__init__()
         self.dist, self.batch, self.training, self.exchange = dist_, batch, training, exchange
 
     def _wait_impl(self) -> torch.Tensor:
         lookup = self.dist._lookup[0]
-        send, send_sizes, recv_sizes = lookup.rows_request(self.batch, self.exchange.wait(), self.training)
+        replies = self.exchange.wait() if self.exchange is not None else self.batch.held  # held: -1, no copy
+        send, send_sizes, recv_sizes = lookup.rows_request(self.batch, replies, self.training)
         coded, self.batch.coded_rows = self.batch.coded_rows, None
         received = _payload(send, send_sizes, recv_sizes, self.dist.pg, coded).wait()
         return lookup.settle_fetched(self.batch, received, self.training)

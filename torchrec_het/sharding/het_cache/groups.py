@@ -4,9 +4,9 @@ They share one fused id space (:mod:`torchrec_het.sharding.common.id_space`), so
 runs one unique, one cache probe and one exchange for all of them. Capacity stays
 per table: the cache is partitioned by table.
 
-Everything a step needs to find its features, tables, kernels and output columns is
-built here once (:meth:`HetGroup.set_layout`, at attach time and again after a load),
-as small index tensors: a step runs no Python loop over tables or features.
+Everything a step needs to find its tables and kernels is built here once, as small index
+tensors (where its features and output columns sit: :mod:`~torchrec_het.sharding.het_cache.layout`):
+a step runs no Python loop over tables or features.
 """
 
 import torch
@@ -69,27 +69,6 @@ class HetGroup(FusedIdSpace):
         self.held_kind: str | None = None  # Adagrad-family kind, or None (SGD, mixed kernels)
         self.eps: torch.Tensor | None = None  # float64 epsilon of each table, where a state is kept
         tensors_to(self, self.device)  # the static indexes, built on the host (the cache and counters are made there)
-
-    def set_layout(self, positions: list[int], columns: list[int], num_features: int, width: int) -> None:
-        """Where the group's features sit in the lookup's input and output.
-
-        Args:
-            positions: input position of each of the group's features (ascending, the
-                order of ``self.features``).
-            columns: first output column of each of those features.
-            num_features: features of the lookup's input.
-            width: columns of the lookup's output.
-        """
-        self.positions = torch.tensor(positions, dtype=torch.int64)
-        self.feature_offset = self.offsets[self.feature_table]  # fused id of row 0 of each feature's table
-        self.all_features = positions == list(range(num_features))
-        self.columns = (torch.tensor(columns, dtype=torch.int64).unsqueeze(1) + torch.arange(self.dim)).view(
-            -1
-        )  # [features * dim] output columns, feature-major
-        self.contiguous = bool(columns) and self.columns.tolist() == list(
-            range(columns[0], columns[0] + len(columns) * self.dim)
-        )
-        tensors_to(self, self.device)
 
     def keep_optimizer_state(self, kind: str | None, eps: torch.Tensor | None = None) -> None:
         """With an Adagrad-family ``kind``, the cache keeps each row's optimizer state (owners send

@@ -107,6 +107,7 @@ class HetCachedEmbeddingLookup(GroupedPooledEmbeddingsLookup):
         device = self._compute_device
         self.layout = GroupLayout(self._groups, self._features, positions, device)
         self._bounds, self._bounds_ahead, self.ahead = protocol.read_bounds(self._groups, self._ws, device)
+        self.holds_nothing = all(not g.cache.capacity for g in self._groups)  # every request brings its row
         for m in lookup_kernels(self):
             _tbe.optimizer_kind(m.emb_module)  # a clear error now for an optimizer the write path cannot step
         self.pushes = HetPushes(

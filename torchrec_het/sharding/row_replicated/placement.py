@@ -17,12 +17,12 @@ Design: docs/internals.md#row-replicated-routing
 
 import torch
 import torch.distributed as dist
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_het.plan_options import ReplicaOptions
 from torchrec_het.replication.hot_rows import hottest_rows, replication_threshold
+from torchrec_het.sharding.common.feature_layout import FeatureLayout
 from torchrec_het.sharding.common.groups import dedicated_group
-from torchrec_het.sharding.common.id_space import FusedIdSpace, TableInfo, flatten_batch, tensors_to
+from torchrec_het.sharding.common.id_space import FusedIdSpace, TableInfo
 from torchrec_het.sharding.common.wire_codec import WireCodecs
 
 
@@ -59,60 +59,32 @@ class ReplicaGroup(FusedIdSpace):
         return self.host[self.owner_of(self.host) % self.local_world_size == local_rank]
 
 
-class IdLayout:
+class IdLayout(FeatureLayout):
     """Static indexes of a sharding's features, built once: one id space over every table.
 
-    Positions are the sharding's features in order (a feature shared by two tables has two
-    positions). Table t's row r is id ``base[t] + r``; ids of one width are contiguous, so
-    the ids of a :class:`ReplicaGroup` (one width) are ``group_base[g] + its fused ids``.
-    The output's bags of one group are one part of it (:meth:`group_part`, :meth:`group_bags`).
+    A :class:`~torchrec_het.sharding.common.feature_layout.FeatureLayout` whose ids are the
+    sharding's (table t's row r of group g is id ``group_base[g] + offsets[t] + r``), plus the
+    tiers and owners every id is routed by (:meth:`split`). The output's bags of one group are
+    one part of it (:meth:`group_part`, :meth:`group_bags`).
     """
 
+    sharding_type = "het_row_replicated"
+
     def __init__(
-        self, groups: list[ReplicaGroup], positions: list[tuple[int, int]], dims: list[int], mean: list[bool],
-        world_size: int, rank: int = 0, local_world_size: int | None = None,
+        self, groups: list[ReplicaGroup], positions: list[tuple[int, int]], world_size: int, rank: int = 0,
+        local_world_size: int | None = None,
     ) -> None:  # fmt: skip
-        self.groups, self.world_size = groups, world_size
-        self.local_world_size = local_world_size or world_size
+        super().__init__(groups, positions, end_to_end=True)
+        self.world_size, self.local_world_size = world_size, local_world_size or world_size
         self.host_first = rank - rank % self.local_world_size  # the first rank of this rank's host
-        sizes = torch.tensor([int(g.offsets[-1]) for g in groups], dtype=torch.int64)
-        self.group_base = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(sizes, 0)[:-1]])
-        # per position: its group and fused offset of its table
-        self.position_group = torch.tensor([g for g, _ in positions], dtype=torch.int64)
-        self.position_base = torch.tensor(
-            [int(self.group_base[g]) + int(groups[g].offsets[t]) for g, t in positions], dtype=torch.int64
-        )
-        self.num_positions = len(positions)
-        self.dims = torch.tensor(dims, dtype=torch.int64)
-        self.columns = torch.cumsum(self.dims, 0) - self.dims
-        self.width = int(self.dims.sum())
-        self.uniform_dim = dims[0] if dims and all(d == dims[0] for d in dims) else None
-        self.mean = torch.tensor(mean, dtype=torch.bool)
+        widths = set(self.dims.tolist())
+        self.uniform_dim = widths.pop() if len(widths) == 1 else None
+        self.mean = torch.tensor([groups[g].tables[t].mean for g, t in positions], dtype=torch.bool)
         self.has_mean = bool(self.mean.any())
-        # per group (one width): its positions and output columns, one group after the other
-        at = [[p for p, (g, _) in enumerate(positions) if g == i] for i in range(len(groups))]
-        starts = self.columns.tolist()
-        self.group_sizes = [len(ps) for ps in at]
-        self.group_positions = torch.tensor([p for ps in at for p in ps], dtype=torch.int64)
-        self.group_columns = torch.tensor(
-            [c for ps in at for p in ps for c in range(starts[p], starts[p] + dims[p])], dtype=torch.int64
-        )
-        local = {p: i for ps in at for i, p in enumerate(ps)}
-        self.position_local = torch.tensor([local[p] for p in range(len(positions))], dtype=torch.int64)
-        self.group_spans, first, column = [], 0, 0  # per group: its ranges in group_positions and group_columns
-        for ps in at:
-            width = sum(dims[p] for p in ps)
-            self.group_spans.append((first, first + len(ps), column, column + width))
-            first, column = first + len(ps), column + width
         self.owner_ends = torch.cat([self.group_base[i] + g.owner_ends for i, g in enumerate(groups)])
         self.bucket_start = torch.cat([torch.zeros(1, dtype=torch.int64), self.owner_ends[:-1]])
-        self.total_rows = int(sizes.sum())
+        self.total_rows = int(self.group_ends[-1])
         self.set_hot(groups)
-
-    def to(self, device: torch.device) -> "IdLayout":
-        """Moves every index to ``device`` (where the batches arrive)."""
-        self.device = device
-        return tensors_to(self, device)
 
     def set_hot(self, groups: list[ReplicaGroup]) -> None:
         """Takes the hot rows of ``groups`` (same tables and widths; after an online profile)."""
@@ -206,10 +178,6 @@ class IdLayout:
             out.append((mine, slots.index_select(0, mine) - self.host_block_starts[index]))
         return out
 
-    def flatten(self, features: KeyedJaggedTensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(bag of every value, as position * batch + sample; its global id): :func:`flatten_batch`."""
-        return flatten_batch(features, self.position_base, "het_row_replicated")
-
     def hot_of(self, hot_at: torch.Tensor, hot_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per replica block: (indexes of the values it serves, their rows in the block), from the hot
         values' indexes and positions in ``hot_ids`` (:meth:`split`)."""
@@ -222,24 +190,12 @@ class IdLayout:
             out.append((hot_at.index_select(0, mine), hot_pos.index_select(0, mine) - self.hot_start[index]))
         return out
 
-    def group_part(self, group: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(the group's positions, its output columns; None when it is the only group)."""
-        start, end, first, last = self.group_spans[group]
-        return self.group_positions[start:end], None if len(self.group_sizes) == 1 else self.group_columns[first:last]
-
     def group_bags(self, bags: torch.Tensor, batch: int, group: int) -> torch.Tensor:
         """Bags (``position * batch + sample``) of ``group``'s positions as bags of its output part,
         sample by sample: ``sample * its positions + the position's index among them``."""
-        if len(self.group_sizes) == 1:
+        if self.single:
             return bags % batch * self.num_positions + bags // batch
         return bags % batch * self.group_sizes[group] + self.position_local.index_select(0, bags // batch)
-
-    def group_feature_bags(self, bags: torch.Tensor, batch: int, group: int) -> torch.Tensor:
-        """Bags (``position * batch + sample``) of ``group``'s positions as ``its position's index
-        among them * batch + sample`` (the order of its values)."""
-        if len(self.group_sizes) == 1:
-            return bags
-        return self.position_local.index_select(0, bags // batch) * batch + bags % batch
 
     def elements(self, rows: torch.Tensor, positions: torch.Tensor, row_width: int) -> torch.Tensor:
         """Flat indexes of the blocks (row, position) in a ``[*, width]`` matrix, for mixed widths."""
@@ -328,9 +284,7 @@ class ReplicaPlacement:
     def _id_layout(self) -> IdLayout:
         table_pos = {t.name: (gi, ti) for gi, g in enumerate(self.groups) for ti, t in enumerate(g.tables)}
         positions = [table_pos[name] for _, name in self.positions]
-        mean = [self.groups[g].tables[t].mean for g, t in positions]
-        dims = [d for d, _ in self.positions]
-        return IdLayout(self.groups, positions, dims, mean, self.world_size, self.rank, self.local_world_size)
+        return IdLayout(self.groups, positions, self.world_size, self.rank, self.local_world_size)
 
     def observe(self, ids: torch.Tensor, training: bool) -> None:
         """From the input dist: while the online profile runs, counts training batches' ids; after the
