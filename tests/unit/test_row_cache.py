@@ -86,7 +86,8 @@ def test_capacity_zero_caches_nothing() -> None:
     slots, dirty, evicted = cache.insert(_ids(1, 2), _rows(2), _ids(0, 0), step=0)
     assert slots.tolist() == [-1, -1] and len(dirty) == 0 and evicted.numel() == 0 and len(cache) == 0
     assert cache.slots_of(_ids(1, 2)).tolist() == [-1, -1] and len(cache.take_all()) == 0
-    assert cache.nbytes() == 10 * 4  # only the id -> slot map
+    assert cache.nbytes() == 0  # no slots, no id -> slot map
+    assert cache.held_versions(_ids(-1, -1)).tolist() == [-1, -1]
 
 
 def test_first_ids_get_the_slots_when_capacity_is_short() -> None:

@@ -75,7 +75,7 @@ class RowCache:
         self.frequency = torch.zeros(total, dtype=torch.int64, device=device)
         self.slot_ids = torch.full((total,), -1, dtype=torch.int64, device=device)
         map_dtype = torch.int32 if total <= torch.iinfo(torch.int32).max else torch.int64
-        self._slot_of = torch.full((num_rows,), -1, dtype=map_dtype, device=device)
+        self._slot_of = torch.full((num_rows if total else 0,), -1, dtype=map_dtype, device=device)  # no slots: no map
         self._protected = torch.zeros(total, dtype=torch.bool, device=device)
         self.eviction = EvictionOrder(policy, self.slot_starts, self.last_used, self.frequency)
 
@@ -118,6 +118,8 @@ class RowCache:
         """
         if check:
             self._check_ids(ids)
+        if not self.capacity:
+            return torch.full_like(ids, -1, dtype=torch.int64)
         return self._slot_of.index_select(0, ids).long()
 
     def held_versions(self, slots: torch.Tensor) -> torch.Tensor:
