@@ -48,3 +48,10 @@ def test_replica_syncs_sum_only_in_float_codecs() -> None:
     assert summing_dtype(bf16) == torch.bfloat16
     int8 = get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType.INT8, backward_precision=CommType.INT8))
     assert summing_dtype(int8) == torch.float32  # bytes cannot be summed as sent
+
+
+def test_a_codecs_cpu_is_measured_once_and_fp32_costs_none() -> None:
+    assert codecs_of(None, BAGS).forward.seconds_per_element() == 0.0
+    codec = _codecs("fp16").forward
+    first = codec.seconds_per_element()
+    assert 0 < first < 1e-6 and codec.seconds_per_element() == first  # kept for the process
