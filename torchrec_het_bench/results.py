@@ -21,6 +21,7 @@ import torch
 
 from torchrec_het_bench import configs as bench_configs
 from torchrec_het_bench import report, stage_profile, versus
+from torchrec_het_bench.allocator import steady_allocator_available
 from torchrec_het_bench.comm import EMBEDDING_PHASES, sum_totals
 from torchrec_het_bench.data import binary_auc
 from torchrec_het_bench.het_stats import summarize_cache
@@ -128,7 +129,8 @@ def provenance() -> dict[str, str]:
 def machine() -> dict:
     """The CPU model and count: the math libraries pick their code path by CPU, so float rounding, and
     through it a run's exact losses, may differ between machines (docs/measuring.md); and whether torch's
-    large buffers were backed by transparent huge pages (:data:`~torchrec_het_testing.warm_start.THP_ENV`)."""
+    large buffers were backed by transparent huge pages (:data:`~torchrec_het_testing.warm_start.THP_ENV`)
+    and whether the ranks' allocator thresholds were fixed (:mod:`~torchrec_het_bench.allocator`)."""
     cpu = platform.processor() or "unknown"
     try:
         names = [
@@ -140,7 +142,7 @@ def machine() -> dict:
     except OSError:
         pass
     thp = os.environ.get(warm_start.THP_ENV, "0") == "1"
-    return {"cpu": cpu, "cpus": os.cpu_count(), "huge_pages": thp}
+    return {"cpu": cpu, "cpus": os.cpu_count(), "huge_pages": thp, "steady_allocator": steady_allocator_available()}
 
 
 # The reference of ``convergence``: stock table_wise of the entry's workload.

@@ -45,6 +45,7 @@ from torchrec_het.integration.cpu_budget import CpuBudget, apply_budget, budget_
 from torchrec_het.replication.all_hot import AllHotBatches, read_here_of
 from torchrec_het_bench import configs as bench_configs
 from torchrec_het_bench import stage_profile
+from torchrec_het_bench.allocator import hold_allocator_steady
 from torchrec_het_bench.comm import CommAccountant, attach_ddp_hooks
 from torchrec_het_bench.comm.phases import replica_sync_as_backward
 from torchrec_het_bench.data import DataExhaustedError
@@ -181,10 +182,12 @@ def rank_budget(spec) -> CpuBudget:
 
 def apply_rank_budget(spec) -> CpuBudget:
     """Gives this rank the threads of :func:`rank_budget`, unless torchrun gave them (``spec.cpu``
-    then only records them: a real multi-host launch keeps torchrun's rule)."""
+    then only records them: a real multi-host launch keeps torchrun's rule), and a steady allocator
+    (:mod:`~torchrec_het_bench.allocator`)."""
     budget = rank_budget(spec)
     if not spec.cpu_from_torchrun:
         apply_budget(budget)
+    hold_allocator_steady()  # every entry's step timed under the same allocator thresholds
     return budget
 
 
