@@ -118,3 +118,12 @@ def test_lookahead_hides_the_fresh_partials_under_sparse_dist_only() -> None:
     assert 0 < share < 1
     hotter = _table("het_row_replicated", lookahead=True, hot=reads[:10], reads=reads * 10, sync_every=1)
     assert lookahead_fresh_share(hotter) < share
+
+
+def test_exact_caches_bring_no_versions_back() -> None:
+    reads = torch.full((1000,), 0.5, dtype=torch.float64)
+    hot = reads[:100]
+    exact = plan_bytes([_table("het_cached_row_wise", reads=reads, hot=hot)], CLUSTER)
+    bounded = plan_bytes([_table("het_cached_row_wise", reads=reads, hot=hot, s_read=1)], CLUSTER)
+    assert exact.collectives[0] == bounded.collectives[0] and exact.collectives[2] == bounded.collectives[2]
+    assert exact.collectives[1] == bounded.collectives[1] - 1  # the forward's versions all-to-all

@@ -349,7 +349,12 @@ def plan_bytes(tables: list[PlannedTable], cluster: Cluster, per_table: list[Pha
         total = total.add(phases)
     if cluster.world_size > 1:
         for kind in {t.sharding_type for t in tables}:
-            total.collectives = [a + b for a, b in zip(total.collectives, COLLECTIVES.get(kind, (1, 1, 1)))]
+            counts = COLLECTIVES.get(kind, (1, 1, 1))
+            if kind == HET_CACHED_ROW_WISE and all(
+                t.s_read == t.s_write == 0 for t in tables if t.sharding_type == kind
+            ):
+                counts = (counts[0], counts[1] - 1, counts[2])  # exact caches hold no rows: no versions come back
+            total.collectives = [a + b for a, b in zip(total.collectives, counts)]
             if kind in (HET_ROW_REPLICATED, HET_CACHED_ROW_WISE):  # the group's first collective
                 total.ids += counts_bytes(cluster.world_size)
     return total
