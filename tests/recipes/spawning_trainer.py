@@ -11,6 +11,7 @@ job (a ``spawn`` context's pool) computes a sum beside them.
 import multiprocessing
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -37,11 +38,11 @@ def rank_main(rank: int, port: int) -> None:
     (bag_sharder,) = [s for s in sharders if EmbeddingBagCollection in (s.module_type,)]
     planned = sorted({p.sharding_type for module in plan.plan.values() for p in module.values()})
     offered = sorted(bag_sharder.sharding_types("cpu"))
-    print(
+    line = (
         f"rank {rank} planner {type(planner).__name__} sharder {type(bag_sharder).__name__} "
-        f"offers {','.join(offered)} planned {','.join(planned)}",
-        flush=True,
+        f"offers {','.join(offered)} planned {','.join(planned)}\n"
     )
+    os.write(sys.stdout.fileno(), line.encode())  # one write: two ranks' lines never interleave
     dist.destroy_process_group()
 
 
