@@ -340,20 +340,15 @@ class RowCache:
         self.pending_delta.index_add_(0, slots, deltas.to(dtype))
 
     def write_through(
-        self,
-        slots: torch.Tensor,
-        grads: torch.Tensor,
-        deltas: torch.Tensor | None = None,
-        squares: torch.Tensor | None = None,
+        self, slots: torch.Tensor, grads: torch.Tensor, deltas: torch.Tensor, squares: torch.Tensor | None = None
     ) -> PendingRows:
         """:meth:`accumulate` then :meth:`take` of the same slots, for a cache that holds no update
         back (a write bound of 0, so nothing is ever pending): the local update ``deltas`` is applied
-        (None: the copies stay as fetched) and the gradients go out as they came, in ascending id order."""
+        and the gradients go out as they came, in ascending id order."""
         dtype = self.values.dtype
         if self.pending_squares.size(1) and squares is None:
             raise ValueError("this cache holds squares: write_through() needs them")
-        if deltas is not None:
-            self.values.index_add_(0, slots, deltas.to(dtype))
+        self.values.index_add_(0, slots, deltas.to(dtype))
         ids, order = torch.sort(self.slot_ids.index_select(0, slots))
         held = squares.to(dtype).index_select(0, order) if self.pending_squares.size(1) else None
         return PendingRows(ids, grads.to(dtype).index_select(0, order), torch.ones_like(ids), held)

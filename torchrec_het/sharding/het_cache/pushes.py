@@ -142,16 +142,13 @@ class HetPushes:
             slots = read.slots.index_select(0, cached)
             cached_grad = grad.index_select(0, read.remote.index_select(0, cached))
             tables = read.tables.index_select(0, read.remote.index_select(0, cached))
-            if g.settings.exact:  # no copy written here is read before the owner's newer one replaces it
-                due = g.cache.write_through(slots, cached_grad)
+            squares = _tbe.squares_of(g.held_kind, cached_grad) if g.held_kind is not None else None
+            deltas = self.local_step(g, slots, cached_grad, tables)  # none under exact bounds: nothing is cached
+            if g.settings.s_write == 0:  # every update goes out now (read.due is every cached row)
+                due = g.cache.write_through(slots, cached_grad, deltas, squares)
             else:
-                squares = _tbe.squares_of(g.held_kind, cached_grad) if g.held_kind is not None else None
-                deltas = self.local_step(g, slots, cached_grad, tables)
-                if g.settings.s_write == 0:  # every update goes out now (read.due is every cached row)
-                    due = g.cache.write_through(slots, cached_grad, deltas, squares)
-                else:
-                    g.cache.accumulate(slots, cached_grad, deltas, squares)
-                    due = g.cache.take_due(g.settings.s_write, slots) if self.batches_ahead else g.cache.take(read.due)
+                g.cache.accumulate(slots, cached_grad, deltas, squares)
+                due = g.cache.take_due(g.settings.s_write, slots) if self.batches_ahead else g.cache.take(read.due)
             if self.batches_ahead:  # dirty rows evicted by any batch since the last push go too
                 read.outbox, self.outbox[index] = self.outbox[index], []
                 g.pins.index_add_(0, read.pinned, torch.full_like(read.pinned, -1, dtype=g.pins.dtype))
