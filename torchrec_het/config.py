@@ -49,7 +49,7 @@ class CacheSettings:
     @property
     def exact(self) -> bool:
         """Both bounds 0: every read sees every update, so a copy this rank wrote is fetched again
-        before it is read (the cache takes no local step and keeps no optimizer state)."""
+        before it is read (such a cache holds no rows)."""
         return self.s_read == 0 and self.s_write == 0
 
     def capacity_rows(self, num_rows: int) -> int:

@@ -60,7 +60,7 @@ class HetPushes:
         for g in groups:
             found = {_tbe.optimizer_kind(kernels[m].emb_module) for m in g.modules}
             kind = found.pop() if len(found) == 1 else None
-            if kind in ("adagrad", "rowwise_adagrad") and not g.settings.exact:  # for its local steps
+            if kind in ("adagrad", "rowwise_adagrad") and g.cache.capacity:  # for its copies' local steps
                 eps = torch.tensor([_tbe.optimizer_eps(kernels[t.module_index].emb_module) for t in g.tables])
                 g.keep_optimizer_state(kind, eps)
         self.widths = torch.tensor([self.width(g) for g in groups], dtype=torch.int64, device=device)  # per group
@@ -143,7 +143,7 @@ class HetPushes:
             cached_grad = grad.index_select(0, read.remote.index_select(0, cached))
             tables = read.tables.index_select(0, read.remote.index_select(0, cached))
             squares = _tbe.squares_of(g.held_kind, cached_grad) if g.held_kind is not None else None
-            deltas = self.local_step(g, slots, cached_grad, tables)  # none under exact bounds: nothing is cached
+            deltas = self.local_step(g, slots, cached_grad, tables)  # none where the cache has no slots
             if g.settings.s_write == 0:  # every update goes out now (read.due is every cached row)
                 due = g.cache.write_through(slots, cached_grad, deltas, squares)
             else:
