@@ -38,6 +38,9 @@ class ReplicaOptions:
         lookahead: bags: while a step runs, owners send the next batch's partial sums of rows that
             step's update leaves alone, and at the next lookup only the others
             (:mod:`~torchrec_het.sharding.row_replicated.lookahead`); exact.
+        cold_rows: bags: the table's cold ids fetch their rows, each distinct row once a step, and
+            the reader pools them (the cached tier's exact form) instead of their owners sending
+            partial sums; cheaper where a step reads few distinct rows many times.
     """
 
     replica_sync_every: int = 1
@@ -49,6 +52,7 @@ class ReplicaOptions:
     online_profile_steps: int = 0
     online_max_hot_fraction: float = 0.5
     lookahead: bool = False
+    cold_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.lookahead and self.online_profile_steps > 0 and self.replicated_rows is None:
@@ -148,7 +152,8 @@ def describe(options: PlanOptions | None) -> str:
         tiers = "hot=online" if options.counted_online else "hot=unnamed"
     profile = f" profile={options.profile}" if options.profile else ""
     skip = " skip_all_hot" if options.skip_all_hot else ""
-    return f"sync_every={options.replica_sync_every}{skip} {tiers}{profile}"
+    cold = " cold=rows" if options.cold_rows else ""
+    return f"sync_every={options.replica_sync_every}{skip} {tiers}{profile}{cold}"
 
 
 class HetEmbeddingModuleShardingPlan(EmbeddingModuleShardingPlan):

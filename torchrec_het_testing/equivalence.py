@@ -255,15 +255,18 @@ def read_every_row(model: torch.nn.Module, case: EquivalenceCase, device) -> tor
 def remote_rows_read(
     model: DistributedModelParallel, case: EquivalenceCase, batches: list[ModelBatch]
 ) -> dict[str, int]:
-    """Per sharded module of sequence tables: distinct (table, row) pairs of this rank's batches
-    that another rank owns (under the plan), summed over the steps: what fetching each remote
-    row once per step moves."""
+    """Per sharded module of sequence tables (and of bag tables whose cold ids fetch rows,
+    ``cold_rows``): distinct (table, row) pairs of this rank's batches that another rank owns (under
+    the plan), summed over the steps: what fetching each remote row once per step moves."""
     rank, out = dist.get_rank(), {}
-    for module, configs in TABLE_SETS[case.tables].sequence_modules().items():
-        path = f"ecs.{module}"
+    tables = TABLE_SETS[case.tables]
+    modules = {f"ecs.{module}": configs for module, configs in tables.sequence_modules().items()}
+    if getattr(case.settings, "cold_rows", False):
+        modules.update(tables.bag_modules())
+    for path, configs in modules.items():
         count = 0
         for b in batches:
-            features = b.features.to_dict()
+            features = (b.weighted if path == "wbc" else b.features).to_dict()
             for config in configs:
                 shards = model.plan.plan[path][config.name].sharding_spec.shards
                 ids = torch.unique(torch.cat([features[f].values() for f in config.feature_names]))

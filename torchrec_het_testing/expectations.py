@@ -52,7 +52,7 @@ def _replication(case: EquivalenceCase, rank: int, r: dict) -> list[str]:
             problems.append(f"{where}: replica syncs without hot rows")
         # sequence tables under hybrid k: the counters of the last k steps' syncs are not counted by the
         # end of training (measured: 3 of 5 at k = 2); bag tables count every step's
-        sequences = "rows_fetched" in counters
+        sequences = module.startswith("ecs.")
         lag = int(case.pipeline.removeprefix("hybrid_k")) if sequences and case.pipeline.startswith("hybrid_k") else 0
         if hot and not syncs >= case.steps - lag:
             problems.append(f"{where}: hot rows not synced every step")
@@ -71,7 +71,7 @@ def _replication(case: EquivalenceCase, rank: int, r: dict) -> list[str]:
                 problems.append(f"{where}: lookahead sent {early} partials early and {late} late")
             if case.tables != "bags_one_width" and "lookahead_early" in counters:
                 problems.append(f"{where}: lookahead ran where the owner's kernels pool (several widths)")
-        if "rows_fetched" in counters:  # sequences: each distinct remote row crosses once per step
+        if "rows_fetched" in counters:  # sequences, cold_rows bags: each distinct remote row crosses once a step
             remote = r["remote_rows"][module]
             if hot or settings.online_profile_steps:
                 if counters["rows_fetched"] > remote:

@@ -40,6 +40,10 @@ class TableSet:
     def tables(self) -> list:
         return [*self.bags, *self.weighted, *self.sequences]
 
+    def bag_modules(self) -> dict[str, list[EmbeddingBagConfig]]:
+        """``ebc`` and ``wbc`` -> their tables (the modules this set has)."""
+        return {name: list(tables) for name, tables in (("ebc", self.bags), ("wbc", self.weighted)) if tables}
+
     def sequence_modules(self) -> dict[str, list[EmbeddingConfig]]:
         """``ec<dim>`` -> its tables (an EmbeddingCollection holds tables of one width)."""
         out: dict[str, list[EmbeddingConfig]] = {}

@@ -43,6 +43,7 @@ class ReplicaSettings:
             the planner's rule on its topology (``get_het_sharders(profile=..., topology=...)``);
             ``hot``, ``per_host`` and ``stride`` are not used.
         lookahead: owners send the next batch's partial sums early (bags).
+        cold_rows: bags: every table's cold ids fetch their rows, pooled by the reader.
     """
 
     hot: int = 8
@@ -53,6 +54,7 @@ class ReplicaSettings:
     skip_all_hot: bool = True
     from_profile: bool = False
     lookahead: bool = False
+    cold_rows: bool = False
 
 
 def describe(settings: CacheSettings | ReplicaSettings | None) -> str:
@@ -71,6 +73,7 @@ def describe(settings: CacheSettings | ReplicaSettings | None) -> str:
         name += f"_stride{settings.stride}" if settings.stride != 1 else ""
     name += f"_sync{settings.sync_every}" if settings.sync_every != 1 else ""
     name += "" if settings.skip_all_hot else "_no_skip"
+    name += "_cold_rows" if settings.cold_rows else ""
     return name + ("_lookahead" if settings.lookahead else "")
 
 
@@ -113,6 +116,7 @@ def replication_config(
         skip_all_hot=settings.skip_all_hot,
         online_profile_steps=settings.online_profile_steps,
         lookahead=settings.lookahead,
+        cold_rows=frozenset(c.name for c in tables) if settings.cold_rows else frozenset(),
     )
 
 

@@ -82,7 +82,23 @@ def _cases(world_size: int) -> list[EquivalenceCase]:
     out.append(EquivalenceCase("bags", REP, no_skip, "rowwise_adagrad", hot_only=True, **ws))
     out.append(EquivalenceCase("sequences", REP, ReplicaSettings(hot=6, per_host=2, stride=3), "rowwise_adagrad",
                                stock_tables=("s2",), **ws))  # fmt: skip
-    return out + lookahead_cases(world_size)
+    return out + lookahead_cases(world_size) + cold_rows_cases(world_size)
+
+
+def cold_rows_cases(world_size: int) -> list[EquivalenceCase]:
+    """Cold ids that fetch their rows (``cold_rows``: each distinct row once, pooled by the reader)
+    beside replicated and per-host rows, every fused optimizer, mixed and one width, mean pooling,
+    TorchRec's pipeline and lookahead."""
+    ws = {"world_size": world_size}
+    rows, per_host = ReplicaSettings(hot=8, cold_rows=True), ReplicaSettings(hot=4, per_host=3, cold_rows=True)
+    out = [EquivalenceCase("bags", REP, rows, optimizer, **ws) for optimizer in ALL_OPTIMIZERS]
+    out.append(EquivalenceCase("bags", REP, ReplicaSettings(hot=0, cold_rows=True), "sgd", "sparse_dist", **ws))
+    out.append(EquivalenceCase("bags", REP, per_host, "rowwise_adagrad", world_size=world_size, local_world_size=1))
+    out.append(EquivalenceCase("bags_one_width", REP, rows, "adagrad", **ws))
+    lookahead = ReplicaSettings(hot=8, lookahead=True, cold_rows=True)
+    out.append(EquivalenceCase("bags_one_width", REP, lookahead, "rowwise_adagrad", "sparse_dist", **ws))
+    out.append(EquivalenceCase("torchrec_mean", REP, ReplicaSettings(hot=3, cold_rows=True), "sgd", steps=3, **ws))
+    return out
 
 
 def lookahead_cases(world_size: int) -> list[EquivalenceCase]:

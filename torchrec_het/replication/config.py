@@ -59,6 +59,9 @@ class ReplicationConfig:
         lookahead: bags under TorchRec's ``TrainPipelineSparseDist``: while step i runs, owners send
             batch i + 1's partial sums of the rows step i's update leaves alone; at batch i + 1's
             lookup only the others travel. Exact; needs hot rows known when planning.
+        cold_rows: bags: the tables (names) whose cold ids fetch their rows, each distinct row once a
+            step, pooled by the reader, instead of their owners' partial sums (the cached tier's
+            exact form; ``ReplicaOptions.cold_rows``). Exact.
     """
 
     tiers: object | None = None
@@ -68,8 +71,10 @@ class ReplicationConfig:
     online_profile_steps: int = 0
     online_max_hot_fraction: float = 0.5
     lookahead: bool = False
+    cold_rows: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "cold_rows", frozenset(self.cold_rows))
         if self.lookahead and self.online_profile_steps > 0:
             raise ValueError(
                 "lookahead needs the hot rows known when planning (tiers or a profile), not counted online "
@@ -111,4 +116,5 @@ class ReplicationConfig:
         return ReplicaOptions(
             self.replica_sync_every, self.skip_all_hot, self.local_world_size, sizes[0], sizes[1],
             fingerprint, self.online_profile_steps, self.online_max_hot_fraction, self.lookahead,
+            table in self.cold_rows,
         )  # fmt: skip

@@ -32,6 +32,18 @@ class HotValues:
 
 
 @dataclass
+class FetchedRows:
+    """Reader: the cold values of ``cold_rows`` tables, whose rows come from their owners (each
+    distinct one once) and are pooled here, at the output dist."""
+
+    bags: torch.Tensor  # bag (position * batch + sample) of each such value
+    entry_of: torch.Tensor  # the row entry it reads, among the entries sent (by owner, then id)
+    weights: torch.Tensor | None  # its weight (weighted tables)
+    position: torch.Tensor  # [entries] a position of each entry's table
+    wire_at: torch.Tensor  # [bag entries + row entries]: where each entry (bag entries first) is in the exchange
+
+
+@dataclass
 class ReplicatedBagBatch:
     """One batch's bookkeeping, from the input dist to the output dist."""
 
@@ -39,11 +51,14 @@ class ReplicatedBagBatch:
     hot_version: int  # the layout's hot rows this batch was routed with
     lengths: torch.Tensor  # [F * B] reader's bag lengths (mean pooling)
     hot: list[HotValues]  # per block: the reader's hot values
-    sent_entries: torch.Tensor  # reader: distinct (dest, position, sample) keys of cold values sent
+    sent_entries: torch.Tensor  # reader: distinct (dest, position, sample) keys of the bags sent
+    sent_dest: torch.Tensor  # reader: the owner of every entry sent (bags and rows), in the exchange's order
+    sent_position: torch.Tensor  # reader: its position (a row's: one of its table's), in that order
+    fetched: FetchedRows | None = None  # reader: the values whose rows it fetches (``cold_rows`` tables)
     send_splits: list[int] = field(default_factory=list)
     recv_splits: list[int] = field(default_factory=list)
     local_only: bool = False
-    served_entries: torch.Tensor | None = None  # owner: (source, position, sample) of bags received
+    served_source: torch.Tensor | None = None  # owner: the source of every entry received (a bag or a row)
     received: OwnerValues | None = None  # owner: the values received for its kernels' rows, in arrival order
     partial_at: tuple | None = None  # owner: (row, position, rows) of each partial in the kernels' compact output
     host_values: tuple | None = None  # holder: (block slots, element start of their partial, weights) of per-host ids

@@ -17,7 +17,12 @@ from torchrec_het.sharding.common.context import HetShardingContext
 from torchrec_het.sharding.common.exchange import Exchange, GatheredCounts, start_exchange
 from torchrec_het.sharding.common.id_space import bag_divisors, sample_major
 from torchrec_het.sharding.common.output_layout import OutputPlan, Part, Source, gradient_scale, output_layout
-from torchrec_het.sharding.row_replicated.batch import HotValues, ReplicatedBagBatch, ReplicatedSequenceBatch
+from torchrec_het.sharding.row_replicated.batch import (
+    FetchedRows,
+    HotValues,
+    ReplicatedBagBatch,
+    ReplicatedSequenceBatch,
+)
 from torchrec_het.sharding.row_replicated.lookahead import arrived_partials, late_partials
 from torchrec_het.sharding.row_replicated.owner import OwnerValues
 from torchrec_het.sharding.row_replicated.placement import IdLayout, ReplicaPlacement
@@ -117,15 +122,64 @@ class ColdIdsDist(_ReplicaIdsDist):
             hot.append(HotValues.of(slots, rows, group_bags, None if weights is None else weights.index_select(0, mine),
                                     by_bag, offsets))  # fmt: skip
         dest, by_dest = torch.sort(dest, stable=True)  # by destination, each one's in bag order
-        cold = cold.index_select(0, by_dest)
+        cold, row = cold.index_select(0, by_dest), row.index_select(0, by_dest)
         cold_bags = bags.index_select(0, cold)
-        columns = [cold_bags.to(torch.int32), row.index_select(0, by_dest).to(torch.int32)]
+        cold_weights = None if weights is None else weights.index_select(0, cold).float()
+        fetch = None
+        if layout.fetches_rows:  # the rows of ``cold_rows`` tables are fetched: those values leave the bags
+            fetch = self._row_entries(ids.index_select(0, cold), cold_bags, dest, row, cold_weights, batch)
+            keep = fetch[0]
+            dest, cold_bags, row = (
+                dest.index_select(0, keep),
+                cold_bags.index_select(0, keep),
+                row.index_select(0, keep),
+            )
+            cold_weights = None if weights is None else cold_weights.index_select(0, keep)
+        columns = [cold_bags.to(torch.int32), row.to(torch.int32)]
         if weights is not None:
-            columns.append(weights.index_select(0, cold).float().view(torch.int32))
+            columns.append(cold_weights.view(torch.int32))
+        payload = torch.stack(columns, 1)
         num_bags = batch * layout.num_positions
         sent = torch.unique_consecutive(dest * num_bags + cold_bags)  # never decreasing: no sort
-        step = ReplicatedBagBatch(batch, layout.hot_version, sparse_features.lengths().long(), hot, sent)
-        return _CountsGathered(self, step, torch.stack(columns, 1), len(columns), GatheredCounts(dest, batch, self.pg))
+        sent_dest, sent_position = sent // num_bags, sent % num_bags // batch
+        fetched = None
+        if fetch is not None:  # each owner's segment: its bags' values, then the rows asked of it
+            _, entry_payload, entry_dest, fetched = fetch
+            payload, dest = _by_owner([payload, entry_payload], [dest, entry_dest])
+            wire = torch.sort(torch.cat([sent_dest * 2, entry_dest * 2 + 1]), stable=True).indices
+            fetched.wire_at = torch.empty_like(wire).index_copy_(
+                0, wire, torch.arange(wire.numel(), device=wire.device)
+            )
+            sent_dest = torch.cat([sent_dest, entry_dest]).index_select(0, wire)
+            sent_position = torch.cat([sent_position, fetched.position]).index_select(0, wire)
+        step = ReplicatedBagBatch(
+            batch, layout.hot_version, sparse_features.lengths().long(), hot, sent, sent_dest, sent_position, fetched
+        )
+        return _CountsGathered(self, step, payload, len(columns), GatheredCounts(dest, batch, self.pg))
+
+    def _row_entries(self, ids, cold_bags, dest, row, weights, batch: int):
+        """The cold values of ``cold_rows`` tables (not per-host ones) as row entries: each distinct
+        (owner, id) asked once, as ``(-1 - position, row[, weight 1])``. Returns (indexes of the values
+        that stay bags, the entries' payload, their owners, :class:`FetchedRows`)."""
+        layout = self.layout
+        fetch = layout.cold_rows.index_select(0, cold_bags // batch) & (row >= 0)
+        keep, take = (~fetch).nonzero().flatten(), fetch.nonzero().flatten()
+        need, entry_of = torch.unique(dest.index_select(0, take) * layout.total_rows + ids.index_select(0, take),
+                                      return_inverse=True)  # fmt: skip
+        first = take.index_select(0, torch.empty_like(need).scatter_(0, entry_of, torch.arange(take.numel(),
+                                                                                   device=take.device)))  # fmt: skip
+        position = cold_bags.index_select(0, first) // batch
+        columns = [(-1 - position).to(torch.int32), row.index_select(0, first).to(torch.int32)]
+        if weights is not None:  # the owner sends the row itself: the reader weighs each read
+            columns.append(torch.ones(need.numel(), device=need.device).view(torch.int32))
+        fetched = FetchedRows(
+            cold_bags.index_select(0, take), entry_of, None if weights is None else weights.index_select(0, take),
+            position, wire_at=None,
+        )  # fmt: skip
+        owners = need // layout.total_rows
+        if self.placement.training:  # counted without a host sync (read as a number by ``stats_by_table``)
+            self.placement.stats["rows_fetched"] += (owners != self.rank).sum()
+        return keep, torch.stack(columns, 1), owners, fetched
 
     def owner_features(self, step: ReplicatedBagBatch, received: torch.Tensor) -> KeyedJaggedTensor:
         """The (bag, row) pairs received, for the owner's lookup, in ``step.received`` (arrival order: the
@@ -137,11 +191,19 @@ class ColdIdsDist(_ReplicaIdsDist):
         source = torch.repeat_interleave(torch.arange(ws, device=device), torch.tensor(step.recv_splits, device=device))
         # ids arrive by source, each source's in bag order: (source, position, sample) never decreases,
         # so the entries (bags sent) are runs, already in the order the readers expect their partials
-        entries, entry_of = torch.unique_consecutive(
-            source * (positions * batch) + received[:, 0].long(), return_inverse=True
-        )
-        step.served_entries = entries
-        entry_position = entries % (positions * batch) // batch
+        code, bags = received[:, 0].long(), positions * batch
+        key = source * bags + code
+        if not self.layout.fetches_rows:
+            entries, entry_of = torch.unique_consecutive(key, return_inverse=True)
+            step.served_source, entry_position = entries // bags, entries % bags // batch
+        else:  # a row entry (code ``-1 - position``) is an entry of its own
+            row_entry = code < 0
+            new = torch.ones_like(row_entry)
+            new[1:] = (key[1:] != key[:-1]) | row_entry[1:] | row_entry[:-1]
+            entry_of = torch.cumsum(new, 0) - 1
+            first = new.nonzero().flatten()
+            step.served_source, code = source.index_select(0, first), code.index_select(0, first)
+            entry_position = torch.where(code < 0, -1 - code, code % bags // batch)
         rows = received[:, 1].long()
         weights = received[:, 2].view(torch.float32) if received.size(1) > 2 else None
         if self.layout.host_ids.numel():  # this rank holds per-host rows: those values are pooled from its blocks
@@ -165,6 +227,13 @@ class ColdIdsDist(_ReplicaIdsDist):
             keys=self.feature_names, values=empty, lengths=torch.zeros(len(self.feature_names), dtype=torch.int32,
                                                                        device=device), stride=1
         )  # fmt: skip
+
+
+def _by_owner(payloads: list[torch.Tensor], dests: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The payloads' rows (each already by owner) merged by owner, the earlier payload's first; and their owners."""
+    dest = torch.cat(dests)
+    order = torch.sort(torch.cat([d * len(dests) + i for i, d in enumerate(dests)]), stable=True).indices
+    return torch.cat(payloads).index_select(0, order), dest.index_select(0, order)
 
 
 class _Bags(Awaitable[torch.Tensor]):
@@ -209,14 +278,13 @@ class PartialSumsDist(_ReplicaOutputDist):
         if early is not None:  # sent before the owner's rows were reloaded: void, all travel now
             early.exchange.wait()
             early.flags_work.wait()
-        ws, bags = self.world_size, step.batch * layout.num_positions
-        served_source, sent_dest = step.served_entries // bags, step.sent_entries // bags
+        ws, served_source, sent_dest = self.world_size, step.served_source, step.sent_dest
         if layout.uniform_dim is not None:
             splits = torch.cat([torch.bincount(served_source, minlength=ws), torch.bincount(sent_dest, minlength=ws)])
             splits = splits * layout.uniform_dim
         else:  # elements: each entry is as wide as its position's table
-            served_width = layout.dims[(step.served_entries % bags) // step.batch].double()
-            sent_width = layout.dims[(step.sent_entries % bags) // step.batch].double()
+            served_width = layout.dims.index_select(0, step.received.entry_position).double()
+            sent_width = layout.dims.index_select(0, step.sent_position).double()
             splits = torch.cat(
                 [
                     torch.bincount(served_source, served_width, minlength=ws),
@@ -238,36 +306,69 @@ class PartialSumsDist(_ReplicaOutputDist):
         the hot rows from the replica block (their gradients go to it) plus the partials received
         (theirs go back to the owners), mean applied, gradients scaled as TorchRec's row-wise
         backward scales them."""
-        layout, batch = self.layout, step.batch
+        layout, batch, fetched = self.layout, step.batch, step.fetched
         entries = step.sent_entries % (layout.num_positions * batch)  # position * batch + sample of each partial
         scale = gradient_scale(self.world_size)
         lengths = step.lengths.view(layout.num_positions, batch)
         one_width = layout.uniform_dim is not None
+        # where each entry sent starts among the elements received: bags first, then rows fetched
+        widths = layout.dims.index_select(0, step.sent_position)
+        starts = torch.cumsum(widths, 0) - widths
+        bag_starts, row_starts = starts, None
+        if fetched is not None:
+            split = entries.numel()
+            bag_starts = starts.index_select(0, fetched.wire_at[:split])
+            row_starts = starts.index_select(0, fetched.wire_at[split:])
+            row_group = layout.position_group.index_select(0, fetched.position)
         if not one_width:  # the partials of every width, one after the other
-            position = entries // batch
-            group = layout.position_group.index_select(0, position)
-            widths = layout.dims.index_select(0, position)
-            starts = torch.cumsum(widths, 0) - widths
+            group = layout.position_group.index_select(0, entries // batch)
         parts = []
         for index, read in enumerate(step.hot_read):
             block = read.block
             at, columns = layout.group_part(index)
-            if one_width:
+            if one_width and fetched is None:
                 mine, partials = entries, received.view(-1, block.dim)
             else:
-                chosen = (group == index).nonzero().flatten()
-                mine = entries.index_select(0, chosen)
-                elements = starts.index_select(0, chosen).unsqueeze(1) + torch.arange(block.dim, device=received.device)
-                partials = received.index_select(0, elements.view(-1)).view(-1, block.dim)
+                chosen = None if one_width else (group == index).nonzero().flatten()
+                mine = entries if one_width else entries.index_select(0, chosen)
+                partials = _rows_at(
+                    received, bag_starts if one_width else bag_starts.index_select(0, chosen), block.dim
+                )
             sources = [
                 Source(read.pooled, None, sink=read.add_grads),  # pooled at the lookup
                 Source(partials, layout.group_bags(mine, batch, index)),
             ]
+            if fetched is not None:  # the rows fetched, pooled here (their gradients go back to their owners)
+                sources.append(
+                    _fetched_source(layout, fetched, received, row_starts, row_group, index, batch, block.dim)
+                )
             divisors = None
             if layout.has_mean:
                 divisors = bag_divisors(lengths.index_select(0, at), layout.mean.index_select(0, at)).t().reshape(-1, 1)
             parts.append(Part(sources, batch * at.numel(), block.dim, divisors, columns))
         return output_layout(OutputPlan(parts, (batch, layout.width), scale), step.anchor)
+
+
+def _rows_at(received: torch.Tensor, starts: torch.Tensor, dim: int) -> torch.Tensor:
+    """``[len(starts), dim]``: the rows of ``dim`` elements at ``starts`` of the flat ``received``."""
+    elements = starts.unsqueeze(1) + torch.arange(dim, device=received.device)
+    return received.index_select(0, elements.view(-1)).view(-1, dim)
+
+
+def _fetched_source(layout, fetched: FetchedRows, received, row_starts, row_group, group: int, batch: int, dim: int):
+    """The rows fetched of ``group``'s tables, as a source of its part: each value reads its entry's row."""
+    if len(layout.groups) == 1:
+        return Source(_rows_at(received, row_starts, dim), layout.group_bags(fetched.bags, batch, group),
+                      fetched.entry_of, fetched.weights)  # fmt: skip
+    chosen = (row_group == group).nonzero().flatten()
+    local = torch.full_like(row_group, -1).index_copy_(0, chosen, torch.arange(chosen.numel(), device=chosen.device))
+    values = (row_group.index_select(0, fetched.entry_of) == group).nonzero().flatten()
+    return Source(
+        _rows_at(received, row_starts.index_select(0, chosen), dim),
+        layout.group_bags(fetched.bags.index_select(0, values), batch, group),
+        local.index_select(0, fetched.entry_of.index_select(0, values)),
+        None if fetched.weights is None else fetched.weights.index_select(0, values),
+    )
 
 
 class SequenceIdsDist(_ReplicaIdsDist):

@@ -69,10 +69,9 @@ class EarlyPartials:
 
 
 def start_early_partials(
-    step: ReplicatedBagBatch, owner: DirectOwner, positions: int, pg, codecs, training: bool
+    step: ReplicatedBagBatch, owner: DirectOwner, pg, codecs, training: bool
 ) -> EarlyPartials | None:
-    """At batch ``step``'s arrival on its owners (every rank calls it, in the same order; ``positions``:
-    the sharding's features, times the batch the bags of one rank): plans the owner's batch
+    """At batch ``step``'s arrival on its owners (every rank calls it, in the same order): plans the owner's batch
     (``step.owner``), registers it to step when ``training``, and, unless no rank sends to another,
     sends every entry's partial sum pooled now, with a flag per entry saying which the owner will
     pool again at the lookup (those with a row an earlier batch still steps). None: nothing sent
@@ -87,8 +86,7 @@ def start_early_partials(
     if step.host_entries is not None:  # pooled from this holder's per-host blocks at the lookup
         stale[step.host_entries] = True
     ws, dim = dist.get_world_size(pg), owner.dim
-    bags = positions * step.batch
-    served_source, sent_dest = step.served_entries // bags, step.sent_entries // bags
+    served_source, sent_dest = step.served_source, step.sent_dest
     counts = torch.cat([
         torch.bincount(served_source, minlength=ws),
         torch.bincount(served_source[stale], minlength=ws),

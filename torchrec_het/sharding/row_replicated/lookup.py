@@ -69,6 +69,8 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
         )
         self._hold_replicas(placement, pg, device, pooled=True)
         self._feature_names_of_kernels = feature_names
+        if placement.layout.fetches_rows:
+            self.replicas.stats["rows_fetched"] = torch.zeros((), dtype=torch.int64, device=placement.device)
         if placement.settings.lookahead:
             self._look_ahead(placement)
 
@@ -112,10 +114,9 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
                 stacklevel=3,
             )
             return
-        positions = placement.layout.num_positions
         self.replicas.stats.update(lookahead_early=0, lookahead_late=0, lookahead_void=0)
         placement.early_partials = lambda step: start_early_partials(
-            step, owner, positions, placement.exchange_pg, placement.codecs, placement.training
+            step, owner, placement.exchange_pg, placement.codecs, placement.training
         )
 
     def _kernel_partials(self, step: ReplicatedBagBatch) -> torch.Tensor:

@@ -72,9 +72,12 @@ class IdLayout(FeatureLayout):
 
     def __init__(
         self, groups: list[ReplicaGroup], positions: list[tuple[int, int]], world_size: int, rank: int = 0,
-        local_world_size: int | None = None,
+        local_world_size: int | None = None, cold_rows: list[bool] | None = None,
     ) -> None:  # fmt: skip
         super().__init__(groups, positions, end_to_end=True)
+        # per position: its table's cold ids fetch rows (the reader pools them) rather than partial sums
+        self.cold_rows = torch.tensor(cold_rows or [False] * len(positions), dtype=torch.bool)
+        self.fetches_rows = bool(self.cold_rows.any())
         self.world_size, self.local_world_size = world_size, local_world_size or world_size
         self.host_first = rank - rank % self.local_world_size  # the first rank of this rank's host
         widths = set(self.dims.tolist())
@@ -222,6 +225,7 @@ class ReplicaPlacement:
             sharder's ``qcomm_codecs_registry``; None: fp32).
         sync_dtype: the dtype the replica syncs sum gradients in
             (:func:`~torchrec_het.sharding.common.wire_codec.summing_dtype`).
+        cold_rows: bags: the tables whose cold ids fetch their rows (``ReplicaOptions.cold_rows``).
 
     Attributes:
         settings: the plan options the tables share.
@@ -236,13 +240,16 @@ class ReplicaPlacement:
         training: the sharded module's mode when its input dist last ran.
         early_partials: lookahead (bags): what the input dist calls with a batch that has reached its
             owners, set by the lookup that owns the rows (None: off); returns the partials sent early.
+        stats: the lookup's counters, which the dists add to (``rows_fetched``: distinct remote rows
+            fetched, of ``cold_rows`` tables and sequences).
     """
 
     def __init__(
         self, grouped_configs, pg, settings: ReplicaOptions, hot_rows: dict[str, tuple], shards_by_table,
         device=None, codecs: WireCodecs | None = None, sync_dtype: torch.dtype = torch.float32,
+        cold_rows: set[str] = frozenset(),
     ) -> None:  # fmt: skip
-        self.settings, self._pg = settings, pg
+        self.settings, self._pg, self.cold_rows = settings, pg, set(cold_rows)
         self.rank, self.world_size = dist.get_rank(pg), dist.get_world_size(pg)
         self.local_world_size = settings.ranks_per_host(self.world_size)
         self.device = device if device is not None else torch.device("cpu")
@@ -268,6 +275,7 @@ class ReplicaPlacement:
         self.online_hot_rows = 0
         self.training = True  # the sharded module's mode at the last input dist (set by it)
         self.early_partials = None  # lookahead: set by the bag lookup that owns the rows
+        self.stats: dict[str, int] = {}  # the lookup's counters (its replica holder's), counted by every stage
 
     @property
     def hosts(self) -> int:
@@ -284,7 +292,8 @@ class ReplicaPlacement:
     def _id_layout(self) -> IdLayout:
         table_pos = {t.name: (gi, ti) for gi, g in enumerate(self.groups) for ti, t in enumerate(g.tables)}
         positions = [table_pos[name] for _, name in self.positions]
-        return IdLayout(self.groups, positions, self.world_size, self.rank, self.local_world_size)
+        rows = [name in self.cold_rows for _, name in self.positions]
+        return IdLayout(self.groups, positions, self.world_size, self.rank, self.local_world_size, rows)
 
     def observe(self, ids: torch.Tensor, training: bool) -> None:
         """From the input dist: while the online profile runs, counts training batches' ids; after the

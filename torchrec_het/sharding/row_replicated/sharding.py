@@ -51,7 +51,11 @@ class RowReplicatedStages(StagedSharding):
         naming them when they differ) and the hot row ids of those tables (none when counted online)."""
         settings = shared_options(options_by_table)
         named = {} if settings.counted_online or hot_rows is None else hot_rows
-        return {"settings": settings, "hot_rows": {name: named[name] for name in options_by_table if name in named}}
+        return {
+            "settings": settings,
+            "hot_rows": {name: named[name] for name in options_by_table if name in named},
+            "cold_rows": {name for name, options in options_by_table.items() if options.cold_rows},
+        }
 
     _placement: ReplicaPlacement | None = None
 
@@ -68,6 +72,7 @@ class RowReplicatedStages(StagedSharding):
                 arguments["device"],
                 codecs_of(self.qcomm_codecs_registry, self.comm_op),
                 summing_dtype(self.qcomm_codecs_registry),
+                self._config["cold_rows"] if self.comm_op == BAGS else set(),
             )
         return self._placement
 
