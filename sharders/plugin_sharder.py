@@ -99,6 +99,11 @@ class PluginSharder:
             return replication.table_options(table, world_size)
         raise ValueError(f"table {table!r}: {sharding_type!r} is not a plugin sharding type")
 
+    def planner_chooses_cold_rows(self, module: nn.Module) -> bool:
+        """Whether the planner chooses, per ``het_row_replicated`` table of ``module``, partial sums or
+        fetched rows for its cold ids (``ReplicationConfig.cold_rows`` None)."""
+        return self.settings_for(module)[1].cold_rows is None
+
     def with_table_options(
         self, module: nn.Module, params: dict[str, ParameterSharding], world_size: int
     ) -> dict[str, ParameterSharding]:

@@ -22,7 +22,7 @@ from torchrec_het.planner.compute_costs import (
     VERSION,
     load_compute_costs,
 )
-from torchrec_het.types import HET_CACHED_ROW_WISE
+from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED
 
 REFERENCE = "table_wise"  # the stock type the figures are measured against
 
@@ -32,6 +32,8 @@ def setting_class(sharding_type: str, params: dict) -> str:
     if sharding_type == HET_CACHED_ROW_WISE:
         bound = max(params.get("s_read", 0), params.get("s_write", params.get("s_read", 0)))
         return "exact" if bound == 0 else "stale"
+    if params.get("cold_rows"):
+        return "rows"
     return "exact" if params.get("replica_sync_every", 1) <= 1 else "stale"
 
 
@@ -56,6 +58,7 @@ def costs_from_micro(micro: dict, measured_with: str, measured_on: str | None = 
         ids_source = "batch_size_per_rank x tables (one id per feature per sample)"
     reference_ms = reference["ms_per_step"]["median"]
     measured: dict[str, dict[str, list]] = {t: {c: [] for c in SETTING_CLASSES} for t in CALIBRATED_TYPES}
+    measured[HET_ROW_REPLICATED]["rows"] = []  # optional: fetched cold rows (priced as "exact" without it)
     for t in by_type.values():
         if len(t["sharding_types"]) != 1 or t["sharding_types"][0] not in CALIBRATED_TYPES:
             continue
@@ -65,6 +68,8 @@ def costs_from_micro(micro: dict, measured_with: str, measured_on: str | None = 
     for sharding_type, classes in measured.items():
         extra[sharding_type], basis[sharding_type] = {}, {}
         for cls, entries in classes.items():
+            if not entries and cls == "rows":
+                continue
             if not entries:
                 raise ValueError(f"micro.json measures no {cls} {sharding_type} type; run micro with all its types")
             ms = sum(e["ms_per_step"]["median"] for e in entries) / len(entries)

@@ -57,6 +57,7 @@ MICRO_TYPES: dict[str, str] = {
     "het_cached_s10": "het_het_s10_c10",  # HET cache, s_read = s_write = 10
     "het_replicated_s1": "rep_m100_s1",  # row replication, hot rows of a 5% profile, exact sync
     "het_replicated_s10": "rep_m100_s10",  # the same, replicas synced every 10 steps
+    "het_replicated_rows": "rep_m100_s1_rows",  # het_replicated_s1 whose cold ids fetch rows, pooled by the reader
 }
 EMBEDDING_OPTIMIZER = "rowwise_adagrad"
 

@@ -25,6 +25,9 @@ from torchrec_het_bench.topology import cpu_topology
 PLANNED = {"planned": 1, "planned_s10": 10}  # name -> staleness (replica sync interval and cache bounds)
 # exact, with TorchRec's quantized comms on the plugin's sharders
 QUANTIZED = {"planned_fp16": qcomms.FP16, "planned_int8": qcomms.INT8}
+SUMS_ONLY = (
+    "planned_sums"  # exact, the planner choosing no fetched cold rows (ReplicationConfig(cold_rows=frozenset()))
+)
 LOOKAHEAD = "planned_lookahead"  # exact, row-replicated bags with lookahead (ReplicationConfig(lookahead=True))
 
 
@@ -50,7 +53,7 @@ def _planner_topology(context: ShardingContext, topology: Topology | None = None
     return topology if topology is not None else cpu_topology(context.world_size, context.local_world_size)
 
 
-def _make_sharders(staleness: int, pair: str | None = None, lookahead: bool = False):
+def _make_sharders(staleness: int, pair: str | None = None, lookahead: bool = False, sums_only: bool = False):
     def build(context: ShardingContext):
         # the planner's topology: the per-host tier it priced is the one built
         tiers = ProfileTiers(
@@ -61,6 +64,7 @@ def _make_sharders(staleness: int, pair: str | None = None, lookahead: bool = Fa
             replica_sync_every=staleness,
             local_world_size=context.local_world_size,
             lookahead=lookahead,
+            cold_rows=frozenset() if sums_only else None,  # None: the planner chooses each table's cold tier
         )
         return plugin_sharders(context, replication, cache=_cache(staleness), pair=pair)
 
@@ -87,10 +91,14 @@ def planned_configs() -> list[BenchConfig]:
         for base, pair in QUANTIZED.items():
             configs.append(_planned(workload, base, 1, pair))
     configs.append(_planned("dlrm", LOOKAHEAD, 1, lookahead=True))  # bags only
+    configs.append(_planned("dlrm", SUMS_ONLY, 1, sums_only=True))  # bags only
     return configs
 
 
-def _planned(workload: str, base: str, staleness: int, pair: str | None = None, lookahead: bool = False) -> BenchConfig:
+def _planned(
+    workload: str, base: str, staleness: int, pair: str | None = None, lookahead: bool = False,
+    sums_only: bool = False,
+) -> BenchConfig:  # fmt: skip
     name = base if workload == "dlrm" else f"seq_{base}"
     sync = "exact" if staleness == 1 else f"replicas synced and cache bounds of {staleness} steps"
     if pair is not None:
@@ -102,6 +110,9 @@ def _planned(workload: str, base: str, staleness: int, pair: str | None = None, 
         params["qcomms"] = pair
     if lookahead:
         params["lookahead"] = True
+    if sums_only:
+        sync += ", row-replicated cold ids as partial sums only (no fetched rows)"
+        params["cold_rows"] = False
     return BenchConfig(
         name=name,
         stock=False,
@@ -111,6 +122,6 @@ def _planned(workload: str, base: str, staleness: int, pair: str | None = None, 
         applies=(lambda preset: preset.sequence is not None) if workload == "sequence" else (lambda preset: True),
         workload=workload,
         params=params,
-        make_sharders_for=_make_sharders(staleness, pair, lookahead),
+        make_sharders_for=_make_sharders(staleness, pair, lookahead, sums_only),
         make_planner_for=_make_planner(staleness),
     )

@@ -107,12 +107,13 @@ def plugin_sharders(
     return [HetEmbeddingBagCollectionSharder(cache=cache, replication=replication, qcomm_codecs_registry=codecs)]
 
 
-def _sharders(ratio: float, sync_every: int, pair: str | None = None, all_hot: bool = False):
+def _sharders(ratio: float, sync_every: int, pair: str | None = None, all_hot: bool = False, rows: bool = False):
     def build(context: ShardingContext):
         replication = ReplicationConfig(
             tiers=tier_plan(context, ratio, sync_every, all_hot),
             replica_sync_every=sync_every,
             local_world_size=context.local_world_size,
+            cold_rows=frozenset(t.name for t in context.tables) if rows else frozenset(),
         )
         return plugin_sharders(context, replication, pair=pair)
 
@@ -158,6 +159,7 @@ def replicated_configs() -> list[BenchConfig]:
             for pair in (qcomms.FP16, qcomms.INT8):
                 configs.append(_config(workload, FAE_RATIO, sync_every, None, pair=pair))
             configs.append(_online_config(workload, sync_every))
+    configs.append(_config("dlrm", FAE_RATIO, 1, None, rows=True))
     return configs
 
 
@@ -192,8 +194,9 @@ def _online_config(workload: str, sync_every: int) -> BenchConfig:
 
 
 def _config(
-    workload: str, ratio: float, sync_every: int, all_hot_window: int | None, pair: str | None = None
-) -> BenchConfig:
+    workload: str, ratio: float, sync_every: int, all_hot_window: int | None, pair: str | None = None,
+    rows: bool = False,
+) -> BenchConfig:  # fmt: skip
     name = replicated_config_name(workload, ratio, sync_every)
     sync = "exact sync" if sync_every == 1 else f"replicas synced every {sync_every} steps"
     description = f"{workload}: row-replicated, hot rows within {ratio:.2f} x the stock plan's memory, {sync}"
@@ -206,6 +209,10 @@ def _config(
         name += qcomms.suffix(pair)
         description += f", TorchRec's quantized comms {pair} on the cold partials/rows and their gradients"
         params["qcomms"] = pair
+    if rows:
+        name += "_rows"
+        description += ", cold ids fetch their rows (each distinct row once a step), pooled by the reader"
+        params["cold_rows"] = True
     return BenchConfig(
         name=name,
         stock=False,
@@ -216,7 +223,7 @@ def _config(
         workload=workload,
         params=params,
         make_plan=_all_replicated,
-        make_sharders_for=_sharders(ratio, sync_every, pair, all_hot_window is not None),
+        make_sharders_for=_sharders(ratio, sync_every, pair, all_hot_window is not None, rows),
     )
 
 

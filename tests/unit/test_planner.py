@@ -19,7 +19,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
 from torchrec_het.config import CacheSettings, HetCacheConfig
-from torchrec_het.plan_options import ReplicaOptions
+from torchrec_het.plan_options import ReplicaOptions, options_of
 from torchrec_het.planner import (
     AccessModel,
     HetEmbeddingEnumerator,
@@ -34,6 +34,7 @@ from torchrec_het.planner.compute_costs import ComputeCosts
 from torchrec_het.planner.planner import cpu_network
 from torchrec_het.planner.step_model import Compute
 from torchrec_het.planner.traffic import TableLoad, row_replicated_bytes, row_wise_bytes, table_wise_bytes
+from torchrec_het.replication.config import ReplicationConfig
 from torchrec_het.replication.hot_rows import hot_row_count, replication_threshold
 from torchrec_het.replication.memory import ROUTE_MAP_BYTES_PER_ROW, TierTopology, bytes_per_row
 from torchrec_het.replication.profile import AccessProfile
@@ -75,28 +76,35 @@ def _plan(world_size: int, local_world_size: int, constraints=None, sharder=None
         topology=topology, batch_size=BATCH, constraints=constraints, pricing=pricing, compute=BYTES_ALONE
     )
     plan = planner.plan(_ebc(), [sharder or HetEmbeddingBagCollectionSharder()]).plan[""]
-    return {name: (p.sharding_type, p.ranks if len(p.ranks) < world_size else "all") for name, p in plan.items()}
+    return {name: _entry(p, world_size) for name, p in plan.items()}
+
+
+def _entry(sharding, world_size: int) -> tuple:
+    """(type, ranks or "all"), and "rows" for a het_row_replicated table whose cold ids fetch rows."""
+    entry = (sharding.sharding_type, sharding.ranks if len(sharding.ranks) < world_size else "all")
+    return entry + ("rows",) if getattr(options_of(sharding), "cold_rows", False) else entry
 
 
 # --- golden plans -------------------------------------------------------------------------
 
-HR_ALL, HC_ALL, DP_ALL = ("het_row_replicated", "all"), ("het_cached_row_wise", "all"), ("data_parallel", "all")
+HR_ALL, DP_ALL = ("het_row_replicated", "all"), ("data_parallel", "all")
+HR_ROWS = HR_ALL + ("rows",)  # het_row_replicated, its cold ids fetching rows (the cached tier's exact form)
 
 # a profile of every table: the plugin's types where the step model prices them cheaper and the
 # whole plan beats TorchRec's by more than the model's error. By bytes alone (these plans state no
-# compute; the 40-row table's all-reduce is cheapest replicated whole) the exact HET cache often wins: it asks about each distinct remote row a
-# rank reads once, where row replication sends a partial per bag and server; priced with the CPU
-# calibration, its lookups cost 3x row replication's per id
+# compute; the 40-row table's all-reduce is cheapest replicated whole) fetching each distinct remote
+# row a rank reads once often wins over a partial per bag and server: row replication's cold_rows
+# tier, whose ids cost less than the exact HET cache's requests and versions
 GOLDEN_PROFILED = {
-    (2, 2): {"tiny": DP_ALL, "small": HC_ALL, "mid": HC_ALL, "big": HC_ALL, "cold": HC_ALL},
-    (8, 8): {"tiny": DP_ALL, "small": HC_ALL, "mid": HC_ALL, "big": HC_ALL, "cold": HC_ALL},
+    (2, 2): {"tiny": DP_ALL, "small": HR_ROWS, "mid": HR_ROWS, "big": HR_ROWS, "cold": HR_ROWS},
+    (8, 8): {"tiny": DP_ALL, "small": HR_ROWS, "mid": HR_ROWS, "big": HR_ROWS, "cold": HR_ROWS},
     (8, 4): {"tiny": DP_ALL, "small": HR_ALL, "mid": HR_ALL, "big": HR_ALL, "cold": HR_ALL},
 }
 
 # a profile without "cold": TorchRec's types for it (its table_wise shard on one rank then
 # outweighs spreading the others on 8 ranks)
 GOLDEN_PARTIAL = {
-    (2, 2): {"tiny": DP_ALL, "small": HC_ALL, "mid": HC_ALL, "big": ("table_wise", [0]), "cold": ("table_wise", [1])},
+    (2, 2): {"tiny": DP_ALL, "small": HR_ROWS, "mid": HR_ROWS, "big": ("table_wise", [0]), "cold": ("table_wise", [1])},
     (8, 8): {"tiny": ("table_wise", [4]), "small": ("table_wise", [3]), "mid": ("table_wise", [2]),
              "big": ("table_wise", [0]), "cold": ("table_wise", [1])},
     (8, 4): {"tiny": ("table_wise", [2]), "small": ("table_wise", [5]), "mid": ("table_wise", [1]),
@@ -114,6 +122,21 @@ GOLDEN_NO_PROFILE = {
 }  # fmt: skip
 
 TOPOLOGIES = sorted(GOLDEN_PROFILED)
+
+
+def test_the_planner_chooses_fetched_cold_rows_only_where_the_sharder_leaves_it_the_choice() -> None:
+    """Pinned to partial sums (``ReplicationConfig(cold_rows=frozenset())``), no table fetches rows
+    where the planner, left the choice, fetches them for every row-replicated table; pinned to
+    fetched rows for one table, that table fetches them whatever they cost."""
+    pricing = PluginPricing(AccessModel(_profile(list(SIZES))), compute=BYTES_ONLY)
+    chosen = _plan(2, 2, bandwidth=2e6, pricing=pricing)
+    assert {name for name, entry in chosen.items() if entry == HR_ROWS} == {"small", "mid", "big", "cold"}
+    sums = HetEmbeddingBagCollectionSharder(replication=ReplicationConfig(cold_rows=frozenset()))
+    pinned = _plan(2, 2, bandwidth=2e6, pricing=pricing, sharder=sums)
+    assert not [entry for entry in pinned.values() if "rows" in entry], pinned
+    one = HetEmbeddingBagCollectionSharder(replication=ReplicationConfig(cold_rows=frozenset({"big"})))
+    constraints = {"big": ParameterConstraints(sharding_types=["het_row_replicated"])}
+    assert _plan(2, 2, constraints, one, bandwidth=2e6, pricing=pricing)["big"] == HR_ROWS
 
 
 @pytest.mark.parametrize("world_size,local_world_size", TOPOLOGIES, ids=lambda v: str(v))
@@ -417,7 +440,7 @@ def test_cpu_topologies_with_torchrec_default_bandwidths_are_priced_at_gloo_spee
     assert cpu_network(gpu) is gpu
     # priced by bytes, at gloo speeds the plugin's types win on 2 ranks (the 40-row table is replicated whole)
     pricing = PluginPricing(AccessModel(_profile(list(SIZES))), compute=BYTES_ONLY)
-    assert {t for n, (t, _) in _plan(2, 2, pricing=pricing).items() if n != "tiny"} <= PLUGIN
+    assert {t for n, (t, *_) in _plan(2, 2, pricing=pricing).items() if n != "tiny"} <= PLUGIN
 
 
 def test_stated_link_figures_are_what_the_plugin_types_are_priced_with() -> None:

@@ -28,9 +28,15 @@ SETTING_CLASSES = ("exact", "stale")
 CALIBRATED_TYPES = (HET_CACHED_ROW_WISE, HET_ROW_REPLICATED)
 
 
-def setting_class(sharding_type: str, sync_every: int = 1, s_read: int = 0, s_write: int = 0) -> str:
-    """ "exact" (replicas synced every step; cache bounds 0) or "stale", as the table keys the figures."""
+def setting_class(
+    sharding_type: str, sync_every: int = 1, s_read: int = 0, s_write: int = 0, rows: bool = False
+) -> str:
+    """ "exact" (replicas synced every step; cache bounds 0) or "stale", as the table keys the figures;
+    ``het_row_replicated`` bags whose cold ids fetch rows (``rows``): "rows" (where the table has
+    that figure; else its setting class)."""
     if sharding_type == HET_ROW_REPLICATED:
+        if rows:
+            return "rows"
         return "exact" if sync_every <= 1 else "stale"
     return "exact" if s_read == 0 and s_write == 0 else "stale"
 
@@ -102,8 +108,13 @@ def load_compute_costs(path: str | Path | None = None) -> ComputeCosts:
                     f"must be a finite number, got {value!r}"
                 )
     reference = doc.get("reference_seconds_per_id")
+    figures = {t: {c: float(costs[t][c]) for c in SETTING_CLASSES} for t in CALIBRATED_TYPES}
+    rows = costs[HET_ROW_REPLICATED].get("rows")  # optional: fetched cold rows (else priced as "exact")
+    figures[HET_ROW_REPLICATED]["rows"] = (
+        float(rows) if isinstance(rows, (int, float)) else figures[HET_ROW_REPLICATED]["exact"]
+    )
     return ComputeCosts(
-        {t: {c: float(costs[t][c]) for c in SETTING_CLASSES} for t in CALIBRATED_TYPES},
+        figures,
         str(doc["device"]),
         str(path),
         float(reference) if isinstance(reference, (int, float)) else None,

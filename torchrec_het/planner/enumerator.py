@@ -20,9 +20,11 @@ from torchrec.distributed.types import ModuleSharder, ShardingType
 
 from torchrec_het import _compat
 from torchrec_het.planner.compute_probe import table_configs
+from torchrec_het.planner.cost_model import DEFAULT_MARGIN
 from torchrec_het.planner.estimators import HetPerfEstimator, HetStorageEstimator
-from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing, attach_options, attach_wire
+from torchrec_het.planner.pricing import PLUGIN_TYPES, PluginPricing, attach_options, attach_wire, priced_options
 from torchrec_het.planner.qcomms import wire_precision
+from torchrec_het.types import HET_ROW_REPLICATED
 
 ROW_WISE = ShardingType.ROW_WISE.value
 
@@ -111,11 +113,34 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
             for shard in (s for o in added for s in o.shards):
                 shard.perf = shard.storage = None
             self.populate_estimates(added)
+            added = [self._cheaper_cold_tier(o, by_key[o.module_type_key]) for o in added]
         kept = {o.name for o in out + added}
         for option in options:
             if option.name not in kept:
                 raise ValueError(self._nothing_left(option.name, by_key[option.module_type_key], sharders))
         return out + added
+
+    def _cheaper_cold_tier(self, option: ShardingOption, sharder: ModuleSharder) -> ShardingOption:
+        """A ``het_row_replicated`` bag table whose sharder leaves its cold ids to the planner: partial
+        sums (``option``), or fetched rows where the step model prices them cheaper (bytes and compute)
+        by more than its error (:data:`~torchrec_het.planner.cost_model.DEFAULT_MARGIN`)."""
+        chooses = getattr(sharder, "planner_chooses_cold_rows", None)
+        if (
+            option.sharding_type != HET_ROW_REPLICATED
+            or not option.is_pooled
+            or not (chooses and chooses(option.module[1]))
+        ):
+            return option
+        rows = copy.deepcopy(option)
+        settings = dataclasses.replace(priced_options(option), cold_rows=True)
+        attach_options(rows, settings)
+        for shard in rows.shards:
+            shard.perf = shard.storage = None
+        self.populate_estimates([rows])
+        if rows.total_perf * (1.0 + DEFAULT_MARGIN) >= option.total_perf:
+            return option
+        self.plan_options[(option.path, option.name, HET_ROW_REPLICATED)] = settings
+        return rows
 
     def _nothing_left(self, name: str, sharder: ModuleSharder, sharders: list[ModuleSharder]) -> str:
         """Why no type the constraints of table ``name`` allow can be built, type by type."""

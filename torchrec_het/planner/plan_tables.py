@@ -39,6 +39,7 @@ def planned_table(
             per_host=per_host,
             sync_every=options.replica_sync_every,
             lookahead=bool(options.lookahead and pooled),
+            cold_rows=bool(options.cold_rows and pooled),
         )
     elif sharding_type == HET_CACHED_ROW_WISE:
         if hot is None and reads is not None:

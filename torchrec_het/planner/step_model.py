@@ -155,6 +155,7 @@ class PlannedTable:
             (its sharder's codecs; :func:`with_codecs`).
         lookahead: het_row_replicated bags: the next batch's partial sums leave their owners during
             this step, but those of rows this step updates (:func:`lookahead_fresh_share`).
+        cold_rows: het_row_replicated bags: its cold ids fetch their rows (each distinct one once a step).
     """
 
     name: str
@@ -175,10 +176,11 @@ class PlannedTable:
     weighted: bool = False
     wire: WirePrecision = FP32
     lookahead: bool = False
+    cold_rows: bool = False
 
     @property
     def setting(self) -> str:
-        return setting_class(self.sharding_type, self.sync_every, self.s_read, self.s_write)
+        return setting_class(self.sharding_type, self.sync_every, self.s_read, self.s_write, self.cold_rows)
 
 
 def with_codecs(table: PlannedTable, sharders: list | None) -> PlannedTable:
@@ -300,7 +302,7 @@ def _plugin_phases(table: PlannedTable, cluster: Cluster, bags: float) -> PhaseB
     rest = max(float(reads.sum()) - float(hot.sum()) - float(host.sum()), 0.0)
     ordered = torch.cat([hot.double(), host.double(), torch.tensor([rest], dtype=torch.float64)])
     load = TableLoad(ordered, bags, table.dim, ws, topology, weighted=table.weighted)
-    if table.sharding_type == HET_ROW_REPLICATED and table.pooled:
+    if table.sharding_type == HET_ROW_REPLICATED and table.pooled and not table.cold_rows:
         phases = _as_phases(row_replicated_bytes(load, hot.numel(), table.sync_every, host.numel(), table.wire))
         if table.lookahead:  # every partial sum goes early; the stale ones go again at the lookup
             again = phases.emb_fwd * (1.0 - lookahead_fresh_share(table))
@@ -310,7 +312,7 @@ def _plugin_phases(table: PlannedTable, cluster: Cluster, bags: float) -> PhaseB
     # the cache and the sequences' fetches count distinct rows: every row's reads, hottest first
     descending = bool((reads[:-1] >= reads[1:]).all()) if reads.numel() > 1 else True
     by_row = replace(load, reads=reads.double() if descending else torch.sort(reads.double(), descending=True).values)
-    if table.sharding_type == HET_ROW_REPLICATED:
+    if table.sharding_type == HET_ROW_REPLICATED:  # sequences, and bags whose cold ids fetch rows
         traffic = sequence_replicated_bytes(by_row, hot.numel(), table.sync_every, table.wire)
     else:
         traffic = cached_bytes(by_row, hot.numel(), table.s_read, table.s_write, wire=table.wire)

@@ -179,13 +179,13 @@ def replica_sync_bytes(
 
 
 def sequence_replicated_bytes(load: TableLoad, hot_rows: int, sync_every: int = 1, wire: WirePrecision = FP32) -> Bytes:
-    """``het_row_replicated`` for an EmbeddingCollection: distinct cold rows fetched, not partials
-    (rows, their gradients and the synced gradients at ``wire``)."""
+    """``het_row_replicated`` for an EmbeddingCollection, or bags whose cold ids fetch rows: distinct
+    cold rows fetched, not partials (rows, their gradients and the synced gradients at ``wire``)."""
     ws, dim = load.world_size, load.dim
     cold = load.reads[hot_rows:]
     fetched = float((1.0 - torch.exp(-cold / ws)).sum()) * ws * load.remote  # distinct rows per rank, summed
     pooled = row_replicated_bytes(load, hot_rows, sync_every, wire=wire)  # for its sync term
-    ids = fetched * 2 * LENGTH  # a (position, row) int32 pair per distinct cold row
+    ids = fetched * (2 * LENGTH + (FLOAT if load.weighted else 0))  # a (position, row) int32 pair per distinct cold row
     return Bytes(
         ids + fetched * dim * wire.forward, fetched * dim * wire.backward, pooled.sync, 0.0, pooled.intra_backward, ids
     )

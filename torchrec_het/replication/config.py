@@ -61,7 +61,8 @@ class ReplicationConfig:
             lookup only the others travel. Exact; needs hot rows known when planning.
         cold_rows: bags: the tables (names) whose cold ids fetch their rows, each distinct row once a
             step, pooled by the reader, instead of their owners' partial sums (the cached tier's
-            exact form; ``ReplicaOptions.cold_rows``). Exact.
+            exact form; ``ReplicaOptions.cold_rows``). Exact. None: the planner chooses per table,
+            by the bytes and compute it prices each with (a hand-written plan: partial sums).
     """
 
     tiers: object | None = None
@@ -71,10 +72,11 @@ class ReplicationConfig:
     online_profile_steps: int = 0
     online_max_hot_fraction: float = 0.5
     lookahead: bool = False
-    cold_rows: frozenset[str] = frozenset()
+    cold_rows: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "cold_rows", frozenset(self.cold_rows))
+        if self.cold_rows is not None:
+            object.__setattr__(self, "cold_rows", frozenset(self.cold_rows))
         if self.lookahead and self.online_profile_steps > 0:
             raise ValueError(
                 "lookahead needs the hot rows known when planning (tiers or a profile), not counted online "
@@ -116,5 +118,5 @@ class ReplicationConfig:
         return ReplicaOptions(
             self.replica_sync_every, self.skip_all_hot, self.local_world_size, sizes[0], sizes[1],
             fingerprint, self.online_profile_steps, self.online_max_hot_fraction, self.lookahead,
-            table in self.cold_rows,
+            self.cold_rows is not None and table in self.cold_rows,
         )  # fmt: skip

@@ -331,9 +331,8 @@ class PartialSumsDist(_ReplicaOutputDist):
             else:
                 chosen = None if one_width else (group == index).nonzero().flatten()
                 mine = entries if one_width else entries.index_select(0, chosen)
-                partials = _rows_at(
-                    received, bag_starts if one_width else bag_starts.index_select(0, chosen), block.dim
-                )
+                starts = bag_starts if one_width else bag_starts.index_select(0, chosen)
+                partials = _rows_at(received, starts, block.dim, one_width)
             sources = [
                 Source(read.pooled, None, sink=read.add_grads),  # pooled at the lookup
                 Source(partials, layout.group_bags(mine, batch, index)),
@@ -349,22 +348,26 @@ class PartialSumsDist(_ReplicaOutputDist):
         return output_layout(OutputPlan(parts, (batch, layout.width), scale), step.anchor)
 
 
-def _rows_at(received: torch.Tensor, starts: torch.Tensor, dim: int) -> torch.Tensor:
-    """``[len(starts), dim]``: the rows of ``dim`` elements at ``starts`` of the flat ``received``."""
+def _rows_at(received: torch.Tensor, starts: torch.Tensor, dim: int, one_width: bool) -> torch.Tensor:
+    """``[len(starts), dim]``: the rows of ``dim`` elements at ``starts`` of the flat ``received``
+    (``one_width``: every row received is ``dim`` wide, a gather of rows)."""
+    if one_width:
+        return received.view(-1, dim).index_select(0, torch.div(starts, dim, rounding_mode="floor"))
     elements = starts.unsqueeze(1) + torch.arange(dim, device=received.device)
     return received.index_select(0, elements.view(-1)).view(-1, dim)
 
 
 def _fetched_source(layout, fetched: FetchedRows, received, row_starts, row_group, group: int, batch: int, dim: int):
     """The rows fetched of ``group``'s tables, as a source of its part: each value reads its entry's row."""
+    one_width = layout.uniform_dim is not None
     if len(layout.groups) == 1:
-        return Source(_rows_at(received, row_starts, dim), layout.group_bags(fetched.bags, batch, group),
+        return Source(_rows_at(received, row_starts, dim, one_width), layout.group_bags(fetched.bags, batch, group),
                       fetched.entry_of, fetched.weights)  # fmt: skip
     chosen = (row_group == group).nonzero().flatten()
     local = torch.full_like(row_group, -1).index_copy_(0, chosen, torch.arange(chosen.numel(), device=chosen.device))
     values = (row_group.index_select(0, fetched.entry_of) == group).nonzero().flatten()
     return Source(
-        _rows_at(received, row_starts.index_select(0, chosen), dim),
+        _rows_at(received, row_starts.index_select(0, chosen), dim, one_width),
         layout.group_bags(fetched.bags.index_select(0, values), batch, group),
         local.index_select(0, fetched.entry_of.index_select(0, values)),
         None if fetched.weights is None else fetched.weights.index_select(0, values),
