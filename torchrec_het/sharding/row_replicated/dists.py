@@ -311,11 +311,12 @@ class PartialSumsDist(_ReplicaOutputDist):
         scale = gradient_scale(self.world_size)
         lengths = step.lengths.view(layout.num_positions, batch)
         one_width = layout.uniform_dim is not None
-        # where each entry sent starts among the elements received: bags first, then rows fetched
-        widths = layout.dims.index_select(0, step.sent_position)
-        starts = torch.cumsum(widths, 0) - widths
-        bag_starts, row_starts = starts, None
-        if fetched is not None:
+        bag_starts = row_starts = None
+        if fetched is not None or not one_width:  # where each entry starts among the elements received
+            widths = layout.dims.index_select(0, step.sent_position)
+            bag_starts = torch.cumsum(widths, 0) - widths
+        if fetched is not None:  # bags first, then rows fetched, in each owner's segment
+            starts = bag_starts
             split = entries.numel()
             bag_starts = starts.index_select(0, fetched.wire_at[:split])
             row_starts = starts.index_select(0, fetched.wire_at[split:])
