@@ -24,11 +24,13 @@ class ReplicatedModule:
         return sum(lookup.replicas.replica_nbytes() for lookup in self.replicated_lookups())
 
     def replication_stats(self) -> dict[str, int]:
-        """Steps, all-hot steps that skipped the cold exchange, sparse and dense replica syncs (this rank)."""
+        """Steps, all-hot steps that skipped the cold exchange, sparse and dense replica syncs, rows
+        fetched (this rank); plain numbers (a counter kept as a tensor, to count without a host sync,
+        is read here)."""
         totals: dict[str, int] = {}
         for lookup in self.replicated_lookups():
             for key, value in lookup.replicas.stats.items():
-                totals[key] = totals.get(key, 0) + value
+                totals[key] = totals.get(key, 0) + int(value)
         return totals
 
     def samples_read_here(self, features: KeyedJaggedTensor) -> torch.Tensor:

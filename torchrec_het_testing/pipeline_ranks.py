@@ -46,7 +46,8 @@ def host_syncs(rank: int, optimizer: str, weighted: bool, replication: Replicati
 
 
 def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    """Spawn target: hot rows synced every step (row-wise Adagrad, weighted and not; SGD), and an online profile."""
+    """Spawn target: hot rows synced every step (row-wise Adagrad, weighted and not; SGD), an online
+    profile, and cold ids that fetch their rows."""
     with gloo_rank(rank, world_size, port, timeout_s=120):
         results = {}
         for optimizer, weighted in (("rowwise_adagrad", False), ("rowwise_adagrad", True), ("sgd", False)):
@@ -55,4 +56,7 @@ def run_world(rank: int, world_size: int, port: int, out_dir: str) -> None:
                 rank, optimizer, weighted, replication
             )
         results["online"] = host_syncs(rank, "rowwise_adagrad", False, ReplicationConfig(online_profile_steps=3))
+        tables = table_configs(False)  # every table's cold ids fetching rows: no host sync more
+        rows = ReplicationConfig(tiers=hot_rows(tables, 8), cold_rows=frozenset(t.name for t in tables))
+        results["cold_rows"] = host_syncs(rank, "rowwise_adagrad", False, rows)
     write_rank_result(out_dir, rank, results)
