@@ -113,34 +113,41 @@ class HetEmbeddingEnumerator(EmbeddingEnumerator):
             for shard in (s for o in added for s in o.shards):
                 shard.perf = shard.storage = None
             self.populate_estimates(added)
-            added = [self._cheaper_cold_tier(o, by_key[o.module_type_key]) for o in added]
+            added = self._cheaper_cold_tiers(added, by_key)
         kept = {o.name for o in out + added}
         for option in options:
             if option.name not in kept:
                 raise ValueError(self._nothing_left(option.name, by_key[option.module_type_key], sharders))
         return out + added
 
-    def _cheaper_cold_tier(self, option: ShardingOption, sharder: ModuleSharder) -> ShardingOption:
-        """A ``het_row_replicated`` bag table whose sharder leaves its cold ids to the planner: partial
-        sums (``option``), or fetched rows where the step model prices them cheaper (bytes and compute)
-        by more than its error (:data:`~torchrec_het.planner.cost_model.DEFAULT_MARGIN`)."""
-        chooses = getattr(sharder, "planner_chooses_cold_rows", None)
-        if (
-            option.sharding_type != HET_ROW_REPLICATED
-            or not option.is_pooled
-            or not (chooses and chooses(option.module[1]))
-        ):
-            return option
-        rows = copy.deepcopy(option)
-        settings = dataclasses.replace(priced_options(option), cold_rows=True)
-        attach_options(rows, settings)
-        for shard in rows.shards:
-            shard.perf = shard.storage = None
-        self.populate_estimates([rows])
-        if rows.total_perf * (1.0 + DEFAULT_MARGIN) >= option.total_perf:
-            return option
-        self.plan_options[(option.path, option.name, HET_ROW_REPLICATED)] = settings
-        return rows
+    def _cheaper_cold_tiers(self, options: list[ShardingOption], by_key: dict) -> list[ShardingOption]:
+        """``options``, each ``het_row_replicated`` bag table whose sharder leaves its cold ids to the
+        planner priced with fetched rows too (one estimate of them all), and taking them where the step
+        model prices them cheaper than partial sums (bytes and compute) by more than its error
+        (:data:`~torchrec_het.planner.cost_model.DEFAULT_MARGIN`)."""
+        twins = {}
+        for at, option in enumerate(options):
+            chooses = getattr(by_key[option.module_type_key], "planner_chooses_cold_rows", None)
+            if (
+                option.sharding_type == HET_ROW_REPLICATED
+                and option.is_pooled
+                and chooses
+                and chooses(option.module[1])
+            ):
+                rows = copy.deepcopy(option)
+                attach_options(rows, dataclasses.replace(priced_options(option), cold_rows=True))
+                for shard in rows.shards:
+                    shard.perf = shard.storage = None
+                twins[at] = rows
+        if not twins:
+            return options
+        self.populate_estimates(list(twins.values()))
+        out = list(options)
+        for at, rows in twins.items():
+            if rows.total_perf * (1.0 + DEFAULT_MARGIN) < options[at].total_perf:
+                self.plan_options[(rows.path, rows.name, HET_ROW_REPLICATED)] = priced_options(rows)
+                out[at] = rows
+        return out
 
     def _nothing_left(self, name: str, sharder: ModuleSharder, sharders: list[ModuleSharder]) -> str:
         """Why no type the constraints of table ``name`` allow can be built, type by type."""

@@ -40,6 +40,7 @@ class FetchedRows:
     entry_of: torch.Tensor  # the row entry it reads, among the entries sent (by owner, then id)
     weights: torch.Tensor | None  # its weight (weighted tables)
     position: torch.Tensor  # [entries] a position of each entry's table
+    owners: torch.Tensor  # [entries] the owner each entry is asked of
     wire_at: torch.Tensor  # [bag entries + row entries]: where each entry (bag entries first) is in the exchange
 
 

@@ -145,8 +145,10 @@ class ColdIdsDist(_ReplicaIdsDist):
         fetched = None
         if fetch is not None:  # each owner's segment: its bags' values, then the rows asked of it
             _, entry_payload, entry_dest, fetched = fetch
-            payload, dest = _by_owner([payload, entry_payload], [dest, entry_dest])
-            wire = torch.sort(torch.cat([sent_dest * 2, entry_dest * 2 + 1]), stable=True).indices
+            order = _by_owner(dest, entry_dest)
+            payload = torch.cat([payload, entry_payload]).index_select(0, order)
+            dest = torch.cat([dest, entry_dest]).index_select(0, order)
+            wire = _by_owner(sent_dest, entry_dest)
             fetched.wire_at = torch.empty_like(wire).index_copy_(
                 0, wire, torch.arange(wire.numel(), device=wire.device)
             )
@@ -164,21 +166,16 @@ class ColdIdsDist(_ReplicaIdsDist):
         layout = self.layout
         fetch = layout.cold_rows.index_select(0, cold_bags // batch) & (row >= 0)
         keep, take = (~fetch).nonzero().flatten(), fetch.nonzero().flatten()
-        need, entry_of = torch.unique(dest.index_select(0, take) * layout.total_rows + ids.index_select(0, take),
-                                      return_inverse=True)  # fmt: skip
-        first = take.index_select(0, torch.empty_like(need).scatter_(0, entry_of, torch.arange(take.numel(),
-                                                                                   device=take.device)))  # fmt: skip
+        owners, entry_of, first = layout.distinct(dest.index_select(0, take), ids.index_select(0, take))
+        first = take.index_select(0, first)
         position = cold_bags.index_select(0, first) // batch
         columns = [(-1 - position).to(torch.int32), row.index_select(0, first).to(torch.int32)]
         if weights is not None:  # the owner sends the row itself: the reader weighs each read
-            columns.append(torch.ones(need.numel(), device=need.device).view(torch.int32))
+            columns.append(torch.ones(owners.numel(), device=owners.device).view(torch.int32))
         fetched = FetchedRows(
             cold_bags.index_select(0, take), entry_of, None if weights is None else weights.index_select(0, take),
-            position, wire_at=None,
+            position, owners, wire_at=None,
         )  # fmt: skip
-        owners = need // layout.total_rows
-        if self.placement.training:  # counted without a host sync (read as a number by ``stats_by_table``)
-            self.placement.stats["rows_fetched"] += (owners != self.rank).sum()
         return keep, torch.stack(columns, 1), owners, fetched
 
     def owner_features(self, step: ReplicatedBagBatch, received: torch.Tensor) -> KeyedJaggedTensor:
@@ -191,19 +188,15 @@ class ColdIdsDist(_ReplicaIdsDist):
         source = torch.repeat_interleave(torch.arange(ws, device=device), torch.tensor(step.recv_splits, device=device))
         # ids arrive by source, each source's in bag order: (source, position, sample) never decreases,
         # so the entries (bags sent) are runs, already in the order the readers expect their partials
+        # a row entry (code ``-1 - position``, fetched rows) is an entry of its own
         code, bags = received[:, 0].long(), positions * batch
-        key = source * bags + code
-        if not self.layout.fetches_rows:
-            entries, entry_of = torch.unique_consecutive(key, return_inverse=True)
-            step.served_source, entry_position = entries // bags, entries % bags // batch
-        else:  # a row entry (code ``-1 - position``) is an entry of its own
-            row_entry = code < 0
-            new = torch.ones_like(row_entry)
-            new[1:] = (key[1:] != key[:-1]) | row_entry[1:] | row_entry[:-1]
-            entry_of = torch.cumsum(new, 0) - 1
-            first = new.nonzero().flatten()
-            step.served_source, code = source.index_select(0, first), code.index_select(0, first)
-            entry_position = torch.where(code < 0, -1 - code, code % bags // batch)
+        key, row_entry = source * bags + code, code < 0
+        new = torch.ones_like(row_entry)
+        new[1:] = (key[1:] != key[:-1]) | row_entry[1:] | row_entry[:-1]
+        entry_of = torch.cumsum(new, 0) - 1
+        first = new.nonzero().flatten()
+        step.served_source, code = source.index_select(0, first), code.index_select(0, first)
+        entry_position = torch.where(code < 0, -1 - code, code % bags // batch)
         rows = received[:, 1].long()
         weights = received[:, 2].view(torch.float32) if received.size(1) > 2 else None
         if self.layout.host_ids.numel():  # this rank holds per-host rows: those values are pooled from its blocks
@@ -229,11 +222,10 @@ class ColdIdsDist(_ReplicaIdsDist):
         )  # fmt: skip
 
 
-def _by_owner(payloads: list[torch.Tensor], dests: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The payloads' rows (each already by owner) merged by owner, the earlier payload's first; and their owners."""
-    dest = torch.cat(dests)
-    order = torch.sort(torch.cat([d * len(dests) + i for i, d in enumerate(dests)]), stable=True).indices
-    return torch.cat(payloads).index_select(0, order), dest.index_select(0, order)
+def _by_owner(bag_owners: torch.Tensor, row_owners: torch.Tensor) -> torch.Tensor:
+    """The order that merges bag items and row entries (each already by owner) by owner, each
+    owner's bag items first: indexes into their concatenation."""
+    return torch.sort(torch.cat([bag_owners * 2, row_owners * 2 + 1]), stable=True).indices
 
 
 class _Bags(Awaitable[torch.Tensor]):
@@ -310,38 +302,33 @@ class PartialSumsDist(_ReplicaOutputDist):
         entries = step.sent_entries % (layout.num_positions * batch)  # position * batch + sample of each partial
         scale = gradient_scale(self.world_size)
         lengths = step.lengths.view(layout.num_positions, batch)
-        one_width = layout.uniform_dim is not None
-        bag_starts = row_starts = None
-        if fetched is not None or not one_width:  # where each entry starts among the elements received
+        one_width = layout.uniform_dim is not None  # then one group
+        bags_at = None if fetched is None else fetched.wire_at[: entries.numel()]  # the bags' place in the reply
+        starts = None
+        if one_width:  # every entry received is a row
+            partials = received.view(-1, layout.uniform_dim)
+            partials = partials if bags_at is None else partials.index_select(0, bags_at)
+        else:  # the entries of every width one after the other: where each starts
             widths = layout.dims.index_select(0, step.sent_position)
-            bag_starts = torch.cumsum(widths, 0) - widths
-        if fetched is not None:  # bags first, then rows fetched, in each owner's segment
-            starts = bag_starts
-            split = entries.numel()
-            bag_starts = starts.index_select(0, fetched.wire_at[:split])
-            row_starts = starts.index_select(0, fetched.wire_at[split:])
-            row_group = layout.position_group.index_select(0, fetched.position)
-        if not one_width:  # the partials of every width, one after the other
+            starts = torch.cumsum(widths, 0) - widths
+            bag_starts = starts if bags_at is None else starts.index_select(0, bags_at)
             group = layout.position_group.index_select(0, entries // batch)
+        fetched_sources = None if fetched is None else _fetched_sources(layout, fetched, received, starts, batch)
         parts = []
         for index, read in enumerate(step.hot_read):
             block = read.block
             at, columns = layout.group_part(index)
-            if one_width and fetched is None:
-                mine, partials = entries, received.view(-1, block.dim)
-            else:
-                chosen = None if one_width else (group == index).nonzero().flatten()
-                mine = entries if one_width else entries.index_select(0, chosen)
-                starts = bag_starts if one_width else bag_starts.index_select(0, chosen)
-                partials = _rows_at(received, starts, block.dim, one_width)
+            mine = entries
+            if not one_width:
+                chosen = (group == index).nonzero().flatten()
+                mine = entries.index_select(0, chosen)
+                partials = _rows_at(received, bag_starts.index_select(0, chosen), block.dim)
             sources = [
                 Source(read.pooled, None, sink=read.add_grads),  # pooled at the lookup
                 Source(partials, layout.group_bags(mine, batch, index)),
             ]
-            if fetched is not None:  # the rows fetched, pooled here (their gradients go back to their owners)
-                sources.append(
-                    _fetched_source(layout, fetched, received, row_starts, row_group, index, batch, block.dim)
-                )
+            if fetched_sources is not None:  # pooled here; their gradients go back to their owners
+                sources.append(fetched_sources[index])
             divisors = None
             if layout.has_mean:
                 divisors = bag_divisors(lengths.index_select(0, at), layout.mean.index_select(0, at)).t().reshape(-1, 1)
@@ -349,30 +336,35 @@ class PartialSumsDist(_ReplicaOutputDist):
         return output_layout(OutputPlan(parts, (batch, layout.width), scale), step.anchor)
 
 
-def _rows_at(received: torch.Tensor, starts: torch.Tensor, dim: int, one_width: bool) -> torch.Tensor:
-    """``[len(starts), dim]``: the rows of ``dim`` elements at ``starts`` of the flat ``received``
-    (``one_width``: every row received is ``dim`` wide, a gather of rows)."""
-    if one_width:
-        return received.view(-1, dim).index_select(0, torch.div(starts, dim, rounding_mode="floor"))
+def _rows_at(received: torch.Tensor, starts: torch.Tensor, dim: int) -> torch.Tensor:
+    """``[len(starts), dim]``: the rows of ``dim`` elements at ``starts`` of the flat ``received``."""
     elements = starts.unsqueeze(1) + torch.arange(dim, device=received.device)
     return received.index_select(0, elements.view(-1)).view(-1, dim)
 
 
-def _fetched_source(layout, fetched: FetchedRows, received, row_starts, row_group, group: int, batch: int, dim: int):
-    """The rows fetched of ``group``'s tables, as a source of its part: each value reads its entry's row."""
-    one_width = layout.uniform_dim is not None
-    if len(layout.groups) == 1:
-        return Source(_rows_at(received, row_starts, dim, one_width), layout.group_bags(fetched.bags, batch, group),
-                      fetched.entry_of, fetched.weights)  # fmt: skip
-    chosen = (row_group == group).nonzero().flatten()
-    local = torch.full_like(row_group, -1).index_copy_(0, chosen, torch.arange(chosen.numel(), device=chosen.device))
-    values = (row_group.index_select(0, fetched.entry_of) == group).nonzero().flatten()
-    return Source(
-        _rows_at(received, row_starts.index_select(0, chosen), dim, one_width),
-        layout.group_bags(fetched.bags.index_select(0, values), batch, group),
-        local.index_select(0, fetched.entry_of.index_select(0, values)),
-        None if fetched.weights is None else fetched.weights.index_select(0, values),
-    )
+def _fetched_sources(layout: IdLayout, fetched: FetchedRows, received, starts, batch: int) -> list[Source]:
+    """Per group, the rows fetched of its tables as a source of its part (each value reads its
+    entry's row); ``starts``: several widths, where each entry sent starts in ``received``."""
+    rows_at = fetched.wire_at[fetched.wire_at.numel() - fetched.position.numel() :]  # the rows' place in the reply
+    if layout.uniform_dim is not None:  # one group, every entry a row
+        rows = received.view(-1, layout.uniform_dim).index_select(0, rows_at)
+        return [Source(rows, layout.group_bags(fetched.bags, batch, 0), fetched.entry_of, fetched.weights)]
+    entry_group = layout.position_group.index_select(0, fetched.position)
+    value_group = entry_group.index_select(0, fetched.entry_of)
+    out = []
+    for index, g in enumerate(layout.groups):
+        chosen = (entry_group == index).nonzero().flatten()
+        local = torch.full_like(entry_group, -1).index_copy_(
+            0, chosen, torch.arange(chosen.numel(), device=chosen.device)
+        )
+        values = (value_group == index).nonzero().flatten()
+        out.append(Source(
+            _rows_at(received, starts.index_select(0, rows_at.index_select(0, chosen)), g.dim),
+            layout.group_bags(fetched.bags.index_select(0, values), batch, index),
+            local.index_select(0, fetched.entry_of.index_select(0, values)),
+            None if fetched.weights is None else fetched.weights.index_select(0, values),
+        ))  # fmt: skip
+    return out
 
 
 class SequenceIdsDist(_ReplicaIdsDist):
@@ -383,15 +375,13 @@ class SequenceIdsDist(_ReplicaIdsDist):
         bags, ids, hot_at, hot_pos, cold, dest, row = self._route(sparse_features)
         positions = bags // sparse_features.stride()
         hot = [(slots, mine) for mine, slots in layout.hot_of(hot_at, hot_pos)]
-        key = dest * layout.total_rows + ids.index_select(0, cold)  # by destination, then id
-        need, need_of = torch.unique(key, return_inverse=True)
-        first = torch.empty_like(need).scatter_(0, need_of, torch.arange(cold.numel(), device=cold.device))
+        owners, need_of, first = layout.distinct(dest, ids.index_select(0, cold))
         payload = torch.stack(
             [positions.index_select(0, cold.index_select(0, first)).to(torch.int32),
              row.index_select(0, first).to(torch.int32)], 1
         )  # fmt: skip
         step = ReplicatedSequenceBatch(layout.hot_version, ids.numel(), hot, cold, need_of)
-        counts = GatheredCounts(need // layout.total_rows, sparse_features.stride(), self.pg)
+        counts = GatheredCounts(owners, sparse_features.stride(), self.pg)
         return _CountsGathered(self, step, payload, 2, counts)
 
     def owner_features(self, step: ReplicatedSequenceBatch, received: torch.Tensor) -> KeyedJaggedTensor:

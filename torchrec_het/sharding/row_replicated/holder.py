@@ -134,7 +134,6 @@ class ReplicaHolder:
         self.anchor = torch.zeros(1, device=self.device, requires_grad=True)
         self.owed: list = []
         self.stats = {"steps": 0, "skipped_steps": 0, "sparse_syncs": 0, "dense_syncs": 0, "host_syncs": 0}
-        placement.stats = self.stats  # the dists count there too
 
     @property
     def layout(self):

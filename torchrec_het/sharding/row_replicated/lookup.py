@@ -69,7 +69,8 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
         )
         self._hold_replicas(placement, pg, device, pooled=True)
         self._feature_names_of_kernels = feature_names
-        if placement.layout.fetches_rows:
+        if placement.layout.fetches_rows:  # distinct remote rows of cold_rows tables fetched in training,
+            # counted without a host sync (``replication_stats()`` reads it as a number)
             self.replicas.stats["rows_fetched"] = torch.zeros((), dtype=torch.int64, device=placement.device)
         if placement.settings.lookahead:
             self._look_ahead(placement)
@@ -100,6 +101,8 @@ class ReplicatedBagLookup(ReplicaHooks, GroupedPooledEmbeddingsLookup):
         if step.host_values is not None:  # a holder: per-host ids pooled from its blocks into the same partials
             partials = partials + self._held_partials(step.host_values, partials.numel())
         replicas.stats["skipped_steps"] += int(step.local_only)
+        if step.fetched is not None and self.training:
+            replicas.stats["rows_fetched"] += (step.fetched.owners != replicas.rank).sum()
         return partials
 
     def _look_ahead(self, placement: ReplicaPlacement) -> None:

@@ -167,6 +167,13 @@ class IdLayout(FeatureLayout):
         row = torch.where(is_host, -1 - self.host_slot.index_select(0, at), row)
         return dest, row
 
+    def distinct(self, dest: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The distinct (owner, id) pairs of values sent to ``dest``, by owner then id, as the rows
+        fetched are asked: (each pair's owner, the pair of every value, a value of each pair)."""
+        need, pair_of = torch.unique(dest * self.total_rows + ids, return_inverse=True)
+        first = torch.empty_like(need).scatter_(0, pair_of, torch.arange(ids.numel(), device=ids.device))
+        return need // self.total_rows, pair_of, first
+
     @property
     def nbytes(self) -> int:
         """Bytes of the route map (the layout's one index that grows with the tables' rows)."""
@@ -240,8 +247,6 @@ class ReplicaPlacement:
         training: the sharded module's mode when its input dist last ran.
         early_partials: lookahead (bags): what the input dist calls with a batch that has reached its
             owners, set by the lookup that owns the rows (None: off); returns the partials sent early.
-        stats: the lookup's counters, which the dists add to (``rows_fetched``: distinct remote rows
-            fetched, of ``cold_rows`` tables and sequences).
     """
 
     def __init__(
@@ -275,7 +280,6 @@ class ReplicaPlacement:
         self.online_hot_rows = 0
         self.training = True  # the sharded module's mode at the last input dist (set by it)
         self.early_partials = None  # lookahead: set by the bag lookup that owns the rows
-        self.stats: dict[str, int] = {}  # the lookup's counters (its replica holder's), counted by every stage
 
     @property
     def hosts(self) -> int:
