@@ -22,8 +22,8 @@ from torchrec_het.sharders.plugin_sharder import PluginSharder, plan_hot_rows
 from torchrec_het.sharders.replicated_module import ReplicatedModule
 from torchrec_het.sharding.common.context import PluginContexts
 from torchrec_het.sharding.common.validate import FeatureCheck, plugin_features
-from torchrec_het.sharding.het_cache.lookup import HetCachedEmbeddingLookup
 from torchrec_het.sharding.het_cache.sharding import HetCachedRwPooledEmbeddingSharding
+from torchrec_het.sharding.row_replicated.cached_tier import CachedTierPooledEmbeddingSharding, served_exactly
 from torchrec_het.sharding.row_replicated.lookup import ReplicatedBagLookup
 from torchrec_het.sharding.row_replicated.sharding import RowReplicatedPooledEmbeddingSharding
 from torchrec_het.types import HET_CACHED_ROW_WISE, HET_ROW_REPLICATED, HET_SHARDING_TYPES
@@ -90,10 +90,13 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, Sharded
             return RowReplicatedPooledEmbeddingSharding(
                 sharding_infos, env, self._het_hot_rows, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
-        if sharding_type == HET_CACHED_ROW_WISE:
-            return HetCachedRwPooledEmbeddingSharding(
-                sharding_infos, env, None, device, qcomm_codecs_registry=qcomm_codecs_registry
+        if sharding_type == HET_CACHED_ROW_WISE:  # exact: the fetched-rows tier; bounded: HET's cache
+            cached = (
+                CachedTierPooledEmbeddingSharding
+                if served_exactly(sharding_infos)
+                else HetCachedRwPooledEmbeddingSharding
             )
+            return cached(sharding_infos, env, None, device, qcomm_codecs_registry=qcomm_codecs_registry)
         return super().create_embedding_bag_sharding(
             sharding_infos,
             env,
@@ -106,8 +109,9 @@ class HetShardedEmbeddingBagCollection(ReplicatedModule, PluginContexts, Sharded
         self._check_features(features)  # before anything is sent or cached
         return super().input_dist(ctx, features)
 
-    def het_lookups(self) -> list[HetCachedEmbeddingLookup]:
-        return [lookup for lookup in sharded_lookups(self) if isinstance(lookup, HetCachedEmbeddingLookup)]
+    def het_lookups(self) -> list:
+        """The lookups of ``het_cached_row_wise`` tables (those that count as a cache: ``cache_stats``)."""
+        return [lookup for lookup in sharded_lookups(self) if hasattr(lookup, "cache_stats")]
 
     def cache_stats(self) -> dict[str, dict]:
         """Cache counters per het table on this rank (hit rates, rows fetched and pushed, staleness)."""

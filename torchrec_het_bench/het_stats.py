@@ -2,7 +2,7 @@
 
 import torch
 
-from torchrec_het.sharding.het_cache.stats import COUNTERS
+from torchrec_het.sharding.common.cache_stats import COUNTERS
 from torchrec_het_bench.ideal_cache import lru_hits
 
 _COUNTERS = (*COUNTERS, "ideal_lru_hits", "ideal_lru_lookups")  # the cache's own, then the ideal LRU's

@@ -441,6 +441,64 @@ def nothing_lost(rank: int, world_size: int) -> dict:
     return out
 
 
+# --- 2b. an exact cache: the fetched-rows tier counts as HET's cache counts ---------------------
+
+EXACT_STEPS = 5
+
+
+def _shard_weights(model: DistributedModelParallel, configs: list[EmbeddingBagConfig]) -> dict[str, tuple]:
+    """Per table: (this rank's first row, a copy of its shard of the weights), from the state dict."""
+    state = model.state_dict()
+    out = {}
+    for c in configs:
+        (shard,) = next(v for k, v in state.items() if k.endswith(f".{c.name}.weight")).local_shards()
+        out[c.name] = (int(shard.metadata.shard_offsets[0]), shard.tensor.detach().clone())
+    return out
+
+
+def exact_counters(rank: int, world_size: int) -> dict:
+    """An exact cache (both bounds 0) trains ``EXACT_STEPS`` steps: its counters beside the counts
+    this rank's batches imply, and the weights its shards moved (SGD).
+
+    Returns:
+        ``{"lookup": class name, "stats": cache_stats(), "expected": {table: {counter: n}},
+        "mass": {table: {"produced", "applied", "moved"}}}``.
+    """
+    configs = table_configs(weighted=False)
+    model = _model(configs, HetCacheConfig(default=CacheSettings(s_read=0, s_write=0, capacity=PRESSURE_ROWS)))
+    sharded = _sharded(model)
+    proj = projections(configs)
+    before = _shard_weights(model, configs)
+    owners = {c.name: torch.tensor([int(s.shard_offsets[0]) for s in sharded.module_sharding_plan[c.name].sharding_spec.shards][1:]) for c in configs}  # fmt: skip
+    expected = {
+        c.name: dict.fromkeys(("lookups", "unique_lookups", "remote_unique", "remote_lookups"), 0) for c in configs
+    }
+    for step in range(EXACT_STEPS):
+        features = batch(rank, step, configs)
+        by_feature = features.to_dict()
+        for c in configs:
+            ids = torch.cat([by_feature[f].values() for f in c.feature_names]).long()
+            remote = torch.bucketize(ids, owners[c.name], right=True) != rank
+            counts = expected[c.name]
+            counts["lookups"] += ids.numel()
+            counts["unique_lookups"] += torch.unique(ids).numel()
+            counts["remote_unique"] += torch.unique(ids[remote]).numel()
+            counts["remote_lookups"] += int(remote.sum())
+        _train_step(model, features, proj)
+    after = _shard_weights(model, configs)
+    stats = sharded.cache_stats()
+    mass = {
+        name: {
+            "produced": s["grad_produced"],
+            "applied": s["grad_applied"],
+            "moved": (after[name][1] - before[name][1]).sum(0).tolist(),
+        }
+        for name, s in stats.items()
+    }
+    kinds = sorted({type(lookup).__name__ for lookup in sharded.het_lookups()})
+    return {"lookups": kinds, "stats": stats, "expected": expected, "mass": mass}
+
+
 # --- 3. s_write: nothing reaches an owner before the flush --------------------------------------
 
 
@@ -677,6 +735,7 @@ def checkpoint(rank: int, world_size: int) -> dict:
 CHECKS: dict[str, Callable[[int, int], dict]] = {
     "bounds": bounds,
     "nothing_lost": nothing_lost,
+    "exact_counters": exact_counters,
     "write_bound": write_bound,
     "bad_input": bad_input,
     "checkpoint": checkpoint,

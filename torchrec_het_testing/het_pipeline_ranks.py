@@ -18,7 +18,8 @@
 ``prefetch``
     ``prefetch()`` called on the sharded module the way ``PrefetchTrainPipelineSparseDist``
     calls it (after the input dist of the next batch, before its forward): a model trained
-    with it matches one trained without (s = 0), and the requests really arrived there.
+    with it matches one trained without (a bounded cache: an exact one is the fetched-rows tier,
+    whose prefetch is TorchRec's), and the requests really arrived there.
 """
 
 import zlib
@@ -233,9 +234,10 @@ def ahead(rank: int, world_size: int, pipelined: bool) -> dict:
 
 
 def prefetch(rank: int, world_size: int) -> dict:
-    """Two s = 0 models on the same batches, one with ``prefetch()`` called as the prefetch pipeline calls it."""
+    """Two cached models (read bound 1) on the same batches, one with ``prefetch()`` called as the
+    prefetch pipeline calls it."""
     configs = table_configs(False)
-    cache = HetCacheConfig(default=CacheSettings(capacity=0.3))
+    cache = HetCacheConfig(default=CacheSettings(s_read=1, capacity=0.3))
     models = [het_model("het", configs, False, "rowwise_adagrad", cache) for _ in range(2)]
     batches = [batch(rank, step, False, configs) for step in range(STEPS)]
     prefetched = 0

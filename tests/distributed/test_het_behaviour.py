@@ -130,6 +130,21 @@ def test_state_dict_flushes_pending_gradients(world: list[dict]) -> None:
     _assert_mass_conserved(ranks, "state_dict")
 
 
+def test_an_exact_cache_is_the_fetched_rows_tier_and_counts_as_hets_cache(world: list[dict]) -> None:
+    ranks = _observed(world, "exact_counters")
+    for r in ranks:
+        assert r["lookups"] == ["CachedTierBagLookup"], r["lookups"]
+        for table, want in r["expected"].items():
+            got = r["stats"][table]
+            assert {k: got[k] for k in want} == want, (table, got, want)
+            # every distinct remote row is asked and fetched once a step, its gradient sent back;
+            # nothing is held, so nothing hits, is evicted or is served stale
+            assert got["requests"] == got["rows_fetched"] == got["rows_pushed"] == want["remote_unique"] > 0, got
+            assert got["hits_unique"] == got["hits_lookups"] == got["evictions"] == got["dirty_evictions"] == 0, got
+            assert sum(got["staleness"]) == 0, got
+    _assert_mass_conserved(ranks, "mass")
+
+
 # --- 3. s_write ------------------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ HET_OWN_SYNCS_PER_STEP = 4  # the share of the syncs issued from torchrec_het's 
 # there, waited at the next lookup).
 # Stock row_wise: 4 forward (the KJT input dist), 1 backward (the pooled gradients).
 HET_COLLECTIVES = {"fwd": 4, "bwd": 1}
-# An exact cache holds no rows: every request brings its row, the versions do not come back.
+# An exact cache is the fetched-rows tier: the counts all-gather, the ids' and the rows' all-to-alls.
 HET_EXACT_COLLECTIVES = {"fwd": 3, "bwd": 1}
 KINDS = ("het_s0", "het_s10", "row_wise")
 
@@ -85,11 +85,12 @@ def test_counters_see_syncs(world: list[dict]) -> None:
 
 
 def test_exact_rows_travel_without_optimizer_state(world: list[dict]) -> None:
-    # with both bounds 0 no copy written here is read again before the owner's newer one replaces
-    # it, so rows come without their row-wise Adagrad state and pushes carry no held squares
+    # both bounds 0: the fetched-rows tier (no HET group: rows are the reply's entries, dim floats,
+    # their gradients the backward's); a bounded cache's rows come with their row-wise Adagrad
+    # state and its pushes with the held squares
     for results in world:
-        for kind, state in (("het_s0", 0), ("het_s10", 1)):
-            widths = results[kind]["wire_widths"]
-            assert widths, kind
-            for dim, fetched, pushed in widths:
-                assert (fetched, pushed) == (dim + state, PUSH_HEAD + dim + state), (kind, widths)
+        assert results["het_s0"]["wire_widths"] == [], results["het_s0"]["wire_widths"]
+        widths = results["het_s10"]["wire_widths"]
+        assert widths
+        for dim, fetched, pushed in widths:
+            assert (fetched, pushed) == (dim + 1, PUSH_HEAD + dim + 1), widths

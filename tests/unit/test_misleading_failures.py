@@ -14,8 +14,8 @@ from torchrec_het.errors import ConfigurationError
 from torchrec_het.planner import AccessModel, HetEmbeddingShardingPlanner, PluginPricing
 from torchrec_het.replication.profile import AccessProfile
 from torchrec_het.sharders import get_het_sharders
+from torchrec_het.sharding.common.cache_stats import GroupStats
 from torchrec_het.sharding.common.validate import FeatureCheck
-from torchrec_het.sharding.het_cache.stats import GroupStats
 
 ROWS = {"user": 10, "item": 5}
 

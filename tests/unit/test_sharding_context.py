@@ -16,6 +16,7 @@ from torchrec.distributed.sharding_plan import construct_module_sharding_plan, t
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from torchrec_het._compat import sharded_lookups
+from torchrec_het.config import CacheSettings
 from torchrec_het.replication import ReplicationConfig
 from torchrec_het.sharders import HetEmbeddingBagCollectionSharder, HetEmbeddingCollectionSharder
 from torchrec_het.sharding import het_cached_row_wise, het_row_replicated
@@ -46,7 +47,8 @@ def _shard(module, sharder, generators, env):
 def bags(one_rank_env):
     tables = [EmbeddingBagConfig(name=n, feature_names=[f"f_{n}"], embedding_dim=4, num_embeddings=ROWS) for n in "hrt"]
     sharder = HetEmbeddingBagCollectionSharder(replication=ONLINE)
-    generators = {"h": het_cached_row_wise(), "r": het_row_replicated(), "t": table_wise(rank=0)}
+    bounded = CacheSettings(s_read=1)  # HET's cache (an exact one is the fetched-rows tier, as "r")
+    generators = {"h": het_cached_row_wise(bounded), "r": het_row_replicated(), "t": table_wise(rank=0)}
     return _shard(EmbeddingBagCollection(tables=tables), sharder, generators, one_rank_env)
 
 

@@ -4,7 +4,7 @@ import torch
 
 import torchrec_het
 from torchrec_het.pipeline.hybrid import StalenessGauge
-from torchrec_het.sharding.het_cache.stats import GroupStats
+from torchrec_het.sharding.common.cache_stats import GroupStats
 
 
 def _cache(**counts: int) -> dict:

@@ -14,8 +14,8 @@ import torch
 from torchrec_het._tbe import square_width
 from torchrec_het.cache import RowCache
 from torchrec_het.config import CacheSettings
+from torchrec_het.sharding.common.cache_stats import GroupStats
 from torchrec_het.sharding.common.id_space import FusedIdSpace, TableInfo, tensors_to
-from torchrec_het.sharding.het_cache.stats import GroupStats
 
 
 class HetGroup(FusedIdSpace):

@@ -42,6 +42,7 @@ class FetchedRows:
     position: torch.Tensor  # [entries] a position of each entry's table
     owners: torch.Tensor  # [entries] the owner each entry is asked of
     wire_at: torch.Tensor  # [bag entries + row entries]: where each entry (bag entries first) is in the exchange
+    on_grad: object = None  # lookup -> output dist: called as (grads, positions, owners) of the rows in the backward
 
 
 @dataclass

@@ -347,7 +347,7 @@ def _fetched_sources(layout: IdLayout, fetched: FetchedRows, received, starts, b
     entry's row); ``starts``: several widths, where each entry sent starts in ``received``."""
     rows_at = fetched.wire_at[fetched.wire_at.numel() - fetched.position.numel() :]  # the rows' place in the reply
     if layout.uniform_dim is not None:  # one group, every entry a row
-        rows = received.view(-1, layout.uniform_dim).index_select(0, rows_at)
+        rows = _watched(received.view(-1, layout.uniform_dim).index_select(0, rows_at), fetched)
         return [Source(rows, layout.group_bags(fetched.bags, batch, 0), fetched.entry_of, fetched.weights)]
     entry_group = layout.position_group.index_select(0, fetched.position)
     value_group = entry_group.index_select(0, fetched.entry_of)
@@ -359,12 +359,22 @@ def _fetched_sources(layout: IdLayout, fetched: FetchedRows, received, starts, b
         )
         values = (value_group == index).nonzero().flatten()
         out.append(Source(
-            _rows_at(received, starts.index_select(0, rows_at.index_select(0, chosen)), g.dim),
+            _watched(_rows_at(received, starts.index_select(0, rows_at.index_select(0, chosen)), g.dim), fetched, chosen),
             layout.group_bags(fetched.bags.index_select(0, values), batch, index),
             local.index_select(0, fetched.entry_of.index_select(0, values)),
             None if fetched.weights is None else fetched.weights.index_select(0, values),
         ))  # fmt: skip
     return out
+
+
+def _watched(rows: torch.Tensor, fetched: FetchedRows, chosen: torch.Tensor | None = None) -> torch.Tensor:
+    """``rows`` (the fetched entries ``chosen``, None: all), their gradients handed to ``fetched.on_grad``."""
+    if fetched.on_grad is not None and rows.requires_grad:
+        positions, owners = fetched.position, fetched.owners
+        if chosen is not None:
+            positions, owners = positions.index_select(0, chosen), owners.index_select(0, chosen)
+        rows.register_hook(lambda grads: fetched.on_grad(grads, positions, owners))
+    return rows
 
 
 class SequenceIdsDist(_ReplicaIdsDist):

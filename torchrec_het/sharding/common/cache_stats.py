@@ -1,4 +1,4 @@
-"""Per-table counters of a ``het_cached_row_wise`` group: hits, requests, pushes, evictions, staleness, gradient mass."""
+"""Per-table counters of a cache of remote rows (HET's, and the exact cached tier's): hits, requests, pushes, evictions, staleness, gradient mass."""
 
 import torch
 
