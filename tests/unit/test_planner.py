@@ -88,23 +88,25 @@ def _entry(sharding, world_size: int) -> tuple:
 # --- golden plans -------------------------------------------------------------------------
 
 HR_ALL, DP_ALL = ("het_row_replicated", "all"), ("data_parallel", "all")
-HR_ROWS = HR_ALL + ("rows",)  # het_row_replicated, its cold ids fetching rows (the cached tier's exact form)
+HR_ROWS = HR_ALL + ("rows",)  # het_row_replicated, its cold ids fetching rows
+HC_ALL = ("het_cached_row_wise", "all")
 
 # a profile of every table: the plugin's types where the step model prices them cheaper and the
 # whole plan beats TorchRec's by more than the model's error. By bytes alone (these plans state no
 # compute; the 40-row table's all-reduce is cheapest replicated whole) fetching each distinct remote
-# row a rank reads once often wins over a partial per bag and server: row replication's cold_rows
-# tier, whose ids cost less than the exact HET cache's requests and versions
+# row a rank reads once often wins over a partial per bag and server, and replicas synced every step
+# cost more than fetching their rows on one host: the exact HET cache, which runs as row
+# replication's fetched-rows tier with no hot rows. Between hosts the replicas' partial sums win.
 GOLDEN_PROFILED = {
-    (2, 2): {"tiny": DP_ALL, "small": HR_ROWS, "mid": HR_ROWS, "big": HR_ROWS, "cold": HR_ROWS},
-    (8, 8): {"tiny": DP_ALL, "small": HR_ROWS, "mid": HR_ROWS, "big": HR_ROWS, "cold": HR_ROWS},
+    (2, 2): {"tiny": DP_ALL, "small": HC_ALL, "mid": HC_ALL, "big": HC_ALL, "cold": HC_ALL},
+    (8, 8): {"tiny": DP_ALL, "small": HC_ALL, "mid": HC_ALL, "big": HC_ALL, "cold": HC_ALL},
     (8, 4): {"tiny": DP_ALL, "small": HR_ALL, "mid": HR_ALL, "big": HR_ALL, "cold": HR_ALL},
 }
 
 # a profile without "cold": TorchRec's types for it (its table_wise shard on one rank then
 # outweighs spreading the others on 8 ranks)
 GOLDEN_PARTIAL = {
-    (2, 2): {"tiny": DP_ALL, "small": HR_ROWS, "mid": HR_ROWS, "big": ("table_wise", [0]), "cold": ("table_wise", [1])},
+    (2, 2): {"tiny": DP_ALL, "small": HC_ALL, "mid": HC_ALL, "big": ("table_wise", [0]), "cold": ("table_wise", [1])},
     (8, 8): {"tiny": ("table_wise", [4]), "small": ("table_wise", [3]), "mid": ("table_wise", [2]),
              "big": ("table_wise", [0]), "cold": ("table_wise", [1])},
     (8, 4): {"tiny": ("table_wise", [2]), "small": ("table_wise", [5]), "mid": ("table_wise", [1]),
@@ -125,14 +127,15 @@ TOPOLOGIES = sorted(GOLDEN_PROFILED)
 
 
 def test_the_planner_chooses_fetched_cold_rows_only_where_the_sharder_leaves_it_the_choice() -> None:
-    """Pinned to partial sums (``ReplicationConfig(cold_rows=frozenset())``), no table fetches rows
-    where the planner, left the choice, fetches them for every row-replicated table; pinned to
-    fetched rows for one table, that table fetches them whatever they cost."""
+    """Among row-replicated options, pinned to partial sums (``ReplicationConfig(cold_rows=frozenset())``),
+    no table fetches rows where the planner, left the choice, fetches them for every table; pinned
+    to fetched rows for one table, that table fetches them whatever they cost."""
     pricing = PluginPricing(AccessModel(_profile(list(SIZES))), compute=BYTES_ONLY)
-    chosen = _plan(2, 2, bandwidth=2e6, pricing=pricing)
-    assert {name for name, entry in chosen.items() if entry == HR_ROWS} == {"small", "mid", "big", "cold"}
+    replicated = {name: ParameterConstraints(sharding_types=["het_row_replicated"]) for name in SIZES}
+    chosen = _plan(2, 2, replicated, bandwidth=2e6, pricing=pricing)
+    assert {name for name, entry in chosen.items() if entry == HR_ROWS} == set(SIZES)
     sums = HetEmbeddingBagCollectionSharder(replication=ReplicationConfig(cold_rows=frozenset()))
-    pinned = _plan(2, 2, bandwidth=2e6, pricing=pricing, sharder=sums)
+    pinned = _plan(2, 2, replicated, bandwidth=2e6, pricing=pricing, sharder=sums)
     assert not [entry for entry in pinned.values() if "rows" in entry], pinned
     one = HetEmbeddingBagCollectionSharder(replication=ReplicationConfig(cold_rows=frozenset({"big"})))
     constraints = {"big": ParameterConstraints(sharding_types=["het_row_replicated"])}

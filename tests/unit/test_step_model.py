@@ -120,10 +120,19 @@ def test_lookahead_hides_the_fresh_partials_under_sparse_dist_only() -> None:
     assert lookahead_fresh_share(hotter) < share
 
 
-def test_exact_caches_bring_no_versions_back() -> None:
+def test_an_exact_cache_is_priced_as_the_fetched_rows_tier() -> None:
+    """Both bounds 0: the table runs as het_row_replicated's fetched-rows tier, so it is priced as
+    a row_replicated table with no hot rows whose cold ids fetch rows: the same bytes, the tier's
+    collectives (counts, ids; rows; their gradients) and its compute figure."""
     reads = torch.full((1000,), 0.5, dtype=torch.float64)
-    hot = reads[:100]
-    exact = plan_bytes([_table("het_cached_row_wise", reads=reads, hot=hot)], CLUSTER)
-    bounded = plan_bytes([_table("het_cached_row_wise", reads=reads, hot=hot, s_read=1)], CLUSTER)
-    assert exact.collectives[0] == bounded.collectives[0] and exact.collectives[2] == bounded.collectives[2]
-    assert exact.collectives[1] == bounded.collectives[1] - 1  # the forward's versions all-to-all
+    exact = _table("het_cached_row_wise", reads=reads, hot=reads[:100])
+    rows = _table("het_row_replicated", reads=reads, hot=reads[:0], cold_rows=True)
+    assert exact.fetched_rows_tier and not _table("het_cached_row_wise", s_write=1).fetched_rows_tier
+    assert (exact.priced_type, exact.setting) == ("het_row_replicated", rows.setting) == ("het_row_replicated", "rows")
+    same = table_bytes(exact, CLUSTER), table_bytes(rows, CLUSTER)
+    assert (same[0].ids, same[0].emb_fwd, same[0].emb_bwd) == pytest.approx(
+        (same[1].ids, same[1].emb_fwd, same[1].emb_bwd)
+    )
+    assert plan_bytes([exact], CLUSTER).collectives == [2, 1, 1]
+    bounded = plan_bytes([_table("het_cached_row_wise", reads=reads, hot=reads[:100], s_read=1)], CLUSTER)
+    assert bounded.collectives == [3, 2, 2]  # ids and versions; rows and versions; pushes and their versions

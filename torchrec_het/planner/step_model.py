@@ -85,6 +85,7 @@ COLLECTIVES = {
     HET_ROW_REPLICATED: (2, 1, 2),  # counts, ids; partial sums; their gradients and the replica sync
     HET_CACHED_ROW_WISE: (3, 2, 2),
 }
+FETCHED_ROWS_COLLECTIVES = (2, 1, 1)  # exact caches: counts, ids; the rows; their gradients (no replicas to sync)
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,9 @@ class Compute:
     dense_s_per_step: float = 0.0
 
     def extra(self, sharding_type: str, setting: str) -> float:
-        return self.extra_s_per_id.get(sharding_type, {}).get(setting, 0.0)
+        """The extra seconds per id of ``sharding_type`` under ``setting`` ("rows" where not given: "exact")."""
+        figures = self.extra_s_per_id.get(sharding_type, {})
+        return figures.get(setting, figures.get("exact", 0.0) if setting == "rows" else 0.0)
 
 
 @dataclass(frozen=True)
@@ -179,8 +182,19 @@ class PlannedTable:
     cold_rows: bool = False
 
     @property
+    def fetched_rows_tier(self) -> bool:
+        """An exact ``het_cached_row_wise`` table: it runs as ``het_row_replicated``'s fetched-rows tier."""
+        return self.sharding_type == HET_CACHED_ROW_WISE and self.s_read == self.s_write == 0
+
+    @property
+    def priced_type(self) -> str:
+        """The type whose compute figures price this table (the fetched-rows tier's: ``het_row_replicated``)."""
+        return HET_ROW_REPLICATED if self.fetched_rows_tier else self.sharding_type
+
+    @property
     def setting(self) -> str:
-        return setting_class(self.sharding_type, self.sync_every, self.s_read, self.s_write, self.cold_rows)
+        rows = self.cold_rows or self.fetched_rows_tier
+        return setting_class(self.priced_type, self.sync_every, self.s_read, self.s_write, rows)
 
 
 def with_codecs(table: PlannedTable, sharders: list | None) -> PlannedTable:
@@ -312,7 +326,9 @@ def _plugin_phases(table: PlannedTable, cluster: Cluster, bags: float) -> PhaseB
     # the cache and the sequences' fetches count distinct rows: every row's reads, hottest first
     descending = bool((reads[:-1] >= reads[1:]).all()) if reads.numel() > 1 else True
     by_row = replace(load, reads=reads.double() if descending else torch.sort(reads.double(), descending=True).values)
-    if table.sharding_type == HET_ROW_REPLICATED:  # sequences, and bags whose cold ids fetch rows
+    if table.fetched_rows_tier:  # every remote row a rank reads is fetched, once a step
+        traffic = sequence_replicated_bytes(by_row, 0, 1, table.wire)
+    elif table.sharding_type == HET_ROW_REPLICATED:  # sequences, and bags whose cold ids fetch rows
         traffic = sequence_replicated_bytes(by_row, hot.numel(), table.sync_every, table.wire)
     else:
         traffic = cached_bytes(by_row, hot.numel(), table.s_read, table.s_write, wire=table.wire)
@@ -352,10 +368,8 @@ def plan_bytes(tables: list[PlannedTable], cluster: Cluster, per_table: list[Pha
     if cluster.world_size > 1:
         for kind in {t.sharding_type for t in tables}:
             counts = COLLECTIVES.get(kind, (1, 1, 1))
-            if kind == HET_CACHED_ROW_WISE and all(
-                t.s_read == t.s_write == 0 for t in tables if t.sharding_type == kind
-            ):
-                counts = (counts[0], counts[1] - 1, counts[2])  # exact caches hold no rows: no versions come back
+            if kind == HET_CACHED_ROW_WISE and all(t.fetched_rows_tier for t in tables if t.sharding_type == kind):
+                counts = FETCHED_ROWS_COLLECTIVES
             total.collectives = [a + b for a, b in zip(total.collectives, counts)]
             if kind in (HET_ROW_REPLICATED, HET_CACHED_ROW_WISE):  # the group's first collective
                 total.ids += counts_bytes(cluster.world_size)
@@ -414,7 +428,7 @@ def predict_step(
     traffic = plan_bytes(tables, cluster, per_table)
     lookup = max(_lookup_ids(tables, cluster)) * compute.lookup_s_per_id
     extra = sum(
-        cluster.batch * t.ids_per_sample * compute.extra(t.sharding_type, t.setting)
+        cluster.batch * t.ids_per_sample * compute.extra(t.priced_type, t.setting)
         for t in tables
         if t.sharding_type in (HET_ROW_REPLICATED, HET_CACHED_ROW_WISE)
     )
