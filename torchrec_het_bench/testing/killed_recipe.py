@@ -8,12 +8,13 @@
 its STEP-th training step has begun, after printing ``kill point POINT rank RANK step S pid P``.
 Points (each wraps a public method of the runtime from here, the harness; the runtime is unchanged):
 
-- ``het_push``: a ``het_cached_row_wise`` backward has started its gradient push (the
-  all-to-all to the rows' owners is in flight, not yet applied there);
+- ``het_push``: a ``het_cached_row_wise`` backward has started its gradient push (HET's push, or
+  an exact cache's fetched rows' gradients: the all-to-all to the rows' owners is in flight, not
+  yet applied there);
 - ``replica_sync``: a ``het_row_replicated`` replica sync has summed the replicated rows'
   gradients over the ranks, and this rank has not applied them;
 - ``hybrid_update``: the hybrid pipeline's embedding update of a batch runs on its worker
-  thread (while the main thread runs the next batch's dense forward), inside its HET push;
+  thread (while the main thread runs the next batch's dense forward), inside its gradient push;
 - ``lookahead_early``: a ``het_row_replicated`` owner with lookahead has sent the next batch's
   partial sums early (in flight) and expects that batch's step, which has not happened.
 
@@ -25,6 +26,7 @@ import signal
 import sys
 import threading
 
+from torchrec_het.sharding.common.exchange import Exchange
 from torchrec_het.sharding.het_cache.pushes import HetPushes
 from torchrec_het.sharding.row_replicated import lookup as replicated_lookup
 from torchrec_het.sharding.row_replicated.sync import HostGroups
@@ -78,6 +80,14 @@ def arm(switch: KillSwitch) -> None:
         switch.reached("hybrid_update")
 
     HetPushes.write_back = het_write_back
+    start_gradient = Exchange.start_gradient  # an exact cache's rows (the fetched-rows tier): their gradients
+
+    def gradient_sent(self, *args, **kwargs):
+        start_gradient(self, *args, **kwargs)  # the gradients' all-to-all is started
+        switch.reached("het_push")
+        switch.reached("hybrid_update")
+
+    Exchange.start_gradient = gradient_sent
     _wrap_sync("all_reduce", HostGroups.all_reduce, switch)
     start_early = replicated_lookup.start_early_partials
 
