@@ -9,10 +9,13 @@ _COUNTERS = (*COUNTERS, "ideal_lru_hits", "ideal_lru_lookups")  # the cache's ow
 
 
 def ideal_lru(het_module, batches: list, counted_from: int, memo: dict) -> dict[str, tuple[int, int]]:
-    """Per table: (hits, lookups) of an ideal LRU of the HET cache's size on this rank's remote ids."""
+    """Per table: (hits, lookups) of an ideal LRU of the HET cache's size on this rank's remote ids
+    (none for an exact cache's tables: they hold no rows, and run as the fetched-rows tier)."""
     result = {}
     for lookup in het_module.het_lookups():
         for g in lookup.groups:
+            if getattr(g, "cache", None) is None:
+                continue
             for i, t in enumerate(g.tables):
                 capacity = int(g.cache.partition_capacity[i])
                 key = (t.name, capacity)
