@@ -82,7 +82,7 @@ def test_a_batch_way_is_counted_in_runtime_files(micro: dict) -> None:
     by_name = {t["name"]: t for t in micro["types"]}
     assert by_name["row_wise"]["batch_files"] == []  # stock TorchRec runs none of the plugin's files
     for name, own in (
-        ("het_cached_s0", "sharding/het_cache/lookup.py"),
+        ("het_cached_s0", "row_replicated/cached_tier.py"),  # an exact cache: the fetched-rows tier
         ("het_replicated_s1", "row_replicated/dists.py"),
     ):
         files = by_name[name]["batch_files"]
