@@ -45,6 +45,8 @@ class CacheCounters:
         self.position_table = torch.tensor([index[name] for _, name in placement.positions], device=self.device)
         self.group_of_dim = {g.dim: i for i, g in enumerate(self.layout.groups)}  # one group per width
         self.reset()
+        every = torch.arange(self.layout.num_positions, device=self.device)
+        self.position_split = [(mine, tables) for _, mine, tables in self._by_group(every)]  # static: once
 
     def reset(self) -> None:
         self.groups = [GroupStats(len(g.tables), g.dim, self.device) for g in self.layout.groups]
@@ -64,10 +66,9 @@ class CacheCounters:
 
     def read(self, step: ReplicatedBagBatch) -> None:
         """Reader: a batch's lookups and the rows it fetches (the input dist's ``step.fetched``)."""
-        fetched, positions = step.fetched, self.layout.num_positions
-        per_position = step.lengths.view(positions, step.batch).sum(1)
-        every = torch.arange(positions, device=per_position.device)
-        for stats, mine, tables in self._by_group(every):
+        fetched = step.fetched
+        per_position = step.lengths.view(self.layout.num_positions, step.batch).sum(1)
+        for stats, (mine, tables) in zip(self.groups, self.position_split):
             counts = per_position if mine is None else per_position.index_select(0, mine)
             stats.add_per_table("lookups", torch.zeros_like(stats.counters["lookups"]).index_add_(0, tables, counts))
         if fetched is None:
